@@ -1,0 +1,44 @@
+"""Shared fixtures. Every test that touches the database uses the real PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from workflows.models import ApiKey, Organisation
+from workflows.services.tenancy import api_key_create
+
+from .factories import OrganisationFactory
+
+
+@pytest.fixture
+def org(db: None) -> Organisation:
+    return OrganisationFactory()
+
+
+@pytest.fixture
+def other_org(db: None) -> Organisation:
+    return OrganisationFactory()
+
+
+def _client_for(org: Organisation) -> tuple[APIClient, ApiKey, str]:
+    key, raw = api_key_create(org=org, name="test")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client, key, raw
+
+
+@pytest.fixture
+def api(org: Organisation) -> APIClient:
+    return _client_for(org)[0]
+
+
+@pytest.fixture
+def other_api(other_org: Organisation) -> APIClient:
+    return _client_for(other_org)[0]
+
+
+@pytest.fixture
+def key_and_raw(org: Organisation) -> tuple[ApiKey, str]:
+    _, key, raw = _client_for(org)
+    return key, raw

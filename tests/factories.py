@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import factory
+
+from workflows.definitions.validator import definition_digest
+from workflows.models import Automation, AutomationVersion, Organisation
+
+
+def linear_definition(*step_ids: str) -> dict:
+    """A valid definition: a chain of `set` steps ending in `end`."""
+    ids = list(step_ids) or ["first"]
+    steps: list[dict] = []
+    for index, step_id in enumerate(ids):
+        nxt = ids[index + 1] if index + 1 < len(ids) else "finish"
+        steps.append({"id": step_id, "type": "set", "values": {step_id: index}, "next": nxt})
+    steps.append({"id": "finish", "type": "end"})
+    return {"start": ids[0], "steps": steps}
+
+
+class OrganisationFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Organisation
+
+    slug = factory.Sequence(lambda n: f"org-{n}")
+    name = factory.LazyAttribute(lambda o: o.slug.title())
+
+
+class AutomationFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Automation
+
+    org = factory.SubFactory(OrganisationFactory)
+    slug = factory.Sequence(lambda n: f"automation-{n}")
+    name = factory.LazyAttribute(lambda o: o.slug)
+
+
+class DraftVersionFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = AutomationVersion
+
+    automation = factory.SubFactory(AutomationFactory)
+    org = factory.LazyAttribute(lambda o: o.automation.org)
+    number = factory.Sequence(lambda n: n + 1)
+    definition = factory.LazyFunction(lambda: linear_definition("a", "b"))
+    digest = factory.LazyAttribute(lambda o: definition_digest(o.definition))

@@ -1,0 +1,87 @@
+"""Management commands: clear messages with stable codes, and an idempotent demo bootstrap."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+
+from workflows.demo.bootstrap import DEMO_ORG, bootstrap_demo
+from workflows.models import ApiKey, AutomationVersion, Organisation
+from workflows.services.tenancy import api_key_authenticate
+
+from .factories import linear_definition
+
+pytestmark = pytest.mark.django_db
+
+
+def _call(*args: str) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def test_create_api_key_for_unknown_organisation() -> None:
+    with pytest.raises(CommandError, match="unknown_organisation"):
+        _call("create_api_key", "--org", "nope")
+    assert not ApiKey.objects.exists()
+
+
+def test_create_and_revoke_api_key() -> None:
+    _call("create_organisation", "acme")
+    raw = _call("create_api_key", "--org", "acme").strip()
+    key = api_key_authenticate(raw)
+    assert key.org.slug == "acme"
+    assert raw not in key.key_hash and len(key.key_hash) == 64
+    assert "revoked" in _call("revoke_api_key", key.prefix)
+    assert ApiKey.objects.get(pk=key.pk).revoked_at is not None
+    with pytest.raises(CommandError, match="not_found"):
+        _call("revoke_api_key", "doesnotexist")
+
+
+def test_publish_automation_command(tmp_path: Path) -> None:
+    _call("create_organisation", "acme")
+    path = tmp_path / "def.json"
+    path.write_text(json.dumps(linear_definition("a")))
+    assert "v1 published" in _call(
+        "publish_automation", "--org", "acme", "--slug", "x", "--file", str(path)
+    )
+    # The same definition again is already current: no new version.
+    assert "v1 published" in _call(
+        "publish_automation", "--org", "acme", "--slug", "x", "--file", str(path)
+    )
+    path.write_text(json.dumps({"start": "a", "steps": [{"id": "a", "type": "nope"}]}))
+    with pytest.raises(CommandError, match="unknown_step_type"):
+        _call("publish_automation", "--org", "acme", "--slug", "x", "--file", str(path))
+    path.write_text("{broken")
+    with pytest.raises(CommandError, match="unreadable_definition"):
+        _call("publish_automation", "--org", "acme", "--slug", "x", "--file", str(path))
+    assert AutomationVersion.objects.count() == 1
+
+
+def test_bootstrap_demo_is_idempotent(settings, tmp_path: Path) -> None:
+    settings.DATA_DIR = tmp_path
+    first = bootstrap_demo()
+    second = bootstrap_demo()
+    assert (first.admin_password, first.api_key) == (second.admin_password, second.api_key)
+    assert first.version.pk == second.version.pk
+    assert Organisation.objects.filter(slug=DEMO_ORG).count() == 1
+    assert ApiKey.objects.count() == 1
+    assert AutomationVersion.objects.count() == 1
+    user = get_user_model().objects.get(username="admin")
+    assert user.is_superuser and user.check_password(first.admin_password)
+    assert api_key_authenticate(first.api_key).org.slug == DEMO_ORG
+    assert (tmp_path / "demo-credentials.json").stat().st_mode & 0o077 == 0
+
+
+def test_bootstrap_demo_replaces_a_revoked_key(settings, tmp_path: Path) -> None:
+    settings.DATA_DIR = tmp_path
+    first = bootstrap_demo()
+    ApiKey.objects.update(revoked_at="2026-01-01T00:00:00Z")
+    second = bootstrap_demo()
+    assert second.api_key != first.api_key
+    assert api_key_authenticate(second.api_key).org.slug == DEMO_ORG

@@ -1,0 +1,24 @@
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView
+
+from . import views
+
+app_name = "api"
+
+urlpatterns = [
+    path("schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
+         name="schema"),
+    path("automations", views.AutomationListView.as_view(), name="automations"),
+    path("automations/<slug:slug>", views.AutomationDetailView.as_view(), name="automation"),
+    path("automations/<slug:slug>/versions", views.VersionListView.as_view(), name="versions"),
+    path(
+        "automations/<slug:slug>/versions/<int:number>",
+        views.VersionDetailView.as_view(),
+        name="version",
+    ),
+    path(
+        "automations/<slug:slug>/versions/<int:number>/publish",
+        views.VersionPublishView.as_view(),
+        name="version-publish",
+    ),
+]

@@ -1,0 +1,93 @@
+"""The step-type registry: how apps plug their step kinds into the engine.
+
+`workflows` knows no step type of another app. Each app declares its types in its own
+``steptypes.py`` and registers them from ``AppConfig.ready()``; the validator and (later) the
+walk look types up here by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+LANES = ("fast", "io", "slow", "human")
+
+
+class StepReport:
+    """Collects the problems one step type finds in one step's own fields.
+
+    A validator calls ``error(field, message)`` for each problem; ``field`` is a dotted path
+    inside the step (``"request.url"``, ``"values.greeting"``) so the message can name it.
+    """
+
+    def __init__(self, step_id: str) -> None:
+        self.step_id = step_id
+        self.errors: list[tuple[str, str]] = []
+
+    def error(self, field_path: str, message: str) -> None:
+        self.errors.append((field_path, message))
+
+
+StepValidator = Callable[[Mapping[str, Any], StepReport], None]
+OutcomeFn = Callable[[Mapping[str, Any]], frozenset[str]]
+
+
+@dataclass(frozen=True)
+class StepType:
+    """One kind of step.
+
+    name      the ``type`` value in a definition.
+    lane      where its work is claimed: fast (inline in the walk), io, slow, human.
+    validate  checks the type's own fields (not ``id``, ``type`` or ``next``).
+    outcomes  the outcome names ``next`` may map from; None when ``next`` is one step id.
+    waits     True when the step parks the run on time or on the outside world; a loop
+              through such a step cannot spin, so it needs no explicit step limit.
+    terminal  True when the step ends its path (``next`` is not allowed).
+    built     False while the engine cannot execute it yet: definitions using it validate,
+              but publishing them is refused.
+    app       the Django app label that registered it (for docs and error messages).
+    """
+
+    name: str
+    lane: str
+    validate: StepValidator
+    outcomes: OutcomeFn | None = None
+    waits: bool = False
+    terminal: bool = False
+    built: bool = False
+    app: str = ""
+    references: Callable[[Mapping[str, Any]], dict[str, str]] = field(
+        default=lambda step: {}, compare=False
+    )
+    """Step ids this type refers to outside ``next`` (e.g. parallel branches), by field path."""
+
+    def __post_init__(self) -> None:
+        if self.lane not in LANES:
+            raise ValueError(f"step type {self.name!r}: unknown lane {self.lane!r}")
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._types: dict[str, StepType] = {}
+
+    def register(self, step_type: StepType) -> None:
+        existing = self._types.get(step_type.name)
+        if existing is not None and existing != step_type:
+            raise ValueError(f"step type {step_type.name!r} is already registered")
+        self._types[step_type.name] = step_type
+
+    def get(self, name: str) -> StepType | None:
+        return self._types.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._types
+
+    def __iter__(self) -> Iterator[StepType]:
+        return iter(sorted(self._types.values(), key=lambda t: t.name))
+
+    def names(self) -> list[str]:
+        return sorted(self._types)
+
+
+registry = Registry()

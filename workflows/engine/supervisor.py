@@ -1,0 +1,89 @@
+"""A small process supervisor for ``manage.py runengine`` on one machine.
+
+Each role (web, relay, sweep, one worker per lane) runs as its own child process, so a crash
+or a kill in one never takes another down. A child that dies is restarted after a short
+backoff; SIGTERM or SIGINT stops every child with SIGTERM, waits for the grace period, then
+kills what is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: Sequence[str]
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    started_at: float = field(default=0.0)
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(list(self.argv))  # noqa: S603 (our own argv)
+        self.started_at = time.monotonic()
+        logger.info("started %s (pid %s)", self.name, self.process.pid)
+
+
+class Supervisor:
+    def __init__(self, children: list[Child], *, grace_seconds: float = 10.0) -> None:
+        self.children = children
+        self.grace_seconds = grace_seconds
+        self.stopping = threading.Event()
+
+    def _install_signal_handlers(self) -> dict[int, object]:
+        previous = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, lambda *_: self.stopping.set())
+        return previous
+
+    def run(self) -> None:
+        previous = self._install_signal_handlers()
+        try:
+            for child in self.children:
+                child.start()
+            while not self.stopping.wait(0.5):
+                self._restart_dead()
+        finally:
+            self._stop_all()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    def _restart_dead(self) -> None:
+        for child in self.children:
+            assert child.process is not None
+            code = child.process.poll()
+            if code is None:
+                continue
+            # Back off when a child keeps dying at start-up, so a broken child cannot spin.
+            delay = min(30.0, 0.5 * 2 ** min(child.restarts, 6))
+            if time.monotonic() - child.started_at > 60:
+                child.restarts, delay = 0, 0.5
+            logger.warning("%s exited with %s; restarting in %.1fs", child.name, code, delay)
+            if self.stopping.wait(delay):
+                return
+            child.restarts += 1
+            child.start()
+
+    def _stop_all(self) -> None:
+        live = [c for c in self.children if c.process and c.process.poll() is None]
+        for child in live:
+            assert child.process is not None
+            child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_seconds
+        for child in live:
+            assert child.process is not None
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop in %.0fs; killing it", child.name, self.grace_seconds)
+                child.process.kill()
+                child.process.wait()

@@ -1,0 +1,95 @@
+"""Domain errors, each with a stable ``code`` that the API, the admin and commands show.
+
+Services raise these; the API's exception handler turns them into JSON
+``{"code": ..., "detail": ...}`` with the class's HTTP status. Codes never change meaning once
+published: clients branch on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WaymarkError(Exception):
+    code = "error"
+    status = 400
+    default_detail = "The request could not be completed."
+
+    def __init__(self, detail: str | None = None, **extra: Any) -> None:
+        self.detail = detail or self.default_detail.format(**extra)
+        self.extra = extra
+        super().__init__(self.detail)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "detail": self.detail}
+
+
+class NotFound(WaymarkError):
+    code = "not_found"
+    status = 404
+    default_detail = "Not found."
+
+
+class UnknownOrganisation(NotFound):
+    code = "unknown_organisation"
+    default_detail = 'No organisation "{slug}".'
+
+
+class UnknownAutomation(NotFound):
+    code = "unknown_automation"
+    default_detail = 'No automation "{slug}" in this organisation.'
+
+
+class UnknownVersion(NotFound):
+    code = "unknown_version"
+    default_detail = "Automation {slug!r} has no version {number}."
+
+
+class Conflict(WaymarkError):
+    status = 409
+
+
+class AutomationExists(Conflict):
+    code = "automation_exists"
+    default_detail = 'An automation "{slug}" already exists in this organisation.'
+
+
+class VersionPublished(Conflict):
+    code = "version_published"
+    default_detail = "Version {version} is published and can never change; create a new version."
+
+
+class AlreadyPublished(Conflict):
+    code = "already_published"
+    default_detail = "Version {version} was already published at {published_at}."
+
+
+class InvalidDefinitionError(WaymarkError):
+    code = "invalid_definition"
+    status = 400
+    default_detail = "The definition is invalid."
+
+    def __init__(self, issues: list[dict[str, Any]]) -> None:
+        first = issues[0]["message"] if issues else ""
+        more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
+        super().__init__(f"The definition is invalid: {first}{more}")
+        self.issues = issues
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "errors": self.issues}
+
+
+class AuthenticationFailed(WaymarkError):
+    status = 401
+    code = "not_authenticated"
+    default_detail = "Send an API key as 'Authorization: Bearer <key>'."
+
+
+class InvalidApiKey(AuthenticationFailed):
+    code = "invalid_api_key"
+    default_detail = "The API key is not valid."
+
+
+class ApiKeyRevoked(AuthenticationFailed):
+    code = "api_key_revoked"
+    default_detail = "The API key was revoked; create a new one."

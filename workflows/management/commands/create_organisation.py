@@ -1,0 +1,17 @@
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from workflows.services.tenancy import organisation_ensure
+
+
+class Command(BaseCommand):
+    help = "Create an organisation (or show the existing one with that slug)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("slug")
+        parser.add_argument("--name", default="")
+
+    def handle(self, *args: Any, slug: str, name: str, **options: Any) -> None:
+        org = organisation_ensure(slug=slug, name=name)
+        self.stdout.write(f"organisation {org.slug} (id {org.pk})")

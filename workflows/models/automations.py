@@ -1,0 +1,84 @@
+"""Automations and their immutable versions.
+
+A version is a draft until it is published; from then on it never changes. The model layer
+refuses to save or delete a published version, and a database trigger (migration 0002)
+refuses the same for any UPDATE or DELETE that bypasses the model, so a run can always find
+the exact steps it started on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+
+from ..errors import VersionPublished
+
+
+class Automation(models.Model):
+    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT)
+    slug = models.SlugField(max_length=63)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The newest published version: new runs start on it. Set only by version_publish.
+    current_version = models.ForeignKey(
+        "workflows.AutomationVersion",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+    )
+
+    class Meta:
+        ordering = ["org", "slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["org", "slug"], name="automation_slug_per_org"),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class AutomationVersion(models.Model):
+    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT)
+    automation = models.ForeignKey(Automation, on_delete=models.PROTECT, related_name="versions")
+    number = models.PositiveIntegerField()
+    definition = models.JSONField()
+    digest = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    published_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["automation", "-number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["automation", "number"], name="automation_version_number"
+            ),
+        ]
+        indexes = [models.Index(fields=["org", "automation", "published_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.automation_id} v{self.number}"
+
+    @classmethod
+    def from_db(cls, db: Any, field_names: Any, values: Any) -> AutomationVersion:
+        instance = super().from_db(db, field_names, values)
+        instance._stored_published_at = instance.__dict__.get("published_at")
+        return instance
+
+    @property
+    def is_published(self) -> bool:
+        return self.published_at is not None
+
+    def _guard_published(self) -> None:
+        if getattr(self, "_stored_published_at", None) is not None:
+            raise VersionPublished(version=self.number)
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self._guard_published()
+        super().save(*args, **kwargs)
+        self._stored_published_at = self.published_at
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        self._guard_published()
+        return super().delete(*args, **kwargs)

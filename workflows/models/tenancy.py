@@ -1,0 +1,61 @@
+"""Organisations and their API keys.
+
+Every domain table carries ``org`` so each hot query can filter on it (and the schema can be
+distributed by organisation later). API keys are shown once and stored as a SHA-256 digest:
+they are 256-bit random secrets, so a slow password hash would add nothing but latency.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.db import models
+
+KEY_PREFIX = "wmk"
+
+
+class Organisation(models.Model):
+    slug = models.SlugField(max_length=63, unique=True)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+def hash_key(raw_key: str) -> str:
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+def new_raw_key() -> tuple[str, str]:
+    """Return (lookup prefix, full key). The prefix is public and indexed; the rest is secret."""
+    prefix = secrets.token_hex(6)
+    return prefix, f"{KEY_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
+
+
+class ApiKey(models.Model):
+    org = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, unique=True, editable=False)
+    key_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["org", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({KEY_PREFIX}_{self.prefix}_…)"
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    def matches(self, raw_key: str) -> bool:
+        return secrets.compare_digest(self.key_hash, hash_key(raw_key))

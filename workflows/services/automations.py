@@ -1,0 +1,99 @@
+"""Use cases for automations and their versions. Each function owns its transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.db.models.functions import Now
+
+from ..definitions.validator import InvalidDefinition, definition_digest, ensure_valid
+from ..errors import (
+    AlreadyPublished,
+    AutomationExists,
+    InvalidDefinitionError,
+    VersionPublished,
+)
+from ..models import Automation, AutomationVersion, Organisation
+
+
+def _validated(definition: Any, *, for_publish: bool = False) -> str:
+    """Validate a definition and return its digest; raise InvalidDefinitionError otherwise."""
+    try:
+        ensure_valid(definition, for_publish=for_publish)
+    except InvalidDefinition as exc:
+        raise InvalidDefinitionError([issue.as_dict() for issue in exc.issues]) from exc
+    return definition_digest(definition)
+
+
+def automation_create(*, org: Organisation, slug: str, name: str = "") -> Automation:
+    try:
+        with transaction.atomic():
+            return Automation.objects.create(org=org, slug=slug, name=name or slug)
+    except IntegrityError as exc:
+        raise AutomationExists(slug=slug) from exc
+
+
+def version_create_draft(*, automation: Automation, definition: Any) -> AutomationVersion:
+    """Add the next-numbered draft version. Numbers are dense and never reused."""
+    digest = _validated(definition)
+    with transaction.atomic():
+        # Lock the automation row so two concurrent drafts cannot take the same number.
+        Automation.objects.select_for_update().filter(pk=automation.pk).get()
+        latest = automation.versions.aggregate(n=Max("number"))["n"] or 0
+        return AutomationVersion.objects.create(
+            org_id=automation.org_id,
+            automation=automation,
+            number=latest + 1,
+            definition=definition,
+            digest=digest,
+        )
+
+
+def version_update_draft(*, version: AutomationVersion, definition: Any) -> AutomationVersion:
+    digest = _validated(definition)
+    with transaction.atomic():
+        changed = AutomationVersion.objects.filter(pk=version.pk, published_at__isnull=True).update(
+            definition=definition, digest=digest
+        )
+        if changed != 1:
+            raise VersionPublished(version=version.number)
+    version.refresh_from_db()
+    return version
+
+
+def version_publish(*, version: AutomationVersion) -> AutomationVersion:
+    """Publish a draft: from now on it is immutable and new runs start on it."""
+    _validated(version.definition, for_publish=True)
+    with transaction.atomic():
+        changed = AutomationVersion.objects.filter(pk=version.pk, published_at__isnull=True).update(
+            published_at=Now()
+        )
+        if changed != 1:
+            version.refresh_from_db()
+            raise AlreadyPublished(version=version.number, published_at=version.published_at)
+        # Newer versions win even if an older draft is published later.
+        Automation.objects.filter(pk=version.automation_id).exclude(
+            current_version__number__gt=version.number
+        ).update(current_version=version)
+    version.refresh_from_db()
+    return version
+
+
+def automation_publish_definition(
+    *, org: Organisation, slug: str, definition: Any, name: str = ""
+) -> AutomationVersion:
+    """Create the automation if needed and publish ``definition`` unless it is already current.
+
+    Used by the demo bootstrap and ``manage.py publish_automation``: publishing the same
+    definition twice returns the current version instead of making an identical new one.
+    """
+    automation, _ = Automation.objects.get_or_create(
+        org=org, slug=slug, defaults={"name": name or slug}
+    )
+    current = automation.current_version
+    if current is not None and current.digest == definition_digest(definition):
+        return current
+    draft = version_create_draft(automation=automation, definition=definition)
+    return version_publish(version=draft)

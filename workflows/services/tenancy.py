@@ -1,0 +1,59 @@
+"""Organisations and API keys."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from ..errors import ApiKeyRevoked, InvalidApiKey, NotFound
+from ..models import ApiKey, Organisation
+from ..models.tenancy import KEY_PREFIX, hash_key, new_raw_key
+
+
+def organisation_ensure(*, slug: str, name: str = "") -> Organisation:
+    org, _ = Organisation.objects.get_or_create(slug=slug, defaults={"name": name or slug})
+    return org
+
+
+def api_key_create(*, org: Organisation, name: str) -> tuple[ApiKey, str]:
+    """Create a key and return it with its secret; the secret is never stored or shown again."""
+    prefix, raw = new_raw_key()
+    key = ApiKey.objects.create(org=org, name=name, prefix=prefix, key_hash=hash_key(raw))
+    return key, raw
+
+
+def api_key_revoke(*, prefix: str) -> ApiKey:
+    with transaction.atomic():
+        try:
+            key = ApiKey.objects.select_for_update().get(prefix=prefix)
+        except ApiKey.DoesNotExist as exc:
+            raise NotFound(f'No API key with prefix "{prefix}".') from exc
+        if key.revoked_at is None:
+            ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=Now())
+            key.refresh_from_db()
+    return key
+
+
+def api_key_authenticate(raw: str) -> ApiKey:
+    """Resolve a presented key. The lookup is by public prefix, the check in constant time."""
+    parts = raw.split("_", 2)
+    if len(parts) != 3 or parts[0] != KEY_PREFIX:
+        raise InvalidApiKey()
+    key = ApiKey.objects.select_related("org").filter(prefix=parts[1]).first()
+    if key is None or not key.matches(raw):
+        raise InvalidApiKey()
+    if key.is_revoked:
+        raise ApiKeyRevoked()
+    _touch(key)
+    return key
+
+
+def _touch(key: ApiKey) -> None:
+    """Record use at most every few minutes, so authentication stays a read on the hot path."""
+    stale = Now() - timedelta(minutes=5)
+    ApiKey.objects.filter(pk=key.pk).filter(
+        Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale)
+    ).update(last_used_at=Now())
