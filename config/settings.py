@@ -115,7 +115,6 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
 # Serve the admin's assets straight from the installed apps: no collectstatic step to forget.
 WHITENOISE_USE_FINDERS = True
 
@@ -147,6 +146,47 @@ WAYMARK = {
     # Definitions larger than this (canonical JSON bytes) or with more steps are refused.
     "MAX_DEFINITION_BYTES": env.int("WAYMARK_MAX_DEFINITION_BYTES", default=262_144),
     "MAX_DEFINITION_STEPS": env.int("WAYMARK_MAX_DEFINITION_STEPS", default=500),
+    # Run budgets when a definition sets no limits of its own.
+    "DEFAULT_MAX_STEPS": env.int("WAYMARK_DEFAULT_MAX_STEPS", default=1_000),
+    "DEFAULT_MAX_AGE_SECONDS": env.int("WAYMARK_DEFAULT_MAX_AGE_SECONDS", default=30 * 86_400),
+    # Largest accepted run input (canonical JSON bytes).
+    "MAX_INPUT_BYTES": env.int("WAYMARK_MAX_INPUT_BYTES", default=65_536),
+    # Lanes: each step type names one. "fast" steps run inline in the walk and have no
+    # workers. A step's own `retry.max_attempts` overrides its lane's.
+    "LANES": {
+        "io": {
+            "concurrency": env.int("WAYMARK_IO_CONCURRENCY", default=16),
+            "lease_seconds": 30.0,
+            "max_attempts": 5,
+            "backoff_base_seconds": 1.0,
+            "backoff_cap_seconds": 60.0,
+        },
+        "slow": {
+            "concurrency": env.int("WAYMARK_SLOW_CONCURRENCY", default=4),
+            "lease_seconds": 120.0,
+            "max_attempts": 2,
+            "backoff_base_seconds": 5.0,
+            "backoff_cap_seconds": 300.0,
+        },
+        "human": {
+            "concurrency": env.int("WAYMARK_HUMAN_CONCURRENCY", default=4),
+            "lease_seconds": 60.0,
+            "max_attempts": 3,
+            "backoff_base_seconds": 1.0,
+            "backoff_cap_seconds": 60.0,
+        },
+    },
+    # Workers poll this often even without a wake-up: a lost message only delays work.
+    "WORKER_POLL_SECONDS": env.float("WAYMARK_WORKER_POLL_SECONDS", default=1.0),
+    "RELAY_POLL_SECONDS": env.float("WAYMARK_RELAY_POLL_SECONDS", default=0.05),
+    "RELAY_BATCH": 500,
+    # The `probe` step type (sleeps, fails or kills its worker on demand) for tests and
+    # benchmarks. Never enable it in production.
+    "ENABLE_PROBE_STEPS": env.bool("WAYMARK_ENABLE_PROBE_STEPS", default=False),
+    # Sent outbox rows are deleted after this long.
+    "OUTBOX_RETENTION_SECONDS": env.int("WAYMARK_OUTBOX_RETENTION_SECONDS", default=3_600),
+    # How long a stopping worker lets running steps finish before releasing them.
+    "SHUTDOWN_GRACE_SECONDS": env.float("WAYMARK_SHUTDOWN_GRACE_SECONDS", default=10.0),
 }
 
 LOGGING = {

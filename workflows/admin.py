@@ -8,11 +8,11 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.http import HttpRequest
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
-from .errors import WaymarkError
-from .models import ApiKey, Automation, AutomationVersion, Organisation
 from .definitions.validator import validate_definition
+from .errors import WaymarkError
+from .models import ApiKey, Automation, AutomationVersion, Organisation, Run, Step
 from .services.automations import version_publish, version_update_draft
 from .services.tenancy import api_key_create, api_key_revoke
 
@@ -94,8 +94,7 @@ class AutomationVersionAdmin(admin.ModelAdmin):
 
     @admin.display(description="definition")
     def definition_pretty(self, obj: AutomationVersion) -> str:
-        text = json.dumps(obj.definition, indent=2, sort_keys=False, ensure_ascii=False)
-        return format_html('<pre style="white-space: pre-wrap">{}</pre>', text)
+        return _pretty(obj.definition)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         if obj is not None and obj.is_published:
@@ -111,8 +110,8 @@ class AutomationVersionAdmin(admin.ModelAdmin):
         return False  # versions are created through the API or `manage.py publish_automation`
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return obj is not None and not obj.is_published and super().has_delete_permission(
-            request, obj
+        return (
+            obj is not None and not obj.is_published and super().has_delete_permission(request, obj)
         )
 
     def save_model(
@@ -132,3 +131,84 @@ class AutomationVersionAdmin(admin.ModelAdmin):
                 messages.error(request, f"v{version.number}: {exc.code}: {exc.detail}")
             else:
                 messages.success(request, f"Published {version.automation.slug} v{version.number}")
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class StepInline(ReadOnlyInline):
+    model = Step
+    fields = ["step_id", "iteration", "type", "lane", "status", "attempt", "max_attempts",
+              "owner", "lease_until", "error", "finished_at"]  # fmt: skip
+    readonly_fields = fields
+    ordering = ["id"]
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    """A control room for runs: every field read-only, the timeline on one screen."""
+
+    list_display = ["id", "org", "automation", "version", "status", "steps_executed",
+                    "created_at", "finished_at"]  # fmt: skip
+    list_filter = ["status", "org", "automation"]
+    search_fields = ["=id", "start_key"]
+    list_select_related = ["org", "automation", "version"]
+    inlines = [StepInline]
+    readonly_fields = [
+        "org", "automation", "version", "start_key", "start_key_derived", "status",
+        "steps_executed", "max_steps", "deadline_at", "created_at", "finished_at", "error",
+        "pretty_input", "pretty_output", "pretty_vars", "timeline",
+    ]  # fmt: skip
+    exclude = ["input", "output", "vars", "outputs", "entered", "input_digest"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="input")
+    def pretty_input(self, obj: Run) -> str:
+        return _pretty(obj.input)
+
+    @admin.display(description="output")
+    def pretty_output(self, obj: Run) -> str:
+        return _pretty(obj.output)
+
+    @admin.display(description="vars")
+    def pretty_vars(self, obj: Run) -> str:
+        return _pretty(obj.vars)
+
+    @admin.display(description="timeline")
+    def timeline(self, obj: Run) -> str:
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+            "<td><code>{}</code></td></tr>",
+            (
+                (e.at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], e.kind, e.step_id,
+                 e.iteration or "", e.attempt or "", e.worker,
+                 json.dumps(e.detail) if e.detail else "")
+                for e in obj.events.order_by("id")
+            ),
+        )  # fmt: skip
+        return format_html(
+            "<table><thead><tr><th>at (UTC)</th><th>event</th><th>step</th><th>iteration</th>"
+            "<th>attempt</th><th>worker</th><th>detail</th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
+
+
+def _pretty(value: Any) -> str:
+    return format_html(
+        '<pre style="white-space: pre-wrap">{}</pre>',
+        json.dumps(value, indent=2, ensure_ascii=False),
+    )

@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class WorkflowsConfig(AppConfig):
@@ -6,6 +7,12 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from .engine.executors import register_builtin_executors
         from .steptypes import register_step_types
 
         register_step_types()
+        register_builtin_executors()
+        if settings.WAYMARK.get("ENABLE_PROBE_STEPS"):
+            from .engine.probe import register_probe
+
+            register_probe()

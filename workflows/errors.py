@@ -93,3 +93,35 @@ class InvalidApiKey(AuthenticationFailed):
 class ApiKeyRevoked(AuthenticationFailed):
     code = "api_key_revoked"
     default_detail = "The API key was revoked; create a new one."
+
+
+class NoPublishedVersion(Conflict):
+    code = "no_published_version"
+    default_detail = 'Automation "{slug}" has no published version; publish one first.'
+
+
+class StartKeyConflict(Conflict):
+    code = "start_key_conflict"
+    default_detail = (
+        'Start key "{start_key}" already started run {run_id} with a different input; '
+        "use a new key for a new run."
+    )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "run_id": self.extra["run_id"]}
+
+
+class InvalidInput(WaymarkError):
+    code = "invalid_input"
+    default_detail = "{reason}"
+
+
+class PayloadTooLarge(WaymarkError):
+    code = "payload_too_large"
+    status = 413
+    default_detail = "{what} is {size} bytes; the limit is {limit}."
+
+
+class UnknownRun(NotFound):
+    code = "unknown_run"
+    default_detail = "No run {run_id} in this organisation."

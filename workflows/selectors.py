@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 
-from .errors import UnknownAutomation, UnknownOrganisation, UnknownVersion
-from .models import Automation, AutomationVersion, Organisation
+from .errors import UnknownAutomation, UnknownOrganisation, UnknownRun, UnknownVersion
+from .models import Automation, AutomationVersion, Organisation, Run, RunEvent, Step
 
 
 def organisation_get(*, slug: str) -> Organisation:
@@ -33,3 +33,28 @@ def version_get(*, automation: Automation, number: int) -> AutomationVersion:
         )
     except AutomationVersion.DoesNotExist as exc:
         raise UnknownVersion(slug=automation.slug, number=number) from exc
+
+
+def run_list(
+    *, org: Organisation, status: str | None = None, automation: str | None = None
+) -> QuerySet[Run]:
+    runs = Run.objects.filter(org=org).select_related("automation", "version")
+    if status:
+        runs = runs.filter(status=status)
+    if automation:
+        runs = runs.filter(automation__slug=automation)
+    return runs.order_by("-id")
+
+
+def run_get(*, org: Organisation, run_id: int) -> Run:
+    try:
+        return (
+            Run.objects.select_related("automation", "version")
+            .prefetch_related(
+                Prefetch("steps", queryset=Step.objects.order_by("id")),
+                Prefetch("events", queryset=RunEvent.objects.order_by("id")),
+            )
+            .get(org=org, pk=run_id)
+        )
+    except Run.DoesNotExist as exc:
+        raise UnknownRun(run_id=run_id) from exc

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from ..models import Automation, AutomationVersion
+from ..models import Automation, AutomationVersion, Run, RunEvent, Step
 
 
 class VersionOut(serializers.ModelSerializer):
@@ -36,3 +36,45 @@ class AutomationIn(serializers.Serializer):
 
 class DefinitionIn(serializers.Serializer):
     definition = serializers.JSONField()
+
+
+class RunStartIn(serializers.Serializer):
+    automation = serializers.SlugField(max_length=63)
+    start_key = serializers.CharField(max_length=255, required=False, allow_blank=False)
+    input = serializers.JSONField(required=False, default=dict)
+
+
+class StepOut(serializers.ModelSerializer):
+    class Meta:
+        model = Step
+        fields = [
+            "step_id", "iteration", "type", "lane", "status", "attempt", "max_attempts",
+            "owner", "lease_until", "output", "error", "created_at", "finished_at",
+        ]  # fmt: skip
+
+
+class RunEventOut(serializers.ModelSerializer):
+    class Meta:
+        model = RunEvent
+        fields = ["id", "kind", "step_id", "iteration", "attempt", "worker", "detail", "at"]
+
+
+class RunOut(serializers.ModelSerializer):
+    automation = serializers.CharField(source="automation.slug")
+    version = serializers.IntegerField(source="version.number")
+
+    class Meta:
+        model = Run
+        fields = [
+            "id", "automation", "version", "start_key", "start_key_derived", "status", "input",
+            "output", "error", "steps_executed", "max_steps", "deadline_at", "created_at",
+            "finished_at",
+        ]  # fmt: skip
+
+
+class RunDetailOut(RunOut):
+    steps = StepOut(many=True)
+    history = RunEventOut(many=True, source="events")
+
+    class Meta(RunOut.Meta):
+        fields = [*RunOut.Meta.fields, "vars", "steps", "history"]

@@ -6,8 +6,11 @@ from . import views
 app_name = "api"
 
 urlpatterns = [
-    path("schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
-         name="schema"),
+    path(
+        "schema/",
+        SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
+        name="schema",
+    ),
     path("automations", views.AutomationListView.as_view(), name="automations"),
     path("automations/<slug:slug>", views.AutomationDetailView.as_view(), name="automation"),
     path("automations/<slug:slug>/versions", views.VersionListView.as_view(), name="versions"),
@@ -21,4 +24,6 @@ urlpatterns = [
         views.VersionPublishView.as_view(),
         name="version-publish",
     ),
+    path("runs", views.RunListView.as_view(), name="runs"),
+    path("runs/<int:run_id>", views.RunDetailView.as_view(), name="run"),
 ]

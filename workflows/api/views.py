@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
+from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import selectors
+from ..errors import InvalidInput
 from ..services import automations as services
-from .serializers import AutomationIn, AutomationOut, DefinitionIn, VersionOut
+from ..services.runs import run_start
+from ..states import RunStatus
+from .serializers import (
+    AutomationIn,
+    AutomationOut,
+    DefinitionIn,
+    RunDetailOut,
+    RunOut,
+    RunStartIn,
+    VersionOut,
+)
 
 
 class AutomationListView(APIView):
@@ -56,7 +68,9 @@ class VersionDetailView(APIView):
     @extend_schema(responses=VersionOut)
     def get(self, request: Request, slug: str, number: int) -> Response:
         automation = selectors.automation_get(org=request.auth.org, slug=slug)
-        return Response(VersionOut(selectors.version_get(automation=automation, number=number)).data)
+        return Response(
+            VersionOut(selectors.version_get(automation=automation, number=number)).data
+        )
 
     @extend_schema(request=DefinitionIn, responses=VersionOut)
     def put(self, request: Request, slug: str, number: int) -> Response:
@@ -76,3 +90,60 @@ class VersionPublishView(APIView):
         automation = selectors.automation_get(org=request.auth.org, slug=slug)
         version = selectors.version_get(automation=automation, number=number)
         return Response(VersionOut(services.version_publish(version=version)).data)
+
+
+class RunPagination(CursorPagination):
+    ordering = "-id"
+    page_size = 50
+    max_page_size = 200
+    page_size_query_param = "limit"
+
+
+class RunListView(APIView):
+    @extend_schema(
+        request=RunStartIn,
+        responses={201: RunDetailOut, 200: RunDetailOut},
+        description="Start a run. The same start key returns the run it already started "
+        "(200); the same key with a different input is refused (409 start_key_conflict).",
+    )
+    def post(self, request: Request) -> Response:
+        data = RunStartIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        started = run_start(
+            org=request.auth.org,
+            automation_slug=data.validated_data["automation"],
+            run_input=data.validated_data["input"],
+            start_key=data.validated_data.get("start_key"),
+        )
+        run = selectors.run_get(org=request.auth.org, run_id=started.run_id)
+        return Response(
+            RunDetailOut(run).data,
+            status=status.HTTP_201_CREATED if started.created else status.HTTP_200_OK,
+        )
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("status", str, enum=[s.value for s in RunStatus]),
+            OpenApiParameter("automation", str),
+            OpenApiParameter("limit", int),
+        ],
+        responses=RunOut(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        run_status = request.query_params.get("status")
+        if run_status and run_status not in RunStatus.values:
+            raise InvalidInput(reason=f"status must be one of {', '.join(RunStatus.values)}")
+        runs = selectors.run_list(
+            org=request.auth.org,
+            status=run_status,
+            automation=request.query_params.get("automation"),
+        )
+        paginator = RunPagination()
+        page = paginator.paginate_queryset(runs, request, view=self)
+        return paginator.get_paginated_response(RunOut(page, many=True).data)
+
+
+class RunDetailView(APIView):
+    @extend_schema(responses=RunDetailOut)
+    def get(self, request: Request, run_id: int) -> Response:
+        return Response(RunDetailOut(selectors.run_get(org=request.auth.org, run_id=run_id)).data)

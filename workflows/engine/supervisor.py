@@ -84,6 +84,8 @@ class Supervisor:
             try:
                 child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                logger.warning("%s did not stop in %.0fs; killing it", child.name, self.grace_seconds)
+                logger.warning(
+                    "%s did not stop in %.0fs; killing it", child.name, self.grace_seconds
+                )
                 child.process.kill()
                 child.process.wait()

@@ -60,24 +60,22 @@ class AutomationVersion(models.Model):
     def __str__(self) -> str:
         return f"{self.automation_id} v{self.number}"
 
-    @classmethod
-    def from_db(cls, db: Any, field_names: Any, values: Any) -> AutomationVersion:
-        instance = super().from_db(db, field_names, values)
-        instance._stored_published_at = instance.__dict__.get("published_at")
-        return instance
-
     @property
     def is_published(self) -> bool:
         return self.published_at is not None
 
     def _guard_published(self) -> None:
-        if getattr(self, "_stored_published_at", None) is not None:
+        # Ask the database, not this instance: a stale or hand-built instance must not be
+        # able to overwrite a version that was published meanwhile.
+        if self.pk is None:
+            return
+        stored = AutomationVersion.objects.filter(pk=self.pk, published_at__isnull=False)
+        if stored.exists():
             raise VersionPublished(version=self.number)
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         self._guard_published()
         super().save(*args, **kwargs)
-        self._stored_published_at = self.published_at
 
     def delete(self, *args: Any, **kwargs: Any) -> Any:
         self._guard_published()

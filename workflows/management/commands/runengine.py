@@ -1,26 +1,50 @@
 import os
 import sys
+import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from workflows.engine.lanes import WORKER_LANES
 from workflows.engine.supervisor import Child, Supervisor
 
 
 class Command(BaseCommand):
-    help = "Run every Waymark role for one machine under one supervisor (web for now)."
+    help = "Run web, relay, sweep and one worker per lane on this machine, supervised."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default=os.environ.get("WAYMARK_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("WAYMARK_PORT", "8000")))
         parser.add_argument("--web-workers", type=int, default=2)
         parser.add_argument("--grace", type=float, default=10.0)
+        parser.add_argument("--no-web", action="store_true", help="engine roles only")
+        parser.add_argument(
+            "--demo-runs", type=int, default=0, help="start this many demo runs and show them"
+        )
 
-    def handle(self, *args: Any, host: str, port: int, web_workers: int, grace: float,
-               **options: Any) -> None:
-        gunicorn = [
-            sys.executable, "-m", "gunicorn", "config.wsgi:application",
-            "--bind", f"{host}:{port}", "--workers", str(web_workers),
-            "--access-logfile", "-", "--graceful-timeout", str(int(grace)),
+    def handle(self, *args: Any, **opts: Any) -> None:
+        manage = [sys.executable, "manage.py"]
+        children = [
+            Child("relay", [*manage, "relay"]),
+            Child("sweep", [*manage, "sweep"]),
+            *[
+                Child(f"worker-{lane}", [*manage, "worker", "--lane", lane])
+                for lane in WORKER_LANES
+            ],
         ]
-        Supervisor([Child("web", gunicorn)], grace_seconds=grace).run()
+        if not opts["no_web"]:
+            children.insert(0, Child("web", [
+                sys.executable, "-m", "gunicorn", "config.wsgi:application",
+                "--bind", f"{opts['host']}:{opts['port']}", "--workers", str(opts["web_workers"]),
+                "--access-logfile", "-", "--graceful-timeout", str(int(opts["grace"])),
+            ]))  # fmt: skip
+        supervisor = Supervisor(children, grace_seconds=opts["grace"])
+        if opts["demo_runs"]:
+            from workflows.demo.runs import show_demo_runs
+
+            threading.Thread(
+                target=show_demo_runs,
+                args=(opts["demo_runs"], self.stdout, supervisor.stopping),
+                daemon=True,
+            ).start()
+        supervisor.run()

@@ -1,0 +1,144 @@
+"""Effect step types: http, email, slack_message and model.
+
+Each does work outside the walk (lane "io", or "slow" for model) and finishes with the
+outcome "ok" or "failed". Registered from ``EffectsConfig.ready()``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from workflows.definitions.registry import StepReport, StepType, registry
+from workflows.definitions.validator import (
+    check_choice,
+    check_fields,
+    check_int,
+    check_number,
+    check_object,
+    check_string,
+    check_template_field,
+    check_template_value,
+    report_issue,
+)
+
+EFFECT_OUTCOMES = frozenset({"ok", "failed"})
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+CONNECTION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
+MAX_MODEL_TOKENS = 100_000
+
+
+def effect_outcomes(step: Mapping[str, Any]) -> frozenset[str]:
+    return EFFECT_OUTCOMES
+
+
+def _check_connection(step: Mapping[str, Any], report: StepReport) -> None:
+    check_string(
+        step,
+        "connection",
+        report,
+        required=False,
+        max_length=100,
+        pattern=CONNECTION_NAME_RE,
+        hint=": a connection name is letters, digits, _ . or -",
+    )
+
+
+# --- http -----------------------------------------------------------------------------------
+
+
+def validate_http(step: Mapping[str, Any], report: StepReport) -> None:
+    check_fields(step, report, ("request", "connection"))
+    _check_connection(step, report)
+    request = check_object(step, "request", report)
+    if request is None:
+        return
+    check_fields(request, report, ("method", "url", "headers", "body"), prefix="request.")
+    check_choice(request, "method", report, HTTP_METHODS, prefix="request.")
+    url = check_template_field(request, "url", report, prefix="request.")
+    if url is not None:
+        starts_with_template = url.lstrip().startswith(("{{", "{%"))
+        if not starts_with_template and not url.lower().startswith(("http://", "https://")):
+            report.error("request.url", "must start with http:// or https://")
+    headers = check_object(request, "headers", report, required=False, prefix="request.")
+    if headers is not None:
+        for name, value in headers.items():
+            field = f"request.headers.{name}"
+            if not isinstance(name, str) or HEADER_NAME_RE.fullmatch(name) is None:
+                report.error(field, "is not a valid HTTP header name")
+            elif not isinstance(value, str):
+                report.error(field, "must be a string (a template)")
+            else:
+                check_template_field(headers, name, report, prefix="request.headers.")
+    check_template_value(request, "body", report, prefix="request.")
+
+
+HTTP = StepType(
+    name="http",
+    lane="io",
+    validate=validate_http,
+    outcomes=effect_outcomes,
+    app="effects",
+)
+
+
+# --- email ----------------------------------------------------------------------------------
+
+
+def validate_email(step: Mapping[str, Any], report: StepReport) -> None:
+    check_fields(step, report, ("to", "subject", "body", "connection"))
+    for key in ("to", "subject", "body"):
+        check_template_field(step, key, report)
+    _check_connection(step, report)
+
+
+EMAIL = StepType(
+    name="email", lane="io", validate=validate_email, outcomes=effect_outcomes, app="effects"
+)
+
+
+# --- slack_message --------------------------------------------------------------------------
+
+
+def validate_slack_message(step: Mapping[str, Any], report: StepReport) -> None:
+    check_fields(step, report, ("channel", "text", "connection"))
+    check_template_field(step, "channel", report)
+    check_template_field(step, "text", report)
+    _check_connection(step, report)
+
+
+SLACK_MESSAGE = StepType(
+    name="slack_message",
+    lane="io",
+    validate=validate_slack_message,
+    outcomes=effect_outcomes,
+    app="effects",
+)
+
+
+# --- model ----------------------------------------------------------------------------------
+
+
+def validate_model(step: Mapping[str, Any], report: StepReport) -> None:
+    check_fields(step, report, ("prompt", "model", "max_tokens", "budget", "connection"))
+    check_template_field(step, "prompt", report)
+    check_string(step, "model", report, required=False, max_length=200)
+    check_int(step, "max_tokens", report, minimum=1, maximum=MAX_MODEL_TOKENS)
+    check_number(step, "budget", report, minimum=0)
+    _check_connection(step, report)
+    if "prompt" in step and isinstance(step["prompt"], str) and not step["prompt"].strip():
+        report_issue(report, "invalid_field", "prompt", "must not be empty")
+
+
+MODEL = StepType(
+    name="model", lane="slow", validate=validate_model, outcomes=effect_outcomes, app="effects"
+)
+
+STEP_TYPES = (HTTP, EMAIL, SLACK_MESSAGE, MODEL)
+
+
+def register_step_types() -> None:
+    for step_type in STEP_TYPES:
+        registry.register(step_type)

@@ -1,0 +1,464 @@
+"""Templates and conditions of the definition language.
+
+Templates are Jinja2 strings (``"Hello {{ input.name }}"``); conditions are bare Jinja2
+expressions (``"input.tier == 'gold'"``). Both run in a sandbox built on
+``jinja2.sandbox.ImmutableSandboxedEnvironment`` with ``StrictUndefined``:
+
+* the context holds plain data only (see :func:`build_context`): ``input``, ``vars``,
+  ``steps.<id>.output``, ``run.id``, ``run.started_at``;
+* no globals at all (no ``range``, ``cycler``, ``namespace``, ``lipsum`` ...), no loader, so
+  ``include`` / ``import`` / ``extends`` cannot reach files;
+* the sandbox refuses private and internal attributes (``__class__``, ``__globals__``,
+  ``mro``, ``func_code`` ...) and any method that mutates a list, dict or set;
+* an undefined name or key raises instead of rendering as an empty string;
+* the rendered output is capped (``MAX_OUTPUT_BYTES``), and the cheap ways of building huge
+  values inside a template (``'x' * 10**9``, ``10 ** 100000000``, ``'%999999999s'``,
+  ``'x'.ljust(10**9)``, ``'x'|center(10**9)`` ...) are refused before they allocate.
+
+Every failure while rendering or evaluating becomes an :class:`ExpressionError`, whatever the
+underlying exception was, so the engine can fail the step with a readable message.
+
+The sandbox is not a CPU limit: a template may still loop over large input data. Bounding
+wall-clock time is the job of whoever runs the step.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import string
+from collections.abc import Callable, Iterable, Mapping
+from datetime import date, datetime
+from typing import Any
+
+from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError, meta, nodes
+from jinja2.parser import Parser
+from jinja2.runtime import Context
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+from workflows.definitions.registry import StepReport
+
+__all__ = [
+    "CONTEXT_NAMES",
+    "MAX_OUTPUT_BYTES",
+    "ExpressionError",
+    "build_context",
+    "check_condition",
+    "check_template",
+    "check_templates_in",
+    "evaluate_condition",
+    "is_template",
+    "render_template",
+    "render_value",
+]
+
+#: The largest rendered output (UTF-8 bytes) of one template, or of one ``render_value`` call.
+MAX_OUTPUT_BYTES = 64 * 1024
+#: The only top-level names a template or condition may use.
+CONTEXT_NAMES = frozenset({"input", "vars", "steps", "run"})
+#: How deeply a value holding templates (``values``, ``request.body`` ...) may nest.
+MAX_NESTING = 64
+
+_COMPILE_CACHE_SIZE = 2048
+_PADDING_METHODS = frozenset({"center", "ljust", "rjust", "zfill"})
+_PRINTF_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?[a-zA-Z%]")
+_FORBIDDEN_NODES = (nodes.Extends, nodes.Include, nodes.Import, nodes.FromImport)
+
+
+class ExpressionError(Exception):
+    """A template or condition could not be rendered or evaluated."""
+
+
+# --- size guards ----------------------------------------------------------------------------
+
+
+def _too_large(size: int) -> ExpressionError:
+    return ExpressionError(f"the result would be larger than {MAX_OUTPUT_BYTES} bytes ({size})")
+
+
+def _check_size(size: object) -> None:
+    if isinstance(size, int) and not isinstance(size, bool) and size > MAX_OUTPUT_BYTES:
+        raise _too_large(size)
+
+
+def _check_width_digits(digits: str | None) -> None:
+    if digits and digits != "*" and (len(digits) > 9 or int(digits) > MAX_OUTPUT_BYTES):
+        raise ExpressionError(f"a format width of {digits[:12]} is too large")
+
+
+def _check_printf(fmt: str, values: object) -> None:
+    """Refuses ``'%999999999s' % x`` and ``'%*s' % (10**9, x)``."""
+    star = False
+    for match in _PRINTF_SPEC.finditer(fmt):
+        for group in match.groups():
+            star = star or group == "*"
+            _check_width_digits(group)
+    if star:
+        items = values if isinstance(values, tuple) else (values,)
+        for item in items:
+            _check_size(item)
+
+
+def _check_str_format(fmt: str, args: Iterable[object], kwargs: Mapping[str, object]) -> None:
+    """Refuses ``'{:>999999999}'.format(x)`` and nested widths taken from huge arguments."""
+    for _, _, spec, _ in string.Formatter().parse(fmt):
+        if not spec:
+            continue
+        for digits in re.findall(r"\d+", spec):
+            _check_width_digits(digits)
+        if "{" in spec:
+            for value in (*args, *kwargs.values()):
+                _check_size(value)
+
+
+def _check_binop(operator: str, left: object, right: object) -> None:
+    if operator == "*":
+        for seq, times in ((left, right), (right, left)):
+            if isinstance(seq, str | list | tuple) and isinstance(times, int):
+                _check_size(len(seq) * times)
+    elif operator == "**":
+        if (
+            isinstance(left, int)
+            and isinstance(right, int)
+            and abs(left) > 1
+            and right > 0
+            and left.bit_length() * right > 8 * MAX_OUTPUT_BYTES
+        ):
+            raise ExpressionError(f"the number {left} ** {right} is too large")
+    elif operator == "%" and isinstance(left, str):
+        _check_printf(left, right)
+
+
+def _check_call(func: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    """Bounds the string methods that can multiply their input's size."""
+    target = getattr(func, "__wrapped__", func)
+    owner = getattr(target, "__self__", None)
+    if not isinstance(owner, str):
+        return
+    name = getattr(target, "__name__", "")
+    if name in _PADDING_METHODS:
+        for value in (*args, *kwargs.values()):
+            _check_size(value)
+    elif name == "expandtabs":
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, int):
+                _check_size(len(owner) + owner.count("\t") * value)
+    elif name == "replace" and len(args) >= 2:
+        old, new = args[0], args[1]
+        if isinstance(old, str) and isinstance(new, str):
+            hits = owner.count(old) if old else len(owner) + 1
+            _check_size(len(owner) + hits * max(0, len(new) - len(old)))
+    elif name == "format":
+        _check_str_format(owner, args, kwargs)
+    elif name == "format_map" and args and isinstance(args[0], Mapping):
+        _check_str_format(owner, (), args[0])
+
+
+def _guard_filters(filters: dict[str, Callable[..., Any]]) -> None:
+    """Wraps the built-in filters that can pad a string to an arbitrary width."""
+    center, indent, fmt = filters["center"], filters["indent"], filters["format"]
+
+    @functools.wraps(center)
+    def safe_center(value: Any, width: int = 80) -> str:
+        _check_size(width)
+        return center(value, width)
+
+    @functools.wraps(indent)
+    def safe_indent(s: Any, width: int | str = 4, *args: Any, **kwargs: Any) -> str:
+        pad = width if isinstance(width, int) else len(str(width))
+        _check_size(len(str(s)) + pad * (str(s).count("\n") + 1))
+        return indent(s, width, *args, **kwargs)
+
+    @functools.wraps(fmt)
+    def safe_format(value: Any, *args: Any, **kwargs: Any) -> str:
+        if isinstance(value, str):
+            _check_printf(value, kwargs or tuple(args))
+        return fmt(value, *args, **kwargs)
+
+    filters.update(center=safe_center, indent=safe_indent, format=safe_format)
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The one environment every template and condition runs in."""
+
+    intercepted_binops = frozenset({"*", "**", "%"})
+
+    def __init__(self) -> None:
+        super().__init__(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
+        # No globals: range, dict, cycler, joiner, namespace and lipsum are all gone.
+        self.globals.clear()
+        _guard_filters(self.filters)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        # Plain data first: `input.items` is the key "items", not the dict method.
+        if isinstance(obj, dict):
+            try:
+                return obj[attribute]
+            except (KeyError, TypeError):
+                pass
+        return super().getattr(obj, attribute)
+
+    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
+        _check_binop(operator, left, right)
+        return super().call_binop(context, operator, left, right)
+
+    def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        _check_call(obj, args, kwargs)
+        return super().call(context, obj, *args, **kwargs)
+
+
+_ENV = _Sandbox()
+
+
+# --- compiling and checking -----------------------------------------------------------------
+
+
+def is_template(text: str) -> bool:
+    """True when ``text`` contains Jinja markup; other strings are used as they are."""
+    return "{" in text
+
+
+@functools.lru_cache(maxsize=_COMPILE_CACHE_SIZE)
+def _compile_template(text: str) -> Any:
+    return _ENV.from_string(text)
+
+
+@functools.lru_cache(maxsize=_COMPILE_CACHE_SIZE)
+def _compile_condition(expr: str) -> Any:
+    return _ENV.compile_expression(expr, undefined_to_none=False)
+
+
+def _syntax_message(exc: TemplateSyntaxError, source: str) -> str:
+    message = exc.message or "invalid syntax"
+    if "\n" in source.strip() and exc.lineno:
+        return f"{message} (line {exc.lineno})"
+    return message
+
+
+def _unknown_names(names: Iterable[str]) -> str | None:
+    unknown = sorted(set(names) - CONTEXT_NAMES)
+    if not unknown:
+        return None
+    available = ", ".join(sorted(CONTEXT_NAMES))
+    return f'uses unknown name "{unknown[0]}" (available: {available})'
+
+
+def check_template(text: str) -> str | None:
+    """None when ``text`` is a usable template, else a short message saying why not."""
+    if not isinstance(text, str):
+        return "must be a string"
+    if not is_template(text):
+        return None
+    try:
+        tree = _ENV.parse(text)
+        if next(tree.find_all(_FORBIDDEN_NODES), None) is not None:
+            return "cannot extend, include or import other templates"
+        problem = _unknown_names(meta.find_undeclared_variables(tree))
+        if problem:
+            return problem
+        _compile_template(text)
+    except TemplateSyntaxError as exc:
+        return _syntax_message(exc, text)
+    except RecursionError:
+        return "is nested too deeply"
+    except Exception as exc:
+        return f"cannot be compiled: {exc}"
+    return None
+
+
+def check_condition(expr: str) -> str | None:
+    """None when ``expr`` is a usable condition expression, else a short message."""
+    if not isinstance(expr, str):
+        return "must be a string"
+    if not expr.strip():
+        return "is empty"
+    if expr.lstrip().startswith(("{{", "{%")):
+        return "must be a bare expression such as input.total > 100, without {{ }}"
+    try:
+        parser = Parser(_ENV, expr, state="variable")
+        tree = parser.parse_expression()
+        if not parser.stream.eos:
+            return f"has unexpected text after the expression: {parser.stream.current.value!r}"
+        names = (node.name for node in tree.find_all(nodes.Name) if node.ctx == "load")
+        problem = _unknown_names(names)
+        if problem:
+            return problem
+        _compile_condition(expr)
+    except TemplateSyntaxError as exc:
+        return _syntax_message(exc, expr)
+    except RecursionError:
+        return "is nested too deeply"
+    except Exception as exc:
+        return f"cannot be compiled: {exc}"
+    return None
+
+
+def _report(report: StepReport, code: str, field_path: str, message: str) -> None:
+    # The validator's report takes an issue code; a plain StepReport only (field, message).
+    issue = getattr(report, "issue", None)
+    if callable(issue):
+        issue(code, field_path, message)
+    else:
+        report.error(field_path, message)
+
+
+def check_templates_in(value: Any, field_path: str, report: StepReport) -> None:
+    """Reports every malformed template string inside ``value`` with its exact field path.
+
+    ``value`` may be a string, a number, or nested dicts and lists; paths read
+    ``values.greeting`` or ``request.body.items.0``. Walks iteratively.
+    """
+    stack: list[tuple[str, Any, int]] = [(field_path, value, 0)]
+    while stack:
+        path, item, depth = stack.pop()
+        if isinstance(item, str):
+            problem = check_template(item)
+            if problem:
+                _report(report, "malformed_template", path, f"is not a valid template: {problem}")
+        elif isinstance(item, Mapping | list | tuple):
+            if depth >= MAX_NESTING:
+                _report(report, "invalid_field", path, f"nests deeper than {MAX_NESTING} levels")
+                continue
+            pairs = item.items() if isinstance(item, Mapping) else enumerate(item)
+            children = [(f"{path}.{key}", child, depth + 1) for key, child in pairs]
+            stack.extend(reversed(children))
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+
+class _Budget:
+    def __init__(self, max_bytes: int) -> None:
+        self.left = max_bytes
+        self.max_bytes = max_bytes
+
+    def take(self, chunk: str) -> None:
+        # Characters <= UTF-8 bytes, so the cheap length check catches most overflows.
+        if len(chunk) > self.left:
+            self._exceeded()
+        self.left -= len(chunk.encode("utf-8", "surrogatepass"))
+        if self.left < 0:
+            self._exceeded()
+
+    def _exceeded(self) -> None:
+        raise ExpressionError(f"the rendered output is larger than {self.max_bytes} bytes")
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, SecurityError):
+        return f"not allowed: {exc}"
+    if isinstance(exc, UndefinedError):
+        return f"undefined value: {exc.message}"
+    if isinstance(exc, TemplateSyntaxError):
+        return f"invalid syntax: {exc.message}"
+    if isinstance(exc, RecursionError):
+        return "recursion too deep"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _render(text: str, context: Mapping[str, Any], budget: _Budget) -> str:
+    if not isinstance(text, str):
+        raise ExpressionError(f"a template must be a string, not {type(text).__name__}")
+    if not is_template(text):
+        budget.take(text)
+        return text
+    parts: list[str] = []
+    try:
+        template = _compile_template(text)
+        for chunk in template.generate(dict(context)):
+            budget.take(chunk)
+            parts.append(chunk)
+    except ExpressionError:
+        raise
+    except Exception as exc:
+        raise ExpressionError(_describe(exc)) from exc
+    return "".join(parts)
+
+
+def render_template(
+    text: str, context: Mapping[str, Any], *, max_bytes: int = MAX_OUTPUT_BYTES
+) -> str:
+    """Renders one template string; raises ExpressionError on any failure."""
+    return _render(text, context, _Budget(max_bytes))
+
+
+def render_value(
+    value: Any, context: Mapping[str, Any], *, max_bytes: int = MAX_OUTPUT_BYTES
+) -> Any:
+    """Renders every string inside ``value`` (dict values and list items, recursively).
+
+    Keys, numbers, booleans and null are kept as they are. ``max_bytes`` bounds the total
+    output of all the strings together.
+    """
+    budget = _Budget(max_bytes)
+
+    def walk(item: Any, depth: int) -> Any:
+        if isinstance(item, str):
+            return _render(item, context, budget)
+        if isinstance(item, Mapping | list | tuple):
+            if depth >= MAX_NESTING:
+                raise ExpressionError(f"the value nests deeper than {MAX_NESTING} levels")
+            if isinstance(item, Mapping):
+                return {key: walk(child, depth + 1) for key, child in item.items()}
+            return [walk(child, depth + 1) for child in item]
+        return item
+
+    return walk(value, 0)
+
+
+def evaluate_condition(expr: str, context: Mapping[str, Any]) -> bool:
+    """Evaluates a condition to a bool; raises ExpressionError on any failure.
+
+    An undefined name or key raises (use ``is defined`` to test for optional data).
+    """
+    if not isinstance(expr, str):
+        raise ExpressionError(f"a condition must be a string, not {type(expr).__name__}")
+    try:
+        compiled = _compile_condition(expr)
+        return bool(compiled(dict(context)))
+    except ExpressionError:
+        raise
+    except Exception as exc:
+        raise ExpressionError(_describe(exc)) from exc
+
+
+# --- context --------------------------------------------------------------------------------
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    """A deep copy of ``value`` made of dict, list, str, int, float, bool and None only."""
+    return json.loads(json.dumps(value, default=_json_default))
+
+
+def build_context(
+    *,
+    run_input: Any,
+    variables: Mapping[str, Any] | None = None,
+    step_outputs: Mapping[str, Any] | None = None,
+    run_id: object = None,
+    started_at: datetime | str | None = None,
+) -> dict[str, Any]:
+    """The template context of a run, as plain data only.
+
+    ``step_outputs`` maps step id -> that step's output; templates read it as
+    ``steps.<id>.output``. Datetimes become ISO 8601 strings; other non-JSON values strings.
+    """
+    return {
+        "input": _plain(run_input),
+        "vars": _plain(dict(variables or {})),
+        "steps": {
+            str(step_id): {"output": _plain(output)}
+            for step_id, output in (step_outputs or {}).items()
+        },
+        "run": {
+            "id": None if run_id is None else str(run_id),
+            "started_at": _plain(started_at),
+        },
+    }

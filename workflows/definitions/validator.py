@@ -1,0 +1,1132 @@
+"""Validation of automation definitions (the JSON language documented in docs/definitions.md).
+
+``validate_definition`` never raises, whatever shape its input has: it returns a list of
+:class:`DefinitionIssue`, each with a stable ``code``, a message naming the step and the field,
+and the ``step`` / ``field`` it is about.
+
+``step`` is the step's id when the step has a valid one. Otherwise it is None and ``field``
+is a path from the top of the definition (``steps.3.id``, ``steps.3.values.x``); for
+top-level problems ``step`` is None and ``field`` names the top-level field (``start``,
+``limits.max_age``) or is None for the definition as a whole.
+
+Step types check their own fields with a :class:`StepReport`; the helpers at the end of this
+module (``check_fields``, ``check_string`` ...) report with the right issue codes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from workflows.definitions.expressions import check_template, check_templates_in
+from workflows.definitions.registry import Registry, StepReport, StepType
+from workflows.definitions.registry import registry as default_registry
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "COMMON_STEP_FIELDS",
+    "ISSUE_CODES",
+    "DefinitionIssue",
+    "InvalidDefinition",
+    "IssueReport",
+    "canonical_json",
+    "check_choice",
+    "check_duration",
+    "check_fields",
+    "check_int",
+    "check_number",
+    "check_object",
+    "check_step_id_list",
+    "check_string",
+    "check_template_field",
+    "check_template_value",
+    "definition_digest",
+    "ensure_valid",
+    "is_step_id",
+    "parse_duration",
+    "report_issue",
+    "validate_definition",
+]
+
+DEFAULT_MAX_DEFINITION_BYTES = 262_144
+DEFAULT_MAX_DEFINITION_STEPS = 500
+MAX_STEPS_LIMIT = 100_000
+MAX_DURATION = timedelta(days=3650)
+MAX_NAME_LENGTH = 200
+MAX_RETRY_ATTEMPTS = 100
+MAX_LOOP_STEPS_SHOWN = 12
+
+TOP_LEVEL_FIELDS = ("start", "steps", "limits", "description")
+LIMIT_FIELDS = ("max_steps", "max_age")
+#: Fields every step may have; the generic validator checks them, step types the rest.
+COMMON_STEP_FIELDS = ("id", "type", "next", "on_failure", "name", "retry")
+
+ISSUE_CODES = (
+    "not_an_object",
+    "unknown_field",
+    "missing_field",
+    "invalid_field",
+    "definition_too_large",
+    "too_many_steps",
+    "duplicate_step_id",
+    "invalid_step_id",
+    "missing_step_id",
+    "unknown_step_type",
+    "unknown_step_reference",
+    "unknown_outcome",
+    "unreachable_step",
+    "unbounded_loop",
+    "malformed_template",
+    "malformed_condition",
+    "step_type_not_available",
+    "invalid_limits",
+)
+
+_STEP_ID_RE = re.compile(r"[a-z][a-z0-9_]{0,62}")
+_DURATION_RE = re.compile(r"([0-9]{1,7})([smhd])")
+_DURATION_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+_STEP_ID_RULE = "a lowercase letter, then up to 62 lowercase letters, digits or underscores"
+
+
+@dataclass(frozen=True)
+class DefinitionIssue:
+    code: str
+    message: str
+    step: str | None = None
+    field: str | None = None
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"code": self.code, "message": self.message, "step": self.step, "field": self.field}
+
+
+class InvalidDefinition(Exception):
+    """Raised by :func:`ensure_valid`; ``issues`` lists every problem found."""
+
+    SUMMARY_SIZE = 3
+
+    def __init__(self, issues: Iterable[DefinitionIssue]) -> None:
+        self.issues: list[DefinitionIssue] = list(issues)
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        if not self.issues:
+            return "the definition is invalid"
+        shown = "; ".join(issue.message for issue in self.issues[: self.SUMMARY_SIZE])
+        more = len(self.issues) - self.SUMMARY_SIZE
+        suffix = f" (and {more} more)" if more > 0 else ""
+        return f"the definition is invalid: {shown}{suffix}"
+
+
+class IssueReport(StepReport):
+    """The StepReport the validator hands to step types: it records an issue code too.
+
+    ``error(field, message)`` records ``invalid_field``; ``issue(code, field, message)`` any
+    code. ``step_ids`` holds every step id of the definition, for fields naming other steps.
+    """
+
+    def __init__(self, step_id: str, *, step_ids: Collection[str] = ()) -> None:
+        super().__init__(step_id)
+        self.step_ids = frozenset(step_ids)
+        self.coded: list[tuple[str, str, str]] = []
+
+    def error(self, field_path: str, message: str) -> None:
+        self.issue("invalid_field", field_path, message)
+
+    def issue(self, code: str, field_path: str, message: str) -> None:
+        self.errors.append((field_path, message))
+        self.coded.append((code, field_path, message))
+
+
+# --- canonical form -------------------------------------------------------------------------
+
+
+def canonical_json(definition: Any) -> str:
+    """The canonical JSON text: sorted keys, no whitespace. Its UTF-8 length is the size."""
+    return json.dumps(definition, sort_keys=True, separators=(",", ":"))
+
+
+def definition_digest(definition: Any) -> str:
+    """sha256 (hex) of the canonical JSON: equal for definitions differing in key order only."""
+    return hashlib.sha256(canonical_json(definition).encode("utf-8")).hexdigest()
+
+
+# --- small shared parsers -------------------------------------------------------------------
+
+
+def is_step_id(value: object) -> bool:
+    return isinstance(value, str) and _STEP_ID_RE.fullmatch(value) is not None
+
+
+def parse_duration(value: object) -> timedelta | None:
+    """``"30s"``, ``"15m"``, ``"12h"``, ``"30d"`` -> timedelta; None when not a valid duration.
+
+    A duration is a positive integer and a unit (s, m, h, d), at most 3650 days.
+    """
+    if not isinstance(value, str):
+        return None
+    match = _DURATION_RE.fullmatch(value)
+    if match is None or int(match.group(1)) == 0:
+        return None
+    duration = timedelta(**{_DURATION_UNITS[match.group(2)]: int(match.group(1))})
+    return duration if duration <= MAX_DURATION else None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _show(value: object, limit: int = 60) -> str:
+    """A value quoted for a message, shortened."""
+    text = json.dumps(value) if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _type_label(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "an object"
+    return type(value).__name__
+
+
+# --- the validator --------------------------------------------------------------------------
+
+
+def _configured_limits(max_bytes: int | None, max_steps: int | None) -> tuple[int, int]:
+    if max_bytes is not None and max_steps is not None:
+        return max_bytes, max_steps
+    try:
+        waymark = getattr(settings, "WAYMARK", None) or {}
+    except ImproperlyConfigured:
+        waymark = {}
+    if max_bytes is None:
+        max_bytes = int(waymark.get("MAX_DEFINITION_BYTES", DEFAULT_MAX_DEFINITION_BYTES))
+    if max_steps is None:
+        max_steps = int(waymark.get("MAX_DEFINITION_STEPS", DEFAULT_MAX_DEFINITION_STEPS))
+    return max_bytes, max_steps
+
+
+@dataclass
+class _Edge:
+    target: str
+    field: str
+
+
+class _Validation:
+    def __init__(self, definition: object, registry: Registry, max_bytes: int, max_steps: int):
+        self.definition = definition
+        self.registry = registry
+        self.max_bytes = max_bytes
+        self.max_steps = max_steps
+        self.issues: list[DefinitionIssue] = []
+        # step id -> index of its first occurrence, in definition order
+        self.ids: dict[str, int] = {}
+        self.types: dict[str, StepType] = {}
+        self.edges: dict[str, list[_Edge]] = {}
+
+    # reporting
+
+    def top(self, code: str, field: str | None, message: str) -> None:
+        self.issues.append(DefinitionIssue(code, message, None, field))
+
+    def at_step(
+        self, code: str, sid: str | None, index: int, field: str | None, phrase: str
+    ) -> None:
+        """An issue about one step; ``phrase`` completes the sentence "<field> ..."."""
+        where = f'step "{sid}"' if sid is not None else f"steps.{index}"
+        text = f"{field} {phrase}" if field else phrase
+        if sid is not None:
+            self.issues.append(DefinitionIssue(code, f"{where}: {text}", sid, field))
+        else:
+            path = f"steps.{index}.{field}" if field else f"steps.{index}"
+            self.issues.append(DefinitionIssue(code, f"{where}: {text}", None, path))
+
+    # the run
+
+    def run(self) -> list[DefinitionIssue]:
+        if not self.check_size():
+            return self.issues
+        definition = self.definition
+        if not isinstance(definition, dict):
+            self.top(
+                "not_an_object",
+                None,
+                f"the definition must be a JSON object, not {_type_label(definition)}",
+            )
+            return self.issues
+        for key in definition:
+            if key not in TOP_LEVEL_FIELDS:
+                self.top(
+                    "unknown_field",
+                    str(key),
+                    f"{_show(str(key))} is not a definition field "
+                    f"(fields: {', '.join(TOP_LEVEL_FIELDS)})",
+                )
+        description = definition.get("description")
+        if "description" in definition and not isinstance(description, str):
+            self.top("invalid_field", "description", "description must be a string")
+        self.check_limits(definition.get("limits"), "limits" in definition)
+
+        steps = definition.get("steps")
+        if "steps" not in definition:
+            self.top("missing_field", "steps", "steps is required: a list of steps")
+            steps = None
+        elif not isinstance(steps, list):
+            self.top("invalid_field", "steps", f"steps must be a list, not {_type_label(steps)}")
+            steps = None
+        elif not steps:
+            self.top("invalid_field", "steps", "steps must list at least one step")
+            steps = None
+        elif len(steps) > self.max_steps:
+            self.top(
+                "too_many_steps",
+                "steps",
+                f"the definition has {len(steps)} steps; at most {self.max_steps} are allowed",
+            )
+            steps = None
+
+        if steps is not None:
+            self.collect_ids(steps)
+        self.check_start(definition)
+        if steps is None:
+            return self.issues
+        for index, step in enumerate(steps):
+            if isinstance(step, dict):
+                self.check_step(index, step)
+        self.check_graph(definition)
+        return self.issues
+
+    def check_size(self) -> bool:
+        try:
+            text = canonical_json(self.definition)
+        except (TypeError, ValueError, RecursionError) as exc:
+            if isinstance(self.definition, dict):
+                self.top("invalid_field", None, f"the definition is not plain JSON data: {exc}")
+            else:
+                self.top(
+                    "not_an_object",
+                    None,
+                    f"the definition must be a JSON object, not {_type_label(self.definition)}",
+                )
+            return False
+        size = len(text.encode("utf-8"))
+        if size > self.max_bytes:
+            self.top(
+                "definition_too_large",
+                None,
+                f"the definition is {size} bytes of canonical JSON; "
+                f"at most {self.max_bytes} are allowed",
+            )
+            return False
+        return True
+
+    def check_limits(self, limits: object, present: bool) -> None:
+        if not present:
+            return
+        if not isinstance(limits, dict):
+            self.top("invalid_limits", "limits", "limits must be an object")
+            return
+        for key in limits:
+            if key not in LIMIT_FIELDS:
+                self.top(
+                    "unknown_field",
+                    f"limits.{key}",
+                    f"limits.{key} is not a limit (limits: {', '.join(LIMIT_FIELDS)})",
+                )
+        if "max_steps" in limits:
+            value = limits["max_steps"]
+            if not _is_int(value) or not 1 <= value <= MAX_STEPS_LIMIT:
+                self.top(
+                    "invalid_limits",
+                    "limits.max_steps",
+                    f"limits.max_steps must be a whole number from 1 to {MAX_STEPS_LIMIT}, "
+                    f"not {_show(value)}",
+                )
+        if "max_age" in limits and parse_duration(limits["max_age"]) is None:
+            self.top(
+                "invalid_limits",
+                "limits.max_age",
+                'limits.max_age must be a duration such as "30s", "15m", "12h" or '
+                f'"30d" (at most 3650d), not {_show(limits["max_age"])}',
+            )
+
+    def collect_ids(self, steps: list[Any]) -> None:
+        for index, step in enumerate(steps):
+            if not isinstance(step, dict):
+                self.top(
+                    "not_an_object",
+                    f"steps.{index}",
+                    f"steps.{index} must be an object, not {_type_label(step)}",
+                )
+                continue
+            if "id" not in step:
+                self.at_step("missing_step_id", None, index, "id", "is required")
+                continue
+            sid = step["id"]
+            if not is_step_id(sid):
+                shown = _show(sid) if isinstance(sid, str) else _type_label(sid)
+                self.at_step(
+                    "invalid_step_id",
+                    None,
+                    index,
+                    "id",
+                    f"{shown} is not a valid step id ({_STEP_ID_RULE})",
+                )
+                continue
+            if sid in self.ids:
+                self.at_step(
+                    "duplicate_step_id",
+                    sid,
+                    index,
+                    "id",
+                    f"is also the id of steps.{self.ids[sid]}; step ids must be unique",
+                )
+                continue
+            self.ids[sid] = index
+
+    def check_start(self, definition: dict[Any, Any]) -> None:
+        if "start" not in definition:
+            self.top("missing_field", "start", "start is required: the id of the first step")
+            return
+        start = definition["start"]
+        if not isinstance(start, str):
+            self.top("invalid_field", "start", f"start must be a step id, not {_type_label(start)}")
+        elif self.ids and start not in self.ids:
+            self.top(
+                "unknown_step_reference", "start", f"start refers to unknown step {_show(start)}"
+            )
+
+    def check_step(self, index: int, step: dict[Any, Any]) -> None:
+        raw_id = step.get("id")
+        sid = raw_id if is_step_id(raw_id) else None
+        # A duplicate id is reported once; its other fields are checked under that id.
+        owner = sid if sid is not None and self.ids.get(sid) == index else None
+
+        step_type = self.check_type(index, sid, step)
+        if owner is not None and step_type is not None:
+            self.types[owner] = step_type
+        self.check_name(index, sid, step)
+        self.check_retry(index, sid, step, step_type)
+        edges = self.check_next(index, sid, step, step_type)
+        edges.extend(self.check_on_failure(index, sid, step, step_type))
+        if step_type is not None:
+            edges.extend(self.run_type_checks(index, sid, step, step_type))
+        if owner is not None:
+            self.edges[owner] = edges
+
+    def check_type(self, index: int, sid: str | None, step: dict[Any, Any]) -> StepType | None:
+        if "type" not in step:
+            self.at_step("missing_field", sid, index, "type", "is required")
+            return None
+        name = step["type"]
+        if not isinstance(name, str):
+            self.at_step(
+                "invalid_field", sid, index, "type", f"must be a string, not {_type_label(name)}"
+            )
+            return None
+        step_type = self.registry.get(name)
+        if step_type is None:
+            known = ", ".join(self.registry.names())
+            self.at_step(
+                "unknown_step_type",
+                sid,
+                index,
+                "type",
+                f"{_show(name)} is not a known step type (known: {known})",
+            )
+        return step_type
+
+    def check_name(self, index: int, sid: str | None, step: dict[Any, Any]) -> None:
+        if "name" not in step:
+            return
+        name = step["name"]
+        if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_LENGTH:
+            self.at_step(
+                "invalid_field",
+                sid,
+                index,
+                "name",
+                f"must be a non-empty string of at most {MAX_NAME_LENGTH} characters",
+            )
+
+    def check_retry(
+        self, index: int, sid: str | None, step: dict[Any, Any], step_type: StepType | None
+    ) -> None:
+        if "retry" not in step:
+            return
+        if step_type is not None and step_type.lane == "fast":
+            self.at_step(
+                "unknown_field",
+                sid,
+                index,
+                "retry",
+                f'is not allowed on a "{step_type.name}" step: it runs inside the walk '
+                "and is never retried",
+            )
+            return
+        retry = step["retry"]
+        if not isinstance(retry, dict):
+            self.at_step(
+                "invalid_field",
+                sid,
+                index,
+                "retry",
+                'must be an object such as {"max_attempts": 3}',
+            )
+            return
+        for key in retry:
+            if key != "max_attempts":
+                self.at_step(
+                    "unknown_field",
+                    sid,
+                    index,
+                    f"retry.{key}",
+                    "is not a retry field (fields: max_attempts)",
+                )
+        if "max_attempts" not in retry:
+            self.at_step("missing_field", sid, index, "retry.max_attempts", "is required")
+            return
+        attempts = retry["max_attempts"]
+        if not _is_int(attempts) or not 1 <= attempts <= MAX_RETRY_ATTEMPTS:
+            self.at_step(
+                "invalid_field",
+                sid,
+                index,
+                "retry.max_attempts",
+                f"must be a whole number from 1 to {MAX_RETRY_ATTEMPTS}, not {_show(attempts)}",
+            )
+
+    def reference(self, index: int, sid: str | None, field: str, target: object) -> _Edge | None:
+        """Checks one field naming another step; returns the edge when the step exists."""
+        if not isinstance(target, str):
+            self.at_step(
+                "invalid_field", sid, index, field, f"must be a step id, not {_type_label(target)}"
+            )
+            return None
+        if target not in self.ids:
+            self.at_step(
+                "unknown_step_reference",
+                sid,
+                index,
+                field,
+                f"refers to unknown step {_show(target)}",
+            )
+            return None
+        return _Edge(target, field)
+
+    def check_next(
+        self, index: int, sid: str | None, step: dict[Any, Any], step_type: StepType | None
+    ) -> list[_Edge]:
+        if "next" not in step:
+            return []
+        nxt = step["next"]
+        if step_type is not None and step_type.terminal:
+            self.at_step(
+                "invalid_field",
+                sid,
+                index,
+                "next",
+                f'is not allowed: an "{step_type.name}" step ends the run',
+            )
+            return []
+        if isinstance(nxt, str):
+            edge = self.reference(index, sid, "next", nxt)
+            return [edge] if edge else []
+        if not isinstance(nxt, dict):
+            self.at_step(
+                "invalid_field",
+                sid,
+                index,
+                "next",
+                f"must be a step id or an object mapping outcomes to step ids, "
+                f"not {_type_label(nxt)}",
+            )
+            return []
+        outcomes: frozenset[str] | None = None
+        type_name = step_type.name if step_type is not None else ""
+        if step_type is not None and step_type.outcomes is None:
+            self.at_step(
+                "invalid_field",
+                sid,
+                index,
+                "next",
+                f'must be a single step id: a "{step_type.name}" step has no outcomes',
+            )
+            # The targets are still checked and followed, so one mistake gives one issue.
+        elif step_type is not None and step_type.outcomes is not None:
+            outcomes = self.call_type(index, sid, step_type, "outcomes", step_type.outcomes, step)
+        edges: list[_Edge] = []
+        for key, target in nxt.items():
+            field = f"next.{key}"
+            if outcomes is not None and key not in outcomes:
+                self.at_step(
+                    "unknown_outcome",
+                    sid,
+                    index,
+                    field,
+                    f'is not an outcome of a "{type_name}" step '
+                    f"(outcomes: {', '.join(sorted(outcomes)) or 'none'})",
+                )
+            edge = self.reference(index, sid, field, target)
+            if edge:
+                edges.append(edge)
+        return edges
+
+    def check_on_failure(
+        self, index: int, sid: str | None, step: dict[Any, Any], step_type: StepType | None
+    ) -> list[_Edge]:
+        """``on_failure``: the step to enter when this one fails for good (else the run fails)."""
+        if "on_failure" not in step:
+            return []
+        if step_type is not None and step_type.terminal:
+            self.at_step(
+                "invalid_field", sid, index, "on_failure",
+                f'is not allowed: an "{step_type.name}" step ends the run',
+            )  # fmt: skip
+            return []
+        edge = self.reference(index, sid, "on_failure", step["on_failure"])
+        return [edge] if edge else []
+
+    def call_type(
+        self,
+        index: int,
+        sid: str | None,
+        step_type: StepType,
+        what: str,
+        func: Callable[..., Any],
+        *args: Any,
+    ) -> Any:
+        """Calls a step type's own code; a crash there becomes an issue, not an exception."""
+        try:
+            return func(*args)
+        except Exception:
+            logger.exception("step type %r: %s raised", step_type.name, what)
+            self.at_step(
+                "invalid_field",
+                sid,
+                index,
+                None,
+                f'could not be checked: the "{step_type.name}" step type failed ({what})',
+            )
+            return None
+
+    def run_type_checks(
+        self, index: int, sid: str | None, step: dict[Any, Any], step_type: StepType
+    ) -> list[_Edge]:
+        report = IssueReport(sid or f"steps.{index}", step_ids=self.ids.keys())
+        self.call_type(index, sid, step_type, "validate", step_type.validate, step, report)
+        for code, field, message in report.coded:
+            self.at_step(code, sid, index, field or None, message)
+        # Errors recorded through a plain StepReport.error override are already in coded.
+        refs = self.call_type(index, sid, step_type, "references", step_type.references, step)
+        edges: list[_Edge] = []
+        if isinstance(refs, Mapping):
+            for field, target in refs.items():
+                edge = self.reference(index, sid, str(field), target)
+                if edge:
+                    edges.append(edge)
+        return edges
+
+    # the graph
+
+    def check_graph(self, definition: dict[Any, Any]) -> None:
+        order = list(self.ids)  # definition order
+        successors = {sid: [e.target for e in self.edges.get(sid, [])] for sid in order}
+        start = definition.get("start")
+        if isinstance(start, str) and start in self.ids:
+            reached = {start}
+            queue = deque([start])
+            while queue:
+                for target in successors[queue.popleft()]:
+                    if target not in reached:
+                        reached.add(target)
+                        queue.append(target)
+            for sid in order:
+                if sid not in reached:
+                    self.issues.append(
+                        DefinitionIssue(
+                            "unreachable_step",
+                            f'step "{sid}" cannot be reached from start "{start}" '
+                            "by following next or any other step reference",
+                            sid,
+                            None,
+                        )
+                    )
+        limits = definition.get("limits")
+        if isinstance(limits, dict) and "max_steps" in limits:
+            return  # an explicit step limit bounds every loop
+        position = {sid: i for i, sid in enumerate(order)}
+        loops = []
+        for component in strongly_connected_components(order, successors):
+            members = set(component)
+            first = min(component, key=position.__getitem__)
+            if len(component) == 1 and first not in successors[first]:
+                continue
+            if any(self.types[s].waits for s in component if s in self.types):
+                continue
+            loops.append((position[first], first, members))
+        for _, first, members in sorted(loops, key=lambda loop: loop[0]):
+            self.report_loop(first, members, successors, position)
+
+    def report_loop(
+        self,
+        first: str,
+        members: set[str],
+        successors: dict[str, list[str]],
+        position: dict[str, int],
+    ) -> None:
+        cycle = _shortest_cycle(first, members, successors)
+        shown = [f'"{sid}"' for sid in cycle]
+        if len(shown) > MAX_LOOP_STEPS_SHOWN:
+            hidden = len(shown) - MAX_LOOP_STEPS_SHOWN + 1
+            shown = [*shown[: MAX_LOOP_STEPS_SHOWN - 1], f"... ({hidden} more steps)"]
+        path = " -> ".join([*shown, f'"{first}"'])
+        extra = ""
+        if len(members) > len(cycle):
+            others = sorted(members - set(cycle), key=position.__getitem__)
+            listed = ", ".join(f'"{sid}"' for sid in others[:MAX_LOOP_STEPS_SHOWN])
+            if len(others) > MAX_LOOP_STEPS_SHOWN:
+                listed += f" and {len(others) - MAX_LOOP_STEPS_SHOWN} more"
+            extra = f" (the loop also passes through {listed})"
+        second = cycle[1] if len(cycle) > 1 else first
+        field = next((e.field for e in self.edges.get(first, []) if e.target == second), "next")
+        self.issues.append(
+            DefinitionIssue(
+                "unbounded_loop",
+                f"steps {path} form a loop with no waiting step{extra}: declare "
+                "limits.max_steps to bound how many steps a run may take, or put a waiting "
+                "step (such as wait, wait_signal or approval) in the loop",
+                first,
+                field,
+            )
+        )
+
+
+def _shortest_cycle(first: str, members: set[str], successors: dict[str, list[str]]) -> list[str]:
+    """The shortest path first -> ... -> first inside one strongly connected component."""
+    parent: dict[str, str] = {}
+    queue = deque([first])
+    while queue:
+        node = queue.popleft()
+        for target in successors[node]:
+            if target == first:
+                path = [node]
+                while path[-1] != first:
+                    path.append(parent[path[-1]])
+                return list(reversed(path))
+            if target in members and target not in parent:
+                parent[target] = node
+                queue.append(target)
+    return [first]  # not reached for a real cycle
+
+
+def strongly_connected_components(
+    nodes: Iterable[str], successors: Mapping[str, Iterable[str]]
+) -> list[list[str]]:
+    """Tarjan's algorithm, iterative (definitions may hold thousands of steps)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    components: list[list[str]] = []
+    counter = 0
+    for root in nodes:
+        if root in index:
+            continue
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        work = [(root, iter(successors.get(root, ())))]
+        while work:
+            node, targets = work[-1]
+            descended = False
+            for target in targets:
+                if target not in index:
+                    index[target] = low[target] = counter
+                    counter += 1
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(successors.get(target, ()))))
+                    descended = True
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            if descended:
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component: list[str] = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                components.append(component)
+    return components
+
+
+def validate_definition(
+    definition: object,
+    *,
+    max_bytes: int | None = None,
+    max_steps: int | None = None,
+    registry: Registry | None = None,
+) -> list[DefinitionIssue]:
+    """Every problem of ``definition``; [] when it is valid. Never raises on bad input.
+
+    ``max_bytes`` / ``max_steps`` default to ``settings.WAYMARK["MAX_DEFINITION_BYTES"]`` /
+    ``["MAX_DEFINITION_STEPS"]`` (262144 and 500 when unset).
+    """
+    max_bytes, max_steps = _configured_limits(max_bytes, max_steps)
+    reg = registry if registry is not None else default_registry
+    return _Validation(definition, reg, max_bytes, max_steps).run()
+
+
+def _unavailable_types(definition: object, registry: Registry) -> list[DefinitionIssue]:
+    if not isinstance(definition, dict) or not isinstance(definition.get("steps"), list):
+        return []
+    issues = []
+    for index, step in enumerate(definition["steps"]):
+        if not isinstance(step, dict) or not isinstance(step.get("type"), str):
+            continue
+        step_type = registry.get(step["type"])
+        if step_type is None or step_type.built:
+            continue
+        sid = step.get("id") if is_step_id(step.get("id")) else None
+        where = f'step "{sid}"' if sid else f"steps.{index}"
+        issues.append(
+            DefinitionIssue(
+                "step_type_not_available",
+                f'{where}: type "{step_type.name}" cannot be published yet: the engine does not '
+                f'run "{step_type.name}" steps yet',
+                sid,
+                "type" if sid else f"steps.{index}.type",
+            )
+        )
+    return issues
+
+
+def ensure_valid(
+    definition: object,
+    *,
+    for_publish: bool = False,
+    max_bytes: int | None = None,
+    max_steps: int | None = None,
+    registry: Registry | None = None,
+) -> None:
+    """Raises InvalidDefinition unless ``definition`` is valid.
+
+    With ``for_publish`` it also refuses steps whose type the engine cannot run yet
+    (``built=False``), with code ``step_type_not_available``.
+    """
+    issues = validate_definition(
+        definition, max_bytes=max_bytes, max_steps=max_steps, registry=registry
+    )
+    stopped = any(
+        i.code in ("definition_too_large", "not_an_object") and i.field is None for i in issues
+    )
+    if for_publish and not stopped:
+        reg = registry if registry is not None else default_registry
+        issues.extend(_unavailable_types(definition, reg))
+    if issues:
+        raise InvalidDefinition(issues)
+
+
+# --- helpers for step types -----------------------------------------------------------------
+
+
+def report_issue(report: StepReport, code: str, field_path: str, message: str) -> None:
+    """Reports with an issue code when the report takes one (IssueReport), else plainly."""
+    issue = getattr(report, "issue", None)
+    if callable(issue):
+        issue(code, field_path, message)
+    else:
+        report.error(field_path, message)
+
+
+def _present(
+    obj: Mapping[str, Any], key: str, report: StepReport, prefix: str, required: bool
+) -> bool:
+    if key in obj:
+        return True
+    if required:
+        report_issue(report, "missing_field", f"{prefix}{key}", "is required")
+    return False
+
+
+def check_fields(
+    obj: Mapping[str, Any],
+    report: StepReport,
+    allowed: Iterable[str],
+    *,
+    prefix: str = "",
+    what: str | None = None,
+) -> None:
+    """Reports each key of ``obj`` that is not in ``allowed`` as ``unknown_field``.
+
+    For a step (``prefix`` empty) the common fields (id, type, next, name, retry) are always
+    allowed, and ``what`` defaults to 'a "<type>" step'; for a nested object (``prefix``
+    ``"request."``) it defaults to the object's path.
+    """
+    allowed = tuple(allowed)
+    permitted = set(allowed) | (set(COMMON_STEP_FIELDS) if not prefix else set())
+    if what is None:
+        what = f'a "{obj.get("type")}" step' if not prefix else prefix.rstrip(".")
+    listing = ", ".join(allowed) if allowed else "none"
+    for key in obj:
+        if key not in permitted:
+            report_issue(
+                report,
+                "unknown_field",
+                f"{prefix}{key}",
+                f"is not a field of {what} (its fields: {listing})",
+            )
+
+
+def check_string(
+    obj: Mapping[str, Any],
+    key: str,
+    report: StepReport,
+    *,
+    required: bool = True,
+    prefix: str = "",
+    max_length: int = 1000,
+    pattern: re.Pattern[str] | None = None,
+    hint: str = "",
+) -> str | None:
+    """A non-empty string (matching ``pattern`` when given); returns it when valid."""
+    if not _present(obj, key, report, prefix, required):
+        return None
+    value = obj[key]
+    if not isinstance(value, str) or not value.strip() or len(value) > max_length:
+        report_issue(
+            report,
+            "invalid_field",
+            f"{prefix}{key}",
+            f"must be a non-empty string of at most {max_length} characters, "
+            f"not {_show(value) if isinstance(value, str) else _type_label(value)}",
+        )
+        return None
+    if pattern is not None and pattern.fullmatch(value) is None:
+        report_issue(
+            report, "invalid_field", f"{prefix}{key}", f"{_show(value)} is not valid{hint}"
+        )
+        return None
+    return value
+
+
+def check_template_field(
+    obj: Mapping[str, Any], key: str, report: StepReport, *, required: bool = True, prefix: str = ""
+) -> str | None:
+    """A string template; returns it when it is a string (even if malformed)."""
+    if not _present(obj, key, report, prefix, required):
+        return None
+    value = obj[key]
+    if not isinstance(value, str):
+        report_issue(
+            report,
+            "invalid_field",
+            f"{prefix}{key}",
+            f"must be a string (a template), not {_type_label(value)}",
+        )
+        return None
+    problem = check_template(value)
+    if problem:
+        report_issue(
+            report, "malformed_template", f"{prefix}{key}", f"is not a valid template: {problem}"
+        )
+    return value
+
+
+def check_template_value(
+    obj: Mapping[str, Any],
+    key: str,
+    report: StepReport,
+    *,
+    required: bool = False,
+    prefix: str = "",
+) -> None:
+    """Any JSON value; every string inside it is a template."""
+    if _present(obj, key, report, prefix, required):
+        check_templates_in(obj[key], f"{prefix}{key}", report)
+
+
+def check_duration(
+    obj: Mapping[str, Any], key: str, report: StepReport, *, required: bool = True, prefix: str = ""
+) -> timedelta | None:
+    if not _present(obj, key, report, prefix, required):
+        return None
+    duration = parse_duration(obj[key])
+    if duration is None:
+        report_issue(
+            report,
+            "invalid_field",
+            f"{prefix}{key}",
+            'must be a duration such as "30s", "15m", "12h" or "30d" (at most 3650d), '
+            f"not {_show(obj[key])}",
+        )
+    return duration
+
+
+def check_choice(
+    obj: Mapping[str, Any],
+    key: str,
+    report: StepReport,
+    choices: Collection[str],
+    *,
+    required: bool = False,
+    prefix: str = "",
+) -> str | None:
+    if not _present(obj, key, report, prefix, required):
+        return None
+    value = obj[key]
+    if not isinstance(value, str) or value not in choices:
+        report_issue(
+            report,
+            "invalid_field",
+            f"{prefix}{key}",
+            f"must be one of {', '.join(choices)}, not {_show(value)}",
+        )
+        return None
+    return value
+
+
+def check_int(
+    obj: Mapping[str, Any],
+    key: str,
+    report: StepReport,
+    *,
+    minimum: int,
+    maximum: int,
+    required: bool = False,
+    prefix: str = "",
+) -> int | None:
+    if not _present(obj, key, report, prefix, required):
+        return None
+    value = obj[key]
+    if not _is_int(value) or not minimum <= value <= maximum:
+        report_issue(
+            report,
+            "invalid_field",
+            f"{prefix}{key}",
+            f"must be a whole number from {minimum} to {maximum}, not {_show(value)}",
+        )
+        return None
+    return int(value)
+
+
+def check_number(
+    obj: Mapping[str, Any],
+    key: str,
+    report: StepReport,
+    *,
+    minimum: float = 0,
+    required: bool = False,
+    prefix: str = "",
+) -> float | None:
+    if not _present(obj, key, report, prefix, required):
+        return None
+    value = obj[key]
+    valid = isinstance(value, int | float) and not isinstance(value, bool)
+    if not valid or value != value or value in (float("inf"), float("-inf")) or value < minimum:
+        report_issue(
+            report,
+            "invalid_field",
+            f"{prefix}{key}",
+            f"must be a number of at least {minimum}, not {_show(value)}",
+        )
+        return None
+    return float(value)
+
+
+def check_object(
+    obj: Mapping[str, Any], key: str, report: StepReport, *, required: bool = True, prefix: str = ""
+) -> dict[str, Any] | None:
+    if not _present(obj, key, report, prefix, required):
+        return None
+    value = obj[key]
+    if not isinstance(value, dict):
+        report_issue(
+            report,
+            "invalid_field",
+            f"{prefix}{key}",
+            f"must be an object, not {_type_label(value)}",
+        )
+        return None
+    return value
+
+
+def check_step_id_list(
+    obj: Mapping[str, Any],
+    key: str,
+    report: StepReport,
+    *,
+    min_items: int = 1,
+    required: bool = True,
+    check_exists: bool = False,
+    prefix: str = "",
+) -> list[str]:
+    """A list of distinct step ids; returns the well-formed ones.
+
+    With ``check_exists`` each id must name a step of the definition (``unknown_step_reference``);
+    leave it False for fields the type also returns from ``references`` (the generic
+    validator checks those).
+    """
+    if not _present(obj, key, report, prefix, required):
+        return []
+    value = obj[key]
+    field = f"{prefix}{key}"
+    if not isinstance(value, list) or len(value) < min_items:
+        report_issue(
+            report,
+            "invalid_field",
+            field,
+            f"must be a list of at least {min_items} step id{'s' if min_items != 1 else ''}",
+        )
+        return []
+    known = getattr(report, "step_ids", None)
+    seen: set[str] = set()
+    ids = []
+    for position, item in enumerate(value):
+        if not is_step_id(item):
+            report_issue(report, "invalid_field", f"{field}.{position}", "must be a step id")
+            continue
+        if item in seen:
+            report_issue(
+                report, "invalid_field", f"{field}.{position}", f"repeats step {_show(item)}"
+            )
+            continue
+        seen.add(item)
+        ids.append(item)
+        if check_exists and known is not None and item not in known:
+            report_issue(
+                report,
+                "unknown_step_reference",
+                f"{field}.{position}",
+                f"refers to unknown step {_show(item)}",
+            )
+    return ids

@@ -1,0 +1,38 @@
+"""Lane policies: capacity, lease length and retry policy per kind of work."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from django.conf import settings
+
+WORKER_LANES = ("io", "slow", "human")  # "fast" steps run inline in the walk
+
+
+@dataclass(frozen=True)
+class LanePolicy:
+    name: str
+    concurrency: int
+    lease_seconds: float
+    max_attempts: int
+    backoff_base_seconds: float
+    backoff_cap_seconds: float
+
+    def backoff(self, failed_attempts: int, rng: random.Random | None = None) -> float:
+        """Exponential backoff with full jitter: uniform(0, min(cap, base * 2**(n-1)))."""
+        ceiling = min(
+            self.backoff_cap_seconds, self.backoff_base_seconds * 2 ** (failed_attempts - 1)
+        )
+        return (rng or random).uniform(0, ceiling)
+
+
+def lane_policy(lane: str) -> LanePolicy:
+    config = settings.WAYMARK["LANES"].get(lane)
+    if config is None:
+        raise ValueError(f"lane {lane!r} has no workers; configured lanes: {WORKER_LANES}")
+    return LanePolicy(name=lane, **config)
+
+
+def engine_setting(name: str):  # type: ignore[no-untyped-def]
+    return settings.WAYMARK[name]

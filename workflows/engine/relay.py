@@ -1,0 +1,66 @@
+"""The outbox relay: publishes intents written by committed transactions.
+
+Per batch: lock unsent rows (FOR UPDATE SKIP LOCKED, so relays never share rows), publish
+them with the outbox id as message id, mark them sent, commit. A relay killed after publishing
+and before committing leaves the rows unsent: they are published again, and consumers treat
+every message as possibly duplicated. Sent rows are deleted after the retention period.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.db import connection, transaction
+
+from . import sql
+from .faults import crash_point
+from .lanes import engine_setting
+from .transport import Message, Transport, default_transport
+
+logger = logging.getLogger(__name__)
+
+
+def relay_once(transport: Transport, *, batch: int | None = None) -> int:
+    """Publish one batch; return how many rows it sent."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql.RELAY_BATCH, {"n": batch or engine_setting("RELAY_BATCH")})
+        rows = cursor.fetchall()
+        if not rows:
+            return 0
+        transport.publish([Message(id=row[0], topic=row[1], payload=row[2]) for row in rows])
+        crash_point("relay.after_publish")
+        cursor.execute(sql.RELAY_MARK_SENT, {"ids": [row[0] for row in rows]})
+    return len(rows)
+
+
+def cleanup_sent(*, older_than_seconds: float | None = None) -> int:
+    age = older_than_seconds
+    if age is None:
+        age = engine_setting("OUTBOX_RETENTION_SECONDS")
+    with connection.cursor() as cursor:
+        cursor.execute(sql.OUTBOX_CLEANUP, {"age": age})
+        return cursor.rowcount
+
+
+def run_relay(stop: threading.Event, *, transport: Transport | None = None) -> None:
+    transport = transport or default_transport()
+    poll = engine_setting("RELAY_POLL_SECONDS")
+    next_cleanup = 0.0
+    while not stop.is_set():
+        try:
+            sent = relay_once(transport)
+            if time.monotonic() >= next_cleanup:
+                removed = cleanup_sent()
+                if removed:
+                    logger.info("relay removed %s sent outbox rows", removed)
+                next_cleanup = time.monotonic() + 60
+        except Exception:
+            logger.exception("relay batch failed; retrying")
+            connection.close()
+            stop.wait(1.0)
+            continue
+        if sent == 0:
+            stop.wait(poll)
+    connection.close()

@@ -1,0 +1,150 @@
+"""The engine's hot paths as few explicit SQL statements, kept together.
+
+Claim, heartbeat, settle, release and the relay's batch. Every time comparison uses the
+database's now(), never a worker's clock. Each statement here has a test that races it.
+"""
+
+from __future__ import annotations
+
+# Claim up to %(n)s claimable steps of one lane, fairly across organisations.
+#
+# `orgs` walks the distinct organisations that have claimable work with a loose index scan
+# (one index probe per organisation, whatever their backlog), starting after the organisation
+# this worker served first last time, so who leads rotates. Each organisation then gets at
+# most ceil(n / organisations) of the batch: one organisation's 100,000 ready steps cannot
+# crowd out another's few. The rows are locked in a CTE (FOR UPDATE SKIP LOCKED inside a
+# LIMITed lateral subquery, never a LIMIT inside IN (...)) that feeds the UPDATE; the claim
+# increments `attempt`, which is returned as the fencing token, and records the transition.
+CLAIM = """
+WITH RECURSIVE orgs(org_id) AS (
+    (SELECT org_id FROM workflows_step
+      WHERE lane = %(lane)s AND status IN ('ready', 'running') AND lease_until <= now()
+      ORDER BY org_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.org_id FROM workflows_step s
+             WHERE s.lane = %(lane)s AND s.status IN ('ready', 'running')
+               AND s.lease_until <= now() AND s.org_id > orgs.org_id
+             ORDER BY s.org_id LIMIT 1)
+      FROM orgs WHERE orgs.org_id IS NOT NULL
+),
+served AS (
+    SELECT org_id,
+           count(*) OVER () AS k,
+           row_number() OVER (ORDER BY org_id <= %(after_org)s, org_id) AS turn
+      FROM orgs WHERE org_id IS NOT NULL
+),
+locked AS (
+    SELECT p.id, p.lease_until, served.org_id, served.turn
+      FROM served
+      CROSS JOIN LATERAL (
+          SELECT s.id, s.lease_until
+            FROM workflows_step s
+           WHERE s.lane = %(lane)s AND s.org_id = served.org_id
+             AND s.status IN ('ready', 'running') AND s.lease_until <= now()
+           ORDER BY s.lease_until
+           LIMIT ceil(%(n)s::numeric / served.k)::int
+           FOR UPDATE SKIP LOCKED
+      ) p
+),
+picked AS (
+    SELECT id FROM (
+        SELECT id, turn,
+               row_number() OVER (PARTITION BY org_id ORDER BY lease_until) AS rank
+          FROM locked
+    ) ranked
+     ORDER BY rank, turn
+     LIMIT %(n)s
+),
+claimed AS (
+    UPDATE workflows_step s
+       SET status = 'running', owner = %(worker)s, attempt = s.attempt + 1,
+           lease_until = now() + make_interval(secs => %(lease)s)
+      FROM picked
+     WHERE s.id = picked.id
+ RETURNING s.id, s.org_id, s.run_id, s.step_id, s.iteration, s.type, s.attempt,
+           s.released, s.max_attempts
+),
+logged AS (
+    INSERT INTO workflows_runevent (org_id, run_id, kind, step_id, iteration, attempt, worker, at)
+    SELECT org_id, run_id, 'step.claimed', step_id, iteration, attempt, %(worker)s, now()
+      FROM claimed
+)
+SELECT c.id, c.org_id, c.run_id, c.step_id, c.iteration, c.type, c.attempt, c.released,
+       c.max_attempts, r.version_id
+  FROM claimed c JOIN workflows_run r ON r.id = c.run_id
+"""
+
+# Extend the leases this worker still holds. A row that does not come back was lost (a newer
+# attempt claimed it): the worker stops that step; its settle would be refused anyway.
+HEARTBEAT = """
+UPDATE workflows_step s
+   SET lease_until = now() + make_interval(secs => %(lease)s)
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS held(id, attempt)
+ WHERE s.id = held.id AND s.attempt = held.attempt AND s.status = 'running'
+RETURNING s.id
+"""
+
+# Settle: only the newest attempt may write. No row: this attempt was fenced out.
+SETTLE_DONE = """
+UPDATE workflows_step
+   SET status = 'done', output = %(output)s, owner = NULL, lease_until = NULL,
+       finished_at = now()
+ WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+RETURNING run_id
+"""
+
+SETTLE_FAILED = """
+UPDATE workflows_step
+   SET status = 'failed', error = %(error)s, owner = NULL, lease_until = NULL,
+       finished_at = now()
+ WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+RETURNING run_id
+"""
+
+# A failed attempt with attempts left: ready again after a jittered backoff.
+SETTLE_RETRY = """
+UPDATE workflows_step
+   SET status = 'ready', error = %(error)s, owner = NULL,
+       lease_until = now() + make_interval(secs => %(delay)s)
+ WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+RETURNING run_id
+"""
+
+# Shutdown: hand steps back at once instead of letting their leases lapse. The hand-back does
+# not count against max_attempts (`released`), so deploys cannot turn a step into poison.
+RELEASE = """
+UPDATE workflows_step s
+   SET status = 'ready', owner = NULL, lease_until = now(), released = s.released + 1
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS held(id, attempt)
+ WHERE s.id = held.id AND s.attempt = held.attempt AND s.status = 'running'
+RETURNING s.id, s.org_id, s.run_id, s.step_id, s.iteration, s.attempt
+"""
+
+LOCK_RUN = """
+SELECT id, org_id, version_id, status, input, vars, outputs, entered, steps_executed,
+       max_steps, deadline_at <= now() AS expired, created_at
+  FROM workflows_run WHERE id = %(id)s FOR UPDATE
+"""
+
+LIVE_STEPS = """
+SELECT count(*) FROM workflows_step
+ WHERE run_id = %(run)s AND status IN ('ready', 'running', 'waiting')
+"""
+
+# Relay: a batch of unsent intents, locked so two relays never take the same rows.
+RELAY_BATCH = """
+SELECT id, topic, payload FROM workflows_outbox
+ WHERE sent_at IS NULL
+ ORDER BY id
+ LIMIT %(n)s
+ FOR UPDATE SKIP LOCKED
+"""
+
+RELAY_MARK_SENT = "UPDATE workflows_outbox SET sent_at = now() WHERE id = ANY(%(ids)s)"
+
+OUTBOX_CLEANUP = """
+DELETE FROM workflows_outbox
+ WHERE id IN (SELECT id FROM workflows_outbox
+               WHERE sent_at < now() - make_interval(secs => %(age)s)
+               LIMIT 10000)
+"""

@@ -1,0 +1,188 @@
+"""Claim, heartbeat, settle and release: the lifecycle of one claimed step.
+
+Each function is one short transaction. The claim returns the attempt number as the fencing
+token; only the newest attempt's settle may write, so a worker that lost its lease (paused,
+partitioned, slower than the lease) cannot overwrite the result of the attempt that replaced
+it. Settling and walking to the next steps commit together.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from django.db import connection, transaction
+from psycopg.types.json import Jsonb
+
+from . import sql
+from .executors import StepFailure, StepResult
+from .faults import crash_point
+from .lanes import LanePolicy
+from .versions import definition_for
+from .walk import Walk, insert_rows, lock_run
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClaimedStep:
+    id: int
+    org_id: int
+    run_id: int
+    step_id: str
+    iteration: int
+    type: str
+    attempt: int  # the fencing token
+    released: int
+    max_attempts: int
+    version_id: int
+
+    @property
+    def attempts_used(self) -> int:
+        """Claims that ran (or died running): hand-backs on shutdown do not count."""
+        return self.attempt - self.released
+
+    @property
+    def poisoned(self) -> bool:
+        return self.attempts_used > self.max_attempts
+
+
+def claim(*, policy: LanePolicy, worker: str, limit: int, after_org: int = 0) -> list[ClaimedStep]:
+    if limit <= 0:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql.CLAIM,
+            {
+                "lane": policy.name, "n": limit, "worker": worker,
+                "lease": policy.lease_seconds, "after_org": after_org,
+            },
+        )  # fmt: skip
+        return [ClaimedStep(*row) for row in cursor.fetchall()]
+
+
+def heartbeat(
+    conn: psycopg.Connection, *, held: list[tuple[int, int]], lease_seconds: float
+) -> set[int]:
+    """Extend the leases in ``held`` ((step id, attempt) pairs); return the ids still held."""
+    if not held:
+        return set()
+    ids, attempts = zip(*held, strict=True)
+    rows = conn.execute(
+        sql.HEARTBEAT, {"ids": list(ids), "attempts": list(attempts), "lease": lease_seconds}
+    ).fetchall()
+    return {row[0] for row in rows}
+
+
+def run_context(step: ClaimedStep) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The step's definition and the run's template context, read without locks."""
+    from ..definitions.expressions import build_context
+
+    definition = definition_for(step.version_id)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT input, vars, outputs, created_at FROM workflows_run WHERE id = %s",
+            [step.run_id],
+        )
+        run_input, variables, outputs, created_at = cursor.fetchone()
+    context = build_context(
+        run_input=run_input,
+        variables=variables,
+        step_outputs=outputs,
+        run_id=step.run_id,
+        started_at=created_at,
+    )
+    step_def = next(s for s in definition["steps"] if s["id"] == step.step_id)
+    return step_def, context
+
+
+def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> bool:
+    """Record the result and walk on, in one transaction. False: this attempt was fenced out."""
+    definition = definition_for(step.version_id)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            sql.SETTLE_DONE,
+            {"id": step.id, "attempt": step.attempt, "output": _json(result.output)},
+        )
+        if cursor.fetchone() is None:
+            logger.info("step %s attempt %s was fenced out; result dropped", step.id, step.attempt)
+            return False
+        crash_point("settle.after_step_update")
+        run = lock_run(cursor, step.run_id)
+        walk = Walk(cursor, run, definition, worker=worker)
+        walk.event("step.succeeded", step.step_id, iteration=step.iteration, attempt=step.attempt)
+        if not walk.finished:
+            walk.step_succeeded(step.step_id, result)
+        walk.flush()
+    return True
+
+
+def settle_failure(
+    step: ClaimedStep, failure: StepFailure, *, worker: str, policy: LanePolicy
+) -> bool:
+    """Schedule a retry while attempts remain; otherwise fail the step and walk on."""
+    error = str(failure)[:2000]
+    if failure.retryable and step.attempts_used < step.max_attempts:
+        return _schedule_retry(step, error, worker=worker, policy=policy)
+    definition = definition_for(step.version_id)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql.SETTLE_FAILED, {"id": step.id, "attempt": step.attempt, "error": error})
+        if cursor.fetchone() is None:
+            return False
+        run = lock_run(cursor, step.run_id)
+        walk = Walk(cursor, run, definition, worker=worker)
+        walk.event(
+            "step.failed", step.step_id, iteration=step.iteration, attempt=step.attempt,
+            detail={"error": error},
+        )  # fmt: skip
+        if not walk.finished:
+            walk.step_failed(step.step_id, error)
+        walk.flush()
+    return True
+
+
+def _schedule_retry(step: ClaimedStep, error: str, *, worker: str, policy: LanePolicy) -> bool:
+    delay = policy.backoff(step.attempts_used)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            sql.SETTLE_RETRY,
+            {"id": step.id, "attempt": step.attempt, "error": error, "delay": delay},
+        )
+        if cursor.fetchone() is None:
+            return False
+        insert_rows(
+            cursor,
+            "workflows_runevent",
+            ("org_id", "run_id", "kind", "step_id", "iteration", "attempt", "worker", "detail"),
+            [
+                (step.org_id, step.run_id, "step.retry_scheduled", step.step_id, step.iteration,
+                 step.attempt, worker, Jsonb({"error": error, "delay_seconds": round(delay, 3)}))
+            ],
+        )  # fmt: skip
+    return True
+
+
+def release(*, held: list[tuple[int, int]], worker: str) -> int:
+    """Hand steps back at once (lease_until = now()) so another worker takes them now."""
+    if not held:
+        return 0
+    ids, attempts = zip(*held, strict=True)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql.RELEASE, {"ids": list(ids), "attempts": list(attempts)})
+        rows = cursor.fetchall()
+        insert_rows(
+            cursor,
+            "workflows_runevent",
+            ("org_id", "run_id", "kind", "step_id", "iteration", "attempt", "worker"),
+            [
+                (org, run, "step.released", sid, it, att, worker)
+                for _, org, run, sid, it, att in rows
+            ],
+        )
+    return len(rows)
+
+
+def _json(value: Any) -> Jsonb | None:
+    return None if value is None else Jsonb(value)

@@ -1,0 +1,98 @@
+"""The wake-up transport: PostgreSQL LISTEN/NOTIFY behind a small interface.
+
+The queue only *wakes* workers; it is never the record of work (the step rows are). A lost
+notification delays work by at most one poll interval; a duplicate one costs one empty claim.
+Notifications are sent only by the relay, outside the engine's hot write transactions: a
+NOTIFY inside a transaction serialises every commit behind a global lock.
+
+Another transport (Redis, say) implements ``publish`` and ``subscribe`` the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psycopg
+from django.db import connection
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Message:
+    id: int  # the outbox id: the message id, so consumers can recognise duplicates
+    topic: str
+    payload: dict[str, Any]
+
+
+class Transport(Protocol):
+    def publish(self, messages: Iterable[Message]) -> None: ...
+
+    def subscribe(self, lane: str, wake: threading.Event, stop: threading.Event) -> None: ...
+
+
+def channel_for(lane: str) -> str:
+    return f"waymark_lane_{lane}"
+
+
+def own_connection(*, autocommit: bool = True) -> psycopg.Connection:
+    """A psycopg connection outside Django's per-thread handling, with the same settings."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("server_side_binding", None)
+    params.pop("context", None)
+    params.pop("prepare_threshold", None)
+    return psycopg.connect(**params, autocommit=autocommit)
+
+
+class PostgresNotifyTransport:
+    def __init__(self) -> None:
+        self._conn: psycopg.Connection | None = None
+
+    def publish(self, messages: Iterable[Message]) -> None:
+        """One NOTIFY per lane (carrying the newest message id): workers need a wake, not a
+        copy of each message. Sent on an autocommit connection, so it is out before the
+        relay marks the rows sent; a crash in between re-sends them later, harmlessly."""
+        newest: dict[str, int] = {}
+        for message in messages:
+            lane = message.payload.get("lane")
+            if lane:
+                newest[lane] = max(newest.get(lane, 0), message.id)
+        if not newest:
+            return
+        if self._conn is None or self._conn.closed:
+            self._conn = own_connection()
+        try:
+            with self._conn.cursor() as cursor:
+                for lane, message_id in newest.items():
+                    cursor.execute("SELECT pg_notify(%s, %s)", [channel_for(lane), str(message_id)])
+        except psycopg.OperationalError:
+            self._conn = None
+            raise
+
+    def subscribe(self, lane: str, wake: threading.Event, stop: threading.Event) -> None:
+        """Set ``wake`` on each notification for ``lane`` until ``stop``; reconnect on errors.
+
+        LISTEN is a hint and polling is the truth: after a reconnect the worker may have
+        missed notifications, so it is woken once to look.
+        """
+        channel = channel_for(lane)
+        while not stop.is_set():
+            try:
+                with own_connection() as conn:
+                    conn.execute(f"LISTEN {channel}")
+                    wake.set()
+                    while not stop.is_set():
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            wake.set()
+            except psycopg.OperationalError as exc:
+                logger.warning("listener for %s lost its connection (%s); reconnecting", lane, exc)
+                stop.wait(1.0)
+
+
+def default_transport() -> Transport:
+    return PostgresNotifyTransport()

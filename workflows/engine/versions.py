@@ -1,0 +1,29 @@
+"""Published definitions by version id, cached for the life of the process.
+
+Safe to cache forever: a published version never changes (model layer and trigger).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+
+_cache: dict[int, dict[str, Any]] = {}
+
+
+def definition_for(version_id: int) -> dict[str, Any]:
+    definition = _cache.get(version_id)
+    if definition is None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT definition FROM workflows_automationversion"
+                " WHERE id = %s AND published_at IS NOT NULL",
+                [version_id],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            raise LookupError(f"version {version_id} is not published")
+        definition = row[0]
+        _cache[version_id] = definition
+    return definition

@@ -1,0 +1,233 @@
+"""A lane worker: claims no more steps than it has free slots, runs them, settles them.
+
+Threads:
+- the main thread claims (one statement for up to ``free slots`` steps) and dispatches;
+- ``concurrency`` daemon threads execute steps and settle them;
+- a heartbeat thread extends the leases of running steps on its own connection, so a busy
+  step or a slow settle cannot starve it;
+- a listener thread turns notifications for the lane into wake-ups (polling is the truth).
+
+On SIGTERM/SIGINT the worker stops claiming, lets running steps finish within the grace
+period, then releases the rest with lease_until = now() so another worker takes them at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+from django.db import connection
+
+from .executors import CURRENT_ATTEMPT, StepFailure, executor_for
+from .faults import crash_point, heartbeats_paused
+from .lanes import LanePolicy, engine_setting
+from .steps import (
+    ClaimedStep,
+    claim,
+    heartbeat,
+    release,
+    run_context,
+    settle_failure,
+    settle_success,
+)
+from .transport import Transport, default_transport, own_connection
+
+logger = logging.getLogger(__name__)
+
+
+class Worker:
+    def __init__(
+        self,
+        policy: LanePolicy,
+        *,
+        concurrency: int | None = None,
+        transport: Transport | None = None,
+        poll_seconds: float | None = None,
+        grace_seconds: float | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.policy = policy
+        self.concurrency = concurrency or policy.concurrency
+        self.transport = transport or default_transport()
+        self.poll_seconds = poll_seconds or engine_setting("WORKER_POLL_SECONDS")
+        self.grace_seconds = (
+            grace_seconds if grace_seconds is not None else engine_setting("SHUTDOWN_GRACE_SECONDS")
+        )
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{policy.name}"
+        self.stop = threading.Event()  # stop claiming
+        self.halt = threading.Event()  # stop every thread
+        self.wake = threading.Event()
+        self.tasks: queue.Queue[ClaimedStep | None] = queue.Queue()
+        self.inflight: dict[int, ClaimedStep] = {}
+        self.lock = threading.Lock()
+        self.slot_free = threading.Condition(self.lock)
+        self.after_org = 0
+        self.completed = 0
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def run(self) -> None:
+        previous = self._install_signal_handlers()
+        threads = [
+            threading.Thread(target=self._execute_loop, name=f"step-{i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        threads.append(threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True))
+        threads.append(
+            threading.Thread(
+                target=self.transport.subscribe,
+                args=(self.policy.name, self.wake, self.halt),
+                name="listener",
+                daemon=True,
+            )
+        )
+        for thread in threads:
+            thread.start()
+        logger.info("worker %s: lane %s, %s slots", self.name, self.policy.name, self.concurrency)
+        try:
+            self._claim_loop()
+            self._drain()
+        finally:
+            self.halt.set()
+            for _ in range(self.concurrency):
+                self.tasks.put(None)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)  # type: ignore[arg-type]
+            connection.close()
+        logger.info("worker %s stopped after %s steps", self.name, self.completed)
+
+    def request_stop(self) -> None:
+        self.stop.set()
+        self.wake.set()
+        with self.slot_free:
+            self.slot_free.notify_all()
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, lambda *_: self.request_stop())
+        return previous
+
+    # --- claiming ---------------------------------------------------------------------------
+
+    def _claim_loop(self) -> None:
+        while not self.stop.is_set():
+            with self.slot_free:
+                while len(self.inflight) >= self.concurrency and not self.stop.is_set():
+                    self.slot_free.wait(self.poll_seconds)
+                free = self.concurrency - len(self.inflight)
+            if self.stop.is_set():
+                return
+            self.wake.clear()
+            try:
+                claimed = claim(
+                    policy=self.policy, worker=self.name, limit=free, after_org=self.after_org
+                )
+            except Exception:
+                logger.exception("claim failed; retrying after a poll interval")
+                connection.close()
+                self.stop.wait(self.poll_seconds)
+                continue
+            if claimed:
+                self.after_org = claimed[0].org_id
+                with self.lock:
+                    for step in claimed:
+                        self.inflight[step.id] = step
+                for step in claimed:
+                    self.tasks.put(step)
+            if len(claimed) < free:
+                # Nothing more to take now: sleep until woken (notification, a finished step,
+                # or shutdown) or until the poll interval has passed.
+                self.wake.wait(self.poll_seconds)
+
+    def _drain(self) -> None:
+        """Let running steps finish within the grace period, then release the rest."""
+        deadline = time.monotonic() + self.grace_seconds
+        with self.slot_free:
+            while self.inflight and time.monotonic() < deadline:
+                self.slot_free.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+            held = [(step.id, step.attempt) for step in self.inflight.values()]
+            self.inflight.clear()
+        if held:
+            count = release(held=held, worker=self.name)
+            logger.info("worker %s released %s step(s) on shutdown", self.name, count)
+
+    # --- executing --------------------------------------------------------------------------
+
+    def _execute_loop(self) -> None:
+        while not self.halt.is_set():
+            step = self.tasks.get()
+            if step is None:
+                break
+            try:
+                self._execute(step)
+            except Exception:
+                logger.exception("step %s attempt %s: settle failed", step.id, step.attempt)
+                connection.close()
+            finally:
+                with self.slot_free:
+                    self.inflight.pop(step.id, None)
+                    self.completed += 1
+                    self.slot_free.notify_all()
+                # A finished step usually made the next one ready: look again now.
+                self.wake.set()
+        connection.close()
+
+    def _execute(self, step: ClaimedStep) -> None:
+        if step.poisoned:
+            failure = StepFailure(
+                f"attempts exhausted: {step.max_attempts} claim(s) never settled "
+                "(the step may kill its worker)",
+                retryable=False,
+            )
+            settle_failure(step, failure, worker=self.name, policy=self.policy)
+            return
+        crash_point("worker.after_claim")
+        token = CURRENT_ATTEMPT.set(step.attempt)
+        try:
+            step_def, context = run_context(step)
+            result = executor_for(step.type)(step_def, context)
+        except StepFailure as failure:
+            settle_failure(step, failure, worker=self.name, policy=self.policy)
+            return
+        except Exception as exc:  # a bug or an outage in the step: retry it, never crash
+            logger.exception("step %s attempt %s raised", step.id, step.attempt)
+            failure = StepFailure(f"{type(exc).__name__}: {exc}")
+            settle_failure(step, failure, worker=self.name, policy=self.policy)
+            return
+        finally:
+            CURRENT_ATTEMPT.reset(token)
+        settle_success(step, result, worker=self.name)
+
+    # --- heartbeats -------------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        interval = self.policy.lease_seconds / 3
+        conn = None
+        while not self.halt.wait(interval):
+            with self.lock:
+                held = [(step.id, step.attempt) for step in self.inflight.values()]
+            if not held or heartbeats_paused():
+                continue
+            try:
+                if conn is None or conn.closed:
+                    conn = own_connection()
+                kept = heartbeat(conn, held=held, lease_seconds=self.policy.lease_seconds)
+            except Exception:
+                logger.exception("heartbeat failed; retrying")
+                conn = None
+                continue
+            lost = {step_id for step_id, _ in held} - kept
+            for step_id in lost:
+                # A newer attempt owns it now. Our settle would be refused; say so early.
+                logger.warning("worker %s lost the lease of step %s", self.name, step_id)
+        if conn is not None:
+            conn.close()

@@ -1,0 +1,133 @@
+"""Runs, their steps, their history, and the outbox.
+
+Steps are first-class rows: a run may have several live steps (parallel branches later), a
+waiting step is a row like any other, and a loop enters the same step again with the next
+``iteration``. The hot paths (claim, heartbeat, settle, relay) are SQL in
+``workflows/engine/sql.py``; these models serve migrations, the admin and the API.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from ..states import RunStatus, StepStatus
+
+
+class Run(models.Model):
+    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT)
+    automation = models.ForeignKey("workflows.Automation", on_delete=models.PROTECT)
+    version = models.ForeignKey("workflows.AutomationVersion", on_delete=models.PROTECT)
+    start_key = models.CharField(max_length=255)
+    start_key_derived = models.BooleanField(default=False)
+    input = models.JSONField(default=dict)
+    input_digest = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    # What `set` steps wrote, and each finished step's output by step id: the template context.
+    vars = models.JSONField(default=dict)
+    outputs = models.JSONField(default=dict)
+    # Last iteration entered per step id: a loop entering a step again takes the next one.
+    entered = models.JSONField(default=dict)
+    output = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    steps_executed = models.PositiveIntegerField(default=0)
+    max_steps = models.PositiveIntegerField()
+    deadline_at = models.DateTimeField()
+    created_at = models.DateTimeField(db_default=models.functions.Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org", "start_key"], name="run_start_key_per_org"),
+        ]
+        indexes = [
+            models.Index(fields=["org", "status", "-created_at"], name="run_org_status"),
+            models.Index(fields=["org", "automation", "-created_at"], name="run_org_automation"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.pk}"
+
+
+class Step(models.Model):
+    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    step_id = models.CharField(max_length=63)
+    iteration = models.PositiveIntegerField(default=1)
+    type = models.CharField(max_length=40)
+    lane = models.CharField(max_length=16)
+    status = models.CharField(max_length=16, choices=StepStatus.choices)
+    # Fencing token: incremented by every claim; only the newest attempt may write.
+    attempt = models.PositiveIntegerField(default=0)
+    # Claims handed back on shutdown: they do not count against max_attempts.
+    released = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField()
+    owner = models.CharField(max_length=100, null=True, blank=True)
+    # Nobody may claim the step before this instant: the lease of a running step, the
+    # backoff of a step waiting to retry, the entry time of a fresh ready step.
+    lease_until = models.DateTimeField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=models.functions.Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "step_id", "iteration"], name="step_run_id_iteration"
+            ),
+        ]
+        indexes = [
+            # The claim: per lane, per organisation, oldest first, live steps only.
+            models.Index(
+                fields=["lane", "org", "lease_until"],
+                name="step_claimable",
+                condition=models.Q(status__in=["ready", "running"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.step_id}#{self.iteration}"
+
+
+class RunEvent(models.Model):
+    """One transition of a run, append-only. Ordered by id within a run."""
+
+    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=40)
+    step_id = models.CharField(max_length=63, blank=True, default="")
+    iteration = models.PositiveIntegerField(null=True, blank=True)
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    worker = models.CharField(max_length=100, blank=True, default="")
+    detail = models.JSONField(null=True, blank=True)
+    at = models.DateTimeField(db_default=models.functions.Now())
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["run", "id"], name="event_run_order")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.step_id}"
+
+
+class Outbox(models.Model):
+    """Intent to wake someone, written in the transaction that created the work.
+
+    The relay publishes unsent rows (message id = outbox id) and marks them sent; consumers
+    treat every message as possibly duplicated, since a relay can die between the two.
+    """
+
+    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT)
+    topic = models.CharField(max_length=63)
+    payload = models.JSONField()
+    created_at = models.DateTimeField(db_default=models.functions.Now())
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["id"], name="outbox_unsent", condition=models.Q(sent_at=None)),
+            models.Index(fields=["sent_at"], name="outbox_sent", condition=~models.Q(sent_at=None)),
+        ]
+
+    def __str__(self) -> str:
+        return f"outbox {self.pk} {self.topic}"
