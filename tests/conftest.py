@@ -42,3 +42,14 @@ def other_api(other_org: Organisation) -> APIClient:
 def key_and_raw(org: Organisation) -> tuple[ApiKey, str]:
     _, key, raw = _client_for(org)
     return key, raw
+
+
+@pytest.fixture
+def procs():
+    """Processes a test starts; whatever is still running at the end is killed."""
+    started: list = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)

@@ -15,7 +15,7 @@ from typing import Any
 from ..definitions.registry import StepReport, StepType, registry
 from .executors import CURRENT_ATTEMPT, StepFailure, StepResult, register_executor
 
-FIELDS = {"sleep_seconds", "fail_attempts", "crash_attempts", "output"}
+FIELDS = {"sleep_seconds", "sleep_attempts", "fail_attempts", "crash_attempts", "output"}
 
 
 def _validate(step: Mapping[str, Any], report: StepReport) -> None:
@@ -25,7 +25,7 @@ def _validate(step: Mapping[str, Any], report: StepReport) -> None:
     sleep = step.get("sleep_seconds", 0)
     if not isinstance(sleep, int | float) or not 0 <= sleep <= 120:
         report.error("sleep_seconds", "must be a number from 0 to 120")
-    for name in ("fail_attempts", "crash_attempts"):
+    for name in ("sleep_attempts", "fail_attempts", "crash_attempts"):
         value = step.get(name, 0)
         if not isinstance(value, int) or value < 0:
             report.error(name, "must be a non-negative integer")
@@ -35,7 +35,8 @@ def run_probe(step: Mapping[str, Any], context: Mapping[str, Any]) -> StepResult
     attempt = CURRENT_ATTEMPT.get()
     if attempt <= step.get("crash_attempts", 0):
         os._exit(137)  # as if the worker were SIGKILLed mid-step
-    time.sleep(step.get("sleep_seconds", 0))
+    if attempt <= step.get("sleep_attempts", attempt):
+        time.sleep(step.get("sleep_seconds", 0))
     if attempt <= step.get("fail_attempts", 0):
         raise StepFailure(f"probe failure on attempt {attempt}")
     return StepResult(

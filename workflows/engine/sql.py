@@ -2,6 +2,9 @@
 
 Claim, heartbeat, settle, release and the relay's batch. Every time comparison uses the
 database's now(), never a worker's clock. Each statement here has a test that races it.
+
+Django's psycopg setup loads ``jsonb`` columns as text (its JSONField decodes them itself), so
+raw SQL here selects JSON columns cast to ``json``, which psycopg decodes.
 """
 
 from __future__ import annotations
@@ -121,7 +124,8 @@ RETURNING s.id, s.org_id, s.run_id, s.step_id, s.iteration, s.attempt
 """
 
 LOCK_RUN = """
-SELECT id, org_id, version_id, status, input, vars, outputs, entered, steps_executed,
+SELECT id, org_id, version_id, status, input::json, vars::json, outputs::json, entered::json,
+       steps_executed,
        max_steps, deadline_at <= now() AS expired, created_at
   FROM workflows_run WHERE id = %(id)s FOR UPDATE
 """
@@ -133,7 +137,7 @@ SELECT count(*) FROM workflows_step
 
 # Relay: a batch of unsent intents, locked so two relays never take the same rows.
 RELAY_BATCH = """
-SELECT id, topic, payload FROM workflows_outbox
+SELECT id, topic, payload::json FROM workflows_outbox
  WHERE sent_at IS NULL
  ORDER BY id
  LIMIT %(n)s

@@ -83,7 +83,8 @@ def run_context(step: ClaimedStep) -> tuple[dict[str, Any], dict[str, Any]]:
     definition = definition_for(step.version_id)
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT input, vars, outputs, created_at FROM workflows_run WHERE id = %s",
+            "SELECT input::json, vars::json, outputs::json, created_at"
+            " FROM workflows_run WHERE id = %s",
             [step.run_id],
         )
         run_input, variables, outputs, created_at = cursor.fetchone()

@@ -17,7 +17,7 @@ def definition_for(version_id: int) -> dict[str, Any]:
     if definition is None:
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT definition FROM workflows_automationversion"
+                "SELECT definition::json FROM workflows_automationversion"
                 " WHERE id = %s AND published_at IS NOT NULL",
                 [version_id],
             )

@@ -64,7 +64,9 @@ class Worker:
         self.halt = threading.Event()  # stop every thread
         self.wake = threading.Event()
         self.tasks: queue.Queue[ClaimedStep | None] = queue.Queue()
-        self.inflight: dict[int, ClaimedStep] = {}
+        # Keyed by (step id, attempt): after a lost lease this worker may claim the same step
+        # again as a newer attempt while the old attempt is still running here.
+        self.inflight: dict[tuple[int, int], ClaimedStep] = {}
         self.lock = threading.Lock()
         self.slot_free = threading.Condition(self.lock)
         self.after_org = 0
@@ -140,7 +142,7 @@ class Worker:
                 self.after_org = claimed[0].org_id
                 with self.lock:
                     for step in claimed:
-                        self.inflight[step.id] = step
+                        self.inflight[step.id, step.attempt] = step
                 for step in claimed:
                     self.tasks.put(step)
             if len(claimed) < free:
@@ -174,7 +176,7 @@ class Worker:
                 connection.close()
             finally:
                 with self.slot_free:
-                    self.inflight.pop(step.id, None)
+                    self.inflight.pop((step.id, step.attempt), None)
                     self.completed += 1
                     self.slot_free.notify_all()
                 # A finished step usually made the next one ready: look again now.

@@ -1,0 +1,85 @@
+"""Real engine processes for the crash and race tests.
+
+Workers and relays run as `manage.py` subprocesses against the test database, so a test can
+SIGKILL or SIGTERM them at a chosen moment. Every wait is bounded: a test fails, it never hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def engine_env(**overrides: str) -> dict[str, str]:
+    """The environment for a child process: the test database, fast polling, short leases."""
+    env = dict(os.environ)
+    env.update(
+        WAYMARK_DB_NAME=connection.settings_dict["NAME"],
+        WAYMARK_ENABLE_PROBE_STEPS="1",
+        WAYMARK_WORKER_POLL_SECONDS="0.2",
+        WAYMARK_RELAY_POLL_SECONDS="0.05",
+        WAYMARK_IO_LEASE_SECONDS="2",
+        WAYMARK_IO_BACKOFF_BASE_SECONDS="0.05",
+        WAYMARK_IO_BACKOFF_CAP_SECONDS="0.2",
+        WAYMARK_LOG_LEVEL="WARNING",
+    )
+    env.update(overrides)
+    return env
+
+
+def spawn(*args: str, **env_overrides: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(  # noqa: S603 (our own manage.py)
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=engine_env(**env_overrides),
+    )
+
+
+def spawn_worker(
+    lane: str = "io", *, concurrency: int = 4, grace: float = 5.0, **env: str
+) -> subprocess.Popen[bytes]:
+    return spawn(
+        "worker", "--lane", lane, "--concurrency", str(concurrency), "--grace", str(grace), **env
+    )
+
+
+def spawn_relay(**env: str) -> subprocess.Popen[bytes]:
+    return spawn("relay", **env)
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float = 30.0, what: str = "") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+    if process.poll() is None:
+        process.send_signal(sig)
+    return process.wait(timeout=timeout)
+
+
+@contextmanager
+def running(*processes: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Kill whatever is still running when the block ends, pass or fail."""
+    try:
+        yield
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)

@@ -1,0 +1,240 @@
+"""Crash, fencing and hand-over proofs with real worker and relay processes.
+
+Each test starts `manage.py worker` / `manage.py relay` subprocesses against the test
+database and kills or stops them at the moment that matters. Leases are short (seconds) so
+the tests run quickly; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.db import connection
+
+from workflows.models import Outbox, Run, RunEvent, Step
+from workflows.services.automations import automation_publish_definition
+from workflows.services.runs import run_start
+
+from .processes import ROOT, engine_env, spawn_relay, spawn_worker, stop, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def probe_definition(*, max_attempts: int | None = None, **probe: object) -> dict:
+    work: dict = {"id": "work", "type": "probe", **probe, "next": "done"}
+    if max_attempts is not None:
+        work["retry"] = {"max_attempts": max_attempts}
+    return {
+        "start": "work",
+        "steps": [work, {"id": "done", "type": "end", "output": "{{ steps.work.output.pid }}"}],
+    }
+
+
+def start(org, definition: dict, key: str = "k1") -> int:
+    automation_publish_definition(org=org, slug="probe", definition=definition)
+    return run_start(org=org, automation_slug="probe", run_input={}, start_key=key).run_id
+
+
+def step_row(run_id: int) -> Step:
+    return Step.objects.get(run_id=run_id, step_id="work")
+
+
+def finished(run_id: int) -> Run | None:
+    run = Run.objects.get(pk=run_id)
+    return run if run.status != "running" else None
+
+
+def claimed_by(run_id: int, pid: int, attempt: int) -> bool:
+    step = step_row(run_id)
+    return step.status == "running" and step.attempt == attempt and f":{pid}:" in (step.owner or "")
+
+
+def kinds(run_id: int, kind: str) -> list[RunEvent]:
+    return list(RunEvent.objects.filter(run_id=run_id, kind=kind).order_by("id"))
+
+
+def test_expired_lease_cannot_settle_and_newer_attempt_stands(org, procs) -> None:
+    run_id = start(org, probe_definition(sleep_seconds=4))
+    # A stops heartbeating (as in a long pause) while its step takes longer than the lease.
+    # One slot, so A cannot re-claim the step itself once its lease lapses.
+    a = spawn_worker(concurrency=1, WAYMARK_PAUSE_HEARTBEATS="1", WAYMARK_IO_LEASE_SECONDS="1")
+    procs.append(a)
+    wait_for(lambda: claimed_by(run_id, a.pid, 1), what="worker A to claim")
+    b = spawn_worker(WAYMARK_IO_LEASE_SECONDS="1")
+    procs.append(b)
+    wait_for(lambda: claimed_by(run_id, b.pid, 2), timeout=15, what="B to take over")
+    run = wait_for(lambda: finished(run_id), timeout=20, what="the run to end")
+    # A woke up after 4 s, long after losing its lease: its settle was refused.
+    assert a.poll() is None, "worker A must survive a refused settle"
+    assert run.status == "succeeded"
+    assert run.output == str(b.pid)
+    step = step_row(run_id)
+    assert (step.status, step.attempt, step.output["pid"]) == ("done", 2, b.pid)
+    assert [e.attempt for e in kinds(run_id, "step.succeeded") if e.step_id == "work"] == [2]
+    assert len(kinds(run_id, "run.succeeded")) == 1
+
+
+def test_heartbeats_keep_a_slow_step_with_its_worker(org, procs) -> None:
+    run_id = start(org, probe_definition(sleep_seconds=3))
+    a = spawn_worker(WAYMARK_IO_LEASE_SECONDS="1")
+    procs.append(a)
+    wait_for(lambda: claimed_by(run_id, a.pid, 1), what="worker A to claim")
+    b = spawn_worker(WAYMARK_IO_LEASE_SECONDS="1")
+    procs.append(b)
+    run = wait_for(lambda: finished(run_id), timeout=20, what="the run to end")
+    assert run.status == "succeeded"
+    assert (step_row(run_id).attempt, run.output) == (1, str(a.pid))
+
+
+def test_sigkilled_worker_is_replaced_after_its_lease_lapses(org, procs) -> None:
+    run_id = start(org, probe_definition(sleep_seconds=3, sleep_attempts=1))
+    a = spawn_worker(WAYMARK_IO_LEASE_SECONDS="1")
+    procs.append(a)
+    wait_for(lambda: claimed_by(run_id, a.pid, 1), what="worker A to claim")
+    assert stop(a, signal.SIGKILL) == -signal.SIGKILL
+    b = spawn_worker(WAYMARK_IO_LEASE_SECONDS="1")
+    procs.append(b)
+    run = wait_for(lambda: finished(run_id), timeout=20, what="B to finish the run")
+    assert run.status == "succeeded"
+    assert run.output == str(b.pid)
+    assert step_row(run_id).attempt == 2
+    assert not kinds(run_id, "step.released")  # nobody handed it back: the lease lapsed
+
+
+def test_sigtermed_worker_hands_its_step_over_at_once(org, procs) -> None:
+    # A 60 s lease: without the hand-back, B would wait a minute.
+    run_id = start(org, probe_definition(sleep_seconds=30, sleep_attempts=1))
+    a = spawn_worker(grace=0.5, WAYMARK_IO_LEASE_SECONDS="60")
+    procs.append(a)
+    wait_for(lambda: claimed_by(run_id, a.pid, 1), what="worker A to claim")
+    b = spawn_worker(WAYMARK_IO_LEASE_SECONDS="60")
+    procs.append(b)
+    time.sleep(1.0)  # B is up and idle
+    stopped_at = time.monotonic()
+    assert stop(a, signal.SIGTERM) == 0
+    run = wait_for(lambda: finished(run_id), timeout=15, what="B to finish the run")
+    assert time.monotonic() - stopped_at < 15
+    assert (run.status, run.output) == ("succeeded", str(b.pid))
+    released = kinds(run_id, "step.released")
+    assert [(e.attempt, f":{a.pid}:" in e.worker) for e in released] == [(1, True)]
+    step = step_row(run_id)
+    assert (step.attempt, step.released) == (2, 1)
+
+
+def test_poison_step_is_stopped_after_its_attempts(org, procs) -> None:
+    run_id = start(org, probe_definition(crash_attempts=99, max_attempts=2))
+    exits = []
+    for _ in range(4):
+        worker = spawn_worker(WAYMARK_IO_LEASE_SECONDS="1")
+        procs.append(worker)
+        ended = wait_for(
+            lambda w=worker: w.poll() is not None or finished(run_id), timeout=20, what="a crash"
+        )
+        if isinstance(ended, Run):
+            break
+        exits.append(worker.returncode)
+    assert exits == [137, 137]  # each attempt killed its worker...
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed"  # ...and the third claim failed the step instead
+    assert "attempts exhausted" in run.error
+    step = step_row(run_id)
+    assert (step.status, step.attempt) == ("failed", 3)
+
+
+def test_failed_attempts_are_retried_with_backoff(org, procs) -> None:
+    run_id = start(org, probe_definition(fail_attempts=2, max_attempts=3))
+    procs.append(spawn_worker())
+    run = wait_for(lambda: finished(run_id), timeout=20, what="the run to end")
+    assert run.status == "succeeded"
+    assert step_row(run_id).attempt == 3
+    assert [e.attempt for e in kinds(run_id, "step.retry_scheduled")] == [1, 2]
+
+
+def test_worker_claims_no_more_than_its_free_slots(org, procs) -> None:
+    automation_publish_definition(
+        org=org, slug="probe", definition=probe_definition(sleep_seconds=0.5)
+    )
+    run_ids = [
+        run_start(org=org, automation_slug="probe", run_input={"n": i}, start_key=f"k{i}").run_id
+        for i in range(12)
+    ]
+    worker = spawn_worker(concurrency=3)
+    procs.append(worker)
+    most = 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        held = Step.objects.filter(status="running", owner__contains=f":{worker.pid}:").count()
+        most = max(most, held)
+        if not Run.objects.filter(pk__in=run_ids, status="running").exists():
+            break
+        time.sleep(0.02)
+    assert Run.objects.filter(pk__in=run_ids, status="succeeded").count() == 12
+    assert 1 <= most <= 3
+
+
+def _start_and_crash_after_commit(org_slug: str) -> subprocess.CompletedProcess:
+    code = (
+        "from workflows.models import Organisation\n"
+        "from workflows.services.runs import run_start\n"
+        f"org = Organisation.objects.get(slug={org_slug!r})\n"
+        "run_start(org=org, automation_slug='probe', run_input={}, start_key='crashy')\n"
+        "print('survived')\n"
+    )
+    return subprocess.run(  # noqa: S603
+        [sys.executable, "manage.py", "shell", "-c", code],
+        cwd=ROOT,
+        env=engine_env(WAYMARK_CRASH_AT="run_start.after_commit"),
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def _listening(lane: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = %s", [f"LISTEN waymark_lane_{lane}"]
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def test_process_killed_after_start_commit_is_still_woken_by_the_relay(org, procs) -> None:
+    automation_publish_definition(org=org, slug="probe", definition=probe_definition())
+    # The worker polls only every 60 s: a prompt finish proves the relay's wake-up reached it.
+    worker = spawn_worker(WAYMARK_WORKER_POLL_SECONDS="60")
+    procs.append(worker)
+    wait_for(lambda: _listening("io"), what="the worker to LISTEN")
+    time.sleep(0.5)  # past its first (empty) claims: it now sleeps until woken
+
+    crashed = _start_and_crash_after_commit(org.slug)
+    assert crashed.returncode == 137 and b"survived" not in crashed.stdout
+    run = Run.objects.get(org=org, start_key="crashy")
+    assert Outbox.objects.filter(sent_at=None).count() == 1
+
+    began = time.monotonic()
+    procs.append(spawn_relay())
+    done = wait_for(lambda: finished(run.pk), timeout=20, what="the relay to wake the worker")
+    assert done.status == "succeeded"
+    assert time.monotonic() - began < 20
+    assert not Outbox.objects.filter(sent_at=None).exists()
+
+
+def test_relay_killed_after_publish_duplicates_do_no_harm(org, procs) -> None:
+    run_id = start(org, probe_definition())
+    procs.append(spawn_worker())
+    crashing = spawn_relay(WAYMARK_CRASH_AT="relay.after_publish")
+    assert crashing.wait(timeout=30) == 137
+    row = Outbox.objects.get()
+    assert row.sent_at is None  # published, never marked sent
+
+    procs.append(spawn_relay())  # publishes the same outbox id again
+    wait_for(lambda: Outbox.objects.filter(pk=row.pk, sent_at__isnull=False).exists(),
+             what="the second relay to mark the row sent")  # fmt: skip
+    run = wait_for(lambda: finished(run_id), timeout=20, what="the run to end")
+    assert run.status == "succeeded"
+    assert Step.objects.filter(run_id=run_id, step_id="work").count() == 1
+    assert step_row(run_id).attempt == 1
+    assert len(kinds(run_id, "run.succeeded")) == 1
