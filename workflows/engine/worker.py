@@ -145,9 +145,11 @@ class Worker:
                         self.inflight[step.id, step.attempt] = step
                 for step in claimed:
                     self.tasks.put(step)
-            if len(claimed) < free:
-                # Nothing more to take now: sleep until woken (notification, a finished step,
-                # or shutdown) or until the poll interval has passed.
+            if not claimed:
+                # Nothing to take: sleep until woken (a notification, a finished step, or
+                # shutdown) or until the poll interval has passed. A short batch is no reason
+                # to sleep: the fair share per organisation may have capped it while one
+                # organisation still has a backlog, so claim again at once.
                 self.wake.wait(self.poll_seconds)
 
     def _drain(self) -> None:
