@@ -184,7 +184,7 @@ def _start_and_crash_after_commit(org_slug: str) -> subprocess.CompletedProcess:
         "run_start(org=org, automation_slug='probe', run_input={}, start_key='crashy')\n"
         "print('survived')\n"
     )
-    return subprocess.run(  # noqa: S603
+    return subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", code],
         cwd=ROOT,
         env=engine_env(WAYMARK_CRASH_AT="run_start.after_commit"),
@@ -196,7 +196,8 @@ def _start_and_crash_after_commit(org_slug: str) -> subprocess.CompletedProcess:
 def _listening(lane: str) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = %s", [f"LISTEN waymark_lane_{lane}"]
+            "SELECT count(*) FROM pg_stat_activity WHERE query = %s",
+            [f"LISTEN waymark_lane_{lane}"],
         )
         return cursor.fetchone()[0] > 0
 
