@@ -18,6 +18,8 @@ from __future__ import annotations
 # crowd out another's few. The rows are locked in a CTE (FOR UPDATE SKIP LOCKED inside a
 # LIMITed lateral subquery, never a LIMIT inside IN (...)) that feeds the UPDATE; the claim
 # increments `attempt`, which is returned as the fencing token, and records the transition.
+# It also returns what the step's templates read (the run's input, vars and outputs), so
+# running a claimed step costs no further query.
 CLAIM = """
 WITH RECURSIVE orgs(org_id) AS (
     (SELECT org_id FROM workflows_step
@@ -73,7 +75,7 @@ logged AS (
       FROM claimed
 )
 SELECT c.id, c.org_id, c.run_id, c.step_id, c.iteration, c.type, c.attempt, c.released,
-       c.max_attempts, r.version_id
+       c.max_attempts, r.version_id, r.input::json, r.vars::json, r.outputs::json, r.created_at
   FROM claimed c JOIN workflows_run r ON r.id = c.run_id
 """
 

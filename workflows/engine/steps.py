@@ -9,13 +9,15 @@ it. Settling and walking to the next steps commit together.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import psycopg
 from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
+from ..definitions.expressions import build_context
 from . import sql
 from .executors import StepFailure, StepResult
 from .faults import crash_point
@@ -38,6 +40,11 @@ class ClaimedStep:
     released: int
     max_attempts: int
     version_id: int
+    # The run's template data as of the claim.
+    run_input: Any = field(repr=False)
+    run_vars: dict[str, Any] = field(repr=False)
+    run_outputs: dict[str, Any] = field(repr=False)
+    run_created_at: datetime = field(repr=False)
 
     @property
     def attempts_used(self) -> int:
@@ -77,23 +84,14 @@ def heartbeat(
 
 
 def run_context(step: ClaimedStep) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The step's definition and the run's template context, read without locks."""
-    from ..definitions.expressions import build_context
-
+    """The step's definition and the run's template context, as returned by the claim."""
     definition = definition_for(step.version_id)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT input::json, vars::json, outputs::json, created_at"
-            " FROM workflows_run WHERE id = %s",
-            [step.run_id],
-        )
-        run_input, variables, outputs, created_at = cursor.fetchone()
     context = build_context(
-        run_input=run_input,
-        variables=variables,
-        step_outputs=outputs,
+        run_input=step.run_input,
+        variables=step.run_vars,
+        step_outputs=step.run_outputs,
         run_id=step.run_id,
-        started_at=created_at,
+        started_at=step.run_created_at,
     )
     step_def = next(s for s in definition["steps"] if s["id"] == step.step_id)
     return step_def, context

@@ -1,0 +1,219 @@
+"""End-to-end engine throughput and fairness, on the embedded PostgreSQL by default.
+
+    .venv/bin/python benchmarks/throughput.py --runs 2000
+    .venv/bin/python benchmarks/throughput.py --fairness --backlog 100000
+
+Throughput: starts N runs of a 5-step automation (set -> noop -> branch -> noop -> end: three
+quick steps inline in the walk, two io steps through a worker) while a relay and one io worker
+run with the default `runengine` settings, and prints runs/s, steps/s, p50/p99 start-to-end
+latency and database commits per step (from pg_stat_database, so everything counts: starts,
+claims, settles, heartbeats, the relay, idle polls).
+
+Fairness: gives organisation "busy" a backlog of ready io steps, then starts a few runs for
+organisation "quiet" and prints how long those took while the backlog drains.
+
+It uses its own database (waymark_bench) and prints figures; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("WAYMARK_DB_NAME", "waymark_bench")
+os.environ.setdefault("WAYMARK_LOG_LEVEL", "WARNING")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+
+from workflows.models import Organisation, Run  # noqa: E402
+from workflows.services.automations import automation_publish_definition  # noqa: E402
+from workflows.services.runs import run_start  # noqa: E402
+
+DEFINITION = {
+    "start": "greet",
+    "steps": [
+        {"id": "greet", "type": "set", "values": {"greeting": "hi {{ input.n }}"}, "next": "a"},
+        {"id": "a", "type": "noop", "output": {"n": "{{ input.n }}"}, "next": "route"},
+        {"id": "route", "type": "branch", "when": [{"outcome": "odd", "if": "input.n % 2 == 1"}],
+         "next": {"odd": "b", "default": "b"}},
+        {"id": "b", "type": "noop", "next": "done"},
+        {"id": "done", "type": "end", "output": {"greeting": "{{ vars.greeting }}"}},
+    ],
+}  # fmt: skip
+STEPS_PER_RUN = 5
+IO_STEPS_PER_RUN = 2
+
+
+def commits() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return cursor.fetchone()[0]
+
+
+def engine(*roles: list[str]) -> list[subprocess.Popen[bytes]]:
+    env = dict(os.environ)
+    return [
+        subprocess.Popen([sys.executable, "manage.py", *role], cwd=ROOT, env=env)  # noqa: S603
+        for role in roles
+    ]
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.wait(timeout=30)
+
+
+def setup(slug: str) -> Organisation:
+    org, _ = Organisation.objects.get_or_create(slug=slug, defaults={"name": slug})
+    automation_publish_definition(org=org, slug="bench", definition=DEFINITION)
+    return org
+
+
+def start_runs(org: Organisation, count: int, tag: str, threads: int) -> list[int]:
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    def starter(offset: int) -> None:
+        mine = []
+        for n in range(offset, count, threads):
+            started = run_start(
+                org=org, automation_slug="bench", run_input={"n": n}, start_key=f"{tag}-{n}"
+            )
+            mine.append(started.run_id)
+        with lock:
+            ids.extend(mine)
+        connection.close()
+
+    workers = [threading.Thread(target=starter, args=(i,)) for i in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    return ids
+
+
+def wait_finished(ids: list[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not Run.objects.filter(pk__in=ids, status="running").exists():
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"runs did not finish within {timeout}s")
+
+
+def latencies(ids: list[int]) -> list[float]:
+    rows = Run.objects.filter(pk__in=ids).values_list("created_at", "finished_at", "status")
+    bad = [status for _, _, status in rows if status != "succeeded"]
+    if bad:
+        raise SystemExit(f"{len(bad)} runs did not succeed")
+    return sorted((done - made).total_seconds() for made, done, _ in rows)
+
+
+def pct(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def throughput(args: argparse.Namespace) -> None:
+    org = setup("bench")
+    processes = engine(["relay"], ["worker", "--lane", "io"])
+    time.sleep(3)  # let them start
+    before, began = commits(), time.monotonic()
+    ids = start_runs(org, args.runs, f"t{int(time.time())}", args.starters)
+    wait_finished(ids, timeout=600)
+    elapsed = time.monotonic() - began
+    used = commits() - before
+    stop(processes)
+    lat = latencies(ids)
+    steps = len(ids) * STEPS_PER_RUN
+    io_steps = len(ids) * IO_STEPS_PER_RUN
+    print(f"runs: {len(ids)} in {elapsed:.2f}s with {args.starters} starter threads")
+    print(f"runs/s: {len(ids) / elapsed:.1f}")
+    print(f"steps/s: {steps / elapsed:.1f} (io steps/s: {io_steps / elapsed:.1f})")
+    print(f"start-to-end latency: p50 {pct(lat, 0.5) * 1000:.0f} ms, "
+          f"p99 {pct(lat, 0.99) * 1000:.0f} ms, max {lat[-1] * 1000:.0f} ms")  # fmt: skip
+    print(f"commits: {used} total, {used / steps:.2f} per step, "
+          f"{(used - len(ids)) / io_steps:.2f} per io step (starts excluded)")  # fmt: skip
+
+
+BACKLOG_SQL = """
+WITH runs AS (
+    INSERT INTO workflows_run (org_id, automation_id, version_id, start_key, start_key_derived,
+        input, input_digest, status, vars, outputs, entered, error, steps_executed, max_steps,
+        deadline_at, created_at)
+    SELECT %(org)s, %(automation)s, %(version)s, %(tag)s || g, false, '{}', '', 'running',
+           '{}', '{}', '{"a": 1}', '', 2, 1000, now() + interval '1 day', now()
+      FROM generate_series(1, %(n)s) g
+    RETURNING id
+)
+INSERT INTO workflows_step (org_id, run_id, step_id, iteration, type, lane, status, attempt,
+    released, max_attempts, lease_until, error, created_at)
+SELECT %(org)s, id, 'a', 1, 'noop', 'io', 'ready', 0, 0, 5, now(), '', now() FROM runs
+"""
+
+
+def fairness(args: argparse.Namespace) -> None:
+    busy, quiet = setup("busy"), setup("quiet")
+    automation = busy.automation_set.get(slug="bench")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            BACKLOG_SQL,
+            {"org": busy.pk, "automation": automation.pk, "tag": f"b{int(time.time())}-",
+             "version": automation.current_version_id, "n": args.backlog},
+        )  # fmt: skip
+    print(f"busy organisation: {args.backlog} ready io steps")
+    processes = engine(["relay"], ["worker", "--lane", "io"])
+    time.sleep(3)
+    ids = start_runs(quiet, args.quiet_runs, f"q{int(time.time())}", 1)
+    wait_finished(ids, timeout=600)
+    lat = latencies(ids)
+    remaining = (
+        Run.objects.filter(org=busy, status="running").count() if args.backlog else 0
+    )
+    stop(processes)
+    print(f"quiet organisation: {len(ids)} runs, latency p50 {pct(lat, 0.5) * 1000:.0f} ms, "
+          f"max {lat[-1] * 1000:.0f} ms; busy runs still unfinished then: {remaining}")  # fmt: skip
+
+
+def reset() -> None:
+    """Start from empty run tables: a previous fairness backlog would skew the figures."""
+    if not connection.settings_dict["NAME"].endswith("_bench"):
+        raise SystemExit("refusing to reset a database whose name does not end in _bench")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "TRUNCATE workflows_runevent, workflows_step, workflows_outbox, workflows_run"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--starters", type=int, default=4, help="threads starting runs")
+    parser.add_argument("--fairness", action="store_true")
+    parser.add_argument("--backlog", type=int, default=100_000)
+    parser.add_argument("--quiet-runs", type=int, default=10)
+    args = parser.parse_args()
+    call_command("migrate", verbosity=0)
+    reset()
+    fairness(args) if args.fairness else throughput(args)
+
+
+if __name__ == "__main__":
+    main()
