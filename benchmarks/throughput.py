@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import threading
@@ -184,9 +183,7 @@ def fairness(args: argparse.Namespace) -> None:
     ids = start_runs(quiet, args.quiet_runs, f"q{int(time.time())}", 1)
     wait_finished(ids, timeout=600)
     lat = latencies(ids)
-    remaining = (
-        Run.objects.filter(org=busy, status="running").count() if args.backlog else 0
-    )
+    remaining = Run.objects.filter(org=busy, status="running").count() if args.backlog else 0
     stop(processes)
     print(f"quiet organisation: {len(ids)} runs, latency p50 {pct(lat, 0.5) * 1000:.0f} ms, "
           f"max {lat[-1] * 1000:.0f} ms; busy runs still unfinished then: {remaining}")  # fmt: skip
