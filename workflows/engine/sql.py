@@ -65,7 +65,7 @@ claimed AS (
        SET status = 'running', owner = %(worker)s, attempt = s.attempt + 1,
            lease_until = now() + make_interval(secs => %(lease)s)
       FROM picked
-     WHERE s.id = picked.id
+     WHERE s.id = picked.id AND s.status IN ('ready', 'running')
  RETURNING s.id, s.org_id, s.run_id, s.step_id, s.iteration, s.type, s.attempt,
            s.released, s.max_attempts
 ),
@@ -130,6 +130,16 @@ SELECT id, org_id, version_id, status, input::json, vars::json, outputs::json, e
        steps_executed,
        max_steps, deadline_at <= now() AS expired, created_at
   FROM workflows_run WHERE id = %(id)s FOR UPDATE
+"""
+
+# The walk's one write to the run: its template data, budget and, when it ends, its outcome.
+# The caller holds the row lock (LOCK_RUN); the status guard makes a finished run final.
+UPDATE_RUN = """
+UPDATE workflows_run
+   SET vars = %(vars)s, outputs = %(outputs)s, entered = %(entered)s,
+       steps_executed = %(steps)s, status = %(status)s, output = %(output)s, error = %(error)s,
+       finished_at = CASE WHEN %(finished)s THEN now() ELSE NULL END
+ WHERE id = %(id)s AND status = 'running'
 """
 
 LIVE_STEPS = """

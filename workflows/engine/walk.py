@@ -23,7 +23,7 @@ from ..definitions.registry import registry
 from ..states import RunStatus, StepStatus
 from .executors import StepFailure, StepResult, executor_for
 from .lanes import lane_policy
-from .sql import LIVE_STEPS, LOCK_RUN
+from .sql import LIVE_STEPS, LOCK_RUN, UPDATE_RUN
 
 NOW = object()  # placeholder for the database's now() in inserted rows
 
@@ -280,14 +280,7 @@ class Walk:
     def _update_run(self) -> None:
         status, output, error = self.finish or (RunStatus.RUNNING, None, "")
         self.cursor.execute(
-            """
-            UPDATE workflows_run
-               SET vars = %(vars)s, outputs = %(outputs)s, entered = %(entered)s,
-                   steps_executed = %(steps)s, status = %(status)s, output = %(output)s,
-                   error = %(error)s,
-                   finished_at = CASE WHEN %(finished)s THEN now() ELSE NULL END
-             WHERE id = %(id)s AND status = 'running'
-            """,
+            UPDATE_RUN,
             {
                 "vars": Jsonb(self.run.vars),
                 "outputs": Jsonb(self.run.outputs),
