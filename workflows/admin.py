@@ -114,13 +114,15 @@ class AutomationVersionAdmin(admin.ModelAdmin):
             obj is not None and not obj.is_published and super().has_delete_permission(request, obj)
         )
 
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A published version is view-only: it can never change.
+        return (obj is None or not obj.is_published) and super().has_change_permission(request, obj)
+
     def save_model(
         self, request: HttpRequest, obj: AutomationVersion, form: Any, change: bool
     ) -> None:
-        try:
-            version_update_draft(version=obj, definition=obj.definition)
-        except WaymarkError as exc:  # published meanwhile by someone else
-            messages.error(request, f"{exc.code}: {exc.detail}")
+        # Through the service: its conditional UPDATE refuses a version published meanwhile.
+        version_update_draft(version=obj, definition=obj.definition)
 
     @admin.action(description="Publish selected drafts", permissions=["change"])
     def publish(self, request: HttpRequest, queryset: Any) -> None:

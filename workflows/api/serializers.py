@@ -40,7 +40,10 @@ class DefinitionIn(serializers.Serializer):
 
 class RunStartIn(serializers.Serializer):
     automation = serializers.SlugField(max_length=63)
-    start_key = serializers.CharField(max_length=255, required=False, allow_blank=False)
+    # Kept exactly as sent: trimming would let two different keys collide.
+    start_key = serializers.CharField(
+        max_length=255, required=False, allow_blank=False, trim_whitespace=False
+    )
     input = serializers.JSONField(required=False, default=dict)
 
 

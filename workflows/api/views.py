@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
+from rest_framework.exceptions import NotFound
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -97,6 +100,14 @@ class RunPagination(CursorPagination):
     page_size = 50
     max_page_size = 200
     page_size_query_param = "limit"
+
+    def decode_cursor(self, request: Request) -> Any:
+        try:
+            return super().decode_cursor(request)
+        except NotFound as exc:  # a cursor we did not hand out is bad input, not a 404
+            raise InvalidInput(
+                reason="cursor is not valid; follow the next/previous links"
+            ) from exc
 
 
 class RunListView(APIView):

@@ -113,6 +113,8 @@ class Walk:
         self.path_ended = False
         self.finish: tuple[str, Any, str] | None = None
         self.dirty = False
+        self.queue: deque[str] = deque()
+        self.draining = False
 
     # --- recording --------------------------------------------------------------------------
 
@@ -175,8 +177,11 @@ class Walk:
         self.run.outputs[step_id] = result.output
         self.run.vars.update(result.vars)
         if result.finish is not None:
-            status = RunStatus.FAILED if result.finish == "failed" else RunStatus.SUCCEEDED
-            self.finish_run(status, output=result.output)
+            if result.finish == "failed":
+                error = f"ended by step {step_id!r} with status failed"
+                self.finish_run(RunStatus.FAILED, output=result.output, error=error)
+            else:
+                self.finish_run(RunStatus.SUCCEEDED, output=result.output)
             return
         targets = next_step_ids(self.steps[step_id], result.outcome)
         if not targets:
@@ -200,48 +205,62 @@ class Walk:
         self.event(f"run.{status}", detail={"error": error} if error else None)
 
     def enter(self, step_ids: Iterable[str]) -> None:
-        queue = deque(step_ids)
-        while queue and not self.finished:
-            step_id = queue.popleft()
-            if not self._within_budget():
-                return
-            self.dirty = True
-            step = self.steps[step_id]
-            iteration = self.run.entered.get(step_id, 0) + 1
-            self.run.entered[step_id] = iteration
-            self.run.steps_executed += 1
-            step_type = registry.get(step["type"])
-            assert step_type is not None, step["type"]
-            if step_type.lane != "fast":
-                max_attempts = (
-                    step.get("retry", {}).get("max_attempts")
-                    or lane_policy(step_type.lane).max_attempts
-                )
-                self._add_step(
-                    step_id, iteration, step_type.name, step_type.lane, StepStatus.READY,
-                    max_attempts=max_attempts,
-                )  # fmt: skip
-                self.event("step.ready", step_id, iteration=iteration)
-                self.wake_lanes.add(step_type.lane)
-                self.live_added += 1
-                continue
-            try:
-                result = executor_for(step_type.name)(step, self.context())
-            except StepFailure as exc:
-                self._add_step(
-                    step_id, iteration, step_type.name, "fast", StepStatus.FAILED,
-                    attempt=1, error=str(exc),
-                )  # fmt: skip
-                self.event("step.failed", step_id, iteration=iteration, attempt=1,
-                           detail={"error": str(exc)})  # fmt: skip
-                self.step_failed(step_id, str(exc))
-                continue
+        """Queue steps to enter and, unless already draining, enter them one by one.
+
+        Iterative on purpose: a chain of hundreds of quick steps (or a quick loop running to
+        its budget) must not deepen the call stack. A quick step's own successors go on the
+        same queue.
+        """
+        self.queue.extend(step_ids)
+        if self.draining:
+            return
+        self.draining = True
+        try:
+            while self.queue and not self.finished:
+                if not self._within_budget():
+                    return
+                self._enter_one(self.queue.popleft())
+        finally:
+            self.draining = False
+
+    def _enter_one(self, step_id: str) -> None:
+        self.dirty = True
+        step = self.steps[step_id]
+        iteration = self.run.entered.get(step_id, 0) + 1
+        self.run.entered[step_id] = iteration
+        self.run.steps_executed += 1
+        step_type = registry.get(step["type"])
+        assert step_type is not None, step["type"]
+        if step_type.lane != "fast":
+            max_attempts = (
+                step.get("retry", {}).get("max_attempts")
+                or lane_policy(step_type.lane).max_attempts
+            )
             self._add_step(
-                step_id, iteration, step_type.name, "fast", StepStatus.DONE,
-                attempt=1, output=result.output,
+                step_id, iteration, step_type.name, step_type.lane, StepStatus.READY,
+                max_attempts=max_attempts,
             )  # fmt: skip
-            self.event("step.succeeded", step_id, iteration=iteration, attempt=1)
-            self.step_succeeded(step_id, result)
+            self.event("step.ready", step_id, iteration=iteration)
+            self.wake_lanes.add(step_type.lane)
+            self.live_added += 1
+            return
+        try:
+            result = executor_for(step_type.name)(step, self.context())
+        except StepFailure as exc:
+            self._add_step(
+                step_id, iteration, step_type.name, "fast", StepStatus.FAILED,
+                attempt=1, error=str(exc),
+            )  # fmt: skip
+            self.event("step.failed", step_id, iteration=iteration, attempt=1,
+                       detail={"error": str(exc)})  # fmt: skip
+            self.step_failed(step_id, str(exc))
+            return
+        self._add_step(
+            step_id, iteration, step_type.name, "fast", StepStatus.DONE,
+            attempt=1, output=result.output,
+        )  # fmt: skip
+        self.event("step.succeeded", step_id, iteration=iteration, attempt=1)
+        self.step_succeeded(step_id, result)
 
     def _within_budget(self) -> bool:
         if self.run.expired:

@@ -58,7 +58,7 @@ class AutomationVersion(models.Model):
         indexes = [models.Index(fields=["org", "automation", "published_at"])]
 
     def __str__(self) -> str:
-        return f"{self.automation_id} v{self.number}"
+        return f"{self.automation.slug} v{self.number}"
 
     @property
     def is_published(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,7 @@ from ..definitions.validator import canonical_json, parse_duration
 from ..engine.faults import crash_point
 from ..engine.walk import RunState, Walk
 from ..errors import InvalidInput, NoPublishedVersion, PayloadTooLarge, StartKeyConflict
-from ..models import Automation, Organisation
+from ..models import Automation, AutomationVersion, Organisation
 from ..selectors import automation_get
 
 MAX_START_KEY = 255
@@ -31,7 +32,8 @@ RETURNING id, created_at
 """
 
 EXISTING_RUN = """
-SELECT id, input_digest FROM workflows_run WHERE org_id = %(org)s AND start_key = %(key)s
+SELECT id, automation_id, input_digest FROM workflows_run
+ WHERE org_id = %(org)s AND start_key = %(key)s
 """
 
 
@@ -42,8 +44,6 @@ class StartResult:
 
 
 def input_digest(run_input: Any) -> str:
-    import hashlib
-
     return hashlib.sha256(canonical_json(run_input).encode()).hexdigest()
 
 
@@ -73,21 +73,22 @@ def run_start(
 ) -> StartResult:
     """Start one run of the automation's current version, or return the one this key started.
 
-    Without a start key the canonical input's digest is the key: two separate triggers with
-    identical input then collapse into one run (see docs/api.md). The same key with another
-    input is refused with start_key_conflict.
+    Start keys are unique per organisation. Without one, the automation and the canonical
+    input's digest make the key: two separate triggers with identical input then collapse
+    into one run (see docs/api.md). The same key with another input, or for another
+    automation, is refused with start_key_conflict.
     """
     _check_input(run_input)
-    digest = input_digest(run_input)
-    derived = start_key is None
-    key = f"input:{digest}" if start_key is None else start_key
-    if not key or len(key) > MAX_START_KEY:
+    if start_key is not None and not 1 <= len(start_key) <= MAX_START_KEY:
         raise InvalidInput(reason=f"start_key must be 1 to {MAX_START_KEY} characters")
     automation = automation_get(org=org, slug=automation_slug)
+    digest = input_digest(run_input)
+    derived = start_key is None
+    key = f"input:{automation.pk}:{digest}" if derived else start_key
     version = automation.current_version
     if version is None:
         raise NoPublishedVersion(slug=automation_slug)
-    result = _start(org, automation, version.id, version.definition, key, derived, run_input)
+    result = _start(org, automation, version, key, derived, run_input, digest)
     crash_point("run_start.after_commit")
     return result
 
@@ -95,19 +96,19 @@ def run_start(
 def _start(
     org: Organisation,
     automation: Automation,
-    version_id: int,
-    definition: dict[str, Any],
+    version: AutomationVersion,
     key: str,
     derived: bool,
     run_input: dict[str, Any],
+    digest: str,
 ) -> StartResult:
-    digest = input_digest(run_input)
+    definition = version.definition
     max_steps, max_age = _limits(definition)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             INSERT_RUN,
             {
-                "org": org.pk, "automation": automation.pk, "version": version_id, "key": key,
+                "org": org.pk, "automation": automation.pk, "version": version.pk, "key": key,
                 "derived": derived, "input": Jsonb(run_input), "digest": digest,
                 "max_steps": max_steps, "max_age": max_age,
             },
@@ -116,13 +117,15 @@ def _start(
         if row is None:
             # This key already started a run (maybe a concurrent duplicate that just won).
             cursor.execute(EXISTING_RUN, {"org": org.pk, "key": key})
-            run_id, existing_digest = cursor.fetchone()
-            if existing_digest != digest:
+            run_id, existing_automation, existing_digest = cursor.fetchone()
+            # Start keys are unique per organisation: the same key for another automation, or
+            # with another input, is a different start and must not return this run.
+            if existing_digest != digest or existing_automation != automation.pk:
                 raise StartKeyConflict(start_key=key, run_id=run_id)
             return StartResult(run_id=run_id, created=False)
         run_id, created_at = row
         state = RunState(
-            id=run_id, org_id=org.pk, version_id=version_id, status="running",
+            id=run_id, org_id=org.pk, version_id=version.pk, status="running",
             input=json.loads(canonical_json(run_input)), vars={}, outputs={}, entered={},
             steps_executed=0, max_steps=max_steps, expired=False, created_at=created_at,
         )  # fmt: skip
