@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from workflows.definitions.registry import StepReport, StepType, registry
-from workflows.definitions.validator import (
+from workflows.definitions.fields import (
     check_choice,
     check_duration,
     check_fields,
     check_template_field,
     report_issue,
 )
+from workflows.definitions.registry import StepReport, StepType, registry
 
 APPROVAL_OUTCOMES = frozenset({"approved", "rejected", "timed_out"})
 ON_TIMEOUT = ("reject", "approve", "escalate")

@@ -10,8 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from workflows.definitions.registry import StepReport, StepType, registry
-from workflows.definitions.validator import (
+from workflows.definitions.fields import (
     check_choice,
     check_fields,
     check_int,
@@ -22,6 +21,7 @@ from workflows.definitions.validator import (
     check_template_value,
     report_issue,
 )
+from workflows.definitions.registry import StepReport, StepType, registry
 
 EFFECT_OUTCOMES = frozenset({"ok", "failed"})
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")

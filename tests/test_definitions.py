@@ -31,6 +31,8 @@ from workflows.definitions.expressions import (
     render_template,
     render_value,
 )
+from workflows.definitions.fields import parse_duration
+from workflows.definitions.graph import strongly_connected_components
 from workflows.definitions.registry import Registry, StepReport, registry
 from workflows.definitions.validator import (
     DEFAULT_MAX_DEFINITION_BYTES,
@@ -42,8 +44,6 @@ from workflows.definitions.validator import (
     canonical_json,
     definition_digest,
     ensure_valid,
-    parse_duration,
-    strongly_connected_components,
     validate_definition,
 )
 from workflows.steptypes import register_step_types as register_workflows

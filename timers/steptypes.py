@@ -13,14 +13,14 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from workflows.definitions.expressions import is_template
-from workflows.definitions.registry import StepReport, StepType, registry
-from workflows.definitions.validator import (
+from workflows.definitions.fields import (
     check_duration,
     check_fields,
     check_object,
     check_template_field,
     report_issue,
 )
+from workflows.definitions.registry import StepReport, StepType, registry
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 TIME_OF_DAY_RE = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9]")

@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from workflows.definitions.expressions import check_condition, check_templates_in
-from workflows.definitions.registry import StepReport, StepType, registry
-from workflows.definitions.validator import (
+from workflows.definitions.fields import (
     check_choice,
     check_duration,
     check_fields,
@@ -22,6 +21,7 @@ from workflows.definitions.validator import (
     check_template_value,
     report_issue,
 )
+from workflows.definitions.registry import StepReport, StepType, registry
 
 VALUE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 OUTCOME_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,62}")

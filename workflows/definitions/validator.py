@@ -9,8 +9,12 @@ is a path from the top of the definition (``steps.3.id``, ``steps.3.values.x``);
 top-level problems ``step`` is None and ``field`` names the top-level field (``start``,
 ``limits.max_age``) or is None for the definition as a whole.
 
-Step types check their own fields with a :class:`StepReport`; the helpers at the end of this
-module (``check_fields``, ``check_string`` ...) report with the right issue codes.
+This module checks the definition as a whole: its top-level fields and limits, step ids, the
+fields common to every step (type, next, on_failure, name, retry), the references between
+steps and the graph they form (unreachable steps, loops with no waiting step). Step types
+check their own fields with a :class:`StepReport`, using the helpers of
+:mod:`workflows.definitions.fields` (``check_fields``, ``check_string`` ...), which report with
+the right issue codes; the graph algorithms live in :mod:`workflows.definitions.graph`.
 """
 
 from __future__ import annotations
@@ -18,59 +22,48 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from workflows.definitions.expressions import check_template, check_templates_in
+from workflows.definitions.fields import (
+    STEP_ID_RULE,
+    is_int,
+    is_step_id,
+    parse_duration,
+    show,
+    type_label,
+)
+from workflows.definitions.graph import shortest_cycle, strongly_connected_components
 from workflows.definitions.registry import Registry, StepReport, StepType
 from workflows.definitions.registry import registry as default_registry
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "COMMON_STEP_FIELDS",
     "ISSUE_CODES",
     "DefinitionIssue",
     "InvalidDefinition",
     "IssueReport",
     "canonical_json",
-    "check_choice",
-    "check_duration",
-    "check_fields",
-    "check_int",
-    "check_number",
-    "check_object",
-    "check_step_id_list",
-    "check_string",
-    "check_template_field",
-    "check_template_value",
     "definition_digest",
     "ensure_valid",
-    "is_step_id",
-    "parse_duration",
-    "report_issue",
     "validate_definition",
 ]
 
 DEFAULT_MAX_DEFINITION_BYTES = 262_144
 DEFAULT_MAX_DEFINITION_STEPS = 500
 MAX_STEPS_LIMIT = 100_000
-MAX_DURATION = timedelta(days=3650)
 MAX_NAME_LENGTH = 200
 MAX_RETRY_ATTEMPTS = 100
 MAX_LOOP_STEPS_SHOWN = 12
 
 TOP_LEVEL_FIELDS = ("start", "steps", "limits", "description")
 LIMIT_FIELDS = ("max_steps", "max_age")
-#: Fields every step may have; the generic validator checks them, step types the rest.
-COMMON_STEP_FIELDS = ("id", "type", "next", "on_failure", "name", "retry")
 
 ISSUE_CODES = (
     "not_an_object",
@@ -92,11 +85,6 @@ ISSUE_CODES = (
     "step_type_not_available",
     "invalid_limits",
 )
-
-_STEP_ID_RE = re.compile(r"[a-z][a-z0-9_]{0,62}")
-_DURATION_RE = re.compile(r"([0-9]{1,7})([smhd])")
-_DURATION_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-_STEP_ID_RULE = "a lowercase letter, then up to 62 lowercase letters, digits or underscores"
 
 
 @dataclass(frozen=True)
@@ -161,53 +149,6 @@ def definition_digest(definition: Any) -> str:
     return hashlib.sha256(canonical_json(definition).encode("utf-8")).hexdigest()
 
 
-# --- small shared parsers -------------------------------------------------------------------
-
-
-def is_step_id(value: object) -> bool:
-    return isinstance(value, str) and _STEP_ID_RE.fullmatch(value) is not None
-
-
-def parse_duration(value: object) -> timedelta | None:
-    """``"30s"``, ``"15m"``, ``"12h"``, ``"30d"`` -> timedelta; None when not a valid duration.
-
-    A duration is a positive integer and a unit (s, m, h, d), at most 3650 days.
-    """
-    if not isinstance(value, str):
-        return None
-    match = _DURATION_RE.fullmatch(value)
-    if match is None or int(match.group(1)) == 0:
-        return None
-    duration = timedelta(**{_DURATION_UNITS[match.group(2)]: int(match.group(1))})
-    return duration if duration <= MAX_DURATION else None
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _show(value: object, limit: int = 60) -> str:
-    """A value quoted for a message, shortened."""
-    text = json.dumps(value) if isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _type_label(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list | tuple):
-        return "a list"
-    if isinstance(value, Mapping):
-        return "an object"
-    return type(value).__name__
-
-
 # --- the validator --------------------------------------------------------------------------
 
 
@@ -270,7 +211,7 @@ class _Validation:
             self.top(
                 "not_an_object",
                 None,
-                f"the definition must be a JSON object, not {_type_label(definition)}",
+                f"the definition must be a JSON object, not {type_label(definition)}",
             )
             return self.issues
         for key in definition:
@@ -278,7 +219,7 @@ class _Validation:
                 self.top(
                     "unknown_field",
                     str(key),
-                    f"{_show(str(key))} is not a definition field "
+                    f"{show(str(key))} is not a definition field "
                     f"(fields: {', '.join(TOP_LEVEL_FIELDS)})",
                 )
         description = definition.get("description")
@@ -291,7 +232,7 @@ class _Validation:
             self.top("missing_field", "steps", "steps is required: a list of steps")
             steps = None
         elif not isinstance(steps, list):
-            self.top("invalid_field", "steps", f"steps must be a list, not {_type_label(steps)}")
+            self.top("invalid_field", "steps", f"steps must be a list, not {type_label(steps)}")
             steps = None
         elif not steps:
             self.top("invalid_field", "steps", "steps must list at least one step")
@@ -325,7 +266,7 @@ class _Validation:
                 self.top(
                     "not_an_object",
                     None,
-                    f"the definition must be a JSON object, not {_type_label(self.definition)}",
+                    f"the definition must be a JSON object, not {type_label(self.definition)}",
                 )
             return False
         size = len(text.encode("utf-8"))
@@ -354,19 +295,19 @@ class _Validation:
                 )
         if "max_steps" in limits:
             value = limits["max_steps"]
-            if not _is_int(value) or not 1 <= value <= MAX_STEPS_LIMIT:
+            if not is_int(value) or not 1 <= value <= MAX_STEPS_LIMIT:
                 self.top(
                     "invalid_limits",
                     "limits.max_steps",
                     f"limits.max_steps must be a whole number from 1 to {MAX_STEPS_LIMIT}, "
-                    f"not {_show(value)}",
+                    f"not {show(value)}",
                 )
         if "max_age" in limits and parse_duration(limits["max_age"]) is None:
             self.top(
                 "invalid_limits",
                 "limits.max_age",
                 'limits.max_age must be a duration such as "30s", "15m", "12h" or '
-                f'"30d" (at most 3650d), not {_show(limits["max_age"])}',
+                f'"30d" (at most 3650d), not {show(limits["max_age"])}',
             )
 
     def collect_ids(self, steps: list[Any]) -> None:
@@ -375,7 +316,7 @@ class _Validation:
                 self.top(
                     "not_an_object",
                     f"steps.{index}",
-                    f"steps.{index} must be an object, not {_type_label(step)}",
+                    f"steps.{index} must be an object, not {type_label(step)}",
                 )
                 continue
             if "id" not in step:
@@ -383,13 +324,13 @@ class _Validation:
                 continue
             sid = step["id"]
             if not is_step_id(sid):
-                shown = _show(sid) if isinstance(sid, str) else _type_label(sid)
+                shown = show(sid) if isinstance(sid, str) else type_label(sid)
                 self.at_step(
                     "invalid_step_id",
                     None,
                     index,
                     "id",
-                    f"{shown} is not a valid step id ({_STEP_ID_RULE})",
+                    f"{shown} is not a valid step id ({STEP_ID_RULE})",
                 )
                 continue
             if sid in self.ids:
@@ -409,10 +350,10 @@ class _Validation:
             return
         start = definition["start"]
         if not isinstance(start, str):
-            self.top("invalid_field", "start", f"start must be a step id, not {_type_label(start)}")
+            self.top("invalid_field", "start", f"start must be a step id, not {type_label(start)}")
         elif self.ids and start not in self.ids:
             self.top(
-                "unknown_step_reference", "start", f"start refers to unknown step {_show(start)}"
+                "unknown_step_reference", "start", f"start refers to unknown step {show(start)}"
             )
 
     def check_step(self, index: int, step: dict[Any, Any]) -> None:
@@ -440,7 +381,7 @@ class _Validation:
         name = step["type"]
         if not isinstance(name, str):
             self.at_step(
-                "invalid_field", sid, index, "type", f"must be a string, not {_type_label(name)}"
+                "invalid_field", sid, index, "type", f"must be a string, not {type_label(name)}"
             )
             return None
         step_type = self.registry.get(name)
@@ -451,7 +392,7 @@ class _Validation:
                 sid,
                 index,
                 "type",
-                f"{_show(name)} is not a known step type (known: {known})",
+                f"{show(name)} is not a known step type (known: {known})",
             )
         return step_type
 
@@ -506,20 +447,20 @@ class _Validation:
             self.at_step("missing_field", sid, index, "retry.max_attempts", "is required")
             return
         attempts = retry["max_attempts"]
-        if not _is_int(attempts) or not 1 <= attempts <= MAX_RETRY_ATTEMPTS:
+        if not is_int(attempts) or not 1 <= attempts <= MAX_RETRY_ATTEMPTS:
             self.at_step(
                 "invalid_field",
                 sid,
                 index,
                 "retry.max_attempts",
-                f"must be a whole number from 1 to {MAX_RETRY_ATTEMPTS}, not {_show(attempts)}",
+                f"must be a whole number from 1 to {MAX_RETRY_ATTEMPTS}, not {show(attempts)}",
             )
 
     def reference(self, index: int, sid: str | None, field: str, target: object) -> _Edge | None:
         """Checks one field naming another step; returns the edge when the step exists."""
         if not isinstance(target, str):
             self.at_step(
-                "invalid_field", sid, index, field, f"must be a step id, not {_type_label(target)}"
+                "invalid_field", sid, index, field, f"must be a step id, not {type_label(target)}"
             )
             return None
         if target not in self.ids:
@@ -528,7 +469,7 @@ class _Validation:
                 sid,
                 index,
                 field,
-                f"refers to unknown step {_show(target)}",
+                f"refers to unknown step {show(target)}",
             )
             return None
         return _Edge(target, field)
@@ -558,7 +499,7 @@ class _Validation:
                 index,
                 "next",
                 f"must be a step id or an object mapping outcomes to step ids, "
-                f"not {_type_label(nxt)}",
+                f"not {type_label(nxt)}",
             )
             return []
         outcomes: frozenset[str] | None = None
@@ -694,7 +635,7 @@ class _Validation:
         successors: dict[str, list[str]],
         position: dict[str, int],
     ) -> None:
-        cycle = _shortest_cycle(first, members, successors)
+        cycle = shortest_cycle(first, members, successors)
         shown = [f'"{sid}"' for sid in cycle]
         if len(shown) > MAX_LOOP_STEPS_SHOWN:
             hidden = len(shown) - MAX_LOOP_STEPS_SHOWN + 1
@@ -719,74 +660,6 @@ class _Validation:
                 field,
             )
         )
-
-
-def _shortest_cycle(first: str, members: set[str], successors: dict[str, list[str]]) -> list[str]:
-    """The shortest path first -> ... -> first inside one strongly connected component."""
-    parent: dict[str, str] = {}
-    queue = deque([first])
-    while queue:
-        node = queue.popleft()
-        for target in successors[node]:
-            if target == first:
-                path = [node]
-                while path[-1] != first:
-                    path.append(parent[path[-1]])
-                return list(reversed(path))
-            if target in members and target not in parent:
-                parent[target] = node
-                queue.append(target)
-    return [first]  # not reached for a real cycle
-
-
-def strongly_connected_components(
-    nodes: Iterable[str], successors: Mapping[str, Iterable[str]]
-) -> list[list[str]]:
-    """Tarjan's algorithm, iterative (definitions may hold thousands of steps)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    stack: list[str] = []
-    components: list[list[str]] = []
-    counter = 0
-    for root in nodes:
-        if root in index:
-            continue
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on_stack.add(root)
-        work = [(root, iter(successors.get(root, ())))]
-        while work:
-            node, targets = work[-1]
-            descended = False
-            for target in targets:
-                if target not in index:
-                    index[target] = low[target] = counter
-                    counter += 1
-                    stack.append(target)
-                    on_stack.add(target)
-                    work.append((target, iter(successors.get(target, ()))))
-                    descended = True
-                    break
-                if target in on_stack:
-                    low[node] = min(low[node], index[target])
-            if descended:
-                continue
-            work.pop()
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[node])
-            if low[node] == index[node]:
-                component: list[str] = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                components.append(component)
-    return components
 
 
 def validate_definition(
@@ -854,279 +727,3 @@ def ensure_valid(
         issues.extend(_unavailable_types(definition, reg))
     if issues:
         raise InvalidDefinition(issues)
-
-
-# --- helpers for step types -----------------------------------------------------------------
-
-
-def report_issue(report: StepReport, code: str, field_path: str, message: str) -> None:
-    """Reports with an issue code when the report takes one (IssueReport), else plainly."""
-    issue = getattr(report, "issue", None)
-    if callable(issue):
-        issue(code, field_path, message)
-    else:
-        report.error(field_path, message)
-
-
-def _present(
-    obj: Mapping[str, Any], key: str, report: StepReport, prefix: str, required: bool
-) -> bool:
-    if key in obj:
-        return True
-    if required:
-        report_issue(report, "missing_field", f"{prefix}{key}", "is required")
-    return False
-
-
-def check_fields(
-    obj: Mapping[str, Any],
-    report: StepReport,
-    allowed: Iterable[str],
-    *,
-    prefix: str = "",
-    what: str | None = None,
-) -> None:
-    """Reports each key of ``obj`` that is not in ``allowed`` as ``unknown_field``.
-
-    For a step (``prefix`` empty) the common fields (id, type, next, name, retry) are always
-    allowed, and ``what`` defaults to 'a "<type>" step'; for a nested object (``prefix``
-    ``"request."``) it defaults to the object's path.
-    """
-    allowed = tuple(allowed)
-    permitted = set(allowed) | (set(COMMON_STEP_FIELDS) if not prefix else set())
-    if what is None:
-        what = f'a "{obj.get("type")}" step' if not prefix else prefix.rstrip(".")
-    listing = ", ".join(allowed) if allowed else "none"
-    for key in obj:
-        if key not in permitted:
-            report_issue(
-                report,
-                "unknown_field",
-                f"{prefix}{key}",
-                f"is not a field of {what} (its fields: {listing})",
-            )
-
-
-def check_string(
-    obj: Mapping[str, Any],
-    key: str,
-    report: StepReport,
-    *,
-    required: bool = True,
-    prefix: str = "",
-    max_length: int = 1000,
-    pattern: re.Pattern[str] | None = None,
-    hint: str = "",
-) -> str | None:
-    """A non-empty string (matching ``pattern`` when given); returns it when valid."""
-    if not _present(obj, key, report, prefix, required):
-        return None
-    value = obj[key]
-    if not isinstance(value, str) or not value.strip() or len(value) > max_length:
-        report_issue(
-            report,
-            "invalid_field",
-            f"{prefix}{key}",
-            f"must be a non-empty string of at most {max_length} characters, "
-            f"not {_show(value) if isinstance(value, str) else _type_label(value)}",
-        )
-        return None
-    if pattern is not None and pattern.fullmatch(value) is None:
-        report_issue(
-            report, "invalid_field", f"{prefix}{key}", f"{_show(value)} is not valid{hint}"
-        )
-        return None
-    return value
-
-
-def check_template_field(
-    obj: Mapping[str, Any], key: str, report: StepReport, *, required: bool = True, prefix: str = ""
-) -> str | None:
-    """A string template; returns it when it is a string (even if malformed)."""
-    if not _present(obj, key, report, prefix, required):
-        return None
-    value = obj[key]
-    if not isinstance(value, str):
-        report_issue(
-            report,
-            "invalid_field",
-            f"{prefix}{key}",
-            f"must be a string (a template), not {_type_label(value)}",
-        )
-        return None
-    problem = check_template(value)
-    if problem:
-        report_issue(
-            report, "malformed_template", f"{prefix}{key}", f"is not a valid template: {problem}"
-        )
-    return value
-
-
-def check_template_value(
-    obj: Mapping[str, Any],
-    key: str,
-    report: StepReport,
-    *,
-    required: bool = False,
-    prefix: str = "",
-) -> None:
-    """Any JSON value; every string inside it is a template."""
-    if _present(obj, key, report, prefix, required):
-        check_templates_in(obj[key], f"{prefix}{key}", report)
-
-
-def check_duration(
-    obj: Mapping[str, Any], key: str, report: StepReport, *, required: bool = True, prefix: str = ""
-) -> timedelta | None:
-    if not _present(obj, key, report, prefix, required):
-        return None
-    duration = parse_duration(obj[key])
-    if duration is None:
-        report_issue(
-            report,
-            "invalid_field",
-            f"{prefix}{key}",
-            'must be a duration such as "30s", "15m", "12h" or "30d" (at most 3650d), '
-            f"not {_show(obj[key])}",
-        )
-    return duration
-
-
-def check_choice(
-    obj: Mapping[str, Any],
-    key: str,
-    report: StepReport,
-    choices: Collection[str],
-    *,
-    required: bool = False,
-    prefix: str = "",
-) -> str | None:
-    if not _present(obj, key, report, prefix, required):
-        return None
-    value = obj[key]
-    if not isinstance(value, str) or value not in choices:
-        report_issue(
-            report,
-            "invalid_field",
-            f"{prefix}{key}",
-            f"must be one of {', '.join(choices)}, not {_show(value)}",
-        )
-        return None
-    return value
-
-
-def check_int(
-    obj: Mapping[str, Any],
-    key: str,
-    report: StepReport,
-    *,
-    minimum: int,
-    maximum: int,
-    required: bool = False,
-    prefix: str = "",
-) -> int | None:
-    if not _present(obj, key, report, prefix, required):
-        return None
-    value = obj[key]
-    if not _is_int(value) or not minimum <= value <= maximum:
-        report_issue(
-            report,
-            "invalid_field",
-            f"{prefix}{key}",
-            f"must be a whole number from {minimum} to {maximum}, not {_show(value)}",
-        )
-        return None
-    return int(value)
-
-
-def check_number(
-    obj: Mapping[str, Any],
-    key: str,
-    report: StepReport,
-    *,
-    minimum: float = 0,
-    required: bool = False,
-    prefix: str = "",
-) -> float | None:
-    if not _present(obj, key, report, prefix, required):
-        return None
-    value = obj[key]
-    valid = isinstance(value, int | float) and not isinstance(value, bool)
-    if not valid or value != value or value in (float("inf"), float("-inf")) or value < minimum:
-        report_issue(
-            report,
-            "invalid_field",
-            f"{prefix}{key}",
-            f"must be a number of at least {minimum}, not {_show(value)}",
-        )
-        return None
-    return float(value)
-
-
-def check_object(
-    obj: Mapping[str, Any], key: str, report: StepReport, *, required: bool = True, prefix: str = ""
-) -> dict[str, Any] | None:
-    if not _present(obj, key, report, prefix, required):
-        return None
-    value = obj[key]
-    if not isinstance(value, dict):
-        report_issue(
-            report,
-            "invalid_field",
-            f"{prefix}{key}",
-            f"must be an object, not {_type_label(value)}",
-        )
-        return None
-    return value
-
-
-def check_step_id_list(
-    obj: Mapping[str, Any],
-    key: str,
-    report: StepReport,
-    *,
-    min_items: int = 1,
-    required: bool = True,
-    check_exists: bool = False,
-    prefix: str = "",
-) -> list[str]:
-    """A list of distinct step ids; returns the well-formed ones.
-
-    With ``check_exists`` each id must name a step of the definition (``unknown_step_reference``);
-    leave it False for fields the type also returns from ``references`` (the generic
-    validator checks those).
-    """
-    if not _present(obj, key, report, prefix, required):
-        return []
-    value = obj[key]
-    field = f"{prefix}{key}"
-    if not isinstance(value, list) or len(value) < min_items:
-        report_issue(
-            report,
-            "invalid_field",
-            field,
-            f"must be a list of at least {min_items} step id{'s' if min_items != 1 else ''}",
-        )
-        return []
-    known = getattr(report, "step_ids", None)
-    seen: set[str] = set()
-    ids = []
-    for position, item in enumerate(value):
-        if not is_step_id(item):
-            report_issue(report, "invalid_field", f"{field}.{position}", "must be a step id")
-            continue
-        if item in seen:
-            report_issue(
-                report, "invalid_field", f"{field}.{position}", f"repeats step {_show(item)}"
-            )
-            continue
-        seen.add(item)
-        ids.append(item)
-        if check_exists and known is not None and item not in known:
-            report_issue(
-                report,
-                "unknown_step_reference",
-                f"{field}.{position}",
-                f"refers to unknown step {_show(item)}",
-            )
-    return ids

@@ -1,7 +1,7 @@
 """The `probe` step type, for the crash and fencing tests and the benchmarks only.
 
 It runs on the io lane and can sleep, fail, or kill its own worker on chosen attempts. It is
-registered only when WAYMARK_ENABLE_PROBE_STEPS is true (``./waymark test`` sets it): a
+registered only when WAYMARK_ENABLE_PROBE_STEPS is true (the test settings turn it on): a
 production automation can never contain a step that kills workers.
 """
 

@@ -11,7 +11,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
-from ..definitions.validator import canonical_json, parse_duration
+from ..definitions.fields import parse_duration
+from ..definitions.validator import canonical_json
 from ..engine.faults import crash_point
 from ..engine.walk import RunState, Walk
 from ..errors import InvalidInput, NoPublishedVersion, PayloadTooLarge, StartKeyConflict

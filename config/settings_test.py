@@ -1,0 +1,10 @@
+"""Settings for the test suite: the production settings plus the test-only `probe` step type.
+
+Worker and relay processes started by the tests use ``config.settings`` with
+WAYMARK_ENABLE_PROBE_STEPS=1 in their environment (tests/processes.py).
+"""
+
+from .settings import *  # noqa: F403
+from .settings import WAYMARK
+
+WAYMARK = {**WAYMARK, "ENABLE_PROBE_STEPS": True}
