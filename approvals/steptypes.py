@@ -14,7 +14,6 @@ from workflows.definitions.fields import (
     check_duration,
     check_fields,
     check_template_field,
-    report_issue,
 )
 from workflows.definitions.registry import StepReport, StepType, registry
 
@@ -31,7 +30,7 @@ def approval_outcomes(step: Mapping[str, Any]) -> frozenset[str]:
 def validate_approval(step: Mapping[str, Any], report: StepReport) -> None:
     check_fields(step, report, ("approvers", "message", "deadline", "on_timeout"))
     if "approvers" not in step:
-        report_issue(report, "missing_field", "approvers", "is required")
+        report.issue("missing_field", "approvers", "is required")
     else:
         approvers = step["approvers"]
         if not isinstance(approvers, list) or not 1 <= len(approvers) <= MAX_APPROVERS:

@@ -19,7 +19,6 @@ from workflows.definitions.fields import (
     check_string,
     check_template_field,
     check_template_value,
-    report_issue,
 )
 from workflows.definitions.registry import StepReport, StepType, registry
 
@@ -129,7 +128,7 @@ def validate_model(step: Mapping[str, Any], report: StepReport) -> None:
     check_number(step, "budget", report, minimum=0)
     _check_connection(step, report)
     if "prompt" in step and isinstance(step["prompt"], str) and not step["prompt"].strip():
-        report_issue(report, "invalid_field", "prompt", "must not be empty")
+        report.issue("invalid_field", "prompt", "must not be empty")
 
 
 MODEL = StepType(

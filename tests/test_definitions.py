@@ -858,17 +858,20 @@ def test_issue_report_records_codes_and_plain_errors() -> None:
     report = IssueReport("a", step_ids={"a", "b"})
     report.error("x", "is wrong")
     report.issue("malformed_template", "y", "is broken")
-    assert report.coded == [
+    assert report.issues == [
         ("invalid_field", "x", "is wrong"),
         ("malformed_template", "y", "is broken"),
     ]
-    assert report.errors == [("x", "is wrong"), ("y", "is broken")]
+    assert report.step_ids == {"a", "b"}
 
 
 def test_check_templates_in_works_with_a_plain_step_report() -> None:
     report = StepReport("a")
     check_templates_in({"a": ["ok", "{{ input.x", {"b": "{% for %}"}], "n": 5}, "body", report)
-    assert [field for field, _ in report.errors] == ["body.a.1", "body.a.2.b"]
+    assert [(code, field) for code, field, _ in report.issues] == [
+        ("malformed_template", "body.a.1"),
+        ("malformed_template", "body.a.2.b"),
+    ]
 
 
 def test_a_crashing_step_type_becomes_an_issue() -> None:

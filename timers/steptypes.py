@@ -18,7 +18,6 @@ from workflows.definitions.fields import (
     check_fields,
     check_object,
     check_template_field,
-    report_issue,
 )
 from workflows.definitions.registry import StepReport, StepType, registry
 
@@ -70,7 +69,7 @@ def _validate_rule(rule: Mapping[str, Any], report: StepReport) -> None:
                 f"must be a non-empty list of distinct days from {', '.join(WEEKDAYS)}",
             )
     if "time" not in rule:
-        report_issue(report, "missing_field", "rule.time", 'is required ("HH:MM", 24-hour)')
+        report.issue("missing_field", "rule.time", 'is required ("HH:MM", 24-hour)')
     elif not isinstance(rule["time"], str) or TIME_OF_DAY_RE.fullmatch(rule["time"]) is None:
         report.error("rule.time", 'must be a time of day "HH:MM" (24-hour), such as "09:30"')
 
@@ -81,8 +80,7 @@ def validate_wait_until(step: Mapping[str, Any], report: StepReport) -> None:
     if has_at and has_rule:
         report.error("rule", 'cannot be combined with "at": give one or the other')
     elif not has_at and not has_rule:
-        report_issue(
-            report,
+        report.issue(
             "missing_field",
             "at",
             'is required unless "rule" is given (an ISO 8601 datetime template)',

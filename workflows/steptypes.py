@@ -19,7 +19,6 @@ from workflows.definitions.fields import (
     check_string,
     check_template_field,
     check_template_value,
-    report_issue,
 )
 from workflows.definitions.registry import StepReport, StepType, registry
 
@@ -37,7 +36,7 @@ BRANCH_DEFAULT = "default"
 def validate_set(step: Mapping[str, Any], report: StepReport) -> None:
     check_fields(step, report, ("values",))
     if "values" not in step:
-        report_issue(report, "missing_field", "values", "is required")
+        report.issue("missing_field", "values", "is required")
         return
     values = step["values"]
     if not isinstance(values, dict) or not values:
@@ -76,7 +75,7 @@ def validate_branch(step: Mapping[str, Any], report: StepReport) -> None:
     check_fields(step, report, ("when",))
     when = step.get("when")
     if "when" not in step:
-        report_issue(report, "missing_field", "when", "is required")
+        report.issue("missing_field", "when", "is required")
         when = []
     elif not isinstance(when, list) or not when:
         report.error("when", 'must be a non-empty list of {"outcome": name, "if": condition}')
@@ -105,14 +104,13 @@ def validate_branch(step: Mapping[str, Any], report: StepReport) -> None:
             outcomes.append(outcome)
         problem = check_condition(condition)
         if problem:
-            report_issue(
-                report, "malformed_condition", f"{field}.if", f"is not a valid condition: {problem}"
+            report.issue(
+                "malformed_condition", f"{field}.if", f"is not a valid condition: {problem}"
             )
 
     nxt = step.get("next")
     if "next" not in step:
-        report_issue(
-            report,
+        report.issue(
             "missing_field",
             "next",
             'is required on a branch: map each outcome and "default" to a step',
@@ -123,7 +121,7 @@ def validate_branch(step: Mapping[str, Any], report: StepReport) -> None:
         return
     for outcome in [*outcomes, BRANCH_DEFAULT]:
         if outcome not in nxt:
-            report_issue(report, "missing_field", f"next.{outcome}", "is required")
+            report.issue("missing_field", f"next.{outcome}", "is required")
 
 
 BRANCH = StepType(

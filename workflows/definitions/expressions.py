@@ -294,15 +294,6 @@ def check_condition(expr: str) -> str | None:
     return None
 
 
-def _report(report: StepReport, code: str, field_path: str, message: str) -> None:
-    # The validator's report takes an issue code; a plain StepReport only (field, message).
-    issue = getattr(report, "issue", None)
-    if callable(issue):
-        issue(code, field_path, message)
-    else:
-        report.error(field_path, message)
-
-
 def check_templates_in(value: Any, field_path: str, report: StepReport) -> None:
     """Reports every malformed template string inside ``value`` with its exact field path.
 
@@ -315,10 +306,10 @@ def check_templates_in(value: Any, field_path: str, report: StepReport) -> None:
         if isinstance(item, str):
             problem = check_template(item)
             if problem:
-                _report(report, "malformed_template", path, f"is not a valid template: {problem}")
+                report.issue("malformed_template", path, f"is not a valid template: {problem}")
         elif isinstance(item, Mapping | list | tuple):
             if depth >= MAX_NESTING:
-                _report(report, "invalid_field", path, f"nests deeper than {MAX_NESTING} levels")
+                report.issue("invalid_field", path, f"nests deeper than {MAX_NESTING} levels")
                 continue
             pairs = item.items() if isinstance(item, Mapping) else enumerate(item)
             children = [(f"{path}.{key}", child, depth + 1) for key, child in pairs]

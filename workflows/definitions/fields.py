@@ -38,7 +38,6 @@ __all__ = [
     "is_int",
     "is_step_id",
     "parse_duration",
-    "report_issue",
     "show",
     "type_label",
 ]
@@ -104,22 +103,13 @@ def type_label(value: object) -> str:
 # --- helpers for step types -----------------------------------------------------------------
 
 
-def report_issue(report: StepReport, code: str, field_path: str, message: str) -> None:
-    """Reports with an issue code when the report takes one (IssueReport), else plainly."""
-    issue = getattr(report, "issue", None)
-    if callable(issue):
-        issue(code, field_path, message)
-    else:
-        report.error(field_path, message)
-
-
 def _present(
     obj: Mapping[str, Any], key: str, report: StepReport, prefix: str, required: bool
 ) -> bool:
     if key in obj:
         return True
     if required:
-        report_issue(report, "missing_field", f"{prefix}{key}", "is required")
+        report.issue("missing_field", f"{prefix}{key}", "is required")
     return False
 
 
@@ -144,8 +134,7 @@ def check_fields(
     listing = ", ".join(allowed) if allowed else "none"
     for key in obj:
         if key not in permitted:
-            report_issue(
-                report,
+            report.issue(
                 "unknown_field",
                 f"{prefix}{key}",
                 f"is not a field of {what} (its fields: {listing})",
@@ -168,8 +157,7 @@ def check_string(
         return None
     value = obj[key]
     if not isinstance(value, str) or not value.strip() or len(value) > max_length:
-        report_issue(
-            report,
+        report.issue(
             "invalid_field",
             f"{prefix}{key}",
             f"must be a non-empty string of at most {max_length} characters, "
@@ -177,7 +165,7 @@ def check_string(
         )
         return None
     if pattern is not None and pattern.fullmatch(value) is None:
-        report_issue(report, "invalid_field", f"{prefix}{key}", f"{show(value)} is not valid{hint}")
+        report.issue("invalid_field", f"{prefix}{key}", f"{show(value)} is not valid{hint}")
         return None
     return value
 
@@ -190,8 +178,7 @@ def check_template_field(
         return None
     value = obj[key]
     if not isinstance(value, str):
-        report_issue(
-            report,
+        report.issue(
             "invalid_field",
             f"{prefix}{key}",
             f"must be a string (a template), not {type_label(value)}",
@@ -199,9 +186,7 @@ def check_template_field(
         return None
     problem = check_template(value)
     if problem:
-        report_issue(
-            report, "malformed_template", f"{prefix}{key}", f"is not a valid template: {problem}"
-        )
+        report.issue("malformed_template", f"{prefix}{key}", f"is not a valid template: {problem}")
     return value
 
 
@@ -225,8 +210,7 @@ def check_duration(
         return None
     duration = parse_duration(obj[key])
     if duration is None:
-        report_issue(
-            report,
+        report.issue(
             "invalid_field",
             f"{prefix}{key}",
             'must be a duration such as "30s", "15m", "12h" or "30d" (at most 3650d), '
@@ -248,8 +232,7 @@ def check_choice(
         return None
     value = obj[key]
     if not isinstance(value, str) or value not in choices:
-        report_issue(
-            report,
+        report.issue(
             "invalid_field",
             f"{prefix}{key}",
             f"must be one of {', '.join(choices)}, not {show(value)}",
@@ -272,8 +255,7 @@ def check_int(
         return None
     value = obj[key]
     if not is_int(value) or not minimum <= value <= maximum:
-        report_issue(
-            report,
+        report.issue(
             "invalid_field",
             f"{prefix}{key}",
             f"must be a whole number from {minimum} to {maximum}, not {show(value)}",
@@ -296,8 +278,7 @@ def check_number(
     value = obj[key]
     valid = isinstance(value, int | float) and not isinstance(value, bool)
     if not valid or value != value or value in (float("inf"), float("-inf")) or value < minimum:
-        report_issue(
-            report,
+        report.issue(
             "invalid_field",
             f"{prefix}{key}",
             f"must be a number of at least {minimum}, not {show(value)}",
@@ -313,8 +294,7 @@ def check_object(
         return None
     value = obj[key]
     if not isinstance(value, dict):
-        report_issue(
-            report,
+        report.issue(
             "invalid_field",
             f"{prefix}{key}",
             f"must be an object, not {type_label(value)}",
@@ -344,8 +324,7 @@ def check_step_id_list(
     value = obj[key]
     field = f"{prefix}{key}"
     if not isinstance(value, list) or len(value) < min_items:
-        report_issue(
-            report,
+        report.issue(
             "invalid_field",
             field,
             f"must be a list of at least {min_items} step id{'s' if min_items != 1 else ''}",
@@ -356,18 +335,15 @@ def check_step_id_list(
     ids = []
     for position, item in enumerate(value):
         if not is_step_id(item):
-            report_issue(report, "invalid_field", f"{field}.{position}", "must be a step id")
+            report.issue("invalid_field", f"{field}.{position}", "must be a step id")
             continue
         if item in seen:
-            report_issue(
-                report, "invalid_field", f"{field}.{position}", f"repeats step {show(item)}"
-            )
+            report.issue("invalid_field", f"{field}.{position}", f"repeats step {show(item)}")
             continue
         seen.add(item)
         ids.append(item)
         if check_exists and known is not None and item not in known:
-            report_issue(
-                report,
+            report.issue(
                 "unknown_step_reference",
                 f"{field}.{position}",
                 f"refers to unknown step {show(item)}",

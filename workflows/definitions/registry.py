@@ -17,16 +17,21 @@ LANES = ("fast", "io", "slow", "human")
 class StepReport:
     """Collects the problems one step type finds in one step's own fields.
 
-    A validator calls ``error(field, message)`` for each problem; ``field`` is a dotted path
-    inside the step (``"request.url"``, ``"values.greeting"``) so the message can name it.
+    A validator calls ``error(field, message)`` for a malformed field (code
+    ``invalid_field``) or ``issue(code, field, message)`` for any other issue code;
+    ``field`` is a dotted path inside the step (``"request.url"``, ``"values.greeting"``) so
+    the message can name it.
     """
 
     def __init__(self, step_id: str) -> None:
         self.step_id = step_id
-        self.errors: list[tuple[str, str]] = []
+        self.issues: list[tuple[str, str, str]] = []  # (code, field, message)
 
     def error(self, field_path: str, message: str) -> None:
-        self.errors.append((field_path, message))
+        self.issue("invalid_field", field_path, message)
+
+    def issue(self, code: str, field_path: str, message: str) -> None:
+        self.issues.append((code, field_path, message))
 
 
 StepValidator = Callable[[Mapping[str, Any], StepReport], None]

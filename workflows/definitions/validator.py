@@ -117,23 +117,12 @@ class InvalidDefinition(Exception):
 
 
 class IssueReport(StepReport):
-    """The StepReport the validator hands to step types: it records an issue code too.
-
-    ``error(field, message)`` records ``invalid_field``; ``issue(code, field, message)`` any
-    code. ``step_ids`` holds every step id of the definition, for fields naming other steps.
-    """
+    """The StepReport the validator hands to step types, with every step id of the
+    definition in ``step_ids`` for fields naming other steps."""
 
     def __init__(self, step_id: str, *, step_ids: Collection[str] = ()) -> None:
         super().__init__(step_id)
         self.step_ids = frozenset(step_ids)
-        self.coded: list[tuple[str, str, str]] = []
-
-    def error(self, field_path: str, message: str) -> None:
-        self.issue("invalid_field", field_path, message)
-
-    def issue(self, code: str, field_path: str, message: str) -> None:
-        self.errors.append((field_path, message))
-        self.coded.append((code, field_path, message))
 
 
 # --- canonical form -------------------------------------------------------------------------
@@ -575,9 +564,8 @@ class _Validation:
     ) -> list[_Edge]:
         report = IssueReport(sid or f"steps.{index}", step_ids=self.ids.keys())
         self.call_type(index, sid, step_type, "validate", step_type.validate, step, report)
-        for code, field, message in report.coded:
+        for code, field, message in report.issues:
             self.at_step(code, sid, index, field or None, message)
-        # Errors recorded through a plain StepReport.error override are already in coded.
         refs = self.call_type(index, sid, step_type, "references", step_type.references, step)
         edges: list[_Edge] = []
         if isinstance(refs, Mapping):

@@ -16,6 +16,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .signals import on_stop_signal
+
 logger = logging.getLogger(__name__)
 
 
@@ -39,23 +41,15 @@ class Supervisor:
         self.grace_seconds = grace_seconds
         self.stopping = threading.Event()
 
-    def _install_signal_handlers(self) -> dict[int, object]:
-        previous = {}
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            previous[signum] = signal.signal(signum, lambda *_: self.stopping.set())
-        return previous
-
     def run(self) -> None:
-        previous = self._install_signal_handlers()
-        try:
-            for child in self.children:
-                child.start()
-            while not self.stopping.wait(0.5):
-                self._restart_dead()
-        finally:
-            self._stop_all()
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)  # type: ignore[arg-type]
+        with on_stop_signal(self.stopping.set):
+            try:
+                for child in self.children:
+                    child.start()
+                while not self.stopping.wait(0.5):
+                    self._restart_dead()
+            finally:
+                self._stop_all()
 
     def _restart_dead(self) -> None:
         for child in self.children:

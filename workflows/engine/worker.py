@@ -16,17 +16,16 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import signal
 import socket
 import threading
 import time
-from typing import Any
 
 from django.db import connection
 
 from .executors import CURRENT_ATTEMPT, StepFailure, executor_for
 from .faults import crash_point, heartbeats_paused
 from .lanes import LanePolicy, engine_setting
+from .signals import on_stop_signal
 from .steps import (
     ClaimedStep,
     claim,
@@ -75,7 +74,10 @@ class Worker:
     # --- lifecycle --------------------------------------------------------------------------
 
     def run(self) -> None:
-        previous = self._install_signal_handlers()
+        with on_stop_signal(self.request_stop):
+            self._run()
+
+    def _run(self) -> None:
         threads = [
             threading.Thread(target=self._execute_loop, name=f"step-{i}", daemon=True)
             for i in range(self.concurrency)
@@ -99,8 +101,6 @@ class Worker:
             self.halt.set()
             for _ in range(self.concurrency):
                 self.tasks.put(None)
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)  # type: ignore[arg-type]
             connection.close()
         logger.info("worker %s stopped after %s steps", self.name, self.completed)
 
@@ -109,14 +109,6 @@ class Worker:
         self.wake.set()
         with self.slot_free:
             self.slot_free.notify_all()
-
-    def _install_signal_handlers(self) -> dict[int, Any]:
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        previous = {}
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            previous[signum] = signal.signal(signum, lambda *_: self.request_stop())
-        return previous
 
     # --- claiming ---------------------------------------------------------------------------
 

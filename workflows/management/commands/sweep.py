@@ -1,15 +1,12 @@
-import signal
-import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand
+
+from workflows.engine.signals import wait_for_stop_signal
 
 
 class Command(BaseCommand):
     help = "The due sweep for timers. A placeholder until the timers issue: it only idles."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        stop = threading.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
-        stop.wait()
+        wait_for_stop_signal(lambda stop: stop.wait())

@@ -1,0 +1,31 @@
+"""Stop on SIGTERM/SIGINT: handlers only set a flag, and are restored on exit."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def on_stop_signal(callback: Callable[[], None]) -> Iterator[None]:
+    """Call ``callback`` on SIGTERM or SIGINT inside the block (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, lambda *_: callback()) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def wait_for_stop_signal(run: Callable[[threading.Event], None]) -> None:
+    """Run ``run(stop)`` until SIGTERM or SIGINT sets ``stop``."""
+    stop = threading.Event()
+    with on_stop_signal(stop.set):
+        run(stop)
