@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from workflows.engine.lanes import lane_policy
-from workflows.engine.steps import ClaimedStep, claim
+from workflows.engine.steps import ClaimedStep, claim, next_after_org
 from workflows.models import Run, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import StartResult, run_start
@@ -124,3 +124,19 @@ def test_two_hundred_concurrent_duplicate_starts_make_one_run(org) -> None:
     assert len({r.run_id for r in results}) == 1
     assert Run.objects.count() == 1
     assert Step.objects.count() == 1
+
+
+def test_successive_claims_rotate_through_many_organisations(org) -> None:
+    orgs = [org, *(OrganisationFactory() for _ in range(4))]
+    for each in orgs:
+        ready_steps(each, 3)
+    policy = lane_policy("io")
+    after, seen_per_claim = 0, []
+    for _ in range(3):
+        batch = claim(policy=policy, worker="w", limit=2, after_org=after)
+        seen_per_claim.append({step.org_id for step in batch})
+        after = next_after_org(batch, after)
+    # Each claim of 2 serves 2 organisations (one step each), and the next claim continues
+    # after them, wrapping around: 3 claims reach all 5 organisations.
+    assert [len(seen) for seen in seen_per_claim] == [2, 2, 2]
+    assert set().union(*seen_per_claim) == {o.pk for o in orgs}

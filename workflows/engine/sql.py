@@ -11,32 +11,53 @@ from __future__ import annotations
 
 # Claim up to %(n)s claimable steps of one lane, fairly across organisations.
 #
-# `orgs` walks the distinct organisations that have claimable work with a loose index scan
-# (one index probe per organisation, whatever their backlog), starting after the organisation
-# this worker served first last time, so who leads rotates. Each organisation then gets at
-# most ceil(n / organisations) of the batch: one organisation's 100,000 ready steps cannot
-# crowd out another's few. The rows are locked in a CTE (FOR UPDATE SKIP LOCKED inside a
-# LIMITed lateral subquery, never a LIMIT inside IN (...)) that feeds the UPDATE; the claim
-# increments `attempt`, which is returned as the fencing token, and records the transition.
+# `ahead` and `behind` walk the distinct organisations that have claimable work with a loose
+# index scan (one index probe per organisation, whatever its backlog): first those after the
+# organisation this worker served last, then, wrapping around, those up to it, at most n of
+# each, so a claim costs O(n) probes however many organisations wait, and who leads rotates.
+# Each of the (at most n) organisations served gets at most ceil(n / organisations) of the
+# batch: one organisation's 100,000 ready steps cannot crowd out another's few. The rows are
+# locked in a CTE (FOR UPDATE SKIP LOCKED inside a LIMITed lateral subquery, never a LIMIT
+# inside IN (...)) that feeds the UPDATE; the claim increments `attempt`, which is returned
+# as the fencing token, and records the transition.
 # It also returns what the step's templates read (the run's input, vars and outputs), so
 # running a claimed step costs no further query.
 CLAIM = """
-WITH RECURSIVE orgs(org_id) AS (
-    (SELECT org_id FROM workflows_step
+WITH RECURSIVE ahead(org_id, depth) AS (
+    (SELECT org_id, 1 FROM workflows_step
       WHERE lane = %(lane)s AND status IN ('ready', 'running') AND lease_until <= now()
+        AND org_id > %(after_org)s
       ORDER BY org_id LIMIT 1)
     UNION ALL
     SELECT (SELECT s.org_id FROM workflows_step s
              WHERE s.lane = %(lane)s AND s.status IN ('ready', 'running')
-               AND s.lease_until <= now() AND s.org_id > orgs.org_id
-             ORDER BY s.org_id LIMIT 1)
-      FROM orgs WHERE orgs.org_id IS NOT NULL
+               AND s.lease_until <= now() AND s.org_id > ahead.org_id
+             ORDER BY s.org_id LIMIT 1),
+           ahead.depth + 1
+      FROM ahead WHERE ahead.org_id IS NOT NULL AND ahead.depth < %(n)s
+),
+behind(org_id, depth) AS (
+    (SELECT org_id, 1 FROM workflows_step
+      WHERE lane = %(lane)s AND status IN ('ready', 'running') AND lease_until <= now()
+        AND org_id <= %(after_org)s
+      ORDER BY org_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.org_id FROM workflows_step s
+             WHERE s.lane = %(lane)s AND s.status IN ('ready', 'running')
+               AND s.lease_until <= now() AND s.org_id > behind.org_id
+               AND s.org_id <= %(after_org)s
+             ORDER BY s.org_id LIMIT 1),
+           behind.depth + 1
+      FROM behind WHERE behind.org_id IS NOT NULL AND behind.depth < %(n)s
 ),
 served AS (
-    SELECT org_id,
-           count(*) OVER () AS k,
-           row_number() OVER (ORDER BY org_id <= %(after_org)s, org_id) AS turn
-      FROM orgs WHERE org_id IS NOT NULL
+    SELECT org_id, turn, count(*) OVER () AS k
+      FROM (SELECT org_id, row_number() OVER (ORDER BY part, org_id) AS turn
+              FROM (SELECT org_id, 0 AS part FROM ahead WHERE org_id IS NOT NULL
+                    UNION ALL
+                    SELECT org_id, 1 FROM behind WHERE org_id IS NOT NULL) found
+             ORDER BY part, org_id
+             LIMIT %(n)s) first_n
 ),
 locked AS (
     SELECT p.id, p.lease_until, served.org_id, served.turn

@@ -70,6 +70,16 @@ def claim(*, policy: LanePolicy, worker: str, limit: int, after_org: int = 0) ->
         return [ClaimedStep(*row) for row in cursor.fetchall()]
 
 
+def next_after_org(claimed: list[ClaimedStep], after_org: int) -> int:
+    """The organisation the next claim starts after: the last one this batch served.
+
+    A claim serves organisations after ``after_org`` first, then wraps around to those up to
+    it; the last served is the largest wrapped one, or else the largest one."""
+    served = {step.org_id for step in claimed}
+    wrapped = [org_id for org_id in served if org_id <= after_org]
+    return max(wrapped) if wrapped else max(served)
+
+
 def heartbeat(
     conn: psycopg.Connection, *, held: list[tuple[int, int]], lease_seconds: float
 ) -> set[int]:
@@ -101,6 +111,7 @@ def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> boo
     """Record the result and walk on, in one transaction. False: this attempt was fenced out."""
     definition = definition_for(step.version_id)
     with transaction.atomic(), connection.cursor() as cursor:
+        run = lock_run(cursor, step.run_id)  # lock order everywhere: the run, then its steps
         cursor.execute(
             sql.SETTLE_DONE,
             {"id": step.id, "attempt": step.attempt, "output": _json(result.output)},
@@ -109,7 +120,6 @@ def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> boo
             logger.info("step %s attempt %s was fenced out; result dropped", step.id, step.attempt)
             return False
         crash_point("settle.after_step_update")
-        run = lock_run(cursor, step.run_id)
         walk = Walk(cursor, run, definition, worker=worker)
         walk.event("step.succeeded", step.step_id, iteration=step.iteration, attempt=step.attempt)
         if not walk.finished:
@@ -127,10 +137,10 @@ def settle_failure(
         return _schedule_retry(step, error, worker=worker, policy=policy)
     definition = definition_for(step.version_id)
     with transaction.atomic(), connection.cursor() as cursor:
+        run = lock_run(cursor, step.run_id)
         cursor.execute(sql.SETTLE_FAILED, {"id": step.id, "attempt": step.attempt, "error": error})
         if cursor.fetchone() is None:
             return False
-        run = lock_run(cursor, step.run_id)
         walk = Walk(cursor, run, definition, worker=worker)
         walk.event(
             "step.failed", step.step_id, iteration=step.iteration, attempt=step.attempt,

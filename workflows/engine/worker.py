@@ -30,6 +30,7 @@ from .steps import (
     ClaimedStep,
     claim,
     heartbeat,
+    next_after_org,
     release,
     run_context,
     settle_failure,
@@ -131,7 +132,7 @@ class Worker:
                 self.stop.wait(self.poll_seconds)
                 continue
             if claimed:
-                self.after_org = claimed[0].org_id
+                self.after_org = next_after_org(claimed, self.after_org)
                 with self.lock:
                     for step in claimed:
                         self.inflight[step.id, step.attempt] = step
