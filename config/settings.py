@@ -129,7 +129,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("WAYMARK_MAX_REQUEST_BYTES", default=1_048
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["workflows.api.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["workflows.api.auth.IsOrganisationKey"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["workflows.api.parsers.SafeJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "workflows.api.errors.exception_handler",

@@ -513,3 +513,21 @@ def test_start_keys_are_per_organisation(
     assert Run.objects.get(pk=theirs.json()["id"]).org_id == other_org.pk
     assert [r["id"] for r in other_api.get(RUNS).json()["results"]] == [theirs.json()["id"]]
     assert [r["id"] for r in api.get(RUNS).json()["results"]] == [mine.json()["id"]]
+
+
+@pytest.mark.parametrize("depth", [40, 50_000])
+def test_deeply_nested_input_is_refused_cleanly(
+    api: APIClient, with_io: Automation, depth: int
+) -> None:
+    body = '{"automation": "with-io", "input": {"a": ' + "[" * depth + "]" * depth + "}}"
+    response = api.post("/api/v1/runs", body, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["code"] in {"invalid_input", "malformed_request"}
+    assert not Run.objects.exists()
+
+
+def test_deeply_nested_definition_is_refused_cleanly(api: APIClient, quick: Automation) -> None:
+    body = '{"definition": ' + '{"a":' * 5000 + "1" + "}" * 5000 + "}"
+    response = api.post("/api/v1/automations/quick/versions", body, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["code"] == "malformed_request"

@@ -48,9 +48,27 @@ def input_digest(run_input: Any) -> str:
     return hashlib.sha256(canonical_json(run_input).encode()).hexdigest()
 
 
+MAX_INPUT_DEPTH = 32
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value, computed without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if isinstance(item, dict):
+            stack.extend((child, level + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, level + 1) for child in item)
+    return deepest
+
+
 def _check_input(run_input: Any) -> None:
     if not isinstance(run_input, dict):
         raise InvalidInput(reason="input must be a JSON object")
+    if _depth(run_input) > MAX_INPUT_DEPTH:
+        raise InvalidInput(reason=f"input nests deeper than {MAX_INPUT_DEPTH} levels")
     size = len(canonical_json(run_input).encode())
     limit = settings.WAYMARK["MAX_INPUT_BYTES"]
     if size > limit:
