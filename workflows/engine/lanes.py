@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 
@@ -34,5 +35,5 @@ def lane_policy(lane: str) -> LanePolicy:
     return LanePolicy(name=lane, **config)
 
 
-def engine_setting(name: str):  # type: ignore[no-untyped-def]
+def engine_setting(name: str) -> Any:
     return settings.WAYMARK[name]

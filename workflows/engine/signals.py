@@ -1,4 +1,10 @@
-"""Stop on SIGTERM/SIGINT: handlers only set a flag, and are restored on exit."""
+"""Stop on SIGTERM/SIGINT: handlers only trigger a callback, and are restored on exit.
+
+A Python signal handler runs on the main thread between two bytecodes, possibly while that
+thread holds a lock the callback needs (an Event's internal condition, a worker's slot lock):
+calling the callback right there could deadlock. The handler therefore hands the callback to
+a new thread and returns at once.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +22,11 @@ def on_stop_signal(callback: Callable[[], None]) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.signal(signum, lambda *_: callback()) for signum in STOP_SIGNALS}
+
+    def handler(signum: int, frame: object) -> None:
+        threading.Thread(target=callback, name=f"signal-{signum}", daemon=True).start()
+
+    previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
