@@ -61,7 +61,9 @@ def test_expired_lease_cannot_settle_and_newer_attempt_stands(org, procs) -> Non
     run_id = start(org, probe_definition(sleep_seconds=4))
     # A stops heartbeating (as in a long pause) while its step takes longer than the lease.
     # One slot, so A cannot re-claim the step itself once its lease lapses.
-    a = spawn_worker(concurrency=1, WAYMARK_PAUSE_HEARTBEATS="1", WAYMARK_IO_LEASE_SECONDS="1")
+    a = spawn_worker(
+        concurrency=1, WAYMARK_PAUSE_HEARTBEATS="forever", WAYMARK_IO_LEASE_SECONDS="1"
+    )
     procs.append(a)
     wait_for(lambda: claimed_by(run_id, a.pid, 1), what="worker A to claim")
     b = spawn_worker(WAYMARK_IO_LEASE_SECONDS="1")
@@ -239,3 +241,28 @@ def test_relay_killed_after_publish_duplicates_do_no_harm(org, procs) -> None:
     assert Step.objects.filter(run_id=run_id, step_id="work").count() == 1
     assert step_row(run_id).attempt == 1
     assert len(kinds(run_id, "run.succeeded")) == 1
+
+
+def test_worker_that_lost_a_lease_stops_the_step_and_frees_its_slot(org, procs) -> None:
+    # A's heartbeats stall for its first 6 s (lease 1 s), so B takes the 20 s step over. When
+    # A's heartbeats resume they find the lease lost: A stops the step at once and, with its
+    # one slot free again, runs the next step long before the 20 s would have passed.
+    automation_publish_definition(
+        org=org, slug="probe", definition=probe_definition(sleep_seconds=20, sleep_attempts=1)
+    )
+    automation_publish_definition(org=org, slug="quick", definition=probe_definition())
+    first = run_start(org=org, automation_slug="probe", run_input={}, start_key="first").run_id
+    a = spawn_worker(concurrency=1, WAYMARK_PAUSE_HEARTBEATS="6", WAYMARK_IO_LEASE_SECONDS="1")
+    procs.append(a)
+    wait_for(lambda: claimed_by(first, a.pid, 1), what="worker A to claim")
+    b = spawn_worker(concurrency=1, WAYMARK_IO_LEASE_SECONDS="1")
+    procs.append(b)
+    # B's attempt (2) does not sleep: it finishes the first run right away. Then B leaves.
+    done = wait_for(lambda: finished(first), timeout=15, what="B to take over")
+    assert done.output == str(b.pid)
+    assert stop(b) == 0
+    began = time.monotonic()
+    second = run_start(org=org, automation_slug="quick", run_input={}, start_key="second")
+    run = wait_for(lambda: finished(second.run_id), timeout=15, what="A to run the next step")
+    assert run.output == str(a.pid)
+    assert time.monotonic() - began < 15  # A's 20 s step was stopped, not waited out

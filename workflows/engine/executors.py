@@ -7,6 +7,7 @@ is a pure function of the step's definition and the run's template context.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -31,8 +32,29 @@ class StepFailure(Exception):
         self.retryable = retryable
 
 
-# The attempt (fencing token) of the step being executed, for executors that need it.
-CURRENT_ATTEMPT: ContextVar[int] = ContextVar("CURRENT_ATTEMPT", default=1)
+@dataclass(frozen=True)
+class StepRuntime:
+    """What a running executor may ask about its own attempt."""
+
+    attempt: int = 1  # the fencing token
+    # Set by the worker's heartbeat when a newer attempt took the step over: a long
+    # executor should stop at its next safe point, since its result would be refused.
+    lease_lost: threading.Event = field(default_factory=threading.Event)
+
+
+# Set by the worker around each executor call; unset (None) when a step runs inline.
+CURRENT_STEP: ContextVar[StepRuntime | None] = ContextVar("CURRENT_STEP", default=None)
+
+
+def current_attempt() -> int:
+    runtime = CURRENT_STEP.get()
+    return runtime.attempt if runtime else 1
+
+
+def lease_lost() -> bool:
+    runtime = CURRENT_STEP.get()
+    return runtime is not None and runtime.lease_lost.is_set()
+
 
 Executor = Callable[[Mapping[str, Any], Mapping[str, Any]], StepResult]
 _EXECUTORS: dict[str, Executor] = {}

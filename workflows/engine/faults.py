@@ -8,6 +8,7 @@ effect as SIGKILL at that line. Unset, a crash point costs one dict lookup.
 from __future__ import annotations
 
 import os
+import time
 
 
 def crash_point(name: str) -> None:
@@ -15,7 +16,14 @@ def crash_point(name: str) -> None:
         os._exit(137)
 
 
+_STARTED = time.monotonic()
+
+
 def heartbeats_paused() -> bool:
-    """``WAYMARK_PAUSE_HEARTBEATS=1``: the worker stops heartbeating, as in a long GC pause or
-    a network partition, so the fencing tests can let its leases lapse while it still runs."""
-    return os.environ.get("WAYMARK_PAUSE_HEARTBEATS") == "1"
+    """``WAYMARK_PAUSE_HEARTBEATS=forever`` (or ``=N`` seconds from process start): the worker
+    does not heartbeat, as in a long GC pause or a network partition, so the fencing tests
+    can let its leases lapse while it still runs."""
+    pause = os.environ.get("WAYMARK_PAUSE_HEARTBEATS")
+    if not pause:
+        return False
+    return pause == "forever" or time.monotonic() - _STARTED < float(pause)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..definitions.registry import StepReport, StepType, registry
-from .executors import CURRENT_ATTEMPT, StepFailure, StepResult, register_executor
+from .executors import StepFailure, StepResult, current_attempt, lease_lost, register_executor
 
 FIELDS = {"sleep_seconds", "sleep_attempts", "fail_attempts", "crash_attempts", "output"}
 
@@ -32,11 +32,14 @@ def _validate(step: Mapping[str, Any], report: StepReport) -> None:
 
 
 def run_probe(step: Mapping[str, Any], context: Mapping[str, Any]) -> StepResult:
-    attempt = CURRENT_ATTEMPT.get()
+    attempt = current_attempt()
     if attempt <= step.get("crash_attempts", 0):
         os._exit(137)  # as if the worker were SIGKILLed mid-step
     if attempt <= step.get("sleep_attempts", attempt):
-        time.sleep(step.get("sleep_seconds", 0))
+        # Sleep in slices and stop early once the lease is lost, as a long step should.
+        deadline = time.monotonic() + step.get("sleep_seconds", 0)
+        while time.monotonic() < deadline and not lease_lost():
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     if attempt <= step.get("fail_attempts", 0):
         raise StepFailure(f"probe failure on attempt {attempt}")
     return StepResult(

@@ -107,7 +107,7 @@ UPDATE workflows_step s
    SET lease_until = now() + make_interval(secs => %(lease)s)
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS held(id, attempt)
  WHERE s.id = held.id AND s.attempt = held.attempt AND s.status = 'running'
-RETURNING s.id
+RETURNING s.id, s.attempt
 """
 
 # Settle: only the newest attempt may write. No row: this attempt was fenced out.

@@ -82,15 +82,15 @@ def next_after_org(claimed: list[ClaimedStep], after_org: int) -> int:
 
 def heartbeat(
     conn: psycopg.Connection, *, held: list[tuple[int, int]], lease_seconds: float
-) -> set[int]:
-    """Extend the leases in ``held`` ((step id, attempt) pairs); return the ids still held."""
+) -> set[tuple[int, int]]:
+    """Extend the leases in ``held`` ((step id, attempt) pairs); return the pairs still held."""
     if not held:
         return set()
     ids, attempts = zip(*held, strict=True)
     rows = conn.execute(
         sql.HEARTBEAT, {"ids": list(ids), "attempts": list(attempts), "lease": lease_seconds}
     ).fetchall()
-    return {row[0] for row in rows}
+    return {(row[0], row[1]) for row in rows}
 
 
 def run_context(step: ClaimedStep) -> tuple[dict[str, Any], dict[str, Any]]:

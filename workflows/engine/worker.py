@@ -22,7 +22,7 @@ import time
 
 from django.db import connection
 
-from .executors import CURRENT_ATTEMPT, StepFailure, executor_for
+from .executors import CURRENT_STEP, StepFailure, StepRuntime, executor_for
 from .faults import crash_point, heartbeats_paused
 from .lanes import LanePolicy, engine_setting
 from .signals import on_stop_signal
@@ -67,6 +67,7 @@ class Worker:
         # Keyed by (step id, attempt): after a lost lease this worker may claim the same step
         # again as a newer attempt while the old attempt is still running here.
         self.inflight: dict[tuple[int, int], ClaimedStep] = {}
+        self.lost: dict[tuple[int, int], threading.Event] = {}
         self.lock = threading.Lock()
         self.slot_free = threading.Condition(self.lock)
         self.after_org = 0
@@ -136,6 +137,7 @@ class Worker:
                 with self.lock:
                     for step in claimed:
                         self.inflight[step.id, step.attempt] = step
+                        self.lost[step.id, step.attempt] = threading.Event()
                 for step in claimed:
                     self.tasks.put(step)
             if not claimed:
@@ -172,6 +174,7 @@ class Worker:
             finally:
                 with self.slot_free:
                     self.inflight.pop((step.id, step.attempt), None)
+                    self.lost.pop((step.id, step.attempt), None)
                     self.completed += 1
                     self.slot_free.notify_all()
                 # A finished step usually made the next one ready: look again now.
@@ -188,21 +191,35 @@ class Worker:
             settle_failure(step, failure, worker=self.name, policy=self.policy)
             return
         crash_point("worker.after_claim")
-        token = CURRENT_ATTEMPT.set(step.attempt)
+        with self.lock:
+            lost = self.lost.get((step.id, step.attempt)) or threading.Event()
+        token = CURRENT_STEP.set(StepRuntime(attempt=step.attempt, lease_lost=lost))
         try:
             step_def, context = run_context(step)
             result = executor_for(step.type)(step_def, context)
         except StepFailure as failure:
-            settle_failure(step, failure, worker=self.name, policy=self.policy)
+            if not self._abandoned(step, lost):
+                settle_failure(step, failure, worker=self.name, policy=self.policy)
             return
         except Exception as exc:  # a bug or an outage in the step: retry it, never crash
             logger.exception("step %s attempt %s raised", step.id, step.attempt)
-            failure = StepFailure(f"{type(exc).__name__}: {exc}")
-            settle_failure(step, failure, worker=self.name, policy=self.policy)
+            if not self._abandoned(step, lost):
+                failure = StepFailure(f"{type(exc).__name__}: {exc}")
+                settle_failure(step, failure, worker=self.name, policy=self.policy)
             return
         finally:
-            CURRENT_ATTEMPT.reset(token)
-        settle_success(step, result, worker=self.name)
+            CURRENT_STEP.reset(token)
+        if not self._abandoned(step, lost):
+            settle_success(step, result, worker=self.name)
+
+    def _abandoned(self, step: ClaimedStep, lost: threading.Event) -> bool:
+        """A newer attempt owns the step: drop this attempt's result without writing."""
+        if lost.is_set():
+            logger.warning(
+                "worker %s: step %s attempt %s lost its lease; result dropped",
+                self.name, step.id, step.attempt,
+            )  # fmt: skip
+        return lost.is_set()
 
     # --- heartbeats -------------------------------------------------------------------------
 
@@ -222,9 +239,11 @@ class Worker:
                 logger.exception("heartbeat failed; retrying")
                 conn = None
                 continue
-            lost = {step_id for step_id, _ in held} - kept
-            for step_id in lost:
-                # A newer attempt owns it now. Our settle would be refused; say so early.
-                logger.warning("worker %s lost the lease of step %s", self.name, step_id)
+            # A pair not extended is owned by a newer attempt now: tell its executor to stop
+            # (the worker then frees the slot without trying a settle that would be refused).
+            with self.lock:
+                for pair in set(held) - kept:
+                    if pair in self.lost:
+                        self.lost[pair].set()
         if conn is not None:
             conn.close()
