@@ -7,6 +7,7 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from .api import schema  # noqa: F401 (registers the OpenAPI auth extension)
         from .engine.executors import register_builtin_executors
         from .steptypes import register_step_types
 

@@ -81,3 +81,17 @@ class RunDetailOut(RunOut):
 
     class Meta(RunOut.Meta):
         fields = [*RunOut.Meta.fields, "vars", "steps", "history"]
+
+
+class AutomationListOut(serializers.Serializer):
+    results = AutomationOut(many=True)
+
+
+class VersionListOut(serializers.Serializer):
+    results = VersionOut(many=True)
+
+
+class ErrorOut(serializers.Serializer):
+    code = serializers.CharField(help_text="Stable, machine-readable error code.")
+    detail = serializers.CharField(help_text="What went wrong, for people.")
+    errors = serializers.JSONField(required=False, help_text="Per-field or per-step problems.")

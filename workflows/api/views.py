@@ -19,17 +19,20 @@ from ..services.runs import run_start
 from ..states import RunStatus
 from .serializers import (
     AutomationIn,
+    AutomationListOut,
     AutomationOut,
     DefinitionIn,
+    ErrorOut,
     RunDetailOut,
     RunOut,
     RunStartIn,
+    VersionListOut,
     VersionOut,
 )
 
 
 class AutomationListView(APIView):
-    @extend_schema(responses=AutomationOut(many=True))
+    @extend_schema(operation_id="automations_list", responses=AutomationListOut)
     def get(self, request: Request) -> Response:
         items = selectors.automation_list(org=request.auth.org)
         return Response({"results": AutomationOut(items, many=True).data})
@@ -50,7 +53,7 @@ class AutomationDetailView(APIView):
 
 
 class VersionListView(APIView):
-    @extend_schema(responses=VersionOut(many=True))
+    @extend_schema(operation_id="automations_versions_list", responses=VersionListOut)
     def get(self, request: Request, slug: str) -> Response:
         automation = selectors.automation_get(org=request.auth.org, slug=slug)
         versions = automation.versions.select_related("automation")
@@ -113,7 +116,15 @@ class RunPagination(CursorPagination):
 class RunListView(APIView):
     @extend_schema(
         request=RunStartIn,
-        responses={201: RunDetailOut, 200: RunDetailOut},
+        responses={
+            201: RunDetailOut,
+            200: RunDetailOut,
+            400: ErrorOut,
+            401: ErrorOut,
+            404: ErrorOut,
+            409: ErrorOut,
+            413: ErrorOut,
+        },
         description="Start a run. The same start key returns the run it already started "
         "(200); the same key with a different input is refused (409 start_key_conflict).",
     )
