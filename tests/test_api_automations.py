@@ -201,3 +201,12 @@ def test_openapi_schema_is_served() -> None:
     text = response.content.decode()
     assert "/api/v1/automations" in text
     assert schema is None or "paths" in schema
+
+
+def test_openapi_schema_is_valid_without_warnings(tmp_path) -> None:
+    from django.core.management import call_command
+
+    target = tmp_path / "schema.yaml"
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(target))
+    text = target.read_text()
+    assert "bearer" in text and "/api/v1/runs" in text
