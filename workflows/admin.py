@@ -17,6 +17,11 @@ from .services.automations import version_publish, version_update_draft
 from .services.tenancy import api_key_create, api_key_revoke
 
 
+admin.site.site_header = "Waymark"
+admin.site.site_title = "Waymark admin"
+admin.site.index_title = "Control room"
+
+
 @admin.register(Organisation)
 class OrganisationAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "created_at"]
@@ -173,6 +178,9 @@ class RunAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # runs change only through the engine; the admin shows them
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
