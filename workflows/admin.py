@@ -16,7 +16,6 @@ from .models import ApiKey, Automation, AutomationVersion, Organisation, Run, St
 from .services.automations import version_publish, version_update_draft
 from .services.tenancy import api_key_create, api_key_revoke
 
-
 admin.site.site_header = "Waymark"
 admin.site.site_title = "Waymark admin"
 admin.site.index_title = "Control room"
