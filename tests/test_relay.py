@@ -65,3 +65,14 @@ def test_cleanup_deletes_only_old_sent_rows(org) -> None:
         cursor.execute("UPDATE workflows_outbox SET sent_at = now() WHERE id = %s", [recent])
     assert cleanup_sent(older_than_seconds=3600) == 1
     assert sorted(Outbox.objects.values_list("pk", flat=True)) == [recent, unsent]
+
+
+def test_cleanup_keeps_deleting_batches_until_done(org) -> None:
+    ids = _outbox(org, 7)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE workflows_outbox SET sent_at = now() - interval '2 hours' WHERE id = ANY(%s)",
+            [ids],
+        )
+    assert cleanup_sent(older_than_seconds=3600, batch=2) == 7
+    assert not Outbox.objects.exists()

@@ -52,3 +52,25 @@ def test_runengine_restarts_a_dead_child_and_stops_cleanly(procs) -> None:
     assert stop(engine, signal.SIGTERM, timeout=30) == 0
     for pid in survivors | {restarted}:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+
+
+def test_stopping_runengine_hands_running_steps_back(org, procs) -> None:
+    from workflows.models import RunEvent, Step
+    from workflows.services.automations import automation_publish_definition
+    from workflows.services.runs import run_start
+
+    definition = {
+        "start": "work",
+        "steps": [{"id": "work", "type": "probe", "sleep_seconds": 60}],
+    }
+    automation_publish_definition(org=org, slug="slow", definition=definition)
+    run_id = run_start(org=org, automation_slug="slow", run_input={}, start_key="k").run_id
+    # A 60 s lease: only a hand-back makes the step claimable again soon.
+    engine = spawn("runengine", "--no-web", "--grace", "1", WAYMARK_IO_LEASE_SECONDS="60")
+    procs.append(engine)
+    wait_for(lambda: Step.objects.filter(run_id=run_id, status="running").exists(),
+             what="the io worker to claim")  # fmt: skip
+    assert stop(engine, signal.SIGTERM, timeout=30) == 0
+    step = Step.objects.get(run_id=run_id)
+    assert (step.status, step.released, step.attempt) == ("ready", 1, 1)
+    assert RunEvent.objects.filter(run_id=run_id, kind="step.released").count() == 1

@@ -35,13 +35,21 @@ def relay_once(transport: Transport, *, batch: int | None = None) -> int:
     return len(rows)
 
 
-def cleanup_sent(*, older_than_seconds: float | None = None) -> int:
+def cleanup_sent(
+    *, older_than_seconds: float | None = None, batch: int = 10_000, max_batches: int = 50
+) -> int:
+    """Delete sent rows past retention, in batches, until none are left (or max_batches)."""
     age = older_than_seconds
     if age is None:
         age = engine_setting("OUTBOX_RETENTION_SECONDS")
+    removed = 0
     with connection.cursor() as cursor:
-        cursor.execute(sql.OUTBOX_CLEANUP, {"age": age})
-        return cursor.rowcount
+        for _ in range(max_batches):
+            cursor.execute(sql.OUTBOX_CLEANUP, {"age": age, "batch": batch})
+            removed += cursor.rowcount
+            if cursor.rowcount < batch:
+                break
+    return removed
 
 
 def run_relay(stop: threading.Event, *, transport: Transport | None = None) -> None:

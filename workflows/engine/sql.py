@@ -13,10 +13,12 @@ from __future__ import annotations
 #
 # `ahead` and `behind` walk the distinct organisations that have claimable work with a loose
 # index scan (one index probe per organisation, whatever its backlog): first those after the
-# organisation this worker served last, then, wrapping around, those up to it, at most n of
-# each, so a claim costs O(n) probes however many organisations wait, and who leads rotates.
-# Each of the (at most n) organisations served gets at most ceil(n / organisations) of the
-# batch: one organisation's 100,000 ready steps cannot crowd out another's few. The rows are
+# organisation this worker served last, then, wrapping around, those up to it, at most n + 3
+# of each, so a claim costs O(n) probes however many organisations wait, and who leads
+# rotates. The 3 spare organisations keep a claim for one slot from coming back empty when
+# the first organisation's rows are all locked by other claimers. Each organisation served
+# gets at most ceil(n / organisations) of the batch: one organisation's 100,000 ready steps
+# cannot crowd out another's few. The rows are
 # locked in a CTE (FOR UPDATE SKIP LOCKED inside a LIMITed lateral subquery, never a LIMIT
 # inside IN (...)) that feeds the UPDATE; the claim increments `attempt`, which is returned
 # as the fencing token, and records the transition.
@@ -34,7 +36,7 @@ WITH RECURSIVE ahead(org_id, depth) AS (
                AND s.lease_until <= now() AND s.org_id > ahead.org_id
              ORDER BY s.org_id LIMIT 1),
            ahead.depth + 1
-      FROM ahead WHERE ahead.org_id IS NOT NULL AND ahead.depth < %(n)s
+      FROM ahead WHERE ahead.org_id IS NOT NULL AND ahead.depth < %(n)s + 3
 ),
 behind(org_id, depth) AS (
     (SELECT org_id, 1 FROM workflows_step
@@ -48,7 +50,7 @@ behind(org_id, depth) AS (
                AND s.org_id <= %(after_org)s
              ORDER BY s.org_id LIMIT 1),
            behind.depth + 1
-      FROM behind WHERE behind.org_id IS NOT NULL AND behind.depth < %(n)s
+      FROM behind WHERE behind.org_id IS NOT NULL AND behind.depth < %(n)s + 3
 ),
 served AS (
     SELECT org_id, turn, count(*) OVER () AS k
@@ -57,7 +59,7 @@ served AS (
                     UNION ALL
                     SELECT org_id, 1 FROM behind WHERE org_id IS NOT NULL) found
              ORDER BY part, org_id
-             LIMIT %(n)s) first_n
+             LIMIT %(n)s + 3) first_n
 ),
 locked AS (
     SELECT p.id, p.lease_until, served.org_id, served.turn
@@ -146,11 +148,14 @@ UPDATE workflows_step s
 RETURNING s.id, s.org_id, s.run_id, s.step_id, s.iteration, s.attempt
 """
 
+# FOR NO KEY UPDATE, not FOR UPDATE: inserting a step or an event checks its foreign key to
+# the run with FOR KEY SHARE, which FOR UPDATE would block. A claim (step locked, then the
+# event's key check on the run) against a settle (run locked, then its step) would deadlock.
+# The walk never changes the run's key, so settles still serialise with each other.
 LOCK_RUN = """
 SELECT id, org_id, version_id, status, input::json, vars::json, outputs::json, entered::json,
-       steps_executed,
-       max_steps, deadline_at <= now() AS expired, created_at
-  FROM workflows_run WHERE id = %(id)s FOR UPDATE
+       steps_executed, max_steps, deadline_at <= now() AS expired, created_at
+  FROM workflows_run WHERE id = %(id)s FOR NO KEY UPDATE
 """
 
 # The walk's one write to the run: its template data, budget and, when it ends, its outcome.
@@ -183,5 +188,23 @@ OUTBOX_CLEANUP = """
 DELETE FROM workflows_outbox
  WHERE id IN (SELECT id FROM workflows_outbox
                WHERE sent_at < now() - make_interval(secs => %(age)s)
-               LIMIT 10000)
+               LIMIT %(batch)s)
+"""
+
+# The last resort when the walk itself fails on a settled step (an engine bug, a step type
+# missing in this process, an output that is not JSON): fail the step and its run without
+# walking, so the step is not re-run until poisoned, and a person sees the error.
+FAIL_STEP_AND_RUN = """
+WITH step AS (
+    UPDATE workflows_step
+       SET status = 'failed', error = %(error)s, owner = NULL, lease_until = NULL,
+           finished_at = now()
+     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+ RETURNING run_id
+)
+UPDATE workflows_run r
+   SET status = 'failed', error = %(error)s, finished_at = now()
+  FROM step
+ WHERE r.id = step.run_id AND r.status = 'running'
+RETURNING r.id
 """

@@ -173,8 +173,9 @@ def _schedule_retry(step: ClaimedStep, error: str, *, worker: str, policy: LaneP
     return True
 
 
-def release(*, held: list[tuple[int, int]], worker: str) -> int:
-    """Hand steps back at once (lease_until = now()) so another worker takes them now."""
+def release(*, held: list[tuple[int, int]], worker: str, lane: str) -> int:
+    """Hand steps back at once (lease_until = now()) and wake the lane, so another worker
+    takes them now instead of at its next poll."""
     if not held:
         return 0
     ids, attempts = zip(*held, strict=True)
@@ -190,7 +191,36 @@ def release(*, held: list[tuple[int, int]], worker: str) -> int:
                 for _, org, run, sid, it, att in rows
             ],
         )
+        insert_rows(
+            cursor,
+            "workflows_outbox",
+            ("org_id", "topic", "payload"),
+            [(org, "lane.wake", Jsonb({"lane": lane, "run": run})) for _, org, run, *_ in rows],
+        )
     return len(rows)
+
+
+def fail_step_and_run(step: ClaimedStep, error: str, *, worker: str) -> bool:
+    """Fail the step and its run without walking (see sql.FAIL_STEP_AND_RUN)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        lock_run(cursor, step.run_id)  # the one lock order: the run, then its step
+        cursor.execute(
+            sql.FAIL_STEP_AND_RUN, {"id": step.id, "attempt": step.attempt, "error": error}
+        )
+        if cursor.fetchone() is None:
+            return False
+        insert_rows(
+            cursor,
+            "workflows_runevent",
+            ("org_id", "run_id", "kind", "step_id", "iteration", "attempt", "worker", "detail"),
+            [
+                (step.org_id, step.run_id, "step.failed", step.step_id, step.iteration,
+                 step.attempt, worker, Jsonb({"error": error})),
+                (step.org_id, step.run_id, "run.failed", "", None, None, worker,
+                 Jsonb({"error": error})),
+            ],
+        )  # fmt: skip
+    return True
 
 
 def _json(value: Any) -> Jsonb | None:

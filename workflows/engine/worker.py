@@ -19,8 +19,9 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 
 from .executors import CURRENT_STEP, StepFailure, StepRuntime, executor_for
 from .faults import crash_point, heartbeats_paused
@@ -29,6 +30,7 @@ from .signals import on_stop_signal
 from .steps import (
     ClaimedStep,
     claim,
+    fail_step_and_run,
     heartbeat,
     next_after_org,
     release,
@@ -39,6 +41,8 @@ from .steps import (
 from .transport import Transport, default_transport, own_connection
 
 logger = logging.getLogger(__name__)
+
+SETTLE_TRIES = 3
 
 
 class Worker:
@@ -68,6 +72,7 @@ class Worker:
         # again as a newer attempt while the old attempt is still running here.
         self.inflight: dict[tuple[int, int], ClaimedStep] = {}
         self.lost: dict[tuple[int, int], threading.Event] = {}
+        self.extended: dict[tuple[int, int], float] = {}  # last lease extension (monotonic)
         self.lock = threading.Lock()
         self.slot_free = threading.Condition(self.lock)
         self.after_org = 0
@@ -138,6 +143,7 @@ class Worker:
                     for step in claimed:
                         self.inflight[step.id, step.attempt] = step
                         self.lost[step.id, step.attempt] = threading.Event()
+                        self.extended[step.id, step.attempt] = time.monotonic()
                 for step in claimed:
                     self.tasks.put(step)
             if not claimed:
@@ -154,9 +160,13 @@ class Worker:
             while self.inflight and time.monotonic() < deadline:
                 self.slot_free.wait(min(0.1, max(0.0, deadline - time.monotonic())))
             held = [(step.id, step.attempt) for step in self.inflight.values()]
+            # Their executors (and queued steps not started yet) stop at the next safe point:
+            # another worker owns them once they are released.
+            for pair in held:
+                self.lost.setdefault(pair, threading.Event()).set()
             self.inflight.clear()
         if held:
-            count = release(held=held, worker=self.name)
+            count = release(held=held, worker=self.name, lane=self.policy.name)
             logger.info("worker %s released %s step(s) on shutdown", self.name, count)
 
     # --- executing --------------------------------------------------------------------------
@@ -175,6 +185,7 @@ class Worker:
                 with self.slot_free:
                     self.inflight.pop((step.id, step.attempt), None)
                     self.lost.pop((step.id, step.attempt), None)
+                    self.extended.pop((step.id, step.attempt), None)
                     self.completed += 1
                     self.slot_free.notify_all()
                 # A finished step usually made the next one ready: look again now.
@@ -182,35 +193,62 @@ class Worker:
         connection.close()
 
     def _execute(self, step: ClaimedStep) -> None:
+        with self.lock:
+            lost = self.lost.get((step.id, step.attempt)) or threading.Event()
+        if lost.is_set():
+            return  # handed back on shutdown before it started
         if step.poisoned:
             failure = StepFailure(
                 f"attempts exhausted: {step.max_attempts} claim(s) never settled "
                 "(the step may kill its worker)",
                 retryable=False,
             )
-            settle_failure(step, failure, worker=self.name, policy=self.policy)
+            self._settle(step, lambda: settle_failure(step, failure, worker=self.name,
+                                                      policy=self.policy))  # fmt: skip
             return
         crash_point("worker.after_claim")
-        with self.lock:
-            lost = self.lost.get((step.id, step.attempt)) or threading.Event()
         token = CURRENT_STEP.set(StepRuntime(attempt=step.attempt, lease_lost=lost))
         try:
             step_def, context = run_context(step)
             result = executor_for(step.type)(step_def, context)
-        except StepFailure as failure:
-            if not self._abandoned(step, lost):
-                settle_failure(step, failure, worker=self.name, policy=self.policy)
-            return
-        except Exception as exc:  # a bug or an outage in the step: retry it, never crash
-            logger.exception("step %s attempt %s raised", step.id, step.attempt)
-            if not self._abandoned(step, lost):
+        except Exception as exc:
+            if isinstance(exc, StepFailure):
+                failure = exc
+            else:  # a bug or an outage in the step: retry it, never crash the worker
+                logger.exception("step %s attempt %s raised", step.id, step.attempt)
                 failure = StepFailure(f"{type(exc).__name__}: {exc}")
-                settle_failure(step, failure, worker=self.name, policy=self.policy)
+            if not self._abandoned(step, lost):
+                self._settle(step, lambda: settle_failure(step, failure, worker=self.name,
+                                                          policy=self.policy))  # fmt: skip
             return
         finally:
             CURRENT_STEP.reset(token)
         if not self._abandoned(step, lost):
-            settle_success(step, result, worker=self.name)
+            self._settle(step, lambda: settle_success(step, result, worker=self.name))
+
+    def _settle(self, step: ClaimedStep, write: Callable[[], bool]) -> None:
+        """Run a settle, retrying on a dropped connection or a deadlock with a fresh one.
+
+        Safe to repeat: the settle is fenced, so a retry after a commit whose answer was lost
+        is simply refused. A failure that is not the database's (the walk raised) fails the
+        step and its run without walking, instead of re-running the step until poisoned.
+        """
+        for attempt in range(1, SETTLE_TRIES + 1):
+            # No health check up front (it would cost a round trip per step): a dead
+            # connection fails the settle, which is then retried on a fresh one.
+            try:
+                write()
+                return
+            except (OperationalError, InterfaceError):
+                logger.warning("settle of step %s failed (try %s); retrying", step.id, attempt)
+                connection.close()
+                time.sleep(0.05 * attempt)
+            except Exception as exc:
+                logger.exception("the walk failed for step %s attempt %s", step.id, step.attempt)
+                fail_step_and_run(step, f"engine_error: {type(exc).__name__}: {exc}",
+                                  worker=self.name)  # fmt: skip
+                return
+        logger.error("gave up settling step %s; its lease will lapse and it will re-run", step.id)
 
     def _abandoned(self, step: ClaimedStep, lost: threading.Event) -> bool:
         """A newer attempt owns the step: drop this attempt's result without writing."""
@@ -234,16 +272,33 @@ class Worker:
             try:
                 if conn is None or conn.closed:
                     conn = own_connection()
+                    # One row locked by a slow transaction must not hold up every lease.
+                    conn.execute("SET lock_timeout = '2s'")
                 kept = heartbeat(conn, held=held, lease_seconds=self.policy.lease_seconds)
             except Exception:
                 logger.exception("heartbeat failed; retrying")
+                if conn is not None:
+                    conn.close()
                 conn = None
+                self._give_up_stale_leases()
                 continue
-            # A pair not extended is owned by a newer attempt now: tell its executor to stop
-            # (the worker then frees the slot without trying a settle that would be refused).
+            now = time.monotonic()
             with self.lock:
-                for pair in set(held) - kept:
-                    if pair in self.lost:
+                for pair in held:
+                    if pair in kept:
+                        self.extended[pair] = now
+                    elif pair in self.lost:
+                        # A newer attempt owns it: tell its executor to stop (the slot is then
+                        # freed without a settle that would be refused).
                         self.lost[pair].set()
         if conn is not None:
             conn.close()
+
+    def _give_up_stale_leases(self) -> None:
+        """Cut off from the database, assume leases not extended for most of their length
+        are lost. The worker's clock is used only to give up early, never to claim."""
+        horizon = time.monotonic() - 0.9 * self.policy.lease_seconds
+        with self.lock:
+            for pair, extended in self.extended.items():
+                if extended < horizon and pair in self.lost:
+                    self.lost[pair].set()

@@ -8,6 +8,10 @@ from django.core.management.base import BaseCommand, CommandParser
 from workflows.engine.lanes import WORKER_LANES
 from workflows.engine.supervisor import Child, Supervisor
 
+# Beyond the grace, how long a stopping worker gets to hand its remaining steps back before
+# the supervisor kills it. Killing it earlier would leave those steps to wait out their leases.
+RELEASE_MARGIN_SECONDS = 5.0
+
 
 class Command(BaseCommand):
     help = "Run web, relay, sweep and one worker per lane on this machine, supervised."
@@ -16,7 +20,12 @@ class Command(BaseCommand):
         parser.add_argument("--host", default=os.environ.get("WAYMARK_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("WAYMARK_PORT", "8000")))
         parser.add_argument("--web-workers", type=int, default=2)
-        parser.add_argument("--grace", type=float, default=10.0)
+        parser.add_argument(
+            "--grace",
+            type=float,
+            default=10.0,
+            help="seconds running steps (and web requests) get to finish on shutdown",
+        )
         parser.add_argument("--no-web", action="store_true", help="engine roles only")
         parser.add_argument(
             "--demo-runs", type=int, default=0, help="start this many demo runs and show them"
@@ -28,7 +37,10 @@ class Command(BaseCommand):
             Child("relay", [*manage, "relay"]),
             Child("sweep", [*manage, "sweep"]),
             *[
-                Child(f"worker-{lane}", [*manage, "worker", "--lane", lane])
+                Child(
+                    f"worker-{lane}",
+                    [*manage, "worker", "--lane", lane, "--grace", str(opts["grace"])],
+                )
                 for lane in WORKER_LANES
             ],
         ]
@@ -38,7 +50,7 @@ class Command(BaseCommand):
                 "--bind", f"{opts['host']}:{opts['port']}", "--workers", str(opts["web_workers"]),
                 "--access-logfile", "-", "--graceful-timeout", str(int(opts["grace"])),
             ]))  # fmt: skip
-        supervisor = Supervisor(children, grace_seconds=opts["grace"])
+        supervisor = Supervisor(children, grace_seconds=opts["grace"] + RELEASE_MARGIN_SECONDS)
         if opts["demo_runs"]:
             from workflows.demo.runs import show_demo_runs
 

@@ -1,0 +1,148 @@
+"""Faults inside one process, with real connections: deadlocks, dropped connections, a walk
+that raises, locked rows, a heartbeat cut off from the database."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from workflows.engine import steps as engine_steps
+from workflows.engine.executors import StepResult
+from workflows.engine.lanes import lane_policy
+from workflows.engine.steps import claim, settle_success
+from workflows.engine.transport import own_connection
+from workflows.engine.worker import Worker
+from workflows.models import Run, RunEvent, Step
+from workflows.services.automations import automation_publish_definition
+from workflows.services.runs import run_start
+
+from .factories import OrganisationFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+IO_DEFINITION = {
+    "start": "work",
+    "steps": [{"id": "work", "type": "noop", "next": "done"}, {"id": "done", "type": "end"}],
+}
+
+
+def start_io_run(org, key: str = "k") -> int:
+    automation_publish_definition(org=org, slug="io", definition=IO_DEFINITION)
+    return run_start(org=org, automation_slug="io", run_input={}, start_key=key).run_id
+
+
+def lapse(step_id: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE workflows_step SET lease_until = now() - interval '5 seconds' WHERE id = %s",
+            [step_id],
+        )
+
+
+def test_a_claim_racing_a_settle_on_the_same_run_does_not_deadlock(org, monkeypatch) -> None:
+    # A's lease lapsed; A settles (run lock first) while B claims the step (step lock first,
+    # then the event's foreign-key check on the run). With FOR UPDATE on the run this was a
+    # deadlock; with FOR NO KEY UPDATE, B claims at once and A's settle is fenced out.
+    run_id = start_io_run(org)
+    policy = lane_policy("io")
+    (a,) = claim(policy=policy, worker="A", limit=1)
+    lapse(a.id)
+    run_locked = threading.Event()
+    real_lock_run = engine_steps.lock_run
+
+    def slow_lock_run(cursor: Any, run: int) -> Any:
+        state = real_lock_run(cursor, run)
+        run_locked.set()
+        time.sleep(0.5)  # B's claim runs meanwhile, against A's lock on the run
+        return state
+
+    monkeypatch.setattr(engine_steps, "lock_run", slow_lock_run)
+    results: dict[str, Any] = {}
+
+    def settle_a() -> None:
+        try:
+            results["A"] = settle_success(a, StepResult(output={"by": "A"}), worker="A")
+        except Exception as exc:
+            results["A"] = exc
+        finally:
+            connection.close()
+
+    def claim_b() -> None:
+        run_locked.wait(10)
+        began = time.monotonic()
+        try:
+            results["B"] = claim(policy=policy, worker="B", limit=1)
+        except Exception as exc:
+            results["B"] = exc
+        finally:
+            results["B_seconds"] = time.monotonic() - began
+            connection.close()
+
+    threads = [threading.Thread(target=settle_a), threading.Thread(target=claim_b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert results["A"] is False, results["A"]  # fenced out, not a deadlock victim
+    assert [step.attempt for step in results["B"]] == [2]
+    assert results["B_seconds"] < 0.4  # B did not wait for A's transaction
+    assert Run.objects.get(pk=run_id).status == "running"
+
+
+def test_a_settle_survives_a_dropped_connection(org) -> None:
+    run_id = start_io_run(org)
+    worker = Worker(lane_policy("io"), concurrency=1, name="w")
+    (step,) = claim(policy=worker.policy, worker="w", limit=1)
+    connection.ensure_connection()
+    backend = connection.connection.info.backend_pid
+    with own_connection() as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [backend])
+    worker._settle(step, lambda: settle_success(step, StepResult(output=1), worker="w"))
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+
+
+def test_a_walk_that_raises_fails_the_step_and_run_instead_of_rerunning(org) -> None:
+    run_id = start_io_run(org)
+    worker = Worker(lane_policy("io"), concurrency=1, name="w")
+    (step,) = claim(policy=worker.policy, worker="w", limit=1)
+
+    def broken_walk() -> bool:
+        raise ValueError("an engine bug")
+
+    worker._settle(step, broken_walk)
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.error) == ("failed", "engine_error: ValueError: an engine bug")
+    assert Step.objects.get(pk=step.id).status == "failed"
+    assert list(
+        RunEvent.objects.filter(run_id=run_id).values_list("kind", flat=True).order_by("id")
+    )[-2:] == ["step.failed", "run.failed"]
+
+
+def test_a_claim_for_one_slot_is_not_stuck_behind_a_locked_organisation(org) -> None:
+    first, second = org, OrganisationFactory()
+    start_io_run(first)
+    start_io_run(second)
+    locked = Step.objects.get(org=first)
+    with own_connection(autocommit=False) as other:
+        # Another claimer (or a stalled settle) holds the first organisation's only row.
+        other.execute("SELECT id FROM workflows_step WHERE id = %s FOR UPDATE", [locked.pk])
+        batch = claim(policy=lane_policy("io"), worker="w", limit=1, after_org=0)
+        other.rollback()
+    assert [step.org_id for step in batch] == [second.pk]
+
+
+def test_a_worker_cut_off_from_the_database_gives_up_its_leases(org) -> None:
+    worker = Worker(lane_policy("io"), concurrency=1, name="w")
+    pair = (1, 1)
+    worker.lost[pair] = threading.Event()
+    worker.extended[pair] = time.monotonic() - worker.policy.lease_seconds  # no extension
+    fresh = (2, 1)
+    worker.lost[fresh] = threading.Event()
+    worker.extended[fresh] = time.monotonic()
+    worker._give_up_stale_leases()
+    assert worker.lost[pair].is_set()
+    assert not worker.lost[fresh].is_set()
