@@ -13,5 +13,6 @@ urlpatterns = [
     path("healthz", healthz),
 ]
 
+handler400 = "workflows.api.errors.bad_request"
 handler404 = "workflows.api.errors.not_found"
 handler500 = "workflows.api.errors.server_error"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, status
@@ -47,6 +47,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         if exc.status == 401:
             response["WWW-Authenticate"] = "Bearer"
         return response
+    if isinstance(exc, SuspiciousOperation) and not isinstance(exc, RequestDataTooBig):
+        return Response(
+            {"code": "bad_request", "detail": "The request is malformed."},
+            status=status.HTTP_400_BAD_REQUEST,
+        )
     if isinstance(exc, RequestDataTooBig):
         return Response(
             {"code": "payload_too_large", "detail": "The request body is too large."},
@@ -79,6 +84,15 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     if _is_api(request):
         return JsonResponse({"code": "not_found", "detail": "Not found."}, status=404)
     return defaults.page_not_found(request, exception)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Django's own 400s (too many query fields, a disallowed Host header)."""
+    if _is_api(request):
+        return JsonResponse(
+            {"code": "bad_request", "detail": "The request is malformed."}, status=400
+        )
+    return defaults.bad_request(request, exception)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from ..models import Automation, AutomationVersion, Run, RunEvent, Step
+from ..states import RunStatus
 
 
 class VersionOut(serializers.ModelSerializer):
@@ -95,3 +96,14 @@ class ErrorOut(serializers.Serializer):
     code = serializers.CharField(help_text="Stable, machine-readable error code.")
     detail = serializers.CharField(help_text="What went wrong, for people.")
     errors = serializers.JSONField(required=False, help_text="Per-field or per-step problems.")
+
+
+class RunFilterIn(serializers.Serializer):
+    status = serializers.ChoiceField(choices=RunStatus.values, required=False)
+    automation = serializers.SlugField(max_length=63, required=False)
+
+
+class RunPageOut(serializers.Serializer):
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = RunOut(many=True)

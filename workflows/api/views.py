@@ -24,7 +24,9 @@ from .serializers import (
     DefinitionIn,
     ErrorOut,
     RunDetailOut,
+    RunFilterIn,
     RunOut,
+    RunPageOut,
     RunStartIn,
     VersionListOut,
     VersionOut,
@@ -105,12 +107,18 @@ class RunPagination(CursorPagination):
     page_size_query_param = "limit"
 
     def decode_cursor(self, request: Request) -> Any:
+        # A cursor we did not hand out is bad input, not a 404 and never a 500.
+        bad = InvalidInput(reason="cursor is not valid; follow the next/previous links")
         try:
-            return super().decode_cursor(request)
-        except NotFound as exc:  # a cursor we did not hand out is bad input, not a 404
-            raise InvalidInput(
-                reason="cursor is not valid; follow the next/previous links"
-            ) from exc
+            cursor = super().decode_cursor(request)
+        except NotFound as exc:
+            raise bad from exc
+        if cursor is not None and cursor.position is not None:
+            try:
+                int(cursor.position)
+            except ValueError as exc:
+                raise bad from exc
+        return cursor
 
 
 class RunListView(APIView):
@@ -149,17 +157,14 @@ class RunListView(APIView):
             OpenApiParameter("automation", str),
             OpenApiParameter("limit", int),
         ],
-        responses=RunOut(many=True),
+        responses=RunPageOut,
     )
     def get(self, request: Request) -> Response:
-        run_status = request.query_params.get("status")
-        if run_status and run_status not in RunStatus.values:
-            raise InvalidInput(reason=f"status must be one of {', '.join(RunStatus.values)}")
-        runs = selectors.run_list(
-            org=request.auth.org,
-            status=run_status,
-            automation=request.query_params.get("automation"),
-        )
+        filters = RunFilterIn(data=request.query_params)
+        if not filters.is_valid():
+            field, messages = next(iter(filters.errors.items()))
+            raise InvalidInput(reason=f"{field}: {messages[0]}")
+        runs = selectors.run_list(org=request.auth.org, **filters.validated_data)
         paginator = RunPagination()
         page = paginator.paginate_queryset(runs, request, view=self)
         return paginator.get_paginated_response(RunOut(page, many=True).data)

@@ -38,6 +38,7 @@ from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from workflows.definitions.registry import StepReport
+from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
 
 __all__ = [
     "CONTEXT_NAMES",
@@ -359,6 +360,8 @@ def _render(text: str, context: Mapping[str, Any], budget: _Budget) -> str:
         template = _compile_template(text)
         for chunk in template.generate(dict(context)):
             budget.take(chunk)
+            if has_unstorable(chunk):
+                raise ExpressionError(f"the rendered text {UNSTORABLE_REASON}")
             parts.append(chunk)
     except ExpressionError:
         raise

@@ -41,6 +41,7 @@ from workflows.definitions.fields import (
 from workflows.definitions.graph import shortest_cycle, strongly_connected_components
 from workflows.definitions.registry import Registry, StepReport, StepType
 from workflows.definitions.registry import registry as default_registry
+from workflows.definitions.storable import UNSTORABLE_REASON, unstorable_path
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +197,10 @@ class _Validation:
         if not self.check_size():
             return self.issues
         definition = self.definition
+        unstorable = unstorable_path(definition)
+        if unstorable is not None:
+            self.top("invalid_field", unstorable, f"{unstorable} {UNSTORABLE_REASON}")
+            return self.issues
         if not isinstance(definition, dict):
             self.top(
                 "not_an_object",

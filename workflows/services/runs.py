@@ -12,6 +12,7 @@ from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
 from ..definitions.fields import parse_duration
+from ..definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
 from ..definitions.validator import canonical_json
 from ..engine.faults import crash_point
 from ..engine.walk import RunState, Walk
@@ -20,6 +21,7 @@ from ..models import Automation, AutomationVersion, Organisation
 from ..selectors import automation_get
 
 MAX_START_KEY = 255
+DERIVED_KEY_PREFIX = "input:"  # keys the engine derives from the input; clients cannot use it
 
 INSERT_RUN = """
 INSERT INTO workflows_run
@@ -69,10 +71,22 @@ def _check_input(run_input: Any) -> None:
         raise InvalidInput(reason="input must be a JSON object")
     if _depth(run_input) > MAX_INPUT_DEPTH:
         raise InvalidInput(reason=f"input nests deeper than {MAX_INPUT_DEPTH} levels")
+    unstorable = unstorable_path(run_input)
+    if unstorable is not None:
+        raise InvalidInput(reason=f"input.{unstorable} {UNSTORABLE_REASON}")
     size = len(canonical_json(run_input).encode())
     limit = settings.WAYMARK["MAX_INPUT_BYTES"]
     if size > limit:
         raise PayloadTooLarge(what="The run input", size=size, limit=limit)
+
+
+def _check_start_key(start_key: str) -> None:
+    if not 1 <= len(start_key) <= MAX_START_KEY:
+        raise InvalidInput(reason=f"start_key must be 1 to {MAX_START_KEY} characters")
+    if has_unstorable(start_key):
+        raise InvalidInput(reason=f"start_key {UNSTORABLE_REASON}")
+    if start_key.startswith(DERIVED_KEY_PREFIX):
+        raise InvalidInput(reason=f'start keys starting with "{DERIVED_KEY_PREFIX}" are reserved')
 
 
 def _limits(definition: dict[str, Any]) -> tuple[int, float]:
@@ -98,12 +112,12 @@ def run_start(
     automation, is refused with start_key_conflict.
     """
     _check_input(run_input)
-    if start_key is not None and not 1 <= len(start_key) <= MAX_START_KEY:
-        raise InvalidInput(reason=f"start_key must be 1 to {MAX_START_KEY} characters")
+    if start_key is not None:
+        _check_start_key(start_key)
     automation = automation_get(org=org, slug=automation_slug)
     digest = input_digest(run_input)
     derived = start_key is None
-    key = f"input:{automation.pk}:{digest}" if derived else start_key
+    key = f"{DERIVED_KEY_PREFIX}{automation.pk}:{digest}" if derived else start_key
     version = automation.current_version
     if version is None:
         raise NoPublishedVersion(slug=automation_slug)
