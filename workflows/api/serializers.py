@@ -99,7 +99,11 @@ class ErrorOut(serializers.Serializer):
 
 
 class RunFilterIn(serializers.Serializer):
-    status = serializers.ChoiceField(choices=RunStatus.values, required=False)
+    status = serializers.ChoiceField(
+        choices=RunStatus.values,
+        required=False,
+        error_messages={"invalid_choice": f"must be one of {', '.join(RunStatus.values)}"},
+    )
     automation = serializers.SlugField(max_length=63, required=False)
 
 

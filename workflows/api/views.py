@@ -157,6 +157,7 @@ class RunListView(APIView):
             OpenApiParameter("automation", str),
             OpenApiParameter("limit", int),
         ],
+        operation_id="runs_list",
         responses=RunPageOut,
     )
     def get(self, request: Request) -> Response:
