@@ -55,10 +55,11 @@ def cleanup_sent(
 def run_relay(stop: threading.Event, *, transport: Transport | None = None) -> None:
     transport = transport or default_transport()
     poll = engine_setting("RELAY_POLL_SECONDS")
+    batch = engine_setting("RELAY_BATCH")
     next_cleanup = 0.0
     while not stop.is_set():
         try:
-            sent = relay_once(transport)
+            sent = relay_once(transport, batch=batch)
             if time.monotonic() >= next_cleanup:
                 removed = cleanup_sent()
                 if removed:
@@ -69,6 +70,8 @@ def run_relay(stop: threading.Event, *, transport: Transport | None = None) -> N
             connection.close()
             stop.wait(1.0)
             continue
-        if sent == 0:
+        if sent < batch:
+            # Caught up: wait a poll interval so the next batch gathers rows instead of
+            # committing one tiny batch per settle. A full batch means more are waiting.
             stop.wait(poll)
     connection.close()
