@@ -15,7 +15,6 @@ from typing import Any
 
 import psycopg
 from django.db import connection, transaction
-from psycopg.types.json import Jsonb
 
 from ..definitions.expressions import build_context
 from . import sql
@@ -23,7 +22,7 @@ from .executors import StepFailure, StepResult
 from .faults import crash_point
 from .lanes import LanePolicy
 from .versions import definition_for
-from .walk import Walk, insert_rows, lock_run
+from .walk import Walk, event_row, insert_events, insert_wakes, json_or_null, lock_run
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +113,7 @@ def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> boo
         run = lock_run(cursor, step.run_id)  # lock order everywhere: the run, then its steps
         cursor.execute(
             sql.SETTLE_DONE,
-            {"id": step.id, "attempt": step.attempt, "output": _json(result.output)},
+            {"id": step.id, "attempt": step.attempt, "output": json_or_null(result.output)},
         )
         if cursor.fetchone() is None:
             logger.info("step %s attempt %s was fenced out; result dropped", step.id, step.attempt)
@@ -161,15 +160,8 @@ def _schedule_retry(step: ClaimedStep, error: str, *, worker: str, policy: LaneP
         )
         if cursor.fetchone() is None:
             return False
-        insert_rows(
-            cursor,
-            "workflows_runevent",
-            ("org_id", "run_id", "kind", "step_id", "iteration", "attempt", "worker", "detail"),
-            [
-                (step.org_id, step.run_id, "step.retry_scheduled", step.step_id, step.iteration,
-                 step.attempt, worker, Jsonb({"error": error, "delay_seconds": round(delay, 3)}))
-            ],
-        )  # fmt: skip
+        detail = {"error": error, "delay_seconds": round(delay, 3)}
+        insert_events(cursor, [_step_event(step, "step.retry_scheduled", worker, detail)])
     return True
 
 
@@ -182,21 +174,14 @@ def release(*, held: list[tuple[int, int]], worker: str, lane: str) -> int:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql.RELEASE, {"ids": list(ids), "attempts": list(attempts)})
         rows = cursor.fetchall()
-        insert_rows(
+        insert_events(
             cursor,
-            "workflows_runevent",
-            ("org_id", "run_id", "kind", "step_id", "iteration", "attempt", "worker"),
             [
-                (org, run, "step.released", sid, it, att, worker)
+                event_row(org, run, "step.released", sid, iteration=it, attempt=att, worker=worker)
                 for _, org, run, sid, it, att in rows
             ],
         )
-        insert_rows(
-            cursor,
-            "workflows_outbox",
-            ("org_id", "topic", "payload"),
-            [(org, "lane.wake", Jsonb({"lane": lane, "run": run})) for _, org, run, *_ in rows],
-        )
+        insert_wakes(cursor, [(org, run, lane) for _, org, run, *_ in rows])
     return len(rows)
 
 
@@ -209,19 +194,19 @@ def fail_step_and_run(step: ClaimedStep, error: str, *, worker: str) -> bool:
         )
         if cursor.fetchone() is None:
             return False
-        insert_rows(
+        insert_events(
             cursor,
-            "workflows_runevent",
-            ("org_id", "run_id", "kind", "step_id", "iteration", "attempt", "worker", "detail"),
             [
-                (step.org_id, step.run_id, "step.failed", step.step_id, step.iteration,
-                 step.attempt, worker, Jsonb({"error": error})),
-                (step.org_id, step.run_id, "run.failed", "", None, None, worker,
-                 Jsonb({"error": error})),
+                _step_event(step, "step.failed", worker, {"error": error}),
+                event_row(step.org_id, step.run_id, "run.failed", worker=worker,
+                          detail={"error": error}),
             ],
         )  # fmt: skip
     return True
 
 
-def _json(value: Any) -> Jsonb | None:
-    return None if value is None else Jsonb(value)
+def _step_event(step: ClaimedStep, kind: str, worker: str, detail: Any = None) -> tuple:
+    return event_row(
+        step.org_id, step.run_id, kind, step.step_id,
+        iteration=step.iteration, attempt=step.attempt, worker=worker, detail=detail,
+    )  # fmt: skip

@@ -84,7 +84,7 @@ def insert_rows(cursor: Any, table: str, columns: Sequence[str], rows: list[tupl
     )
 
 
-def _json(value: Any) -> Jsonb | None:
+def json_or_null(value: Any) -> Jsonb | None:
     return None if value is None else Jsonb(value)
 
 
@@ -95,6 +95,35 @@ STEP_COLUMNS = (
 EVENT_COLUMNS = (
     "org_id", "run_id", "kind", "step_id", "iteration", "attempt", "worker", "detail", "at",
 )  # fmt: skip
+
+
+def event_row(
+    org_id: int,
+    run_id: int,
+    kind: str,
+    step_id: str = "",
+    *,
+    iteration: int | None = None,
+    attempt: int | None = None,
+    worker: str = "",
+    detail: Any = None,
+) -> tuple:
+    """One run event, for insert_events: every transition of a run is one of these."""
+    return (org_id, run_id, kind, step_id, iteration, attempt, worker, json_or_null(detail), NOW)
+
+
+def insert_events(cursor: Any, rows: list[tuple]) -> None:
+    insert_rows(cursor, "workflows_runevent", EVENT_COLUMNS, rows)
+
+
+def insert_wakes(cursor: Any, wakes: list[tuple[int, int, str]]) -> None:
+    """Outbox rows waking a lane, from (org id, run id, lane) triples."""
+    insert_rows(
+        cursor,
+        "workflows_outbox",
+        ("org_id", "topic", "payload", "created_at"),
+        [(org, "lane.wake", Jsonb({"lane": lane, "run": run}), NOW) for org, run, lane in wakes],
+    )
 
 
 class Walk:
@@ -128,8 +157,10 @@ class Walk:
         detail: Any = None,
     ) -> None:
         self.events.append(
-            (self.run.org_id, self.run.id, kind, step_id, iteration, attempt, self.worker,
-             _json(detail), NOW)
+            event_row(
+                self.run.org_id, self.run.id, kind, step_id,
+                iteration=iteration, attempt=attempt, worker=self.worker, detail=detail,
+            )
         )  # fmt: skip
 
     def _add_step(
@@ -148,7 +179,7 @@ class Walk:
         live = status in (StepStatus.READY, StepStatus.RUNNING, StepStatus.WAITING)
         self.new_steps.append(
             (self.run.org_id, self.run.id, step_id, iteration, step_type, lane, status, attempt,
-             0, max_attempts, NOW if live else None, _json(output), error,
+             0, max_attempts, NOW if live else None, json_or_null(output), error,
              None if live else NOW)
         )  # fmt: skip
 
@@ -283,15 +314,9 @@ class Walk:
             if self.cursor.fetchone()[0] == 0:
                 self.finish_run(RunStatus.SUCCEEDED)
         insert_rows(self.cursor, "workflows_step", STEP_COLUMNS, self.new_steps)
-        insert_rows(self.cursor, "workflows_runevent", EVENT_COLUMNS, self.events)
-        insert_rows(
-            self.cursor,
-            "workflows_outbox",
-            ("org_id", "topic", "payload", "created_at"),
-            [
-                (self.run.org_id, "lane.wake", Jsonb({"lane": lane, "run": self.run.id}), NOW)
-                for lane in sorted(self.wake_lanes)
-            ],
+        insert_events(self.cursor, self.events)
+        insert_wakes(
+            self.cursor, [(self.run.org_id, self.run.id, lane) for lane in sorted(self.wake_lanes)]
         )
         if self.dirty:
             self._update_run()
@@ -306,7 +331,7 @@ class Walk:
                 "entered": Jsonb(self.run.entered),
                 "steps": self.run.steps_executed,
                 "status": status,
-                "output": _json(output),
+                "output": json_or_null(output),
                 "error": error,
                 "finished": self.finish is not None,
                 "id": self.run.id,
