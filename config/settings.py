@@ -151,12 +151,15 @@ SPECTACULAR_SETTINGS = {
 
 # --- Engine ---------------------------------------------------------------------------------
 # Lanes: each step type names one. "fast" steps run inline in the walk and have no workers.
-# A step's own `retry.max_attempts` overrides its lane's. Each value can be set from the
-# environment as WAYMARK_<LANE>_<NAME>, e.g. WAYMARK_IO_LEASE_SECONDS=10.
+# A step's own `retry.max_attempts` overrides its lane's. `timeout_seconds` bounds one
+# attempt: past it the worker stops heartbeating it and records a (retryable) failure.
+# Each value can be set from the environment as WAYMARK_<LANE>_<NAME>, e.g.
+# WAYMARK_IO_LEASE_SECONDS=10.
 LANE_DEFAULTS: dict[str, dict[str, float | int]] = {
     "io": {
         "concurrency": 16,
         "lease_seconds": 30.0,
+        "timeout_seconds": 300.0,
         "max_attempts": 5,
         "backoff_base_seconds": 1.0,
         "backoff_cap_seconds": 60.0,
@@ -164,6 +167,7 @@ LANE_DEFAULTS: dict[str, dict[str, float | int]] = {
     "slow": {
         "concurrency": 4,
         "lease_seconds": 120.0,
+        "timeout_seconds": 900.0,
         "max_attempts": 2,
         "backoff_base_seconds": 5.0,
         "backoff_cap_seconds": 300.0,
@@ -171,6 +175,7 @@ LANE_DEFAULTS: dict[str, dict[str, float | int]] = {
     "human": {
         "concurrency": 4,
         "lease_seconds": 60.0,
+        "timeout_seconds": 300.0,
         "max_attempts": 3,
         "backoff_base_seconds": 1.0,
         "backoff_cap_seconds": 60.0,

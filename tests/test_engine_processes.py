@@ -266,3 +266,15 @@ def test_worker_that_lost_a_lease_stops_the_step_and_frees_its_slot(org, procs) 
     run = wait_for(lambda: finished(second.run_id), timeout=15, what="A to run the next step")
     assert run.output == str(a.pid)
     assert time.monotonic() - began < 15  # A's 20 s step was stopped, not waited out
+
+
+def test_an_attempt_past_its_timeout_is_stopped_and_retried(org, procs) -> None:
+    run_id = start(org, probe_definition(sleep_seconds=30, sleep_attempts=1, max_attempts=3))
+    began = time.monotonic()
+    procs.append(spawn_worker(WAYMARK_IO_TIMEOUT_SECONDS="1.5", WAYMARK_IO_LEASE_SECONDS="1"))
+    run = wait_for(lambda: finished(run_id), timeout=20, what="the retried attempt to finish")
+    assert time.monotonic() - began < 20  # the 30 s attempt was cut off
+    assert run.status == "succeeded"
+    assert step_row(run_id).attempt == 2
+    retries = kinds(run_id, "step.retry_scheduled")
+    assert [(e.attempt, e.detail["error"]) for e in retries] == [(1, "timed out after 1.5 s")]

@@ -16,6 +16,7 @@ class LanePolicy:
     name: str
     concurrency: int
     lease_seconds: float
+    timeout_seconds: float
     max_attempts: int
     backoff_base_seconds: float
     backoff_cap_seconds: float

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from django.db import InterfaceError, OperationalError, connection
 
-from .executors import CURRENT_STEP, StepFailure, StepRuntime, executor_for
+from .executors import CURRENT_STEP, StepFailure, StepResult, StepRuntime, executor_for
 from .faults import crash_point, heartbeats_paused
 from .lanes import LanePolicy, engine_setting
 from .signals import on_stop_signal
@@ -73,6 +73,8 @@ class Worker:
         self.inflight: dict[tuple[int, int], ClaimedStep] = {}
         self.lost: dict[tuple[int, int], threading.Event] = {}
         self.extended: dict[tuple[int, int], float] = {}  # last lease extension (monotonic)
+        self.deadline: dict[tuple[int, int], float] = {}  # when the attempt times out
+        self.timed_out: set[tuple[int, int]] = set()
         self.lock = threading.Lock()
         self.slot_free = threading.Condition(self.lock)
         self.after_org = 0
@@ -144,6 +146,9 @@ class Worker:
                         self.inflight[step.id, step.attempt] = step
                         self.lost[step.id, step.attempt] = threading.Event()
                         self.extended[step.id, step.attempt] = time.monotonic()
+                        self.deadline[step.id, step.attempt] = (
+                            time.monotonic() + self.policy.timeout_seconds
+                        )
                 for step in claimed:
                     self.tasks.put(step)
             if not claimed:
@@ -186,6 +191,8 @@ class Worker:
                     self.inflight.pop((step.id, step.attempt), None)
                     self.lost.pop((step.id, step.attempt), None)
                     self.extended.pop((step.id, step.attempt), None)
+                    self.deadline.pop((step.id, step.attempt), None)
+                    self.timed_out.discard((step.id, step.attempt))
                     self.completed += 1
                     self.slot_free.notify_all()
                 # A finished step usually made the next one ready: look again now.
@@ -193,38 +200,48 @@ class Worker:
         connection.close()
 
     def _execute(self, step: ClaimedStep) -> None:
+        pair = (step.id, step.attempt)
         with self.lock:
-            lost = self.lost.get((step.id, step.attempt)) or threading.Event()
+            lost = self.lost.get(pair) or threading.Event()
         if lost.is_set():
             return  # handed back on shutdown before it started
         if step.poisoned:
-            failure = StepFailure(
+            self._fail(step, StepFailure(
                 f"attempts exhausted: {step.max_attempts} claim(s) never settled "
                 "(the step may kill its worker)",
                 retryable=False,
-            )
-            self._settle(step, lambda: settle_failure(step, failure, worker=self.name,
-                                                      policy=self.policy))  # fmt: skip
+            ))  # fmt: skip
             return
         crash_point("worker.after_claim")
+        result, failure = self._run_executor(step, lost)
+        if pair in self.timed_out:
+            failure = self._timeout_failure()  # whatever it returned, it was too late
+        elif self._abandoned(step, lost):
+            return
+        if failure is not None:
+            self._fail(step, failure)
+        else:
+            self._settle(step, lambda: settle_success(step, result, worker=self.name))
+
+    def _run_executor(
+        self, step: ClaimedStep, lost: threading.Event
+    ) -> tuple[StepResult | None, StepFailure | None]:
         token = CURRENT_STEP.set(StepRuntime(attempt=step.attempt, lease_lost=lost))
         try:
             step_def, context = run_context(step)
-            result = executor_for(step.type)(step_def, context)
-        except Exception as exc:
-            if isinstance(exc, StepFailure):
-                failure = exc
-            else:  # a bug or an outage in the step: retry it, never crash the worker
-                logger.exception("step %s attempt %s raised", step.id, step.attempt)
-                failure = StepFailure(f"{type(exc).__name__}: {exc}")
-            if not self._abandoned(step, lost):
-                self._settle(step, lambda: settle_failure(step, failure, worker=self.name,
-                                                          policy=self.policy))  # fmt: skip
-            return
+            return executor_for(step.type)(step_def, context), None
+        except StepFailure as failure:
+            return None, failure
+        except Exception as exc:  # a bug or an outage in the step: retry it, never crash
+            logger.exception("step %s attempt %s raised", step.id, step.attempt)
+            return None, StepFailure(f"{type(exc).__name__}: {exc}")
         finally:
             CURRENT_STEP.reset(token)
-        if not self._abandoned(step, lost):
-            self._settle(step, lambda: settle_success(step, result, worker=self.name))
+
+    def _fail(self, step: ClaimedStep, failure: StepFailure) -> None:
+        self._settle(
+            step, lambda: settle_failure(step, failure, worker=self.name, policy=self.policy)
+        )
 
     def _settle(self, step: ClaimedStep, write: Callable[[], bool]) -> None:
         """Run a settle, retrying on a dropped connection or a deadlock with a fresh one.
@@ -250,6 +267,9 @@ class Worker:
                 return
         logger.error("gave up settling step %s; its lease will lapse and it will re-run", step.id)
 
+    def _timeout_failure(self) -> StepFailure:
+        return StepFailure(f"timed out after {self.policy.timeout_seconds:g} s")
+
     def _abandoned(self, step: ClaimedStep, lost: threading.Event) -> bool:
         """A newer attempt owns the step: drop this attempt's result without writing."""
         if lost.is_set():
@@ -265,8 +285,9 @@ class Worker:
         interval = self.policy.lease_seconds / 3
         conn = None
         while not self.halt.wait(interval):
+            self._time_out_attempts()
             with self.lock:
-                held = [(step.id, step.attempt) for step in self.inflight.values()]
+                held = [pair for pair in self.inflight if pair not in self.timed_out]
             if not held or heartbeats_paused():
                 continue
             try:
@@ -293,6 +314,18 @@ class Worker:
                         self.lost[pair].set()
         if conn is not None:
             conn.close()
+
+    def _time_out_attempts(self) -> None:
+        """Past its lane's timeout an attempt gets no more heartbeats and is told to stop; its
+        executor's return then records a retryable failure. An executor that never returns
+        lets the lease lapse, so the claim counts the attempt and poison detection ends it."""
+        now = time.monotonic()
+        with self.lock:
+            for pair, deadline in self.deadline.items():
+                if deadline <= now and pair not in self.timed_out:
+                    logger.warning("worker %s: step %s attempt %s timed out", self.name, *pair)
+                    self.timed_out.add(pair)
+                    self.lost[pair].set()
 
     def _give_up_stale_leases(self) -> None:
         """Cut off from the database, assume leases not extended for most of their length
