@@ -143,6 +143,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/api/v1",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "workflows.api.schema.add_error_responses",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "workflows.states.RunStatus",
         "StepStatusEnum": "workflows.states.StepStatus",

@@ -210,3 +210,5 @@ def test_openapi_schema_is_valid_without_warnings(tmp_path) -> None:
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(target))
     text = target.read_text()
     assert "bearer" in text and "/api/v1/runs" in text
+    # Every operation documents the JSON error body.
+    assert text.count("$ref: '#/components/schemas/Error'") >= 3 * 9

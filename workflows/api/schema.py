@@ -17,3 +17,33 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
             "scheme": "bearer",
             "description": "An organisation's API key: `Authorization: Bearer wmk_…`.",
         }
+
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string", "description": "Stable, machine-readable error code."},
+        "detail": {"type": "string", "description": "What went wrong, for people."},
+        "errors": {"description": "Per-field or per-step problems, when there are several."},
+    },
+    "required": ["code", "detail"],
+}
+COMMON_ERRORS = {
+    "400": "Malformed or invalid request (`malformed_request`, `invalid_input`, …).",
+    "401": "No, unknown or revoked API key (`not_authenticated`, `invalid_api_key`, …).",
+    "404": "Nothing with that id in this organisation.",
+}
+
+
+def add_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """Every operation can fail with the JSON error body; say so in the schema."""
+    result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    reference = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    for path, operations in result.get("paths", {}).items():
+        if path.endswith("/schema/"):
+            continue
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            for status, description in COMMON_ERRORS.items():
+                responses.setdefault(status, {"description": description, "content": reference})
+    return result
