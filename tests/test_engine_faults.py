@@ -146,3 +146,20 @@ def test_a_worker_cut_off_from_the_database_gives_up_its_leases(org) -> None:
     worker._give_up_stale_leases()
     assert worker.lost[pair].is_set()
     assert not worker.lost[fresh].is_set()
+
+
+def test_a_step_of_a_run_past_its_max_age_is_not_executed(org) -> None:
+    run_id = start_io_run(org)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE workflows_run SET deadline_at = now() - interval '1 second' WHERE id = %s",
+            [run_id],
+        )
+    worker = Worker(lane_policy("io"), concurrency=1, name="w")
+    (step,) = claim(policy=worker.policy, worker="w", limit=1)
+    assert step.run_expired
+    worker._execute(step)
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed"
+    assert run.error.startswith("max_age_exceeded")
+    assert Step.objects.get(pk=step.id).error.startswith("max_age_exceeded")

@@ -98,7 +98,8 @@ logged AS (
       FROM claimed
 )
 SELECT c.id, c.org_id, c.run_id, c.step_id, c.iteration, c.type, c.attempt, c.released,
-       c.max_attempts, r.version_id, r.input::json, r.vars::json, r.outputs::json, r.created_at
+       c.max_attempts, r.version_id, r.input::json, r.vars::json, r.outputs::json, r.created_at,
+       r.deadline_at <= now() AS run_expired
   FROM claimed c JOIN workflows_run r ON r.id = c.run_id
 """
 

@@ -44,6 +44,7 @@ class ClaimedStep:
     run_vars: dict[str, Any] = field(repr=False)
     run_outputs: dict[str, Any] = field(repr=False)
     run_created_at: datetime = field(repr=False)
+    run_expired: bool = False  # the run is past its max age (the database's clock)
 
     @property
     def attempts_used(self) -> int:

@@ -223,7 +223,9 @@ class Walk:
         """A step failed for good: follow its declared failure path, or fail the run."""
         self.dirty = True
         target = self.steps[step_id].get("on_failure")
-        if target:
+        if self.run.expired:
+            self._within_budget()  # a run past its max age ends as such, whatever failed
+        elif target:
             self.enter([target])
         else:
             self.finish_run(RunStatus.FAILED, error=f"step {step_id!r} failed: {error}")

@@ -212,6 +212,11 @@ class Worker:
                 retryable=False,
             ))  # fmt: skip
             return
+        if step.run_expired:
+            # No work for a run past its max age: the failed step makes the walk end the run.
+            self._fail(step, StepFailure("max_age_exceeded: the run is past its max age",
+                                         retryable=False))  # fmt: skip
+            return
         crash_point("worker.after_claim")
         result, failure = self._run_executor(step, lost)
         if pair in self.timed_out:
