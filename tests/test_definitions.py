@@ -34,13 +34,13 @@ from workflows.definitions.expressions import (
 from workflows.definitions.fields import parse_duration
 from workflows.definitions.graph import strongly_connected_components
 from workflows.definitions.registry import Registry, StepReport, registry
+from workflows.definitions.step_checks import IssueReport
 from workflows.definitions.validator import (
     DEFAULT_MAX_DEFINITION_BYTES,
     DEFAULT_MAX_DEFINITION_STEPS,
     ISSUE_CODES,
     DefinitionIssue,
     InvalidDefinition,
-    IssueReport,
     canonical_json,
     definition_digest,
     ensure_valid,

@@ -1,11 +1,12 @@
 """Field checks for step types, and the small parsers the validator shares with them.
 
 A step type's ``validate(step, report)`` checks the fields only it knows (the generic
-validator in :mod:`workflows.definitions.validator` checks id, type, next, on_failure, name
-and retry). The ``check_*`` helpers here report each problem on the :class:`StepReport` with
-the right issue code (``missing_field``, ``invalid_field``, ``unknown_field``,
-``malformed_template``, ``unknown_step_reference``) and return the value when it is valid, so
-a step type reads like a list of its fields.
+validator in :mod:`workflows.definitions.validator` checks id, and its
+:mod:`workflows.definitions.step_checks` type, next, on_failure, name and retry). The
+``check_*`` helpers here report each problem on the :class:`StepReport` with the right issue
+code (``missing_field``, ``invalid_field``, ``unknown_field``, ``malformed_template``,
+``unknown_step_reference``) and return the value when it is valid, so a step type reads like
+a list of its fields.
 
 This module must not import the validator: the validator imports it.
 """

@@ -9,21 +9,21 @@ is a path from the top of the definition (``steps.3.id``, ``steps.3.values.x``);
 top-level problems ``step`` is None and ``field`` names the top-level field (``start``,
 ``limits.max_age``) or is None for the definition as a whole.
 
-This module checks the definition as a whole: its top-level fields and limits, step ids, the
-fields common to every step (type, next, on_failure, name, retry), the references between
-steps and the graph they form (unreachable steps, loops with no waiting step). Step types
-check their own fields with a :class:`StepReport`, using the helpers of
+This module checks the definition as a whole: its size, top-level fields and limits, step
+ids, and the graph the steps form (unreachable steps, loops with no waiting step). The fields
+common to every step (type, next, on_failure, name, retry) and the references between steps
+are checked by :mod:`workflows.definitions.step_checks`, which also runs each step type's own
+checks; step types check their fields with a :class:`StepReport`, using the helpers of
 :mod:`workflows.definitions.fields` (``check_fields``, ``check_string`` ...), which report with
-the right issue codes; the graph algorithms live in :mod:`workflows.definitions.graph`.
+the right issue codes. The graph algorithms live in :mod:`workflows.definitions.graph`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,17 +39,15 @@ from workflows.definitions.fields import (
     type_label,
 )
 from workflows.definitions.graph import shortest_cycle, strongly_connected_components
-from workflows.definitions.registry import Registry, StepReport, StepType
+from workflows.definitions.registry import Registry, StepType
 from workflows.definitions.registry import registry as default_registry
+from workflows.definitions.step_checks import Edge, StepChecks
 from workflows.definitions.storable import UNSTORABLE_REASON, unstorable_path
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "ISSUE_CODES",
     "DefinitionIssue",
     "InvalidDefinition",
-    "IssueReport",
     "canonical_json",
     "definition_digest",
     "ensure_valid",
@@ -59,8 +57,6 @@ __all__ = [
 DEFAULT_MAX_DEFINITION_BYTES = 262_144
 DEFAULT_MAX_DEFINITION_STEPS = 500
 MAX_STEPS_LIMIT = 100_000
-MAX_NAME_LENGTH = 200
-MAX_RETRY_ATTEMPTS = 100
 MAX_LOOP_STEPS_SHOWN = 12
 
 TOP_LEVEL_FIELDS = ("start", "steps", "limits", "description")
@@ -117,15 +113,6 @@ class InvalidDefinition(Exception):
         return f"the definition is invalid: {shown}{suffix}"
 
 
-class IssueReport(StepReport):
-    """The StepReport the validator hands to step types, with every step id of the
-    definition in ``step_ids`` for fields naming other steps."""
-
-    def __init__(self, step_id: str, *, step_ids: Collection[str] = ()) -> None:
-        super().__init__(step_id)
-        self.step_ids = frozenset(step_ids)
-
-
 # --- canonical form -------------------------------------------------------------------------
 
 
@@ -156,12 +143,6 @@ def _configured_limits(max_bytes: int | None, max_steps: int | None) -> tuple[in
     return max_bytes, max_steps
 
 
-@dataclass
-class _Edge:
-    target: str
-    field: str
-
-
 class _Validation:
     def __init__(self, definition: object, registry: Registry, max_bytes: int, max_steps: int):
         self.definition = definition
@@ -172,7 +153,9 @@ class _Validation:
         # step id -> index of its first occurrence, in definition order
         self.ids: dict[str, int] = {}
         self.types: dict[str, StepType] = {}
-        self.edges: dict[str, list[_Edge]] = {}
+        self.edges: dict[str, list[Edge]] = {}
+        # Reads self.ids when a step is checked, after collect_ids has filled it.
+        self.step_checks = StepChecks(registry, self.ids, self.at_step)
 
     # reporting
 
@@ -356,229 +339,11 @@ class _Validation:
         # A duplicate id is reported once; its other fields are checked under that id.
         owner = sid if sid is not None and self.ids.get(sid) == index else None
 
-        step_type = self.check_type(index, sid, step)
-        if owner is not None and step_type is not None:
-            self.types[owner] = step_type
-        self.check_name(index, sid, step)
-        self.check_retry(index, sid, step, step_type)
-        edges = self.check_next(index, sid, step, step_type)
-        edges.extend(self.check_on_failure(index, sid, step, step_type))
-        if step_type is not None:
-            edges.extend(self.run_type_checks(index, sid, step, step_type))
+        step_type, edges = self.step_checks.check(index, sid, step)
         if owner is not None:
+            if step_type is not None:
+                self.types[owner] = step_type
             self.edges[owner] = edges
-
-    def check_type(self, index: int, sid: str | None, step: dict[Any, Any]) -> StepType | None:
-        if "type" not in step:
-            self.at_step("missing_field", sid, index, "type", "is required")
-            return None
-        name = step["type"]
-        if not isinstance(name, str):
-            self.at_step(
-                "invalid_field", sid, index, "type", f"must be a string, not {type_label(name)}"
-            )
-            return None
-        step_type = self.registry.get(name)
-        if step_type is None:
-            known = ", ".join(self.registry.names())
-            self.at_step(
-                "unknown_step_type",
-                sid,
-                index,
-                "type",
-                f"{show(name)} is not a known step type (known: {known})",
-            )
-        return step_type
-
-    def check_name(self, index: int, sid: str | None, step: dict[Any, Any]) -> None:
-        if "name" not in step:
-            return
-        name = step["name"]
-        if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_LENGTH:
-            self.at_step(
-                "invalid_field",
-                sid,
-                index,
-                "name",
-                f"must be a non-empty string of at most {MAX_NAME_LENGTH} characters",
-            )
-
-    def check_retry(
-        self, index: int, sid: str | None, step: dict[Any, Any], step_type: StepType | None
-    ) -> None:
-        if "retry" not in step:
-            return
-        if step_type is not None and step_type.lane == "fast":
-            self.at_step(
-                "unknown_field",
-                sid,
-                index,
-                "retry",
-                f'is not allowed on a "{step_type.name}" step: it runs inside the walk '
-                "and is never retried",
-            )
-            return
-        retry = step["retry"]
-        if not isinstance(retry, dict):
-            self.at_step(
-                "invalid_field",
-                sid,
-                index,
-                "retry",
-                'must be an object such as {"max_attempts": 3}',
-            )
-            return
-        for key in retry:
-            if key != "max_attempts":
-                self.at_step(
-                    "unknown_field",
-                    sid,
-                    index,
-                    f"retry.{key}",
-                    "is not a retry field (fields: max_attempts)",
-                )
-        if "max_attempts" not in retry:
-            self.at_step("missing_field", sid, index, "retry.max_attempts", "is required")
-            return
-        attempts = retry["max_attempts"]
-        if not is_int(attempts) or not 1 <= attempts <= MAX_RETRY_ATTEMPTS:
-            self.at_step(
-                "invalid_field",
-                sid,
-                index,
-                "retry.max_attempts",
-                f"must be a whole number from 1 to {MAX_RETRY_ATTEMPTS}, not {show(attempts)}",
-            )
-
-    def reference(self, index: int, sid: str | None, field: str, target: object) -> _Edge | None:
-        """Checks one field naming another step; returns the edge when the step exists."""
-        if not isinstance(target, str):
-            self.at_step(
-                "invalid_field", sid, index, field, f"must be a step id, not {type_label(target)}"
-            )
-            return None
-        if target not in self.ids:
-            self.at_step(
-                "unknown_step_reference",
-                sid,
-                index,
-                field,
-                f"refers to unknown step {show(target)}",
-            )
-            return None
-        return _Edge(target, field)
-
-    def check_next(
-        self, index: int, sid: str | None, step: dict[Any, Any], step_type: StepType | None
-    ) -> list[_Edge]:
-        if "next" not in step:
-            return []
-        nxt = step["next"]
-        if step_type is not None and step_type.terminal:
-            self.at_step(
-                "invalid_field",
-                sid,
-                index,
-                "next",
-                f'is not allowed: an "{step_type.name}" step ends the run',
-            )
-            return []
-        if isinstance(nxt, str):
-            edge = self.reference(index, sid, "next", nxt)
-            return [edge] if edge else []
-        if not isinstance(nxt, dict):
-            self.at_step(
-                "invalid_field",
-                sid,
-                index,
-                "next",
-                f"must be a step id or an object mapping outcomes to step ids, "
-                f"not {type_label(nxt)}",
-            )
-            return []
-        outcomes: frozenset[str] | None = None
-        type_name = step_type.name if step_type is not None else ""
-        if step_type is not None and step_type.outcomes is None:
-            self.at_step(
-                "invalid_field",
-                sid,
-                index,
-                "next",
-                f'must be a single step id: a "{step_type.name}" step has no outcomes',
-            )
-            # The targets are still checked and followed, so one mistake gives one issue.
-        elif step_type is not None and step_type.outcomes is not None:
-            outcomes = self.call_type(index, sid, step_type, "outcomes", step_type.outcomes, step)
-        edges: list[_Edge] = []
-        for key, target in nxt.items():
-            field = f"next.{key}"
-            if outcomes is not None and key not in outcomes:
-                self.at_step(
-                    "unknown_outcome",
-                    sid,
-                    index,
-                    field,
-                    f'is not an outcome of a "{type_name}" step '
-                    f"(outcomes: {', '.join(sorted(outcomes)) or 'none'})",
-                )
-            edge = self.reference(index, sid, field, target)
-            if edge:
-                edges.append(edge)
-        return edges
-
-    def check_on_failure(
-        self, index: int, sid: str | None, step: dict[Any, Any], step_type: StepType | None
-    ) -> list[_Edge]:
-        """``on_failure``: the step to enter when this one fails for good (else the run fails)."""
-        if "on_failure" not in step:
-            return []
-        if step_type is not None and step_type.terminal:
-            self.at_step(
-                "invalid_field", sid, index, "on_failure",
-                f'is not allowed: an "{step_type.name}" step ends the run',
-            )  # fmt: skip
-            return []
-        edge = self.reference(index, sid, "on_failure", step["on_failure"])
-        return [edge] if edge else []
-
-    def call_type(
-        self,
-        index: int,
-        sid: str | None,
-        step_type: StepType,
-        what: str,
-        func: Callable[..., Any],
-        *args: Any,
-    ) -> Any:
-        """Calls a step type's own code; a crash there becomes an issue, not an exception."""
-        try:
-            return func(*args)
-        except Exception:
-            logger.exception("step type %r: %s raised", step_type.name, what)
-            self.at_step(
-                "invalid_field",
-                sid,
-                index,
-                None,
-                f'could not be checked: the "{step_type.name}" step type failed ({what})',
-            )
-            return None
-
-    def run_type_checks(
-        self, index: int, sid: str | None, step: dict[Any, Any], step_type: StepType
-    ) -> list[_Edge]:
-        report = IssueReport(sid or f"steps.{index}", step_ids=self.ids.keys())
-        self.call_type(index, sid, step_type, "validate", step_type.validate, step, report)
-        for code, field, message in report.issues:
-            self.at_step(code, sid, index, field or None, message)
-        refs = self.call_type(index, sid, step_type, "references", step_type.references, step)
-        edges: list[_Edge] = []
-        if isinstance(refs, Mapping):
-            for field, target in refs.items():
-                edge = self.reference(index, sid, str(field), target)
-                if edge:
-                    edges.append(edge)
-        return edges
 
     # the graph
 
