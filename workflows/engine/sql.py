@@ -186,10 +186,12 @@ SELECT id, topic, payload::json FROM workflows_outbox
 RELAY_MARK_SENT = "UPDATE workflows_outbox SET sent_at = now() WHERE id = ANY(%(ids)s)"
 
 OUTBOX_CLEANUP = """
-DELETE FROM workflows_outbox
- WHERE id IN (SELECT id FROM workflows_outbox
-               WHERE sent_at < now() - make_interval(secs => %(age)s)
-               LIMIT %(batch)s)
+WITH old AS (
+    SELECT id FROM workflows_outbox
+     WHERE sent_at < now() - make_interval(secs => %(age)s)
+     LIMIT %(batch)s
+)
+DELETE FROM workflows_outbox o USING old WHERE o.id = old.id
 """
 
 # The last resort when the walk itself fails on a settled step (an engine bug, a step type
