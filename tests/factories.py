@@ -17,6 +17,13 @@ def linear_definition(*step_ids: str) -> dict:
     return {"start": ids[0], "steps": steps}
 
 
+# One io step (noop) and an end: a run that waits for an io worker.
+IO_DEFINITION: dict = {
+    "start": "work",
+    "steps": [{"id": "work", "type": "noop", "next": "done"}, {"id": "done", "type": "end"}],
+}
+
+
 class OrganisationFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = Organisation

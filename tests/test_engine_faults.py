@@ -20,14 +20,9 @@ from workflows.models import Run, RunEvent, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
-from .factories import OrganisationFactory
+from .factories import IO_DEFINITION, OrganisationFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-IO_DEFINITION = {
-    "start": "work",
-    "steps": [{"id": "work", "type": "noop", "next": "done"}, {"id": "done", "type": "end"}],
-}
 
 
 def start_io_run(org, key: str = "k") -> int:

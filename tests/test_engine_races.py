@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
 
 import pytest
-from django.db import connection
 
 from workflows.engine.lanes import lane_policy
 from workflows.engine.steps import ClaimedStep, claim, next_after_org
@@ -16,36 +12,10 @@ from workflows.models import Run, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import StartResult, run_start
 
-from .factories import OrganisationFactory
+from .concurrency import race
+from .factories import IO_DEFINITION, OrganisationFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-IO_DEFINITION = {
-    "start": "work",
-    "steps": [{"id": "work", "type": "noop", "next": "done"}, {"id": "done", "type": "end"}],
-}
-
-
-def race(count: int, action: Callable[[int], Any]) -> list[Any]:
-    """Run ``action(i)`` in ``count`` threads released together; return results or errors."""
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-
-    def body(index: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            results[index] = action(index)
-        except Exception as exc:  # reported by the assertions
-            results[index] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return results
 
 
 def ready_steps(org, count: int) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import psycopg
 import pytest
 from django.db import DatabaseError, connection, transaction
@@ -16,6 +14,7 @@ from workflows.services.automations import (
     version_update_draft,
 )
 
+from .concurrency import race
 from .factories import AutomationFactory, linear_definition
 
 pytestmark = pytest.mark.django_db
@@ -129,44 +128,21 @@ def test_invalid_definition_writes_nothing() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_publish_has_exactly_one_winner() -> None:
     draft = version_create_draft(automation=AutomationFactory(), definition=linear_definition("a"))
-    barrier = threading.Barrier(6)
-    outcomes: list[str] = []
 
-    def publish() -> None:
+    def publish(_: int) -> str:
         try:
-            barrier.wait()
             version_publish(version=AutomationVersion.objects.get(pk=draft.pk))
-            outcomes.append("published")
         except AlreadyPublished:
-            outcomes.append("already")
-        finally:
-            connection.close()
+            return "already"
+        return "published"
 
-    threads = [threading.Thread(target=publish) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(outcomes) == ["already"] * 5 + ["published"]
+    assert sorted(race(6, publish)) == ["already"] * 5 + ["published"]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_drafts_get_distinct_numbers() -> None:
     automation = AutomationFactory()
-    barrier = threading.Barrier(5)
-    numbers: list[int] = []
-
-    def draft() -> None:
-        try:
-            barrier.wait()
-            version = version_create_draft(automation=automation, definition=linear_definition("a"))
-            numbers.append(version.number)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=draft) for _ in range(5)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(numbers) == [1, 2, 3, 4, 5]
+    versions = race(
+        5, lambda _: version_create_draft(automation=automation, definition=linear_definition("a"))
+    )
+    assert sorted(version.number for version in versions) == [1, 2, 3, 4, 5]
