@@ -98,6 +98,23 @@ else:
     }
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("WAYMARK_CONN_MAX_AGE", default=60))
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Every connection (web, workers, relay, sweep) is bounded: no statement runs longer than
+# statement_timeout, a transaction left idle (a process stopped mid-transaction, a half-open
+# connection) is ended by the server after idle_in_transaction_session_timeout, releasing its
+# row locks, and TCP keepalives find a dead peer over TCP in about a minute (unix sockets
+# need none). 0 turns a timeout off.
+_DB_OPTIONS = DATABASES["default"].setdefault("OPTIONS", {})
+_DB_OPTIONS.setdefault(
+    "options",
+    "-c statement_timeout={} -c idle_in_transaction_session_timeout={}".format(
+        env.int("WAYMARK_DB_STATEMENT_TIMEOUT_MS", default=60_000),
+        env.int("WAYMARK_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", default=60_000),
+    ),
+)
+_DB_OPTIONS.setdefault("keepalives", 1)
+_DB_OPTIONS.setdefault("keepalives_idle", env.int("WAYMARK_DB_KEEPALIVES_IDLE", default=30))
+_DB_OPTIONS.setdefault("keepalives_interval", 10)
+_DB_OPTIONS.setdefault("keepalives_count", 3)
 if DATABASES["default"]["ENGINE"] not in (
     "config.embedded_db",
     "django.db.backends.postgresql",
@@ -218,6 +235,12 @@ WAYMARK = {
     "ENABLE_PROBE_STEPS": env.bool("WAYMARK_ENABLE_PROBE_STEPS", default=False),
     # Sent outbox rows are deleted after this long.
     "OUTBOX_RETENTION_SECONDS": env.int("WAYMARK_OUTBOX_RETENTION_SECONDS", default=3_600),
+    # Inline (quick) steps one walk may run in one transaction, and for how long; the rest
+    # continues from a continuation row on the io lane.
+    "WALK_INLINE_STEPS": env.int("WAYMARK_WALK_INLINE_STEPS", default=100),
+    "WALK_INLINE_MS": env.float("WAYMARK_WALK_INLINE_MS", default=50.0),
+    # The sweep fires passed deadlines and due retries this often.
+    "SWEEP_SECONDS": env.float("WAYMARK_SWEEP_SECONDS", default=1.0),
     # How long a stopping worker lets running steps finish before releasing them.
     "SHUTDOWN_GRACE_SECONDS": env.float("WAYMARK_SHUTDOWN_GRACE_SECONDS", default=10.0),
 }

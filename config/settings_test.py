@@ -8,3 +8,7 @@ from .settings import *  # noqa: F403
 from .settings import WAYMARK
 
 WAYMARK = {**WAYMARK, "ENABLE_PROBE_STEPS": True}
+
+# A walk's time budget is tested on its own (tests/test_bounded_work.py); elsewhere a loaded
+# machine must not turn an inline walk into a continuation in the middle of a test.
+WAYMARK["WALK_INLINE_MS"] = 60_000.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from workflows.engine.executors import StepResult
 from workflows.engine.lanes import lane_policy
 from workflows.engine.steps import claim, settle_success
 from workflows.engine.transport import own_connection
-from workflows.engine.worker import Worker
+from workflows.engine.worker import Attempt, Worker
 from workflows.models import Run, RunEvent, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
@@ -132,15 +133,15 @@ def test_a_claim_for_one_slot_is_not_stuck_behind_a_locked_organisation(org) -> 
 
 def test_a_worker_cut_off_from_the_database_gives_up_its_leases(org) -> None:
     worker = Worker(lane_policy("io"), concurrency=1, name="w")
-    pair = (1, 1)
-    worker.lost[pair] = threading.Event()
-    worker.extended[pair] = time.monotonic() - worker.policy.lease_seconds  # no extension
-    fresh = (2, 1)
-    worker.lost[fresh] = threading.Event()
-    worker.extended[fresh] = time.monotonic()
+    run_id = start_io_run(org)
+    (step,) = claim(policy=worker.policy, worker="w", limit=1)
+    now = time.monotonic()
+    stale = Attempt(step, deadline=now + 60, extended=now - worker.policy.lease_seconds)
+    fresh = Attempt(replace(step, attempt=2), deadline=now + 60, extended=now)
+    worker.inflight = {stale.key: stale, fresh.key: fresh}
     worker._give_up_stale_leases()
-    assert worker.lost[pair].is_set()
-    assert not worker.lost[fresh].is_set()
+    assert stale.lost.is_set(), run_id
+    assert not fresh.lost.is_set()
 
 
 def test_a_step_of_a_run_past_its_max_age_is_not_executed(org) -> None:
@@ -153,7 +154,7 @@ def test_a_step_of_a_run_past_its_max_age_is_not_executed(org) -> None:
     worker = Worker(lane_policy("io"), concurrency=1, name="w")
     (step,) = claim(policy=worker.policy, worker="w", limit=1)
     assert step.run_expired
-    worker._execute(step)
+    worker._execute(Attempt(step, deadline=time.monotonic() + 60, extended=time.monotonic()))
     run = Run.objects.get(pk=run_id)
     assert run.status == "failed"
     assert run.error.startswith("max_age_exceeded")

@@ -19,37 +19,72 @@ from workflows.states import (
 GUARD = re.compile(r"status\s*(?:=\s*'(\w+)'|IN\s*\(([^)]*)\))", re.IGNORECASE)
 
 
-def guarded_sources(statement: str) -> set[str]:
-    where = statement[statement.upper().rindex("WHERE") :]
+def sources_in(guard: str) -> set[str]:
     found: set[str] = set()
-    for single, many in GUARD.findall(where):
+    for single, many in GUARD.findall(guard):
         found |= {single} if single else {v.strip().strip("'") for v in many.split(",")}
     return found
 
 
-@pytest.mark.parametrize(
-    ("statement", "target"),
-    [
-        (sql.SETTLE_DONE, StepStatus.DONE),
-        (sql.SETTLE_FAILED, StepStatus.FAILED),
-        (sql.SETTLE_RETRY, StepStatus.READY),
-        (sql.RELEASE, StepStatus.READY),
-        (sql.CLAIM, StepStatus.RUNNING),
-    ],
-)
-def test_step_transitions_use_declared_sources(statement: str, target: StepStatus) -> None:
-    sources = guarded_sources(statement)
-    assert sources, "every transition must guard on the current status"
-    assert sources <= set(step_sources(target))
+# (statement, target status, the guard its transition UPDATE carries)
+STEP_CHANGES = [
+    (sql.CLAIM, StepStatus.RUNNING, "s.status IN ('ready', 'running')"),
+    (sql.CLAIM, StepStatus.WAITING, "s.status IN ('ready', 'running')"),  # run paused
+    (sql.CLAIM, StepStatus.CANCELLED, "s.status IN ('ready', 'running')"),  # run ended
+    (sql.SETTLE_DONE, StepStatus.DONE, "status = 'running'"),
+    (sql.SETTLE_FAILED, StepStatus.FAILED, "status = 'running'"),
+    (sql.SETTLE_RETRY, StepStatus.WAITING, "status = 'running'"),
+    (sql.SETTLE_PARK, StepStatus.WAITING, "status = 'running'"),
+    (sql.PROMOTE_DUE_RETRIES, StepStatus.READY, "s.status = 'waiting'"),
+    (sql.WAKE_DONE, StepStatus.DONE, "status = 'waiting'"),
+    (sql.WAKE_READY, StepStatus.READY, "status = 'waiting'"),
+    (sql.WAKE_READY, StepStatus.WAITING, "status = 'waiting'"),  # run paused: stays parked
+    (sql.RELEASE, StepStatus.READY, "s.status = 'running'"),
+    (sql.CANCEL_LIVE_STEPS, StepStatus.CANCELLED, "status IN ('ready', 'running', 'waiting')"),
+    (sql.PARK_READY_STEPS, StepStatus.WAITING, "status = 'ready'"),
+    (sql.UNPARK_STEPS, StepStatus.READY, "status = 'waiting'"),
+    (sql.RETRY_FAILED_STEPS, StepStatus.READY, "status = 'failed'"),
+    (sql.FAIL_STEP_AND_RUN, StepStatus.FAILED, "status = 'running'"),
+]
 
 
-def test_run_finish_uses_declared_sources() -> None:
+@pytest.mark.parametrize(("statement", "target", "guard"), STEP_CHANGES)
+def test_step_transitions_use_declared_sources(
+    statement: str, target: StepStatus, guard: str
+) -> None:
+    assert guard in statement, "every transition must guard on the current status"
+    assert sources_in(guard) <= set(step_sources(target))
+
+
+def test_every_statement_that_sets_a_step_status_is_checked() -> None:
+    checked = {statement for statement, _, _ in STEP_CHANGES}
+    for name in dir(sql):
+        statement = getattr(sql, name)
+        if isinstance(statement, str) and re.search(
+            r"UPDATE workflows_step( \w+)?\s+SET status =", statement
+        ):
+            assert statement in checked, name
+
+
+def test_the_heartbeat_extends_only_running_steps() -> None:
+    assert "s.status = 'running'" in sql.HEARTBEAT.split("extended AS")[0]
+    assert "s.status = 'running'" in sql.HEARTBEAT.split("extended AS")[1]
+
+
+def test_run_status_changes_use_declared_sources() -> None:
+    walk_guard = "status IN ('running', 'paused')"
+    assert walk_guard in sql.UPDATE_RUN
     for target in (RunStatus.SUCCEEDED, RunStatus.FAILED):
-        assert guarded_sources(sql.UPDATE_RUN) == {"running"} <= set(run_sources(target))
+        assert sources_in(walk_guard) <= set(run_sources(target))
+    assert "r.status IN ('running', 'paused')" in sql.FAIL_STEP_AND_RUN
+    # Run control passes its sources from workflows.states (services/control.py).
+    assert "status = ANY(%(sources)s)" in sql.SET_RUN_STATUS
 
 
-def test_finished_states_are_final() -> None:
+def test_finished_states_are_final_except_an_operators_retry() -> None:
     for table in (RUN_TRANSITIONS, STEP_TRANSITIONS):
         for status, targets in table.items():
-            if status in {"succeeded", "failed", "cancelled", "done"}:
+            if status in {"succeeded", "cancelled", "done"}:
                 assert targets == frozenset(), status
+    assert RUN_TRANSITIONS[RunStatus.FAILED] == {RunStatus.RUNNING}
+    assert STEP_TRANSITIONS[StepStatus.FAILED] == {StepStatus.READY}

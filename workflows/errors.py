@@ -125,3 +125,25 @@ class PayloadTooLarge(WaymarkError):
 class UnknownRun(NotFound):
     code = "unknown_run"
     default_detail = "No run {run_id} in this organisation."
+
+
+class RunStateConflict(Conflict):
+    """A run-control action the run's status does not allow (cancel a finished run, pause a
+    paused one, resume a running one, retry a run that did not fail)."""
+
+    code = "run_state_conflict"
+    default_detail = "The run is {status}; it cannot be {action}ed."
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "status": self.extra["status"], "action": self.extra["action"]}
+
+
+class NothingToRetry(RunStateConflict):
+    code = "nothing_to_retry"
+    default_detail = (
+        "Run {run_id} failed without a failed step to run again (a budget, its max age, or an "
+        "end step with status failed); start a new run instead."
+    )
+
+    def __init__(self, run_id: int) -> None:
+        super().__init__(run_id=run_id, status="failed", action="retry")

@@ -13,47 +13,72 @@ from django.db import models
 
 class RunStatus(models.TextChoices):
     RUNNING = "running"  # has at least one live step (ready, running or waiting)
+    PAUSED = "paused"  # an operator paused it: nothing of it is claimed until resumed
     SUCCEEDED = "succeeded"
-    FAILED = "failed"
+    FAILED = "failed"  # final unless an operator retries it
     CANCELLED = "cancelled"
 
 
 class StepStatus(models.TextChoices):
-    READY = "ready"  # claimable by a worker of its lane once lease_until has passed
+    READY = "ready"  # claimable by a worker of its lane now (lease_until has passed)
     RUNNING = "running"  # claimed; owner holds it until lease_until, fenced by attempt
-    WAITING = "waiting"  # parked on time or the outside world (timers, signals, approvals)
+    # Parked: not claimable, holds no slot and no lease. `wait_kind` says on what (a retry
+    # backoff, a timer, a signal, an approval, a paused run), `wake_at` when time wakes it.
+    WAITING = "waiting"
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
 
+class WaitKind(models.TextChoices):
+    """What a waiting step waits for. Time-bound kinds have a `wake_at`."""
+
+    RETRY = "retry"  # backoff before its next attempt: ready at wake_at
+    PAUSED = "paused"  # its run is paused: ready again when the run resumes
+    EXTERNAL = "external"  # a wake from outside (a signal, a decision, a timer, a test probe)
+
+
 RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.RUNNING: frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}),
+    RunStatus.RUNNING: frozenset(
+        {RunStatus.PAUSED, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
+    ),
+    # A step that was already running when the run was paused may still settle: it can fail
+    # the run, or end its last path.
+    RunStatus.PAUSED: frozenset(
+        {RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
+    ),
     RunStatus.SUCCEEDED: frozenset(),
-    RunStatus.FAILED: frozenset(),
+    RunStatus.FAILED: frozenset({RunStatus.RUNNING}),  # an operator's retry
     RunStatus.CANCELLED: frozenset(),
 }
 
 STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {
-    # claim; cancel
-    StepStatus.READY: frozenset({StepStatus.RUNNING, StepStatus.CANCELLED}),
-    # settle; fail; retry later (ready); re-claim after the lease lapsed (running); cancel
+    # claim; cancel; park (its run is paused)
+    StepStatus.READY: frozenset({StepStatus.RUNNING, StepStatus.CANCELLED, StepStatus.WAITING}),
+    # settle; fail; park (a wait, or a retry's backoff); hand back (ready); re-claim after
+    # the lease lapsed (running); cancel
     StepStatus.RUNNING: frozenset(
         {
             StepStatus.DONE,
             StepStatus.FAILED,
+            StepStatus.WAITING,
             StepStatus.READY,
             StepStatus.RUNNING,
             StepStatus.CANCELLED,
         }
     ),
-    StepStatus.WAITING: frozenset({StepStatus.READY, StepStatus.DONE, StepStatus.CANCELLED}),
+    # wake to run again (ready) or with an outcome (done); the deadline; cancel; a paused
+    # run's ready-again step stays parked (waiting -> waiting, kind paused)
+    StepStatus.WAITING: frozenset(
+        {StepStatus.READY, StepStatus.DONE, StepStatus.CANCELLED, StepStatus.WAITING}
+    ),
     StepStatus.DONE: frozenset(),
-    StepStatus.FAILED: frozenset(),
+    StepStatus.FAILED: frozenset({StepStatus.READY}),  # an operator's retry: a new series
     StepStatus.CANCELLED: frozenset(),
 }
 
 RUN_FINISHED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+RUN_LIVE = frozenset({RunStatus.RUNNING, RunStatus.PAUSED})
 STEP_LIVE = frozenset({StepStatus.READY, StepStatus.RUNNING, StepStatus.WAITING})
 
 

@@ -1,19 +1,37 @@
 """What each built step type does when it runs, registered by type name.
 
 Quick types (lane "fast") run inline in the walk, inside its transaction: they touch nothing
-outside the database. Lane types run in a worker, outside any transaction. Every executor
-is a pure function of the step's definition and the run's template context.
+outside the database. Lane types run in a worker, outside any transaction. An executor is
+called with the step's definition, the run's template context and a StepContext (who and
+which attempt it is, its effect key, its deadline), and returns a StepResult, which may park
+the step, or raises StepFailure.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..definitions.expressions import ExpressionError, evaluate_condition, render_value
+
+
+@dataclass(frozen=True)
+class Park:
+    """Returned by an executor (in ``StepResult.park``) to make its step wait.
+
+    The step then holds no worker slot and no lease until it is woken through
+    ``workflows.engine.waits.wake_step`` (a signal, a decision, a timer), or until
+    ``deadline_seconds`` pass: then it ends with ``on_deadline`` as its outcome, or becomes
+    ready to run again when ``on_deadline`` is None. ``detail`` says what it waits for (a
+    signal name and correlation key, an approval id); it is stored and shown to operators.
+    """
+
+    deadline_seconds: float
+    on_deadline: str | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -22,6 +40,7 @@ class StepResult:
     outcome: str | None = None  # picks the branch of a mapped `next`
     vars: dict[str, Any] = field(default_factory=dict)  # merged into the run's vars
     finish: str | None = None  # "succeeded" / "failed": this step ends the run
+    park: Park | None = None  # the step waits instead of finishing (see Park)
 
 
 class StepFailure(Exception):
@@ -33,30 +52,38 @@ class StepFailure(Exception):
 
 
 @dataclass(frozen=True)
-class StepRuntime:
-    """What a running executor may ask about its own attempt."""
+class StepContext:
+    """What an executor is told about the step execution it performs.
 
-    attempt: int = 1  # the fencing token
-    # Set by the worker's heartbeat when a newer attempt took the step over: a long
-    # executor should stop at its next safe point, since its result would be refused.
-    lease_lost: threading.Event = field(default_factory=threading.Event)
+    ``effect_key`` identifies this step execution, not the attempt: ``run/step/iteration``,
+    the same on every retry and after a crash, different for each pass of a loop. Outside
+    calls are keyed by it so a retry finds the first attempt's effect; a loop's second pass
+    is a real second send. (Wake-up message ids are the opposite: they include the attempt.)
+    """
+
+    org_id: int
+    run_id: int
+    step_id: str
+    iteration: int
+    attempt: int  # the fencing token; grows with every claim
+    lane: str
+    # When this attempt must be done (time.monotonic() clock); None inline in the walk.
+    deadline: float | None = None
+    # Set by the worker's heartbeat when the step was taken over, cancelled or timed out:
+    # a long executor should stop at its next safe point, since its result will be dropped.
+    lease_lost: threading.Event = field(default_factory=threading.Event, compare=False)
+    # Why a woken step runs again (the wake's payload), when it was parked and woken ready.
+    woken_with: Mapping[str, Any] | None = None
+
+    @property
+    def effect_key(self) -> str:
+        return f"{self.run_id}/{self.step_id}/{self.iteration}"
+
+    def seconds_left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
 
-# Set by the worker around each executor call; unset (None) when a step runs inline.
-CURRENT_STEP: ContextVar[StepRuntime | None] = ContextVar("CURRENT_STEP", default=None)
-
-
-def current_attempt() -> int:
-    runtime = CURRENT_STEP.get()
-    return runtime.attempt if runtime else 1
-
-
-def lease_lost() -> bool:
-    runtime = CURRENT_STEP.get()
-    return runtime is not None and runtime.lease_lost.is_set()
-
-
-Executor = Callable[[Mapping[str, Any], Mapping[str, Any]], StepResult]
+Executor = Callable[[Mapping[str, Any], Mapping[str, Any], StepContext], StepResult]
 _EXECUTORS: dict[str, Executor] = {}
 
 
@@ -79,12 +106,12 @@ def _render(value: Any, context: Mapping[str, Any]) -> Any:
         raise StepFailure(f"template error: {exc}", retryable=False) from exc
 
 
-def run_set(step: Mapping[str, Any], context: Mapping[str, Any]) -> StepResult:
+def run_set(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
     values = _render(step.get("values", {}), context)
     return StepResult(output=values, vars=dict(values))
 
 
-def run_branch(step: Mapping[str, Any], context: Mapping[str, Any]) -> StepResult:
+def run_branch(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
     for case in step.get("when", []):  # in order: the first condition that holds wins
         outcome = case["outcome"]
         try:
@@ -95,12 +122,12 @@ def run_branch(step: Mapping[str, Any], context: Mapping[str, Any]) -> StepResul
     return StepResult(output={"outcome": "default"}, outcome="default")
 
 
-def run_end(step: Mapping[str, Any], context: Mapping[str, Any]) -> StepResult:
+def run_end(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
     output = _render(step["output"], context) if "output" in step else None
     return StepResult(output=output, finish=step.get("status", "succeeded"))
 
 
-def run_noop(step: Mapping[str, Any], context: Mapping[str, Any]) -> StepResult:
+def run_noop(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
     output = _render(step["output"], context) if "output" in step else None
     return StepResult(output=output, outcome="ok")
 

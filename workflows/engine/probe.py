@@ -1,6 +1,7 @@
 """The `probe` step type, for the crash and fencing tests and the benchmarks only.
 
-It runs on the io lane and can sleep, fail, or kill its own worker on chosen attempts. It is
+It runs on the io lane and can sleep, fail, park (wait for a wake or a deadline), or kill its
+own worker on chosen attempts. It is
 registered only when WAYMARK_ENABLE_PROBE_STEPS is true (the test settings turn it on): a
 production automation can never contain a step that kills workers.
 """
@@ -13,9 +14,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..definitions.registry import StepReport, StepType, registry
-from .executors import StepFailure, StepResult, current_attempt, lease_lost, register_executor
+from .executors import Park, StepContext, StepFailure, StepResult, register_executor
 
-FIELDS = {"sleep_seconds", "sleep_attempts", "fail_attempts", "crash_attempts", "output"}
+FIELDS = {
+    "sleep_seconds", "sleep_attempts", "fail_attempts", "crash_attempts", "output",
+    "park_seconds", "park_outcome",
+}  # fmt: skip
 
 
 def _validate(step: Mapping[str, Any], report: StepReport) -> None:
@@ -25,20 +29,35 @@ def _validate(step: Mapping[str, Any], report: StepReport) -> None:
     sleep = step.get("sleep_seconds", 0)
     if not isinstance(sleep, int | float) or not 0 <= sleep <= 120:
         report.error("sleep_seconds", "must be a number from 0 to 120")
+    park = step.get("park_seconds")
+    if park is not None and (not isinstance(park, int | float) or not 0 <= park <= 86_400):
+        report.error("park_seconds", "must be a number of seconds from 0 to 86400")
+    if not isinstance(step.get("park_outcome", ""), str):
+        report.error("park_outcome", "must be a string")
     for name in ("sleep_attempts", "fail_attempts", "crash_attempts"):
         value = step.get(name, 0)
         if not isinstance(value, int) or value < 0:
             report.error(name, "must be a non-negative integer")
 
 
-def run_probe(step: Mapping[str, Any], context: Mapping[str, Any]) -> StepResult:
-    attempt = current_attempt()
+def run_probe(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
+    attempt = ctx.attempt
+    if "park_seconds" in step and ctx.woken_with is None:
+        # Wait for a wake (wake_step) or the deadline; a wake to ready runs it again.
+        return StepResult(
+            output={"parked_by": os.getpid()},
+            park=Park(
+                deadline_seconds=step["park_seconds"],
+                on_deadline=step.get("park_outcome"),
+                detail={"probe": True},
+            ),
+        )
     if attempt <= step.get("crash_attempts", 0):
         os._exit(137)  # as if the worker were SIGKILLed mid-step
     if attempt <= step.get("sleep_attempts", attempt):
         # Sleep in slices and stop early once the lease is lost, as a long step should.
         deadline = time.monotonic() + step.get("sleep_seconds", 0)
-        while time.monotonic() < deadline and not lease_lost():
+        while time.monotonic() < deadline and not ctx.lease_lost.is_set():
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     if attempt <= step.get("fail_attempts", 0):
         raise StepFailure(f"probe failure on attempt {attempt}")

@@ -9,7 +9,8 @@ it. Settling and walking to the next steps commit together.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -18,25 +19,29 @@ from django.db import connection, transaction
 
 from ..definitions.expressions import build_context
 from . import sql
-from .executors import StepFailure, StepResult
+from .definition_cache import definition_for
+from .executors import StepContext, StepFailure, StepResult
 from .faults import crash_point
 from .lanes import LanePolicy
-from .versions import definition_for
-from .walk import Walk, event_row, insert_events, insert_wakes, json_or_null, lock_run
+from .sql.rows import event_row, fetch_dicts, insert_events, insert_wakes, json_or_null
+from .walk import CONTINUATION_TYPE, Walk, lock_run
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ClaimedStep:
+    """One claimed step, as the claim returns it (columns by name)."""
+
     id: int
     org_id: int
     run_id: int
     step_id: str
     iteration: int
     type: str
+    lane: str
     attempt: int  # the fencing token
-    released: int
+    attempts_used: int  # claims of this series that ran (or died running); hand-backs excluded
     max_attempts: int
     version_id: int
     # The run's template data as of the claim.
@@ -45,15 +50,23 @@ class ClaimedStep:
     run_outputs: dict[str, Any] = field(repr=False)
     run_created_at: datetime = field(repr=False)
     run_expired: bool = False  # the run is past its max age (the database's clock)
+    wait_detail: dict[str, Any] | None = field(default=None, repr=False)
 
-    @property
-    def attempts_used(self) -> int:
-        """Claims that ran (or died running): hand-backs on shutdown do not count."""
-        return self.attempt - self.released
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ClaimedStep:
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
 
     @property
     def poisoned(self) -> bool:
         return self.attempts_used > self.max_attempts
+
+    @property
+    def is_continuation(self) -> bool:
+        return self.type == CONTINUATION_TYPE
+
+    @property
+    def woken_with(self) -> dict[str, Any] | None:
+        return (self.wait_detail or {}).get("woken_with")
 
 
 def claim(*, policy: LanePolicy, worker: str, limit: int, after_org: int = 0) -> list[ClaimedStep]:
@@ -67,7 +80,14 @@ def claim(*, policy: LanePolicy, worker: str, limit: int, after_org: int = 0) ->
                 "lease": policy.lease_seconds, "after_org": after_org,
             },
         )  # fmt: skip
-        return [ClaimedStep(*row) for row in cursor.fetchall()]
+        return [ClaimedStep.from_row(row) for row in fetch_dicts(cursor)]
+
+
+def promote_due_retries(*, lane: str, worker: str, limit: int = 500) -> int:
+    """Retries of ``lane`` whose backoff has passed become ready; returns how many."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.PROMOTE_DUE_RETRIES, {"lane": lane, "n": limit, "worker": worker})
+        return cursor.rowcount
 
 
 def next_after_org(claimed: list[ClaimedStep], after_org: int) -> int:
@@ -80,17 +100,39 @@ def next_after_org(claimed: list[ClaimedStep], after_org: int) -> int:
     return max(wrapped) if wrapped else max(served)
 
 
+@dataclass(frozen=True)
+class Beat:
+    extended: set[tuple[int, int]]  # leases extended now
+    lost: set[tuple[int, int]]  # taken over, cancelled or settled: stop these attempts
+    # The rest were locked by another transaction: unknown, tried again at the next beat.
+
+
 def heartbeat(
     conn: psycopg.Connection, *, held: list[tuple[int, int]], lease_seconds: float
-) -> set[tuple[int, int]]:
-    """Extend the leases in ``held`` ((step id, attempt) pairs); return the pairs still held."""
+) -> Beat:
+    """Extend the leases in ``held`` ((step id, attempt) pairs), each on its own."""
     if not held:
-        return set()
+        return Beat(set(), set())
     ids, attempts = zip(*held, strict=True)
-    rows = conn.execute(
+    cursor = conn.execute(
         sql.HEARTBEAT, {"ids": list(ids), "attempts": list(attempts), "lease": lease_seconds}
-    ).fetchall()
-    return {(row[0], row[1]) for row in rows}
+    )
+    rows = fetch_dicts(cursor)
+    return Beat(
+        extended={(r["id"], r["attempt"]) for r in rows if r["extended"]},
+        lost={(r["id"], r["attempt"]) for r in rows if not r["held"]},
+    )
+
+
+def step_context(
+    step: ClaimedStep, *, deadline: float | None = None, lost: threading.Event | None = None
+) -> StepContext:
+    """What the executor of a claimed step is told (see StepContext)."""
+    return StepContext(
+        org_id=step.org_id, run_id=step.run_id, step_id=step.step_id,
+        iteration=step.iteration, attempt=step.attempt, lane=step.lane, deadline=deadline,
+        lease_lost=lost or threading.Event(), woken_with=step.woken_with,
+    )  # fmt: skip
 
 
 def run_context(step: ClaimedStep) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -109,8 +151,10 @@ def run_context(step: ClaimedStep) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> bool:
     """Record the result and walk on, in one transaction. False: this attempt was fenced out."""
+    if result.park is not None:
+        return _settle_park(step, result, worker=worker)
     definition = definition_for(step.version_id)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
         run = lock_run(cursor, step.run_id)  # lock order everywhere: the run, then its steps
         cursor.execute(
             sql.SETTLE_DONE,
@@ -136,7 +180,7 @@ def settle_failure(
     if failure.retryable and step.attempts_used < step.max_attempts:
         return _schedule_retry(step, error, worker=worker, policy=policy)
     definition = definition_for(step.version_id)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
         run = lock_run(cursor, step.run_id)
         cursor.execute(sql.SETTLE_FAILED, {"id": step.id, "attempt": step.attempt, "error": error})
         if cursor.fetchone() is None:
@@ -152,9 +196,51 @@ def settle_failure(
     return True
 
 
+def _settle_park(step: ClaimedStep, result: StepResult, *, worker: str) -> bool:
+    """The executor parked its step: it waits without a slot or a lease (see Park)."""
+    park = result.park
+    assert park is not None
+    detail = {**park.detail, "on_deadline": park.on_deadline}
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        lock_run(cursor, step.run_id)  # the run, then its step: like every settle
+        cursor.execute(
+            sql.SETTLE_PARK,
+            {
+                "id": step.id, "attempt": step.attempt, "deadline": park.deadline_seconds,
+                "detail": json_or_null(detail), "output": json_or_null(result.output),
+            },
+        )  # fmt: skip
+        if cursor.fetchone() is None:
+            return False
+        insert_events(cursor, [_step_event(step, "step.waiting", worker, {
+            **park.detail, "deadline_seconds": park.deadline_seconds,
+            "on_deadline": park.on_deadline,
+        })])  # fmt: skip
+    return True
+
+
+def settle_continuation(step: ClaimedStep, *, worker: str) -> bool:
+    """Walk on from a continuation row's pending entries, in one transaction with its settle."""
+    definition = definition_for(step.version_id)
+    pending = list((step.wait_detail or {}).get("enter", []))
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        run = lock_run(cursor, step.run_id)
+        cursor.execute(sql.SETTLE_DONE, {"id": step.id, "attempt": step.attempt, "output": None})
+        if cursor.fetchone() is None:
+            return False
+        walk = Walk(cursor, run, definition, worker=worker)
+        walk.event("walk.continued", step.step_id, iteration=step.iteration,
+                   attempt=step.attempt, detail={"enter": pending})  # fmt: skip
+        if not walk.finished:
+            walk.dirty = True
+            walk.enter(pending)
+        walk.flush()
+    return True
+
+
 def _schedule_retry(step: ClaimedStep, error: str, *, worker: str, policy: LanePolicy) -> bool:
     delay = policy.backoff(step.attempts_used)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
         cursor.execute(
             sql.SETTLE_RETRY,
             {"id": step.id, "attempt": step.attempt, "error": error, "delay": delay},
@@ -172,23 +258,24 @@ def release(*, held: list[tuple[int, int]], worker: str, lane: str) -> int:
     if not held:
         return 0
     ids, attempts = zip(*held, strict=True)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
         cursor.execute(sql.RELEASE, {"ids": list(ids), "attempts": list(attempts)})
-        rows = cursor.fetchall()
+        rows = fetch_dicts(cursor)
         insert_events(
             cursor,
             [
-                event_row(org, run, "step.released", sid, iteration=it, attempt=att, worker=worker)
-                for _, org, run, sid, it, att in rows
+                event_row(r["org_id"], r["run_id"], "step.released", r["step_id"],
+                          iteration=r["iteration"], attempt=r["attempt"], worker=worker)
+                for r in rows
             ],
-        )
-        insert_wakes(cursor, [(org, run, lane) for _, org, run, *_ in rows])
+        )  # fmt: skip
+        insert_wakes(cursor, [(r["org_id"], r["run_id"], r["lane"]) for r in rows])
     return len(rows)
 
 
 def fail_step_and_run(step: ClaimedStep, error: str, *, worker: str) -> bool:
     """Fail the step and its run without walking (see sql.FAIL_STEP_AND_RUN)."""
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
         lock_run(cursor, step.run_id)  # the one lock order: the run, then its step
         cursor.execute(
             sql.FAIL_STEP_AND_RUN, {"id": step.id, "attempt": step.attempt, "error": error}

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .signals import on_stop_signal
+from .stop_signals import on_stop_signal
 
 logger = logging.getLogger(__name__)
 

@@ -2,30 +2,52 @@
 
 A caller (run start, a worker's settle, later a timer or a signal) locks the run row, tells
 the walk what happened, and flushes. The walk enters the next steps of the definition: quick
-steps (lane "fast": set, branch, end) run inline right here and never wait in a queue; other
-steps become `ready` rows with an outbox row that wakes their lane. Budgets (max steps, max
-age) are enforced on every entry. Each transition is recorded as a run event in the same
-transaction, so history, state and wake-ups commit together or not at all.
+steps (lane "fast": set, branch, end) run inline right here and never wait in a queue, at most
+WALK_INLINE_STEPS of them (or WALK_INLINE_MS) per transaction, after which a continuation row
+carries on from a worker; other steps become `ready` rows with an outbox row that wakes their
+lane. While the run is paused nothing new becomes claimable: what it would enter waits in a
+parked continuation until resume. When the run ends, every live step of it ends too. Budgets
+(max steps, max age) are enforced on every entry. Each transition is recorded as a run event
+in the same transaction, so history, state and wake-ups commit together or not at all.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import connection
 from psycopg.types.json import Jsonb
 
 from ..definitions.expressions import build_context
 from ..definitions.registry import registry
-from ..states import RunStatus, StepStatus
-from .executors import StepFailure, StepResult, executor_for
-from .lanes import lane_policy
-from .sql import LIVE_STEPS, LOCK_RUN, UPDATE_RUN
+from ..states import RunStatus, StepStatus, WaitKind
+from .executors import StepContext, StepFailure, StepResult, executor_for
+from .lanes import engine_setting, lane_policy
+from .sql import CANCEL_LIVE_STEPS, LIVE_STEPS, LOCK_RUN, UPDATE_RUN
+from .sql.rows import (
+    NOW,
+    STEP_COLUMNS,
+    NowPlus,
+    event_row,
+    fetch_dict,
+    fetch_dicts,
+    insert_events,
+    insert_rows,
+    insert_wakes,
+    json_or_null,
+)
 
-NOW = object()  # placeholder for the database's now() in inserted rows
+# A continuation: the walk's pending entries, continued by a worker of this lane (io, which
+# every engine runs) when the walk reached its inline budget or the run is paused. Its step
+# id cannot clash with a definition's (step ids are lowercase letters, digits, underscores).
+CONTINUATION_STEP = "~continue"
+CONTINUATION_TYPE = "continue"
+CONTINUATION_LANE = "io"
 
 
 @dataclass
@@ -45,11 +67,12 @@ class RunState:
 
 
 def lock_run(cursor: Any, run_id: int) -> RunState:
+    """Lock the run (the first lock of every transition: the run, then its steps)."""
     cursor.execute(LOCK_RUN, {"id": run_id})
-    row = cursor.fetchone()
+    row = fetch_dict(cursor)
     if row is None:
         raise LookupError(f"run {run_id} does not exist")
-    return RunState(*row)
+    return RunState(**row)
 
 
 def next_step_ids(step: Mapping[str, Any], outcome: str | None) -> list[str]:
@@ -61,69 +84,6 @@ def next_step_ids(step: Mapping[str, Any], outcome: str | None) -> list[str]:
     # An outcome the mapping does not name ends this path (docs/definitions.md, `next`).
     chosen = target.get(outcome) if outcome is not None else None
     return [chosen] if chosen else []
-
-
-def insert_rows(cursor: Any, table: str, columns: Sequence[str], rows: list[tuple]) -> None:
-    """One multi-row INSERT; NOW in a row becomes the database's now()."""
-    if not rows:
-        return
-    params: list[Any] = []
-    groups = []
-    for row in rows:
-        cells = []
-        for value in row:
-            if value is NOW:
-                cells.append("now()")
-            else:
-                cells.append("%s")
-                params.append(value)
-        groups.append(f"({', '.join(cells)})")
-    cursor.execute(
-        f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join(groups)}",  # noqa: S608
-        params,
-    )
-
-
-def json_or_null(value: Any) -> Jsonb | None:
-    return None if value is None else Jsonb(value)
-
-
-STEP_COLUMNS = (
-    "org_id", "run_id", "step_id", "iteration", "type", "lane", "status", "attempt",
-    "released", "max_attempts", "lease_until", "output", "error", "finished_at",
-)  # fmt: skip
-EVENT_COLUMNS = (
-    "org_id", "run_id", "kind", "step_id", "iteration", "attempt", "worker", "detail", "at",
-)  # fmt: skip
-
-
-def event_row(
-    org_id: int,
-    run_id: int,
-    kind: str,
-    step_id: str = "",
-    *,
-    iteration: int | None = None,
-    attempt: int | None = None,
-    worker: str = "",
-    detail: Any = None,
-) -> tuple:
-    """One run event, for insert_events: every transition of a run is one of these."""
-    return (org_id, run_id, kind, step_id, iteration, attempt, worker, json_or_null(detail), NOW)
-
-
-def insert_events(cursor: Any, rows: list[tuple]) -> None:
-    insert_rows(cursor, "workflows_runevent", EVENT_COLUMNS, rows)
-
-
-def insert_wakes(cursor: Any, wakes: list[tuple[int, int, str]]) -> None:
-    """Outbox rows waking a lane, from (org id, run id, lane) triples."""
-    insert_rows(
-        cursor,
-        "workflows_outbox",
-        ("org_id", "topic", "payload", "created_at"),
-        [(org, "lane.wake", Jsonb({"lane": lane, "run": run}), NOW) for org, run, lane in wakes],
-    )
 
 
 class Walk:
@@ -144,6 +104,12 @@ class Walk:
         self.dirty = False
         self.queue: deque[str] = deque()
         self.draining = False
+        # Inline work is bounded per transaction: past either limit, the rest is continued
+        # by a worker from a continuation row, so no definition can make a start request or
+        # a settle hold the run's lock for long.
+        self.inline_left = int(engine_setting("WALK_INLINE_STEPS"))
+        self.inline_until = time.monotonic() + engine_setting("WALK_INLINE_MS") / 1000
+        assert connection.in_atomic_block, "the walk runs inside its caller's transaction"
 
     # --- recording --------------------------------------------------------------------------
 
@@ -175,12 +141,16 @@ class Walk:
         max_attempts: int = 1,
         output: Any = None,
         error: str = "",
+        wait_kind: str = "",
+        wake_in: float | None = None,
+        wait_detail: Any = None,
     ) -> None:
         live = status in (StepStatus.READY, StepStatus.RUNNING, StepStatus.WAITING)
         self.new_steps.append(
             (self.run.org_id, self.run.id, step_id, iteration, step_type, lane, status, attempt,
-             0, max_attempts, NOW if live else None, json_or_null(output), error,
-             None if live else NOW)
+             0, 0, max_attempts, NOW if status == StepStatus.READY else None, wait_kind,
+             None if wake_in is None else NowPlus(wake_in), json_or_null(wait_detail),
+             json_or_null(output), error, None if live else NOW)
         )  # fmt: skip
 
     def context(self) -> dict[str, Any]:
@@ -196,7 +166,14 @@ class Walk:
 
     @property
     def finished(self) -> bool:
-        return self.finish is not None or self.run.status != RunStatus.RUNNING
+        return self.finish is not None or self.run.status not in (
+            RunStatus.RUNNING,
+            RunStatus.PAUSED,
+        )
+
+    @property
+    def paused(self) -> bool:
+        return self.run.status == RunStatus.PAUSED
 
     def start(self) -> None:
         self.event("run.started", detail={"version_id": self.run.version_id})
@@ -252,9 +229,33 @@ class Walk:
             while self.queue and not self.finished:
                 if not self._within_budget():
                     return
+                if self.paused or self.inline_left <= 0 or time.monotonic() > self.inline_until:
+                    self._continue_later()
+                    return
                 self._enter_one(self.queue.popleft())
         finally:
             self.draining = False
+
+    def _continue_later(self) -> None:
+        """Hand the pending entries to a continuation row: a worker walks on from them in
+        its own transaction (settle_continuation), or resume does, for a paused run."""
+        pending = list(self.queue)
+        self.queue.clear()
+        self.dirty = True
+        iteration = self.run.entered.get(CONTINUATION_STEP, 0) + 1
+        self.run.entered[CONTINUATION_STEP] = iteration
+        status = StepStatus.WAITING if self.paused else StepStatus.READY
+        self._add_step(
+            CONTINUATION_STEP, iteration, CONTINUATION_TYPE, CONTINUATION_LANE, status,
+            max_attempts=lane_policy(CONTINUATION_LANE).max_attempts,
+            wait_kind=WaitKind.PAUSED if self.paused else "",
+            wait_detail={"enter": pending},
+        )  # fmt: skip
+        self.event("walk.continued_later", CONTINUATION_STEP, iteration=iteration,
+                   detail={"enter": pending, "paused": self.paused})  # fmt: skip
+        if not self.paused:
+            self.wake_lanes.add(CONTINUATION_LANE)
+        self.live_added += 1
 
     def _enter_one(self, step_id: str) -> None:
         self.dirty = True
@@ -277,8 +278,13 @@ class Walk:
             self.wake_lanes.add(step_type.lane)
             self.live_added += 1
             return
+        self.inline_left -= 1
+        ctx = StepContext(
+            org_id=self.run.org_id, run_id=self.run.id, step_id=step_id, iteration=iteration,
+            attempt=1, lane="fast",
+        )  # fmt: skip
         try:
-            result = executor_for(step_type.name)(step, self.context())
+            result = executor_for(step_type.name)(step, self.context(), ctx)
         except StepFailure as exc:
             self._add_step(
                 step_id, iteration, step_type.name, "fast", StepStatus.FAILED,
@@ -287,6 +293,19 @@ class Walk:
             self.event("step.failed", step_id, iteration=iteration, attempt=1,
                        detail={"error": str(exc)})  # fmt: skip
             self.step_failed(step_id, str(exc))
+            return
+        if result.park is not None:
+            # A quick step that waits (a timer, say): parked right away, no worker involved.
+            park = result.park
+            self._add_step(
+                step_id, iteration, step_type.name, "fast", StepStatus.WAITING, attempt=1,
+                output=result.output, wait_kind=WaitKind.EXTERNAL,
+                wake_in=park.deadline_seconds,
+                wait_detail={**park.detail, "on_deadline": park.on_deadline},
+            )  # fmt: skip
+            detail = {**park.detail, "deadline_seconds": park.deadline_seconds}
+            self.event("step.waiting", step_id, iteration=iteration, attempt=1, detail=detail)
+            self.live_added += 1
             return
         self._add_step(
             step_id, iteration, step_type.name, "fast", StepStatus.DONE,
@@ -313,9 +332,11 @@ class Walk:
         """Write everything this walk decided, in the caller's transaction."""
         if self.path_ended and self.finish is None and self.live_added == 0:
             self.cursor.execute(LIVE_STEPS, {"run": self.run.id})
-            if self.cursor.fetchone()[0] == 0:
+            if fetch_dict(self.cursor) == {"live": 0}:
                 self.finish_run(RunStatus.SUCCEEDED)
         insert_rows(self.cursor, "workflows_step", STEP_COLUMNS, self.new_steps)
+        if self.finish is not None:
+            self._end_live_steps()
         insert_events(self.cursor, self.events)
         insert_wakes(
             self.cursor, [(self.run.org_id, self.run.id, lane) for lane in sorted(self.wake_lanes)]
@@ -323,8 +344,15 @@ class Walk:
         if self.dirty:
             self._update_run()
 
+    def _end_live_steps(self) -> None:
+        """The run ended: no sibling step may run (or be claimed) after it."""
+        self.cursor.execute(CANCEL_LIVE_STEPS, {"run": self.run.id})
+        for row in fetch_dicts(self.cursor):
+            self.event("step.cancelled", row["step_id"], iteration=row["iteration"],
+                       attempt=row["attempt"], detail={"reason": "the run ended"})  # fmt: skip
+
     def _update_run(self) -> None:
-        status, output, error = self.finish or (RunStatus.RUNNING, None, "")
+        status, output, error = self.finish or (self.run.status, None, "")
         self.cursor.execute(
             UPDATE_RUN,
             {
@@ -337,6 +365,7 @@ class Walk:
                 "error": error,
                 "finished": self.finish is not None,
                 "id": self.run.id,
+                "expected": self.run.status,
             },
         )
         if self.cursor.rowcount != 1:

@@ -20,29 +20,51 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from django.db import InterfaceError, OperationalError, connection
 
-from .executors import CURRENT_STEP, StepFailure, StepResult, StepRuntime, executor_for
+from .executors import StepFailure, StepResult, executor_for
 from .faults import crash_point, heartbeats_paused
 from .lanes import LanePolicy, engine_setting
-from .signals import on_stop_signal
 from .steps import (
     ClaimedStep,
     claim,
     fail_step_and_run,
     heartbeat,
     next_after_org,
+    promote_due_retries,
     release,
     run_context,
+    settle_continuation,
     settle_failure,
     settle_success,
+    step_context,
 )
+from .stop_signals import on_stop_signal
 from .transport import Transport, default_transport, own_connection
 
 logger = logging.getLogger(__name__)
 
 SETTLE_TRIES = 3
+
+
+@dataclass
+class Attempt:
+    """One claimed attempt in flight in this worker: everything the threads share about it.
+
+    Keyed by (step id, attempt): after a lost lease this worker may claim the same step
+    again as a newer attempt while the old one is still running here."""
+
+    step: ClaimedStep
+    deadline: float  # when the attempt times out (monotonic)
+    extended: float  # last lease extension (monotonic)
+    lost: threading.Event = field(default_factory=threading.Event)  # stop: result dropped
+    timed_out: bool = False
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.step.id, self.step.attempt)
 
 
 class Worker:
@@ -67,18 +89,13 @@ class Worker:
         self.stop = threading.Event()  # stop claiming
         self.halt = threading.Event()  # stop every thread
         self.wake = threading.Event()
-        self.tasks: queue.Queue[ClaimedStep | None] = queue.Queue()
-        # Keyed by (step id, attempt): after a lost lease this worker may claim the same step
-        # again as a newer attempt while the old attempt is still running here.
-        self.inflight: dict[tuple[int, int], ClaimedStep] = {}
-        self.lost: dict[tuple[int, int], threading.Event] = {}
-        self.extended: dict[tuple[int, int], float] = {}  # last lease extension (monotonic)
-        self.deadline: dict[tuple[int, int], float] = {}  # when the attempt times out
-        self.timed_out: set[tuple[int, int]] = set()
+        self.tasks: queue.Queue[Attempt | None] = queue.Queue()
+        self.inflight: dict[tuple[int, int], Attempt] = {}  # guarded by self.lock
         self.lock = threading.Lock()
         self.slot_free = threading.Condition(self.lock)
         self.after_org = 0
         self.completed = 0
+        self.next_promotion = 0.0
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -131,6 +148,7 @@ class Worker:
                 return
             self.wake.clear()
             try:
+                promoted = self._promote_due_retries()
                 claimed = claim(
                     policy=self.policy, worker=self.name, limit=free, after_org=self.after_org
                 )
@@ -141,22 +159,31 @@ class Worker:
                 continue
             if claimed:
                 self.after_org = next_after_org(claimed, self.after_org)
+                now = time.monotonic()
+                attempts = [
+                    Attempt(step, deadline=now + self.policy.timeout_seconds, extended=now)
+                    for step in claimed
+                ]
                 with self.lock:
-                    for step in claimed:
-                        self.inflight[step.id, step.attempt] = step
-                        self.lost[step.id, step.attempt] = threading.Event()
-                        self.extended[step.id, step.attempt] = time.monotonic()
-                        self.deadline[step.id, step.attempt] = (
-                            time.monotonic() + self.policy.timeout_seconds
-                        )
-                for step in claimed:
-                    self.tasks.put(step)
-            if not claimed:
+                    for attempt in attempts:
+                        self.inflight[attempt.key] = attempt
+                for attempt in attempts:
+                    self.tasks.put(attempt)
+            if not claimed and not promoted:
                 # Nothing to take: sleep until woken (a notification, a finished step, or
                 # shutdown) or until the poll interval has passed. A short batch is no reason
                 # to sleep: the fair share per organisation may have capped it while one
                 # organisation still has a backlog, so claim again at once.
                 self.wake.wait(self.poll_seconds)
+
+    def _promote_due_retries(self) -> int:
+        """Make this lane's due retries ready: at most once per poll interval (the sweep is
+        the backstop), so a busy worker pays one cheap statement a second for it."""
+        now = time.monotonic()
+        if now < self.next_promotion:
+            return 0
+        self.next_promotion = now + self.poll_seconds
+        return promote_due_retries(lane=self.policy.name, worker=self.name)
 
     def _drain(self) -> None:
         """Let running steps finish within the grace period, then release the rest."""
@@ -164,11 +191,11 @@ class Worker:
         with self.slot_free:
             while self.inflight and time.monotonic() < deadline:
                 self.slot_free.wait(min(0.1, max(0.0, deadline - time.monotonic())))
-            held = [(step.id, step.attempt) for step in self.inflight.values()]
+            held = list(self.inflight)
             # Their executors (and queued steps not started yet) stop at the next safe point:
             # another worker owns them once they are released.
-            for pair in held:
-                self.lost.setdefault(pair, threading.Event()).set()
+            for attempt in self.inflight.values():
+                attempt.lost.set()
             self.inflight.clear()
         if held:
             count = release(held=held, worker=self.name, lane=self.policy.name)
@@ -178,31 +205,25 @@ class Worker:
 
     def _execute_loop(self) -> None:
         while not self.halt.is_set():
-            step = self.tasks.get()
-            if step is None:
+            attempt = self.tasks.get()
+            if attempt is None:
                 break
             try:
-                self._execute(step)
+                self._execute(attempt)
             except Exception:
-                logger.exception("step %s attempt %s: settle failed", step.id, step.attempt)
+                logger.exception("step %s attempt %s: settle failed", *attempt.key)
                 connection.close()
             finally:
                 with self.slot_free:
-                    self.inflight.pop((step.id, step.attempt), None)
-                    self.lost.pop((step.id, step.attempt), None)
-                    self.extended.pop((step.id, step.attempt), None)
-                    self.deadline.pop((step.id, step.attempt), None)
-                    self.timed_out.discard((step.id, step.attempt))
+                    self.inflight.pop(attempt.key, None)
                     self.completed += 1
                     self.slot_free.notify_all()
                 # A finished step usually made the next one ready: look again now.
                 self.wake.set()
         connection.close()
 
-    def _execute(self, step: ClaimedStep) -> None:
-        pair = (step.id, step.attempt)
-        with self.lock:
-            lost = self.lost.get(pair) or threading.Event()
+    def _execute(self, attempt: Attempt) -> None:
+        step, lost = attempt.step, attempt.lost
         if lost.is_set():
             return  # handed back on shutdown before it started
         if step.poisoned:
@@ -217,31 +238,34 @@ class Worker:
             self._fail(step, StepFailure("max_age_exceeded: the run is past its max age",
                                          retryable=False))  # fmt: skip
             return
+        if step.is_continuation:
+            # Walk on from where an earlier walk stopped: no executor, just the settle.
+            self._settle(step, lambda: settle_continuation(step, worker=self.name))
+            return
         crash_point("worker.after_claim")
-        result, failure = self._run_executor(step, lost)
-        if pair in self.timed_out:
+        result, failure = self._run_executor(attempt)
+        if attempt.timed_out:
             failure = self._timeout_failure()  # whatever it returned, it was too late
         elif self._abandoned(step, lost):
             return
         if failure is not None:
             self._fail(step, failure)
-        else:
-            self._settle(step, lambda: settle_success(step, result, worker=self.name))
+        elif result is not None:
+            done = result
+            self._settle(step, lambda: settle_success(step, done, worker=self.name))
 
-    def _run_executor(
-        self, step: ClaimedStep, lost: threading.Event
-    ) -> tuple[StepResult | None, StepFailure | None]:
-        token = CURRENT_STEP.set(StepRuntime(attempt=step.attempt, lease_lost=lost))
+    def _run_executor(self, attempt: Attempt) -> tuple[StepResult | None, StepFailure | None]:
+        step = attempt.step
+        ctx = step_context(step, deadline=attempt.deadline, lost=attempt.lost)
+        assert not connection.in_atomic_block, "executors never run inside a transaction"
         try:
             step_def, context = run_context(step)
-            return executor_for(step.type)(step_def, context), None
+            return executor_for(step.type)(step_def, context, ctx), None
         except StepFailure as failure:
             return None, failure
         except Exception as exc:  # a bug or an outage in the step: retry it, never crash
             logger.exception("step %s attempt %s raised", step.id, step.attempt)
             return None, StepFailure(f"{type(exc).__name__}: {exc}")
-        finally:
-            CURRENT_STEP.reset(token)
 
     def _fail(self, step: ClaimedStep, failure: StepFailure) -> None:
         self._settle(
@@ -292,15 +316,16 @@ class Worker:
         while not self.halt.wait(interval):
             self._time_out_attempts()
             with self.lock:
-                held = [pair for pair in self.inflight if pair not in self.timed_out]
+                held = [key for key, a in self.inflight.items() if not a.timed_out]
             if not held or heartbeats_paused():
                 continue
             try:
                 if conn is None or conn.closed:
                     conn = own_connection()
-                    # One row locked by a slow transaction must not hold up every lease.
+                    # Rows locked by another transaction are skipped, not waited for; this
+                    # bounds anything else (a lock on the table, say).
                     conn.execute("SET lock_timeout = '2s'")
-                kept = heartbeat(conn, held=held, lease_seconds=self.policy.lease_seconds)
+                beat = heartbeat(conn, held=held, lease_seconds=self.policy.lease_seconds)
             except Exception:
                 logger.exception("heartbeat failed; retrying")
                 if conn is not None:
@@ -310,13 +335,16 @@ class Worker:
                 continue
             now = time.monotonic()
             with self.lock:
-                for pair in held:
-                    if pair in kept:
-                        self.extended[pair] = now
-                    elif pair in self.lost:
-                        # A newer attempt owns it: tell its executor to stop (the slot is then
-                        # freed without a settle that would be refused).
-                        self.lost[pair].set()
+                for key in held:
+                    attempt = self.inflight.get(key)
+                    if attempt is None:
+                        continue
+                    if key in beat.extended:
+                        attempt.extended = now
+                    elif key in beat.lost:
+                        # Taken over, cancelled or settled: tell its executor to stop (the
+                        # slot is then freed without a settle that would be refused).
+                        attempt.lost.set()
         if conn is not None:
             conn.close()
 
@@ -326,17 +354,17 @@ class Worker:
         lets the lease lapse, so the claim counts the attempt and poison detection ends it."""
         now = time.monotonic()
         with self.lock:
-            for pair, deadline in self.deadline.items():
-                if deadline <= now and pair not in self.timed_out:
-                    logger.warning("worker %s: step %s attempt %s timed out", self.name, *pair)
-                    self.timed_out.add(pair)
-                    self.lost[pair].set()
+            for key, attempt in self.inflight.items():
+                if attempt.deadline <= now and not attempt.timed_out:
+                    logger.warning("worker %s: step %s attempt %s timed out", self.name, *key)
+                    attempt.timed_out = True
+                    attempt.lost.set()
 
     def _give_up_stale_leases(self) -> None:
         """Cut off from the database, assume leases not extended for most of their length
         are lost. The worker's clock is used only to give up early, never to claim."""
         horizon = time.monotonic() - 0.9 * self.policy.lease_seconds
         with self.lock:
-            for pair, extended in self.extended.items():
-                if extended < horizon and pair in self.lost:
-                    self.lost[pair].set()
+            for attempt in self.inflight.values():
+                if attempt.extended < horizon:
+                    attempt.lost.set()

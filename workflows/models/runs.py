@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from ..states import RunStatus, StepStatus
+from ..states import RunStatus, StepStatus, WaitKind
 
 
 class Run(models.Model):
@@ -39,9 +39,11 @@ class Run(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["org", "start_key"], name="run_start_key_per_org"),
         ]
+        # What the run list filters by and orders by (newest id first), per organisation.
         indexes = [
-            models.Index(fields=["org", "status", "-created_at"], name="run_org_status"),
-            models.Index(fields=["org", "automation", "-created_at"], name="run_org_automation"),
+            models.Index(fields=["org", "-id"], name="run_org_id"),
+            models.Index(fields=["org", "status", "-id"], name="run_org_status_id"),
+            models.Index(fields=["org", "automation", "-id"], name="run_org_automation_id"),
         ]
 
     def __str__(self) -> str:
@@ -49,8 +51,10 @@ class Run(models.Model):
 
 
 class Step(models.Model):
-    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    # No single-column indexes: (run, step_id, iteration) leads with the run, and every hot
+    # query reaches steps through the run or the lane indexes below.
+    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT, db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     step_id = models.CharField(max_length=63)
     iteration = models.PositiveIntegerField(default=1)
     type = models.CharField(max_length=40)
@@ -60,11 +64,19 @@ class Step(models.Model):
     attempt = models.PositiveIntegerField(default=0)
     # Claims handed back on shutdown: they do not count against max_attempts.
     released = models.PositiveIntegerField(default=0)
+    # Claims before an operator's retry started a new series of attempts (not counted either).
+    series_offset = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField()
     owner = models.CharField(max_length=100, null=True, blank=True)
     # Nobody may claim the step before this instant: the lease of a running step, the
     # backoff of a step waiting to retry, the entry time of a fresh ready step.
     lease_until = models.DateTimeField(null=True, blank=True)
+    # A waiting step: what it waits for, when time wakes it (a retry's backoff, a deadline),
+    # and what that wake means (`wait_detail.on_deadline`: the outcome it then takes; without
+    # one it becomes ready). A continuation row keeps the step ids still to enter here.
+    wait_kind = models.CharField(max_length=16, choices=WaitKind.choices, blank=True, default="")
+    wake_at = models.DateTimeField(null=True, blank=True)
+    wait_detail = models.JSONField(null=True, blank=True)
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(db_default=models.functions.Now())
@@ -77,11 +89,20 @@ class Step(models.Model):
             ),
         ]
         indexes = [
-            # The claim: per lane, per organisation, oldest first, live steps only.
+            # The claim: per lane, per organisation, oldest first. Only what can be claimed
+            # now (ready) or soon (a running step's lease): work that is not yet due waits
+            # (status waiting) outside this index, so a backlog of it costs the claim nothing.
             models.Index(
                 fields=["lane", "org", "lease_until"],
                 name="step_claimable",
                 condition=models.Q(status__in=["ready", "running"]),
+            ),
+            # Waiting steps that time wakes, by when: the sweep and the retry promotion read
+            # only the due end of it.
+            models.Index(
+                fields=["wake_at"],
+                name="step_wake_due",
+                condition=models.Q(status="waiting", wake_at__isnull=False),
             ),
         ]
 
@@ -92,8 +113,8 @@ class Step(models.Model):
 class RunEvent(models.Model):
     """One transition of a run, append-only. Ordered by id within a run."""
 
-    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT, db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False)
     kind = models.CharField(max_length=40)
     step_id = models.CharField(max_length=63, blank=True, default="")
     iteration = models.PositiveIntegerField(null=True, blank=True)

@@ -14,7 +14,9 @@ from psycopg.types.json import Jsonb
 from ..definitions.fields import parse_duration
 from ..definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
 from ..definitions.validator import canonical_json
+from ..engine import sql
 from ..engine.faults import crash_point
+from ..engine.sql.rows import fetch_dict
 from ..engine.walk import RunState, Walk
 from ..errors import InvalidInput, NoPublishedVersion, PayloadTooLarge, StartKeyConflict
 from ..models import Automation, AutomationVersion, Organisation
@@ -22,22 +24,6 @@ from ..selectors import automation_get
 
 MAX_START_KEY = 255
 DERIVED_KEY_PREFIX = "input:"  # keys the engine derives from the input; clients cannot use it
-
-INSERT_RUN = """
-INSERT INTO workflows_run
-    (org_id, automation_id, version_id, start_key, start_key_derived, input, input_digest,
-     status, vars, outputs, entered, error, steps_executed, max_steps, deadline_at, created_at)
-VALUES (%(org)s, %(automation)s, %(version)s, %(key)s, %(derived)s, %(input)s, %(digest)s,
-        'running', '{}', '{}', '{}', '', 0, %(max_steps)s,
-        now() + make_interval(secs => %(max_age)s), now())
-ON CONFLICT (org_id, start_key) DO NOTHING
-RETURNING id, created_at
-"""
-
-EXISTING_RUN = """
-SELECT id, automation_id, input_digest FROM workflows_run
- WHERE org_id = %(org)s AND start_key = %(key)s
-"""
 
 
 @dataclass(frozen=True)
@@ -137,26 +123,27 @@ def _start(
 ) -> StartResult:
     definition = version.definition
     max_steps, max_age = _limits(definition)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
         cursor.execute(
-            INSERT_RUN,
+            sql.INSERT_RUN,
             {
                 "org": org.pk, "automation": automation.pk, "version": version.pk, "key": key,
                 "derived": derived, "input": Jsonb(run_input), "digest": digest,
                 "max_steps": max_steps, "max_age": max_age,
             },
         )  # fmt: skip
-        row = cursor.fetchone()
+        row = fetch_dict(cursor)
         if row is None:
             # This key already started a run (maybe a concurrent duplicate that just won).
-            cursor.execute(EXISTING_RUN, {"org": org.pk, "key": key})
-            run_id, existing_automation, existing_digest = cursor.fetchone()
+            cursor.execute(sql.EXISTING_RUN, {"org": org.pk, "key": key})
+            existing = fetch_dict(cursor)
+            assert existing is not None
             # Start keys are unique per organisation: the same key for another automation, or
             # with another input, is a different start and must not return this run.
-            if existing_digest != digest or existing_automation != automation.pk:
-                raise StartKeyConflict(start_key=key, run_id=run_id)
-            return StartResult(run_id=run_id, created=False)
-        run_id, created_at = row
+            if existing["input_digest"] != digest or existing["automation_id"] != automation.pk:
+                raise StartKeyConflict(start_key=key, run_id=existing["id"])
+            return StartResult(run_id=existing["id"], created=False)
+        run_id, created_at = row["id"], row["created_at"]
         state = RunState(
             id=run_id, org_id=org.pk, version_id=version.pk, status="running",
             input=json.loads(canonical_json(run_input)), vars={}, outputs={}, entered={},

@@ -3,7 +3,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from workflows.engine.relay import run_relay
-from workflows.engine.signals import wait_for_stop_signal
+from workflows.engine.stop_signals import wait_for_stop_signal
 
 
 class Command(BaseCommand):

@@ -2,11 +2,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from workflows.engine.signals import wait_for_stop_signal
+from workflows.engine.stop_signals import wait_for_stop_signal
+from workflows.engine.sweep import run_sweep
 
 
 class Command(BaseCommand):
-    help = "The due sweep for timers. A placeholder until the timers issue: it only idles."
+    help = "Fire passed deadlines of waiting steps and make due retries ready, until stopped."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        wait_for_stop_signal(lambda stop: stop.wait())
+        wait_for_stop_signal(run_sweep)

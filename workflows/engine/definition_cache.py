@@ -9,6 +9,9 @@ from typing import Any
 
 from django.db import connection
 
+from . import sql
+from .sql.rows import fetch_dict
+
 _cache: dict[int, dict[str, Any]] = {}
 
 
@@ -16,14 +19,10 @@ def definition_for(version_id: int) -> dict[str, Any]:
     definition = _cache.get(version_id)
     if definition is None:
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT definition::json FROM workflows_automationversion"
-                " WHERE id = %s AND published_at IS NOT NULL",
-                [version_id],
-            )
-            row = cursor.fetchone()
+            cursor.execute(sql.PUBLISHED_DEFINITION, {"id": version_id})
+            row = fetch_dict(cursor)
         if row is None:
             raise LookupError(f"version {version_id} is not published")
-        definition = row[0]
+        definition = row["definition"]
         _cache[version_id] = definition
     return definition

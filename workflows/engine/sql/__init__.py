@@ -1,0 +1,401 @@
+"""Every SQL statement of the engine, kept together; ``rows`` builds and reads their rows.
+
+Claim, heartbeat, settle, park, wake, release, run control, run start and the relay's batch.
+Statements name every column they return (rows are read by name, ``rows.fetch_dicts``).
+Every time comparison uses the database's now(), never a worker's clock. Each statement here
+has a test that races it.
+
+Django's psycopg setup loads ``jsonb`` columns as text (its JSONField decodes them itself), so
+raw SQL here selects JSON columns cast to ``json``, which psycopg decodes.
+"""
+
+from __future__ import annotations
+
+# Claim up to %(n)s claimable steps of one lane, fairly across organisations.
+#
+# `ahead` and `behind` walk the distinct organisations that have claimable work with a loose
+# index scan (one index probe per organisation, whatever its backlog): first those after the
+# organisation this worker served last, then, wrapping around, those up to it, at most n + 3
+# of each, so a claim costs O(n) probes however many organisations wait, and who leads
+# rotates. The 3 spare organisations keep a claim for one slot from coming back empty when
+# the first organisation's rows are all locked by other claimers. Each organisation served
+# gets at most ceil(n / organisations) of the batch: one organisation's 100,000 ready steps
+# cannot crowd out another's few. The rows are
+# locked in a CTE (FOR UPDATE SKIP LOCKED inside a LIMITed lateral subquery, never a LIMIT
+# inside IN (...)) that feeds the UPDATE; the claim increments `attempt`, which is returned
+# as the fencing token, and records the transition.
+# It also returns what the step's templates read (the run's input, vars and outputs), so
+# running a claimed step costs no further query.
+CLAIM = """
+WITH RECURSIVE ahead(org_id, depth) AS (
+    (SELECT org_id, 1 FROM workflows_step
+      WHERE lane = %(lane)s AND status IN ('ready', 'running') AND lease_until <= now()
+        AND org_id > %(after_org)s
+      ORDER BY org_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.org_id FROM workflows_step s
+             WHERE s.lane = %(lane)s AND s.status IN ('ready', 'running')
+               AND s.lease_until <= now() AND s.org_id > ahead.org_id
+             ORDER BY s.org_id LIMIT 1),
+           ahead.depth + 1
+      FROM ahead WHERE ahead.org_id IS NOT NULL AND ahead.depth < %(n)s + 3
+),
+behind(org_id, depth) AS (
+    (SELECT org_id, 1 FROM workflows_step
+      WHERE lane = %(lane)s AND status IN ('ready', 'running') AND lease_until <= now()
+        AND org_id <= %(after_org)s
+      ORDER BY org_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.org_id FROM workflows_step s
+             WHERE s.lane = %(lane)s AND s.status IN ('ready', 'running')
+               AND s.lease_until <= now() AND s.org_id > behind.org_id
+               AND s.org_id <= %(after_org)s
+             ORDER BY s.org_id LIMIT 1),
+           behind.depth + 1
+      FROM behind WHERE behind.org_id IS NOT NULL AND behind.depth < %(n)s + 3
+),
+served AS (
+    SELECT org_id, turn, count(*) OVER () AS k
+      FROM (SELECT org_id, row_number() OVER (ORDER BY part, org_id) AS turn
+              FROM (SELECT org_id, 0 AS part FROM ahead WHERE org_id IS NOT NULL
+                    UNION ALL
+                    SELECT org_id, 1 FROM behind WHERE org_id IS NOT NULL) found
+             ORDER BY part, org_id
+             LIMIT %(n)s + 3) first_n
+),
+locked AS (
+    SELECT p.id, p.lease_until, served.org_id, served.turn
+      FROM served
+      CROSS JOIN LATERAL (
+          SELECT s.id, s.lease_until
+            FROM workflows_step s
+           WHERE s.lane = %(lane)s AND s.org_id = served.org_id
+             AND s.status IN ('ready', 'running') AND s.lease_until <= now()
+           ORDER BY s.lease_until
+           LIMIT ceil(%(n)s::numeric / served.k)::int
+           FOR UPDATE SKIP LOCKED
+      ) p
+),
+picked AS (
+    SELECT id FROM (
+        SELECT id, turn,
+               row_number() OVER (PARTITION BY org_id ORDER BY lease_until) AS rank
+          FROM locked
+    ) ranked
+     ORDER BY rank, turn
+     LIMIT %(n)s
+),
+claimed AS (
+    -- The run decides: a step of a paused run is parked instead of claimed (it becomes
+    -- ready again on resume), and a step of a finished run is cancelled. A step whose
+    -- worker died while its run was paused is caught here, the last gate before a worker.
+    UPDATE workflows_step s
+       SET status = CASE r.status WHEN 'running' THEN 'running'
+                                  WHEN 'paused' THEN 'waiting' ELSE 'cancelled' END,
+           owner = CASE WHEN r.status = 'running' THEN %(worker)s END,
+           attempt = s.attempt + CASE WHEN r.status = 'running' THEN 1 ELSE 0 END,
+           lease_until = CASE WHEN r.status = 'running'
+                              THEN now() + make_interval(secs => %(lease)s) END,
+           wait_kind = CASE WHEN r.status = 'paused' THEN 'paused' ELSE '' END,
+           finished_at = CASE WHEN r.status IN ('running', 'paused') THEN NULL ELSE now() END
+      FROM picked, workflows_run r
+     WHERE s.id = picked.id AND r.id = s.run_id AND s.status IN ('ready', 'running')
+ RETURNING s.id, s.org_id, s.run_id, s.step_id, s.iteration, s.type, s.lane, s.status,
+           s.attempt, s.attempt - s.released - s.series_offset AS attempts_used,
+           s.max_attempts, s.wait_detail::json AS wait_detail, r.version_id,
+           r.input::json AS run_input, r.vars::json AS run_vars,
+           r.outputs::json AS run_outputs, r.created_at AS run_created_at,
+           r.deadline_at <= now() AS run_expired
+),
+logged AS (
+    INSERT INTO workflows_runevent (org_id, run_id, kind, step_id, iteration, attempt, worker, at)
+    SELECT org_id, run_id,
+           CASE status WHEN 'running' THEN 'step.claimed' WHEN 'waiting' THEN 'step.parked'
+                       ELSE 'step.cancelled' END,
+           step_id, iteration, attempt, %(worker)s, now()
+      FROM claimed
+)
+SELECT * FROM claimed WHERE status = 'running'
+"""
+
+# Extend the leases this worker still holds, each on its own: a row locked by a slow
+# transaction (this worker's own long settle, say) is skipped, not waited for, so one row
+# cannot hold up every other lease. `extended` false and `held` true: unknown (locked), try
+# again next beat. `held` false: a newer attempt claimed it, or the step was cancelled or
+# settled: the worker stops that attempt; its settle would be refused anyway.
+HEARTBEAT = """
+WITH wanted AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS h(id, attempt)
+),
+lockable AS (
+    SELECT s.id FROM workflows_step s JOIN wanted h ON h.id = s.id AND h.attempt = s.attempt
+     WHERE s.status = 'running'
+       FOR NO KEY UPDATE OF s SKIP LOCKED
+),
+extended AS (
+    UPDATE workflows_step s
+       SET lease_until = now() + make_interval(secs => %(lease)s)
+      FROM lockable
+     WHERE s.id = lockable.id AND s.status = 'running'
+ RETURNING s.id
+)
+SELECT h.id, h.attempt, e.id IS NOT NULL AS extended,
+       coalesce(s.status = 'running' AND s.attempt = h.attempt, false) AS held
+  FROM wanted h
+  LEFT JOIN extended e ON e.id = h.id
+  LEFT JOIN workflows_step s ON s.id = h.id
+"""
+
+# Settle: only the newest attempt may write. No row: this attempt was fenced out.
+SETTLE_DONE = """
+UPDATE workflows_step
+   SET status = 'done', output = %(output)s, owner = NULL, lease_until = NULL,
+       finished_at = now()
+ WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+RETURNING run_id
+"""
+
+SETTLE_FAILED = """
+UPDATE workflows_step
+   SET status = 'failed', error = %(error)s, owner = NULL, lease_until = NULL,
+       finished_at = now()
+ WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+RETURNING run_id
+"""
+
+# A failed attempt with attempts left waits out a jittered backoff, outside the claimable
+# index (PROMOTE_DUE_RETRIES makes it ready again once due).
+SETTLE_RETRY = """
+UPDATE workflows_step
+   SET status = 'waiting', error = %(error)s, owner = NULL, lease_until = NULL,
+       wait_kind = 'retry', wake_at = now() + make_interval(secs => %(delay)s)
+ WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+RETURNING run_id
+"""
+
+# The executor parked its step: it waits, holding no slot and no lease, for a wake from
+# outside (wake_step) or for its deadline (`wake_at`, fired by the sweep).
+SETTLE_PARK = """
+UPDATE workflows_step
+   SET status = 'waiting', owner = NULL, lease_until = NULL, wait_kind = 'external',
+       wake_at = now() + make_interval(secs => %(deadline)s), wait_detail = %(detail)s,
+       output = %(output)s
+ WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+RETURNING run_id
+"""
+
+# Retries whose backoff has passed become ready, a bounded batch of one lane at a time. Only
+# the due end of the step_wake_due index is read. Runs are not locked: a step of a paused
+# run made ready here is parked by the claim.
+PROMOTE_DUE_RETRIES = """
+WITH due AS (
+    SELECT id FROM workflows_step
+     WHERE status = 'waiting' AND wake_at <= now() AND wait_kind = 'retry'
+       AND lane = %(lane)s
+     ORDER BY wake_at
+     LIMIT %(n)s
+       FOR UPDATE SKIP LOCKED
+),
+woken AS (
+    UPDATE workflows_step s
+       SET status = 'ready', wait_kind = '', wake_at = NULL, lease_until = now()
+      FROM due
+     WHERE s.id = due.id AND s.status = 'waiting'
+ RETURNING s.org_id, s.run_id, s.step_id, s.iteration, s.attempt
+)
+INSERT INTO workflows_runevent (org_id, run_id, kind, step_id, iteration, attempt, worker, at)
+SELECT org_id, run_id, 'step.retry_due', step_id, iteration, attempt, %(worker)s, now()
+  FROM woken
+"""
+
+# Waiting steps whose deadline has passed, oldest first, for the sweep. Read without a lock:
+# each is then fired under its run's lock by a guarded transition (WAKE_*), so a deadline
+# racing a wake from outside has exactly one winner.
+DUE_DEADLINES = """
+SELECT id, run_id FROM workflows_step
+ WHERE status = 'waiting' AND wake_at <= now() AND wait_kind = 'external'
+ ORDER BY wake_at
+ LIMIT %(n)s
+"""
+
+# The one way a waiting step wakes (a signal consumed, a decision taken, a timer or a
+# deadline fired): guarded on its status and kind, so of two wakes (a signal and its
+# deadline) exactly one wins; the caller holds the run's lock and walks on in the same
+# transaction. `due` true: only if its deadline has passed (the sweep's guard).
+# Done, with an outcome: the walk goes on from it.
+WAKE_DONE = """
+UPDATE workflows_step
+   SET status = 'done', output = %(output)s, wait_kind = '', wake_at = NULL,
+       finished_at = now()
+ WHERE id = %(id)s AND status = 'waiting' AND wait_kind = 'external'
+   AND (NOT %(due)s OR wake_at <= now())
+RETURNING id, org_id, run_id, step_id, iteration, attempt, wait_detail::json AS wait_detail
+"""
+
+# Ready, to run again (its executor sees why in its context); parked instead while the run
+# is paused.
+WAKE_READY = """
+UPDATE workflows_step
+   SET status = CASE WHEN %(paused)s THEN 'waiting' ELSE 'ready' END,
+       wait_kind = CASE WHEN %(paused)s THEN 'paused' ELSE '' END,
+       wake_at = NULL, lease_until = now(),
+       wait_detail = coalesce(wait_detail, '{}'::jsonb)
+                     || jsonb_build_object('woken_with', %(payload)s::jsonb)
+ WHERE id = %(id)s AND status = 'waiting' AND wait_kind = 'external'
+   AND (NOT %(due)s OR wake_at <= now())
+RETURNING id, org_id, run_id, step_id, iteration, attempt, lane
+"""
+
+# Shutdown: hand steps back at once instead of letting their leases lapse. The hand-back does
+# not count against max_attempts (`released`), so deploys cannot turn a step into poison.
+RELEASE = """
+UPDATE workflows_step s
+   SET status = 'ready', owner = NULL, lease_until = now(), released = s.released + 1
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS held(id, attempt)
+ WHERE s.id = held.id AND s.attempt = held.attempt AND s.status = 'running'
+RETURNING s.id, s.org_id, s.run_id, s.step_id, s.iteration, s.attempt, s.lane
+"""
+
+# --- runs: the walk and run control ---------------------------------------------------------
+
+# FOR NO KEY UPDATE, not FOR UPDATE: inserting a step or an event checks its foreign key to
+# the run with FOR KEY SHARE, which FOR UPDATE would block. A claim (step locked, then the
+# event's key check on the run) against a settle (run locked, then its step) would deadlock.
+# The walk never changes the run's key, so settles still serialise with each other.
+LOCK_RUN = """
+SELECT id, org_id, version_id, status, input::json AS input, vars::json AS vars,
+       outputs::json AS outputs, entered::json AS entered, steps_executed, max_steps,
+       deadline_at <= now() AS expired, created_at
+  FROM workflows_run WHERE id = %(id)s FOR NO KEY UPDATE
+"""
+
+# The walk's one write to the run: its template data, budget and, when it ends, its outcome.
+# The caller holds the row lock (LOCK_RUN) and guards on the status it read under it.
+UPDATE_RUN = """
+UPDATE workflows_run
+   SET vars = %(vars)s, outputs = %(outputs)s, entered = %(entered)s,
+       steps_executed = %(steps)s, status = %(status)s, output = %(output)s, error = %(error)s,
+       finished_at = CASE WHEN %(finished)s THEN now() ELSE NULL END
+ WHERE id = %(id)s AND status = %(expected)s AND status IN ('running', 'paused')
+"""
+
+LIVE_STEPS = """
+SELECT count(*) AS live FROM workflows_step
+ WHERE run_id = %(run)s AND status IN ('ready', 'running', 'waiting')
+"""
+
+# Run control: one guarded status change of a run (the caller holds its lock).
+SET_RUN_STATUS = """
+UPDATE workflows_run
+   SET status = %(status)s, error = %(error)s,
+       finished_at = CASE WHEN %(finished)s THEN now() ELSE NULL END
+ WHERE id = %(id)s AND status = ANY(%(sources)s)
+RETURNING id
+"""
+
+# A run ended (finished, failed, cancelled): every live step of it ends too, so no sibling is
+# claimed or settled afterwards. A running step's worker learns at its next heartbeat (the
+# step is no longer running) and drops its result.
+CANCEL_LIVE_STEPS = """
+UPDATE workflows_step
+   SET status = 'cancelled', owner = NULL, lease_until = NULL, wait_kind = '', wake_at = NULL,
+       finished_at = now()
+ WHERE run_id = %(run)s AND status IN ('ready', 'running', 'waiting')
+RETURNING org_id, run_id, step_id, iteration, attempt
+"""
+
+# Pause: ready steps are parked (running ones finish; the claim parks any it meets later).
+PARK_READY_STEPS = """
+UPDATE workflows_step
+   SET status = 'waiting', wait_kind = 'paused', lease_until = NULL
+ WHERE run_id = %(run)s AND status = 'ready'
+RETURNING step_id, iteration
+"""
+
+# Resume: what the pause parked is ready again.
+UNPARK_STEPS = """
+UPDATE workflows_step
+   SET status = 'ready', wait_kind = '', lease_until = now()
+ WHERE run_id = %(run)s AND status = 'waiting' AND wait_kind = 'paused'
+RETURNING step_id, iteration, lane
+"""
+
+# Retry: the newest failed row of each step that failed the run (the caller chooses them)
+# starts a new series of attempts. The fencing token (attempt) keeps growing; only the
+# attempts counted against max_attempts start again.
+RETRY_FAILED_STEPS = """
+UPDATE workflows_step
+   SET status = 'ready', owner = NULL, lease_until = now(), error = '', finished_at = NULL,
+       series_offset = attempt - released
+ WHERE run_id = %(run)s AND id = ANY(%(ids)s) AND status = 'failed'
+RETURNING step_id, iteration, lane, attempt
+"""
+
+FAILED_STEPS = """
+SELECT DISTINCT ON (step_id) id, step_id, iteration, lane, type, error
+  FROM workflows_step
+ WHERE run_id = %(run)s AND status = 'failed'
+ ORDER BY step_id, iteration DESC
+"""
+
+# --- runs: starting ---------------------------------------------------------------------------
+
+INSERT_RUN = """
+INSERT INTO workflows_run
+    (org_id, automation_id, version_id, start_key, start_key_derived, input, input_digest,
+     status, vars, outputs, entered, error, steps_executed, max_steps, deadline_at, created_at)
+VALUES (%(org)s, %(automation)s, %(version)s, %(key)s, %(derived)s, %(input)s, %(digest)s,
+        'running', '{}', '{}', '{}', '', 0, %(max_steps)s,
+        now() + make_interval(secs => %(max_age)s), now())
+ON CONFLICT (org_id, start_key) DO NOTHING
+RETURNING id, created_at
+"""
+
+EXISTING_RUN = """
+SELECT id, automation_id, input_digest FROM workflows_run
+ WHERE org_id = %(org)s AND start_key = %(key)s
+"""
+
+# A published definition (cached for the life of the process: it never changes).
+PUBLISHED_DEFINITION = """
+SELECT definition::json AS definition FROM workflows_automationversion
+ WHERE id = %(id)s AND published_at IS NOT NULL
+"""
+
+# Relay: a batch of unsent intents, locked so two relays never take the same rows.
+RELAY_BATCH = """
+SELECT id, topic, payload::json AS payload FROM workflows_outbox
+ WHERE sent_at IS NULL
+ ORDER BY id
+ LIMIT %(n)s
+ FOR UPDATE SKIP LOCKED
+"""
+
+RELAY_MARK_SENT = "UPDATE workflows_outbox SET sent_at = now() WHERE id = ANY(%(ids)s)"
+
+OUTBOX_CLEANUP = """
+WITH old AS (
+    SELECT id FROM workflows_outbox
+     WHERE sent_at < now() - make_interval(secs => %(age)s)
+     LIMIT %(batch)s
+)
+DELETE FROM workflows_outbox o USING old WHERE o.id = old.id
+"""
+
+# The last resort when the walk itself fails on a settled step (an engine bug, a step type
+# missing in this process, an output that is not JSON): fail the step and its run without
+# walking, so the step is not re-run until poisoned, and a person sees the error.
+FAIL_STEP_AND_RUN = """
+WITH step AS (
+    UPDATE workflows_step
+       SET status = 'failed', error = %(error)s, owner = NULL, lease_until = NULL,
+           finished_at = now()
+     WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
+ RETURNING run_id
+)
+UPDATE workflows_run r
+   SET status = 'failed', error = %(error)s, finished_at = now()
+  FROM step
+ WHERE r.id = step.run_id AND r.status IN ('running', 'paused')
+RETURNING r.id
+"""

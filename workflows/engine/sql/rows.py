@@ -1,0 +1,109 @@
+"""Building and reading engine rows: multi-row INSERTs, and rows read by column name.
+
+Rows come back as dicts keyed by the column names the statements in ``sql`` select, never
+positionally: adding a column to a statement cannot shift another field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+
+class _Now:
+    """The database's now() in an inserted row."""
+
+    def __repr__(self) -> str:
+        return "NOW"
+
+
+NOW = _Now()
+
+
+@dataclass(frozen=True)
+class NowPlus:
+    """The database's now() plus some seconds, in an inserted row."""
+
+    seconds: float
+
+
+def fetch_dicts(cursor: Any) -> list[dict[str, Any]]:
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def fetch_dict(cursor: Any) -> dict[str, Any] | None:
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    return dict(zip([column[0] for column in cursor.description], row, strict=True))
+
+
+def json_or_null(value: Any) -> Jsonb | None:
+    return None if value is None else Jsonb(value)
+
+
+def insert_rows(cursor: Any, table: str, columns: Sequence[str], rows: list[tuple]) -> None:
+    """One multi-row INSERT; NOW in a row becomes now(), NowPlus(s) now() + s seconds."""
+    if not rows:
+        return
+    params: list[Any] = []
+    groups = []
+    for row in rows:
+        cells = []
+        for value in row:
+            if value is NOW:
+                cells.append("now()")
+            elif isinstance(value, NowPlus):
+                cells.append("now() + make_interval(secs => %s)")
+                params.append(value.seconds)
+            else:
+                cells.append("%s")
+                params.append(value)
+        groups.append(f"({', '.join(cells)})")
+    cursor.execute(
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join(groups)}",  # noqa: S608
+        params,
+    )
+
+
+STEP_COLUMNS = (
+    "org_id", "run_id", "step_id", "iteration", "type", "lane", "status", "attempt",
+    "released", "series_offset", "max_attempts", "lease_until", "wait_kind", "wake_at",
+    "wait_detail", "output", "error", "finished_at",
+)  # fmt: skip
+EVENT_COLUMNS = (
+    "org_id", "run_id", "kind", "step_id", "iteration", "attempt", "worker", "detail", "at",
+)  # fmt: skip
+
+
+def event_row(
+    org_id: int,
+    run_id: int,
+    kind: str,
+    step_id: str = "",
+    *,
+    iteration: int | None = None,
+    attempt: int | None = None,
+    worker: str = "",
+    detail: Any = None,
+) -> tuple:
+    """One run event, for insert_events: every transition of a run is one of these."""
+    return (org_id, run_id, kind, step_id, iteration, attempt, worker, json_or_null(detail), NOW)
+
+
+def insert_events(cursor: Any, rows: list[tuple]) -> None:
+    insert_rows(cursor, "workflows_runevent", EVENT_COLUMNS, rows)
+
+
+def insert_wakes(cursor: Any, wakes: list[tuple[int, int, str]]) -> None:
+    """Outbox rows waking a lane, from (org id, run id, lane) triples."""
+    insert_rows(
+        cursor,
+        "workflows_outbox",
+        ("org_id", "topic", "payload", "created_at"),
+        [(org, "lane.wake", Jsonb({"lane": lane, "run": run}), NOW) for org, run, lane in wakes],
+    )

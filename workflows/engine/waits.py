@@ -1,0 +1,124 @@
+"""Waking waiting steps: the one transition timers, signals and approvals go through.
+
+A waiting step holds no slot and no lease. It wakes in exactly one of two ways, each a
+guarded UPDATE (``status = 'waiting' AND wait_kind = 'external'``) made under its run's lock,
+in the caller's transaction:
+
+- ``wake_step``: something from outside happened (a signal consumed, a decision taken, a
+  timer fired). The caller makes its own write (marking the signal consumed, say) in the same
+  transaction, so both commit or neither does.
+- ``fire_due_deadlines``: the step's deadline (``wake_at``) passed first.
+
+Whichever commits first wins; the other finds no waiting row and changes nothing. A wake
+either ends the step with an outcome (``done``: the walk goes on along ``next``) or makes it
+ready to run again (its executor sees the wake's payload in ``StepContext.woken_with``); the
+lane wake for that goes into the same transaction's outbox.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection, transaction
+
+from ..states import RunStatus
+from . import sql
+from .definition_cache import definition_for
+from .executors import StepResult
+from .sql.rows import event_row, fetch_dict, fetch_dicts, insert_events, insert_wakes
+from .sql.rows import json_or_null as _json
+from .walk import Walk, lock_run
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Wake:
+    """How a waiting step wakes: with an ``outcome`` it is done (``output`` becomes its
+    output); without one it becomes ready and runs again with ``payload``."""
+
+    outcome: str | None = None
+    output: Any = None
+    payload: Any = None
+    reason: str = "woken"  # recorded in the run's history: "signal", "approval", "deadline"
+    by: str = ""  # who or what woke it, for the history
+
+
+def wake_step(*, step_pk: int, wake: Wake, due_only: bool = False) -> bool:
+    """Wake one waiting step, inside the caller's transaction. False: it was not waiting
+    (already woken, its deadline fired, cancelled): the caller's own write must then be
+    rolled back or treated as unused, which is why this runs in the caller's transaction."""
+    assert connection.in_atomic_block, "wake_step runs in the transaction of what caused it"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT run_id FROM workflows_step WHERE id = %(id)s", {"id": step_pk})
+        found = fetch_dict(cursor)
+        if found is None:
+            return False
+        run = lock_run(cursor, found["run_id"])  # the run first, then its step
+        if wake.outcome is None:
+            return _wake_ready(cursor, run.status, step_pk, wake, due_only)
+        cursor.execute(
+            sql.WAKE_DONE, {"id": step_pk, "output": _json(wake.output), "due": due_only}
+        )
+        row = fetch_dict(cursor)
+        if row is None:
+            return False
+        definition = definition_for(run.version_id)
+        walk = Walk(cursor, run, definition, worker=wake.by)
+        walk.event(f"step.{wake.reason}", row["step_id"], iteration=row["iteration"],
+                   attempt=row["attempt"], detail={"outcome": wake.outcome})  # fmt: skip
+        if not walk.finished:
+            walk.step_succeeded(row["step_id"], StepResult(output=wake.output,
+                                                           outcome=wake.outcome))  # fmt: skip
+        walk.flush()
+    return True
+
+
+def _wake_ready(cursor: Any, run_status: str, step_pk: int, wake: Wake, due_only: bool) -> bool:
+    paused = run_status == RunStatus.PAUSED
+    cursor.execute(
+        sql.WAKE_READY,
+        {"id": step_pk, "paused": paused, "due": due_only, "payload": _json(wake.payload)},
+    )
+    row = fetch_dict(cursor)
+    if row is None:
+        return False
+    events = [event_row(row["org_id"], row["run_id"], f"step.{wake.reason}", row["step_id"],
+                        iteration=row["iteration"], attempt=row["attempt"], worker=wake.by,
+                        detail={"ready": not paused})]  # fmt: skip
+    insert_events(cursor, events)
+    if not paused:
+        insert_wakes(cursor, [(row["org_id"], row["run_id"], row["lane"])])
+    return True
+
+
+def fire_due_deadlines(*, limit: int = 500, by: str = "sweep") -> int:
+    """Fire the deadlines that have passed (a bounded batch); return how many fired.
+
+    Each fires in its own transaction, so one bad step fails alone, never the batch. A step
+    woken meanwhile by its awaited event is skipped by the guard (``due_only``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.DUE_DEADLINES, {"n": limit})
+        due = fetch_dicts(cursor)
+    fired = 0
+    for row in due:
+        try:
+            with transaction.atomic(durable=True):
+                fired += _fire_one(row["id"], by=by)
+        except Exception:
+            logger.exception("firing the deadline of step %s failed", row["id"])
+    return fired
+
+
+def _fire_one(step_pk: int, *, by: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT wait_detail::json AS detail FROM workflows_step WHERE id = %(id)s",
+            {"id": step_pk},
+        )
+        row = fetch_dict(cursor)
+    outcome = ((row or {}).get("detail") or {}).get("on_deadline")
+    wake = Wake(outcome=outcome, reason="deadline_passed", by=by)
+    return int(wake_step(step_pk=step_pk, wake=wake, due_only=True))

@@ -1,0 +1,237 @@
+"""Run control: cancel, pause, resume and retry, one run at a time or in bulk by filter.
+
+Each action is one transaction that locks the run first (the engine's one lock order: the
+run, then its steps), checks the run's status against the declared transitions, changes the
+run and its steps with guarded UPDATEs, and records who did it as a run event. A refused
+action changes nothing and is itself recorded in the run's history, with who tried.
+
+- cancel: the run and every live step end at once. A step a worker is executing learns it
+  at its next heartbeat (the step is no longer running), like a lost lease; its result is
+  dropped and its late settle changes nothing. An outside call already made is not undone.
+- pause: nothing of the run is claimed until it is resumed. Ready steps are parked; running
+  steps finish, and whatever their settle would enter waits in a parked continuation.
+- resume: what the pause parked is ready again, and the lanes are woken.
+- retry: a failed run runs again from the step(s) that failed it, keeping its history; each
+  such step starts a new series of attempts (its fencing token keeps growing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection, transaction
+
+from ..engine import sql
+from ..engine.definition_cache import definition_for
+from ..engine.sql.rows import event_row, fetch_dicts, insert_events, insert_wakes
+from ..engine.walk import RunState, Walk, lock_run
+from ..errors import NothingToRetry, RunStateConflict, UnknownRun
+from ..models import Organisation, Run
+from ..states import RunStatus, run_sources
+
+ACTIONS = ("cancel", "pause", "resume", "retry")
+BULK_LIMIT = 1_000  # runs changed by one bulk call; the answer says when more match
+
+
+@dataclass(frozen=True)
+class Outcome:
+    run_id: int
+    action: str
+    status: str  # the run's status after the action
+    steps: int  # steps the action changed
+
+
+@dataclass(frozen=True)
+class BulkOutcome:
+    action: str
+    matched: int  # runs the filter matches in a status the action applies to
+    changed: int
+    skipped: int  # matched, but their status changed before the action reached them
+    more: bool  # more runs match than one call acts on
+    dry_run: bool
+
+
+def run_act(*, org: Organisation, run_id: int, action: str, actor: str) -> Outcome:
+    """Apply ``action`` to one run of ``org``. Raises UnknownRun (another organisation's run
+    is unknown too) or RunStateConflict (recorded in the run's history)."""
+    perform = _PERFORM.get(action)
+    if perform is None:
+        raise ValueError(f"unknown action {action!r}; one of {ACTIONS}")
+    try:
+        with transaction.atomic(durable=True), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id FROM workflows_run WHERE id = %(id)s AND org_id = %(org)s",
+                {"id": run_id, "org": org.pk},
+            )
+            if cursor.fetchone() is None:
+                raise UnknownRun(run_id=run_id)
+            run = lock_run(cursor, run_id)
+            return perform(cursor, run, actor)
+    except RunStateConflict as refused:
+        _record_refusal(org.pk, run_id, action, actor, refused)
+        raise
+
+
+def runs_act_bulk(
+    *,
+    org: Organisation,
+    action: str,
+    actor: str,
+    status: str | None = None,
+    automation: str | None = None,
+    dry_run: bool = True,
+    limit: int = BULK_LIMIT,
+) -> BulkOutcome:
+    """Apply ``action`` to the runs the filter matches (newest first, at most ``limit``),
+    each in its own transaction. ``dry_run`` (the default) only counts them."""
+    if action not in _PERFORM:
+        raise ValueError(f"unknown action {action!r}; one of {ACTIONS}")
+    runs = Run.objects.filter(org=org, status__in=_SOURCES[action])
+    if status:
+        runs = runs.filter(status=status)
+    if automation:
+        runs = runs.filter(automation__slug=automation)
+    ids = list(runs.order_by("-id").values_list("id", flat=True)[: limit + 1])
+    more, ids = len(ids) > limit, ids[:limit]
+    if dry_run:
+        return BulkOutcome(action, len(ids), 0, 0, more, dry_run=True)
+    changed = 0
+    for run_id in ids:
+        try:
+            run_act(org=org, run_id=run_id, action=action, actor=actor)
+        except RunStateConflict:
+            continue
+        changed += 1
+    return BulkOutcome(action, len(ids), changed, len(ids) - changed, more, dry_run=False)
+
+
+# --- the actions (the run is locked) ---------------------------------------------------------
+
+
+def _cancel(cursor: Any, run: RunState, actor: str) -> Outcome:
+    _set_status(cursor, run, "cancel", error=f"cancelled by {actor}")
+    cursor.execute(sql.CANCEL_LIVE_STEPS, {"run": run.id})
+    steps = fetch_dicts(cursor)
+    events = [
+        event_row(run.org_id, run.id, "step.cancelled", s["step_id"], iteration=s["iteration"],
+                  attempt=s["attempt"], worker=actor, detail={"reason": "the run was cancelled"})
+        for s in steps
+    ]  # fmt: skip
+    events.append(_run_event(run, "run.cancelled", actor, steps_cancelled=len(steps)))
+    insert_events(cursor, events)
+    return Outcome(run.id, "cancel", RunStatus.CANCELLED, len(steps))
+
+
+def _pause(cursor: Any, run: RunState, actor: str) -> Outcome:
+    _set_status(cursor, run, "pause")
+    cursor.execute(sql.PARK_READY_STEPS, {"run": run.id})
+    parked = fetch_dicts(cursor)
+    insert_events(cursor, [_run_event(run, "run.paused", actor, steps_parked=len(parked))])
+    return Outcome(run.id, "pause", RunStatus.PAUSED, len(parked))
+
+
+def _resume(cursor: Any, run: RunState, actor: str) -> Outcome:
+    _set_status(cursor, run, "resume")
+    cursor.execute(sql.UNPARK_STEPS, {"run": run.id})
+    ready = fetch_dicts(cursor)
+    insert_events(cursor, [_run_event(run, "run.resumed", actor, steps_ready=len(ready))])
+    insert_wakes(cursor, [(run.org_id, run.id, lane) for lane in {s["lane"] for s in ready}])
+    return Outcome(run.id, "resume", RunStatus.RUNNING, len(ready))
+
+
+def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
+    if run.status != RunStatus.FAILED:
+        raise _conflict("retry", run.status)
+    definition = definition_for(run.version_id)
+    steps = {step["id"]: step for step in definition["steps"]}
+    cursor.execute(sql.FAILED_STEPS, {"run": run.id})
+    # The steps that failed the run: failed, with no failure path of their own to follow.
+    failed = [s for s in fetch_dicts(cursor) if not steps.get(s["step_id"], {}).get("on_failure")]
+    if not failed:
+        raise NothingToRetry(run_id=run.id)
+    _set_status(cursor, run, "retry")
+    run.status = RunStatus.RUNNING
+    queued = [s for s in failed if s["lane"] != "fast"]
+    cursor.execute(sql.RETRY_FAILED_STEPS, {"run": run.id, "ids": [s["id"] for s in queued]})
+    retried = fetch_dicts(cursor)
+    events = [
+        event_row(run.org_id, run.id, "step.retried", s["step_id"], iteration=s["iteration"],
+                  attempt=s["attempt"], worker=actor,
+                  detail={"by": actor, "new_series_after_attempt": s["attempt"]})
+        for s in retried
+    ]  # fmt: skip
+    events.append(_run_event(run, "run.retried", actor, steps=[s["step_id"] for s in failed]))
+    insert_events(cursor, events)
+    insert_wakes(cursor, [(run.org_id, run.id, lane) for lane in {s["lane"] for s in retried}])
+    inline = [s["step_id"] for s in failed if s["lane"] == "fast"]
+    if inline:
+        # A quick step has no worker to claim it: the walk enters it again, inline.
+        walk = Walk(cursor, run, definition, worker=actor)
+        walk.enter(inline)
+        walk.flush()
+    return Outcome(run.id, "retry", RunStatus.RUNNING, len(failed))
+
+
+_PERFORM: dict[str, Callable[[Any, RunState, str], Outcome]] = {
+    "cancel": _cancel,
+    "pause": _pause,
+    "resume": _resume,
+    "retry": _retry,
+}
+_TARGET = {
+    "cancel": RunStatus.CANCELLED,
+    "pause": RunStatus.PAUSED,
+    "resume": RunStatus.RUNNING,
+    "retry": RunStatus.RUNNING,
+}
+# Where each action may start from: the declared transitions, narrowed where the action
+# means less than the table allows (resume only a paused run, retry only a failed one).
+_SOURCES = {
+    "cancel": run_sources(RunStatus.CANCELLED),
+    "pause": run_sources(RunStatus.PAUSED),
+    "resume": [RunStatus.PAUSED.value],
+    "retry": [RunStatus.FAILED.value],
+}
+
+
+def _run_event(run: RunState, kind: str, actor: str, **detail: Any) -> tuple:
+    return event_row(run.org_id, run.id, kind, worker=actor, detail={"by": actor, **detail})
+
+
+def _set_status(cursor: Any, run: RunState, action: str, *, error: str = "") -> None:
+    """The run's one guarded status change for ``action``; a refusal raises a conflict."""
+    target = _TARGET[action]
+    if run.status not in _SOURCES[action]:
+        raise _conflict(action, run.status)
+    cursor.execute(
+        sql.SET_RUN_STATUS,
+        {
+            "id": run.id, "status": target.value, "error": error,
+            "finished": target == RunStatus.CANCELLED, "sources": _SOURCES[action],
+        },
+    )  # fmt: skip
+    if cursor.fetchone() is None:
+        raise _conflict(action, run.status)
+
+
+def _conflict(action: str, status: str) -> RunStateConflict:
+    allowed = " or ".join(_SOURCES[action])
+    return RunStateConflict(
+        detail=f"The run is {status}; only a {allowed} run can be {_DONE[action]}.",
+        action=action,
+        status=status,
+    )
+
+
+_DONE = {"cancel": "cancelled", "pause": "paused", "resume": "resumed", "retry": "retried"}
+
+
+def _record_refusal(
+    org_id: int, run_id: int, action: str, actor: str, refused: RunStateConflict
+) -> None:
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        detail = {"by": actor, "code": refused.code, "detail": refused.detail}
+        insert_events(cursor, [event_row(org_id, run_id, f"run.{action}_refused", worker=actor,
+                                         detail=detail)])  # fmt: skip
