@@ -1,0 +1,11 @@
+"""The admin is a control room, not an editor: one module per concern, registered on import."""
+
+from django.contrib import admin
+
+from . import automations, runs, tenancy
+
+admin.site.site_header = "Waymark"
+admin.site.site_title = "Waymark admin"
+admin.site.index_title = "Control room"
+
+__all__ = ["automations", "runs", "tenancy"]

@@ -1,0 +1,111 @@
+"""Automations and their versions in the admin: published versions are read-only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.http import HttpRequest
+
+from ..definitions.validator import validate_definition
+from ..errors import WaymarkError
+from ..models import Automation, AutomationVersion
+from ..services.automations import version_publish, version_update_draft
+from .display import pretty_json
+
+
+class VersionInline(admin.TabularInline):
+    model = AutomationVersion
+    fields = ["number", "digest", "published_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Automation)
+class AutomationAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "org", "current_version", "created_at"]
+    list_filter = ["org"]
+    search_fields = ["slug", "name"]
+    readonly_fields = ["current_version", "created_at"]
+    inlines = [VersionInline]
+
+
+class DraftVersionForm(forms.ModelForm):
+    class Meta:
+        model = AutomationVersion
+        fields = ["definition"]
+
+    def clean_definition(self) -> Any:
+        definition = self.cleaned_data["definition"]
+        issues = validate_definition(definition)
+        if issues:
+            raise forms.ValidationError([f"{i.code}: {i.message}" for i in issues])
+        return definition
+
+
+@admin.register(AutomationVersion)
+class AutomationVersionAdmin(admin.ModelAdmin):
+    form = DraftVersionForm
+    list_display = ["automation", "number", "org", "published_at", "short_digest"]
+    list_filter = ["org", ("published_at", admin.EmptyFieldListFilter)]
+    search_fields = ["automation__slug", "digest"]
+    actions = ["publish"]
+
+    @admin.display(description="digest")
+    def short_digest(self, obj: AutomationVersion) -> str:
+        return obj.digest[:12]
+
+    @admin.display(description="definition")
+    def definition_pretty(self, obj: AutomationVersion) -> str:
+        return pretty_json(obj.definition)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        if obj is not None and obj.is_published:
+            return [
+                "org",
+                "automation",
+                "number",
+                "digest",
+                "published_at",
+                "definition_pretty",
+            ]
+        return ["org", "automation", "number", "definition", "digest", "published_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        if obj is not None and obj.is_published:
+            return self.get_fields(request, obj)
+        return ["org", "automation", "number", "digest", "published_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # versions are created through the API or `manage.py publish_automation`
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return (
+            obj is not None and not obj.is_published and super().has_delete_permission(request, obj)
+        )
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A published version is view-only: it can never change.
+        return (obj is None or not obj.is_published) and super().has_change_permission(request, obj)
+
+    def save_model(
+        self, request: HttpRequest, obj: AutomationVersion, form: Any, change: bool
+    ) -> None:
+        # Through the service: its conditional UPDATE refuses a version published meanwhile.
+        version_update_draft(version=obj, definition=obj.definition)
+
+    @admin.action(description="Publish selected drafts", permissions=["change"])
+    def publish(self, request: HttpRequest, queryset: Any) -> None:
+        for version in queryset:
+            try:
+                version_publish(version=version)
+            except WaymarkError as exc:
+                messages.error(request, f"v{version.number}: {exc.code}: {exc.detail}")
+            else:
+                messages.success(request, f"Published {version.automation.slug} v{version.number}")

@@ -1,0 +1,40 @@
+"""Organisations and API keys in the admin."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.http import HttpRequest
+
+from ..models import ApiKey, Organisation
+from ..services.tenancy import api_key_create, api_key_revoke
+
+
+@admin.register(Organisation)
+class OrganisationAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "created_at"]
+    search_fields = ["slug", "name"]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ["name", "org", "prefix", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["org"]
+    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
+    fields = ["org", "name", *readonly_fields]
+    actions = ["revoke"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_change_permission(request, obj)
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        key, raw = api_key_create(org=obj.org, name=obj.name)
+        obj.pk, obj.prefix = key.pk, key.prefix
+        messages.warning(request, f"Copy this key now; it is not shown again: {raw}")
+
+    @admin.action(description="Revoke selected keys", permissions=["delete"])
+    def revoke(self, request: HttpRequest, queryset: Any) -> None:
+        for key in queryset:
+            api_key_revoke(prefix=key.prefix)
+        messages.success(request, f"Revoked {queryset.count()} key(s).")
