@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import QuerySet
 
 from .errors import UnknownAutomation, UnknownOrganisation, UnknownRun, UnknownVersion
 from .models import Automation, AutomationVersion, Organisation, Run, RunEvent, Step
@@ -48,13 +48,18 @@ def run_list(
 
 def run_get(*, org: Organisation, run_id: int) -> Run:
     try:
-        return (
-            Run.objects.select_related("automation", "version")
-            .prefetch_related(
-                Prefetch("steps", queryset=Step.objects.order_by("id")),
-                Prefetch("events", queryset=RunEvent.objects.order_by("id")),
-            )
-            .get(org=org, pk=run_id)
-        )
+        return Run.objects.select_related("automation", "version").get(org=org, pk=run_id)
     except Run.DoesNotExist as exc:
         raise UnknownRun(run_id=run_id) from exc
+
+
+def run_steps(*, org: Organisation, run_id: int) -> QuerySet[Step]:
+    """Every step of one run of ``org``, oldest first (unique (run, step_id, iteration))."""
+    run_get(org=org, run_id=run_id)
+    return Step.objects.filter(org=org, run_id=run_id)
+
+
+def run_history(*, org: Organisation, run_id: int) -> QuerySet[RunEvent]:
+    """Every event of one run of ``org``, in order (index (run, id))."""
+    run_get(org=org, run_id=run_id)
+    return RunEvent.objects.filter(org=org, run_id=run_id)

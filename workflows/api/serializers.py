@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..models import Automation, AutomationVersion, Run, RunEvent, Step
@@ -48,19 +51,16 @@ class RunStartIn(serializers.Serializer):
     input = serializers.JSONField(required=False, default=dict)
 
 
-class StepOut(serializers.ModelSerializer):
-    class Meta:
-        model = Step
-        fields = [
-            "step_id", "iteration", "type", "lane", "status", "attempt", "max_attempts",
-            "owner", "lease_until", "output", "error", "created_at", "finished_at",
-        ]  # fmt: skip
-
-
 class RunEventOut(serializers.ModelSerializer):
     class Meta:
         model = RunEvent
         fields = ["id", "kind", "step_id", "iteration", "attempt", "worker", "detail", "at"]
+
+
+class RunLinksOut(serializers.Serializer):
+    self = serializers.CharField()
+    steps = serializers.CharField(help_text="Every step, paginated.")
+    history = serializers.CharField(help_text="Every history event, paginated.")
 
 
 class RunOut(serializers.ModelSerializer):
@@ -76,12 +76,41 @@ class RunOut(serializers.ModelSerializer):
         ]  # fmt: skip
 
 
+class StepOut(serializers.ModelSerializer):
+    class Meta:
+        model = Step
+        fields = [
+            "step_id", "iteration", "type", "lane", "status", "attempt", "max_attempts",
+            "owner", "lease_until", "wait_kind", "wake_at", "wait_detail", "output", "error",
+            "created_at", "finished_at",
+        ]  # fmt: skip
+
+
+DETAIL_PAGE = 100  # steps and events shown inline in a run's detail; the rest by link
+
+
 class RunDetailOut(RunOut):
-    steps = StepOut(many=True)
-    history = RunEventOut(many=True, source="events")
+    """A run with its first steps and history events; `links` page through the rest."""
+
+    steps = serializers.SerializerMethodField()
+    history = serializers.SerializerMethodField()
+    links = serializers.SerializerMethodField()
 
     class Meta(RunOut.Meta):
-        fields = [*RunOut.Meta.fields, "vars", "steps", "history"]
+        fields = [*RunOut.Meta.fields, "vars", "steps", "history", "links"]
+
+    @extend_schema_field(StepOut(many=True))
+    def get_steps(self, run: Run) -> Any:
+        return StepOut(run.steps.order_by("id")[:DETAIL_PAGE], many=True).data
+
+    @extend_schema_field(RunEventOut(many=True))
+    def get_history(self, run: Run) -> Any:
+        return RunEventOut(run.events.order_by("id")[:DETAIL_PAGE], many=True).data
+
+    @extend_schema_field(RunLinksOut)
+    def get_links(self, run: Run) -> dict[str, str]:
+        base = f"/api/v1/runs/{run.pk}"
+        return {"self": base, "steps": f"{base}/steps", "history": f"{base}/history"}
 
 
 class AutomationListOut(serializers.Serializer):
@@ -111,3 +140,45 @@ class RunPageOut(serializers.Serializer):
     next = serializers.URLField(allow_null=True)
     previous = serializers.URLField(allow_null=True)
     results = RunOut(many=True)
+
+
+class StepPageOut(serializers.Serializer):
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = StepOut(many=True)
+
+
+class RunEventPageOut(serializers.Serializer):
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = RunEventOut(many=True)
+
+
+class RunActionOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    action = serializers.ChoiceField(choices=["cancel", "pause", "resume", "retry"])
+    status = serializers.ChoiceField(choices=RunStatus.values)
+    steps_changed = serializers.IntegerField(help_text="Steps the action cancelled, parked, "
+                                             "made ready or retried.")  # fmt: skip
+
+
+class RunBulkIn(serializers.Serializer):
+    status = serializers.ChoiceField(
+        choices=RunStatus.values,
+        required=False,
+        error_messages={"invalid_choice": f"must be one of {', '.join(RunStatus.values)}"},
+    )
+    automation = serializers.SlugField(max_length=63, required=False)
+    dry_run = serializers.BooleanField(
+        default=True, help_text="Only count the runs the action would apply to (the default)."
+    )
+
+
+class RunBulkOut(serializers.Serializer):
+    action = serializers.CharField()
+    matched = serializers.IntegerField(help_text="Runs the filter matches that the action "
+                                       "applies to (at most 1000 per call).")  # fmt: skip
+    changed = serializers.IntegerField()
+    skipped = serializers.IntegerField(help_text="Matched, but changed meanwhile.")
+    more = serializers.BooleanField(help_text="More runs match: call again.")
+    dry_run = serializers.BooleanField()

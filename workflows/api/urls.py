@@ -26,4 +26,25 @@ urlpatterns = [
     ),
     path("runs", views.RunListView.as_view(), name="runs"),
     path("runs/<int:run_id>", views.RunDetailView.as_view(), name="run"),
+    path("runs/<int:run_id>/steps", views.RunStepListView.as_view(), name="run-steps"),
+    path("runs/<int:run_id>/history", views.RunHistoryView.as_view(), name="run-history"),
+    # Literal actions, not a pattern: an unknown action is a plain 404.
+    *[
+        path(
+            f"runs/<int:run_id>/{action}",
+            views.RunActionView.as_view(),
+            {"action": action},
+            name=f"run-{action}",
+        )
+        for action in ("cancel", "pause", "resume", "retry")
+    ],
+    *[
+        path(
+            f"runs/bulk/{action}",
+            views.RunBulkActionView.as_view(),
+            {"action": action},
+            name=f"runs-bulk-{action}",
+        )
+        for action in ("cancel", "pause", "resume", "retry")
+    ],
 ]

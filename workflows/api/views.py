@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from .. import selectors
 from ..errors import InvalidInput
 from ..services import automations as services
+from ..services import control
 from ..services.runs import run_start
 from ..states import RunStatus
 from .serializers import (
@@ -23,11 +24,18 @@ from .serializers import (
     AutomationOut,
     DefinitionIn,
     ErrorOut,
+    RunActionOut,
+    RunBulkIn,
+    RunBulkOut,
     RunDetailOut,
+    RunEventOut,
+    RunEventPageOut,
     RunFilterIn,
     RunOut,
     RunPageOut,
     RunStartIn,
+    StepOut,
+    StepPageOut,
     VersionListOut,
     VersionOut,
 )
@@ -175,3 +183,75 @@ class RunDetailView(APIView):
     @extend_schema(responses=RunDetailOut)
     def get(self, request: Request, run_id: int) -> Response:
         return Response(RunDetailOut(selectors.run_get(org=request.auth.org, run_id=run_id)).data)
+
+
+class OldestFirstPagination(RunPagination):
+    ordering = "id"
+    page_size = 100
+    max_page_size = 1000
+
+
+class RunStepListView(APIView):
+    @extend_schema(
+        operation_id="runs_steps_list",
+        parameters=[OpenApiParameter("limit", int)],
+        responses=StepPageOut,
+    )
+    def get(self, request: Request, run_id: int) -> Response:
+        steps = selectors.run_steps(org=request.auth.org, run_id=run_id)
+        paginator = OldestFirstPagination()
+        page = paginator.paginate_queryset(steps, request, view=self)
+        return paginator.get_paginated_response(StepOut(page, many=True).data)
+
+
+class RunHistoryView(APIView):
+    @extend_schema(
+        operation_id="runs_history_list",
+        parameters=[OpenApiParameter("limit", int)],
+        responses=RunEventPageOut,
+    )
+    def get(self, request: Request, run_id: int) -> Response:
+        events = selectors.run_history(org=request.auth.org, run_id=run_id)
+        paginator = OldestFirstPagination()
+        page = paginator.paginate_queryset(events, request, view=self)
+        return paginator.get_paginated_response(RunEventOut(page, many=True).data)
+
+
+def _actor(request: Request) -> str:
+    return f"api_key:{request.auth.prefix}"
+
+
+class RunActionView(APIView):
+    @extend_schema(
+        operation_id="runs_act",
+        request=None,
+        responses={200: RunActionOut, 404: ErrorOut, 409: ErrorOut},
+        description="Cancel, pause, resume or retry one run. A status that does not allow "
+        "the action is refused with 409 `run_state_conflict` (or `nothing_to_retry`); the "
+        "refusal is recorded in the run's history.",
+    )
+    def post(self, request: Request, run_id: int, action: str) -> Response:
+        outcome = control.run_act(
+            org=request.auth.org, run_id=run_id, action=action, actor=_actor(request)
+        )
+        return Response(
+            {"id": outcome.run_id, "action": action, "status": outcome.status,
+             "steps_changed": outcome.steps}
+        )  # fmt: skip
+
+
+class RunBulkActionView(APIView):
+    @extend_schema(
+        operation_id="runs_act_bulk",
+        request=RunBulkIn,
+        responses={200: RunBulkOut, 400: ErrorOut},
+        description="Apply an action to the runs a filter matches, newest first, at most "
+        "1,000 per call. `dry_run` is true unless set to false: count first, then act.",
+    )
+    def post(self, request: Request, action: str) -> Response:
+        data = RunBulkIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        outcome = control.runs_act_bulk(
+            org=request.auth.org, action=action, actor=_actor(request), **data.validated_data
+        )
+        return Response(RunBulkOut(outcome).data)
