@@ -157,7 +157,7 @@ def test_the_deadline_after_a_wake_changes_nothing(org) -> None:
 
 
 def test_a_deadline_without_an_outcome_makes_the_step_ready_again(org) -> None:
-    run, step = park(org)
+    _run, step = park(org)
     pass_deadline(step)
 
     assert fire_due_deadlines() == 1
