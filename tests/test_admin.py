@@ -23,6 +23,8 @@ from .factories import linear_definition
 pytestmark = pytest.mark.django_db
 
 ADMIN = "/admin/workflows"
+# The management form of the automation page's (read-only) versions inline.
+NO_INLINE_FORMS = {"versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
 
 PUBLISHED: dict[str, Any] = {
     "description": "Greets people; the admin shows this pretty-printed.",
@@ -307,3 +309,39 @@ def test_pages_need_a_staff_login(client: Client, run: Run) -> None:
 
     assert response.status_code == 302
     assert response["Location"].startswith("/admin/login/")
+
+
+def test_an_automations_organisation_and_slug_cannot_change_after_creation(
+    admin_client: Client, published: AutomationVersion, other_org: Organisation
+) -> None:
+    # Moving an automation would leave its versions and runs in the first organisation, and
+    # let the other one start runs on the first one's version.
+    url = f"{ADMIN}/automation/{published.automation_id}/change/"
+    html = page(admin_client, url)
+    assert 'name="org"' not in html
+    assert 'name="slug"' not in html
+
+    response = admin_client.post(
+        url, {"org": str(other_org.pk), "slug": "moved", "name": "Renamed", **NO_INLINE_FORMS}
+    )
+
+    assert response.status_code == 302
+    automation = Automation.objects.get(pk=published.automation_id)
+    assert (automation.org_id, automation.slug) == (published.org_id, "greeter")
+    assert automation.name == "Renamed"
+
+
+def test_a_new_automation_chooses_its_organisation_and_slug(
+    admin_client: Client, org: Organisation
+) -> None:
+    html = page(admin_client, f"{ADMIN}/automation/add/")
+    assert 'name="org"' in html
+    assert 'name="slug"' in html
+
+    response = admin_client.post(
+        f"{ADMIN}/automation/add/",
+        {"org": str(org.pk), "slug": "fresh", "name": "Fresh", **NO_INLINE_FORMS},
+    )
+
+    assert response.status_code == 302
+    assert Automation.objects.filter(org=org, slug="fresh").exists()

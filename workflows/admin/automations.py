@@ -13,9 +13,10 @@ from ..errors import WaymarkError
 from ..models import Automation, AutomationVersion
 from ..services.automations import version_publish, version_update_draft
 from .display import pretty_json
+from .scoping import OrgScopedMixin, OrgScopedRelatedFilter
 
 
-class VersionInline(admin.TabularInline):
+class VersionInline(OrgScopedMixin, admin.TabularInline):
     model = AutomationVersion
     fields = ["number", "digest", "published_at"]
     readonly_fields = fields
@@ -28,12 +29,20 @@ class VersionInline(admin.TabularInline):
 
 
 @admin.register(Automation)
-class AutomationAdmin(admin.ModelAdmin):
+class AutomationAdmin(OrgScopedMixin, admin.ModelAdmin):
     list_display = ["slug", "name", "org", "current_version", "created_at"]
-    list_filter = ["org"]
+    list_filter = [("org", OrgScopedRelatedFilter)]
     search_fields = ["slug", "name"]
+    list_select_related = ["org", "current_version__automation"]
     readonly_fields = ["current_version", "created_at"]
     inlines = [VersionInline]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        if obj is None:
+            return self.readonly_fields
+        # An automation's versions and runs belong to its organisation, and API clients and
+        # triggers name it by slug: moving or renaming it would leave them behind.
+        return ["org", "slug", *self.readonly_fields]
 
 
 class DraftVersionForm(forms.ModelForm):
@@ -50,10 +59,11 @@ class DraftVersionForm(forms.ModelForm):
 
 
 @admin.register(AutomationVersion)
-class AutomationVersionAdmin(admin.ModelAdmin):
+class AutomationVersionAdmin(OrgScopedMixin, admin.ModelAdmin):
     form = DraftVersionForm
     list_display = ["automation", "number", "org", "published_at", "short_digest"]
-    list_filter = ["org", ("published_at", admin.EmptyFieldListFilter)]
+    list_filter = [("org", OrgScopedRelatedFilter), ("published_at", admin.EmptyFieldListFilter)]
+    list_select_related = ["automation", "org"]
     search_fields = ["automation__slug", "digest"]
     actions = ["publish"]
 

@@ -1,4 +1,4 @@
-"""Organisations and API keys in the admin."""
+"""Organisations, their members and their API keys in the admin."""
 
 from __future__ import annotations
 
@@ -7,20 +7,45 @@ from typing import Any
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
-from ..models import ApiKey, Organisation
+from ..models import ApiKey, Membership, Organisation
 from ..services.tenancy import api_key_create, api_key_revoke
+from .scoping import OrgScopedMixin, OrgScopedRelatedFilter
 
 
 @admin.register(Organisation)
-class OrganisationAdmin(admin.ModelAdmin):
+class OrganisationAdmin(OrgScopedMixin, admin.ModelAdmin):
     list_display = ["slug", "name", "created_at"]
     search_fields = ["slug", "name"]
 
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # A new organisation has no members: only a superuser could ever see it.
+        return request.user.is_superuser
+
+
+@admin.register(Membership)
+class MembershipAdmin(OrgScopedMixin, admin.ModelAdmin):
+    """Members see who else is in their organisations; only superusers grant or take access."""
+
+    list_display = ["user", "org", "created_at"]
+    list_filter = [("org", OrgScopedRelatedFilter)]
+    search_fields = ["user__username", "org__slug"]
+    list_select_related = ["user", "org"]
+    readonly_fields = ["created_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_superuser
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser
+
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(OrgScopedMixin, admin.ModelAdmin):
     list_display = ["name", "org", "prefix", "created_at", "last_used_at", "revoked_at"]
-    list_filter = ["org"]
+    list_filter = [("org", OrgScopedRelatedFilter)]
     readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
     fields = ["org", "name", *readonly_fields]
     actions = ["revoke"]

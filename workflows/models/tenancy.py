@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 
+from django.conf import settings
 from django.db import models
 
 KEY_PREFIX = "wmk"
@@ -25,6 +26,26 @@ class Organisation(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+
+class Membership(models.Model):
+    """A person's access to one organisation in the admin. Staff users who are not superusers
+    see and act on only the objects of the organisations they are members of."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    org = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="memberships")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["org", "user"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "org"], name="membership_user_org"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.org}"
 
 
 def hash_key(raw_key: str) -> str:
