@@ -67,6 +67,11 @@ def version_publish(*, version: AutomationVersion) -> AutomationVersion:
     """Publish a draft: from now on it is immutable and new runs start on it."""
     _validated(version.definition, for_publish=True)
     with transaction.atomic():
+        # Lock the automation row first: concurrent publishes of one automation take turns,
+        # and each reads the current version only once the one before it has committed.
+        # Without it, the UPDATE below waits on the row, then re-checks only the row itself:
+        # its subquery keeps the old snapshot, so an older version could overwrite a newer one.
+        Automation.objects.select_for_update().filter(pk=version.automation_id).get()
         changed = AutomationVersion.objects.filter(pk=version.pk, published_at__isnull=True).update(
             published_at=Now()
         )
