@@ -16,21 +16,30 @@ from workflows.states import (
     step_sources,
 )
 
-GUARD = re.compile(r"status\s*(?:=\s*'(\w+)'|IN\s*\(([^)]*)\))", re.IGNORECASE)
+GUARD = re.compile(r"status\s*(?:=\s*'(\w+)'|(NOT )?IN\s*\(([^)]*)\))", re.IGNORECASE)
 
 
 def sources_in(guard: str) -> set[str]:
     found: set[str] = set()
-    for single, many in GUARD.findall(guard):
-        found |= {single} if single else {v.strip().strip("'") for v in many.split(",")}
+    for single, negated, many in GUARD.findall(guard):
+        listed = {single} if single else {v.strip().strip("'") for v in many.split(",")}
+        found |= set(StepStatus.values) - listed if negated else listed
     return found
+
+
+# The claim's UPDATE names what it excludes (see sql.CLAIM): ready or running.
+CLAIM_GUARD = "s.status NOT IN ('waiting', 'done', 'failed', 'cancelled')"
+
+
+def test_the_claim_guard_means_ready_or_running() -> None:
+    assert sources_in(CLAIM_GUARD) == {"ready", "running"}
 
 
 # (statement, target status, the guard its transition UPDATE carries)
 STEP_CHANGES = [
-    (sql.CLAIM, StepStatus.RUNNING, "s.status IN ('ready', 'running')"),
-    (sql.CLAIM, StepStatus.WAITING, "s.status IN ('ready', 'running')"),  # run paused
-    (sql.CLAIM, StepStatus.CANCELLED, "s.status IN ('ready', 'running')"),  # run ended
+    (sql.CLAIM, StepStatus.RUNNING, CLAIM_GUARD),
+    (sql.CLAIM, StepStatus.WAITING, CLAIM_GUARD),  # run paused
+    (sql.CLAIM, StepStatus.CANCELLED, CLAIM_GUARD),  # run ended
     (sql.SETTLE_DONE, StepStatus.DONE, "status = 'running'"),
     (sql.SETTLE_FAILED, StepStatus.FAILED, "status = 'running'"),
     (sql.SETTLE_RETRY, StepStatus.WAITING, "status = 'running'"),

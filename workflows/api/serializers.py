@@ -157,14 +157,14 @@ class RunEventPageOut(serializers.Serializer):
 class RunActionOut(serializers.Serializer):
     id = serializers.IntegerField()
     action = serializers.ChoiceField(choices=["cancel", "pause", "resume", "retry"])
-    status = serializers.ChoiceField(choices=RunStatus.values)
+    status = serializers.ChoiceField(choices=RunStatus.choices)
     steps_changed = serializers.IntegerField(help_text="Steps the action cancelled, parked, "
                                              "made ready or retried.")  # fmt: skip
 
 
 class RunBulkIn(serializers.Serializer):
     status = serializers.ChoiceField(
-        choices=RunStatus.values,
+        choices=RunStatus.choices,
         required=False,
         error_messages={"invalid_choice": f"must be one of {', '.join(RunStatus.values)}"},
     )

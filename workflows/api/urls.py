@@ -5,6 +5,7 @@ from . import views
 
 app_name = "api"
 
+
 urlpatterns = [
     path(
         "schema/",
@@ -28,23 +29,7 @@ urlpatterns = [
     path("runs/<int:run_id>", views.RunDetailView.as_view(), name="run"),
     path("runs/<int:run_id>/steps", views.RunStepListView.as_view(), name="run-steps"),
     path("runs/<int:run_id>/history", views.RunHistoryView.as_view(), name="run-history"),
-    # Literal actions, not a pattern: an unknown action is a plain 404.
-    *[
-        path(
-            f"runs/<int:run_id>/{action}",
-            views.RunActionView.as_view(),
-            {"action": action},
-            name=f"run-{action}",
-        )
-        for action in ("cancel", "pause", "resume", "retry")
-    ],
-    *[
-        path(
-            f"runs/bulk/{action}",
-            views.RunBulkActionView.as_view(),
-            {"action": action},
-            name=f"runs-bulk-{action}",
-        )
-        for action in ("cancel", "pause", "resume", "retry")
-    ],
+    # One operation per route; the view answers 404 for an action it does not know.
+    path("runs/<int:run_id>/<slug:action>", views.RunActionView.as_view(), name="run-act"),
+    path("runs/bulk/<slug:action>", views.RunBulkActionView.as_view(), name="runs-bulk"),
 ]

@@ -217,6 +217,16 @@ class RunHistoryView(APIView):
         return paginator.get_paginated_response(RunEventOut(page, many=True).data)
 
 
+ACTION_PARAMETER = OpenApiParameter(
+    "action", str, OpenApiParameter.PATH, enum=list(control.ACTIONS), description="What to do."
+)
+
+
+def _check_action(action: str) -> None:
+    if action not in control.ACTIONS:
+        raise NotFound(f"No action {action!r}; one of {', '.join(control.ACTIONS)}.")
+
+
 def _actor(request: Request) -> str:
     return f"api_key:{request.auth.prefix}"
 
@@ -224,6 +234,7 @@ def _actor(request: Request) -> str:
 class RunActionView(APIView):
     @extend_schema(
         operation_id="runs_act",
+        parameters=[ACTION_PARAMETER],
         request=None,
         responses={200: RunActionOut, 404: ErrorOut, 409: ErrorOut},
         description="Cancel, pause, resume or retry one run. A status that does not allow "
@@ -231,6 +242,7 @@ class RunActionView(APIView):
         "refusal is recorded in the run's history.",
     )
     def post(self, request: Request, run_id: int, action: str) -> Response:
+        _check_action(action)
         outcome = control.run_act(
             org=request.auth.org, run_id=run_id, action=action, actor=_actor(request)
         )
@@ -243,12 +255,14 @@ class RunActionView(APIView):
 class RunBulkActionView(APIView):
     @extend_schema(
         operation_id="runs_act_bulk",
+        parameters=[ACTION_PARAMETER],
         request=RunBulkIn,
         responses={200: RunBulkOut, 400: ErrorOut},
         description="Apply an action to the runs a filter matches, newest first, at most "
         "1,000 per call. `dry_run` is true unless set to false: count first, then act.",
     )
     def post(self, request: Request, action: str) -> Response:
+        _check_action(action)
         data = RunBulkIn(data=request.data)
         data.is_valid(raise_exception=True)
         outcome = control.runs_act_bulk(

@@ -98,8 +98,13 @@ claimed AS (
                               THEN now() + make_interval(secs => %(lease)s) END,
            wait_kind = CASE WHEN r.status = 'paused' THEN 'paused' ELSE '' END,
            finished_at = CASE WHEN r.status IN ('running', 'paused') THEN NULL ELSE now() END
-      FROM picked, workflows_run r
-     WHERE s.id = picked.id AND r.id = s.run_id AND s.status IN ('ready', 'running')
+      FROM workflows_run r
+     -- A primary-key lookup of the picked ids, always. The guard (ready or running) is
+     -- written as an exclusion on purpose: an IN list would imply the step_claimable index's
+     -- predicate, and with statistics that say few steps are claimable (stale after a burst)
+     -- the planner scans that whole index to find the picked ids.
+     WHERE s.id = ANY(ARRAY(SELECT id FROM picked)) AND r.id = s.run_id
+       AND s.status NOT IN ('waiting', 'done', 'failed', 'cancelled')
  RETURNING s.id, s.org_id, s.run_id, s.step_id, s.iteration, s.type, s.lane, s.status,
            s.attempt, s.attempt - s.released - s.series_offset AS attempts_used,
            s.max_attempts, s.wait_detail::json AS wait_detail, r.version_id,

@@ -1,0 +1,110 @@
+"""Work that is not yet due costs the claim nothing: same buffers with 0 or 200,000 of it.
+
+Buffers, not milliseconds: EXPLAIN (ANALYZE, BUFFERS) counts the pages a statement touched,
+which does not depend on how loaded the machine is. Each measured statement runs inside a
+savepoint that is rolled back, so both measurements see the same claimable row.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+from workflows.engine import sql
+from workflows.models import Run
+from workflows.services.automations import automation_publish_definition
+from workflows.services.runs import run_start
+
+from .factories import IO_DEFINITION
+
+pytestmark = pytest.mark.django_db
+
+NOT_DUE = 200_000
+
+
+def _touched(node: dict[str, Any]) -> int:
+    return int(node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0))
+
+
+def _index_scans(node: dict[str, Any], index: str) -> int:
+    """Buffers the scans of ``index`` touched (their heap pages included)."""
+    own = _touched(node) if node.get("Index Name") == index else 0
+    return own + sum(_index_scans(child, index) for child in node.get("Plans", []))
+
+
+def buffers(statement: str, params: dict[str, Any], index: str) -> tuple[int, int]:
+    """(buffers the scans of ``index`` touched, buffers the whole statement touched), hit +
+    read, measured on a second execution."""
+    touched = (0, 0)
+    for _ in range(2):  # the first one warms caches the second then hits
+        with transaction.atomic(), connection.cursor() as cursor:
+            sid = transaction.savepoint()
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", params)
+            plan = cursor.fetchone()[0]
+            transaction.savepoint_rollback(sid)
+        root = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+        touched = (_index_scans(root, index), _touched(root))
+    return touched
+
+
+def add_steps(run: Run, count: int, *, status: str, wait_kind: str = "") -> None:
+    """``count`` steps of the run's organisation: finished history, or (waiting, retry) work
+    that is not yet due (a backoff of an hour)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO workflows_step
+                (org_id, run_id, step_id, iteration, type, lane, status, attempt, released,
+                 series_offset, max_attempts, wait_kind, wake_at, error, created_at)
+            SELECT %(org)s, %(run)s, %(step_id)s, g, 'noop', 'io', %(status)s, 1, 0, 0, 5,
+                   %(kind)s, CASE WHEN %(kind)s = '' THEN NULL ELSE now() + interval '1 hour' END,
+                   '', now()
+              FROM generate_series(1, %(n)s) g
+            """,
+            {"org": run.org_id, "run": run.pk, "n": count, "status": status, "kind": wait_kind,
+             "step_id": f"{status}_{wait_kind}"},
+        )  # fmt: skip
+        cursor.execute("ANALYZE workflows_step")
+
+
+CLAIM = {"lane": "io", "n": 16, "worker": "w", "lease": 30, "after_org": 0}
+PROMOTE = {"lane": "io", "n": 500, "worker": "w"}
+
+
+def claim_buffers() -> tuple[int, int]:
+    return buffers(sql.CLAIM, CLAIM, "step_claimable")
+
+
+def promote_buffers() -> tuple[int, int]:
+    return buffers(sql.PROMOTE_DUE_RETRIES, PROMOTE, "step_wake_due")
+
+
+def test_not_yet_due_work_costs_the_claim_and_the_retry_promotion_nothing(org) -> None:
+    automation_publish_definition(org=org, slug="io", definition=IO_DEFINITION)
+    run = Run.objects.get(pk=run_start(org=org, automation_slug="io", run_input={},
+                                       start_key="k").run_id)  # fmt: skip
+    # The table has history, as a real one does (a nearly empty table is read whole, which
+    # would compare a sequential scan with index scans): 200,000 finished steps.
+    add_steps(run, NOT_DUE, status="done")
+    empty = (claim_buffers(), promote_buffers())
+
+    add_steps(run, NOT_DUE, status="waiting", wait_kind="retry")
+    backlog = (claim_buffers(), promote_buffers())
+
+    report = (
+        f"(claim, promotion) buffers as (scans of its index, whole statement) with 0 / "
+        f"{NOT_DUE} not-yet-due steps: {empty} / {backlog}"
+    )
+    (claim_scans, claim_total), (promote_scans, _) = empty
+    (backlog_claim_scans, backlog_claim_total), (backlog_promote_scans, _) = backlog
+    # Finding and locking the claimable work reads exactly the same pages.
+    assert backlog_claim_scans == claim_scans, report
+    # Updating the claimed row adds entries to the table's indexes, now 400,000 rows tall
+    # instead of 200,000: a page where an index gained a level, never a page per row.
+    assert backlog_claim_total <= claim_total + 2, report
+    # The promotion reads the due end of an index over the waiting rows, which was empty:
+    # only its height grows.
+    assert backlog_promote_scans <= promote_scans + 2, report
