@@ -1,62 +1,82 @@
-"""Runs in the admin: a control room, every field read-only, the timeline on one screen."""
+"""Runs in the admin: a control room. Every field is read-only; the run's steps and timeline
+come from templates a window at a time; cancel, pause, resume and retry go through a
+confirmation page and the run-control service."""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
-from django.http import HttpRequest
-from django.utils.html import format_html, format_html_join
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth import get_permission_codename
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 
-from ..models import Run, Step
+from ..models import Run
+from ..services.control import ACTIONS
 from .display import pretty_json
+from .run_control import VERBS, act_on_many, act_on_one, actions_allowed, confirmation
+from .run_page import run_page_context
+from .scoping import OrgScopedMixin, OrgScopedRelatedFilter, in_scope
 
 
-class ReadOnlyInline(admin.TabularInline):
-    extra = 0
-    can_delete = False
+def _control_action(action: str) -> Callable[..., TemplateResponse | None]:
+    """The change-list action for ``action``: a confirmation page first, then the service."""
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    def control_selected(
+        model_admin: RunAdmin, request: HttpRequest, queryset: QuerySet[Run]
+    ) -> TemplateResponse | None:
+        return model_admin.control_selected(request, queryset, action)
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class StepInline(ReadOnlyInline):
-    model = Step
-    fields = ["step_id", "iteration", "type", "lane", "status", "attempt", "max_attempts",
-              "owner", "lease_until", "error", "finished_at"]  # fmt: skip
-    readonly_fields = fields
-    ordering = ["id"]
+    control_selected.__name__ = f"{action}_runs"
+    return admin.action(
+        description=f"{VERBS[action].label} selected runs", permissions=["control"]
+    )(control_selected)
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
-    """A control room for runs: every field read-only, the timeline on one screen."""
-
+class RunAdmin(OrgScopedMixin, admin.ModelAdmin):
     list_display = ["id", "org", "automation", "version", "status", "steps_executed",
                     "created_at", "finished_at"]  # fmt: skip
-    list_filter = ["status", "org", "automation"]
+    list_filter = [
+        "status", ("org", OrgScopedRelatedFilter), ("automation", OrgScopedRelatedFilter),
+    ]  # fmt: skip
     search_fields = ["=id", "start_key"]
-    list_select_related = ["org", "automation", "version"]
-    inlines = [StepInline]
+    list_select_related = ["org", "automation", "version__automation"]
     readonly_fields = [
         "org", "automation", "version", "start_key", "start_key_derived", "status",
         "steps_executed", "max_steps", "deadline_at", "created_at", "finished_at", "error",
-        "pretty_input", "pretty_output", "pretty_vars", "timeline",
+        "pretty_input", "pretty_output", "pretty_vars",
     ]  # fmt: skip
     exclude = ["input", "output", "vars", "outputs", "entered", "input_digest"]
+    change_form_template = "admin/workflows/run/change_form.html"
+    actions = [_control_action(action) for action in ACTIONS]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Run]:
+        # Each step's output by id and the loop counters can be large and are never shown.
+        runs = (
+            super().get_queryset(request).select_related("org", "automation", "version__automation")
+        )
+        return runs.defer("outputs", "entered")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # runs change only through the engine; the admin shows them
+        return False  # runs change only through the engine and run control
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def has_control_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Cancel, pause, resume, retry: the `change_run` permission, asked at every click."""
+        codename = get_permission_codename("change", self.opts)
+        return in_scope(request, obj) and request.user.has_perm(f"{self.opts.app_label}.{codename}")
 
     @admin.display(description="input")
     def pretty_input(self, obj: Run) -> str:
@@ -70,21 +90,79 @@ class RunAdmin(admin.ModelAdmin):
     def pretty_vars(self, obj: Run) -> str:
         return pretty_json(obj.vars)
 
-    @admin.display(description="timeline")
-    def timeline(self, obj: Run) -> str:
-        rows = format_html_join(
-            "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-            "<td><code>{}</code></td></tr>",
-            (
-                (e.at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], e.kind, e.step_id,
-                 e.iteration or "", e.attempt or "", e.worker,
-                 json.dumps(e.detail) if e.detail else "")
-                for e in obj.events.order_by("id")
-            ),
-        )  # fmt: skip
-        return format_html(
-            "<table><thead><tr><th>at (UTC)</th><th>event</th><th>step</th><th>iteration</th>"
-            "<th>attempt</th><th>worker</th><th>detail</th></tr></thead><tbody>{}</tbody></table>",
-            rows,
+    # --- the run page ------------------------------------------------------------------------
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Run | None = None,
+    ) -> HttpResponse:
+        if obj is not None:
+            context.update(run_page_context(obj, request.GET))
+            may_control = self.has_control_permission(request, obj)
+            allowed = actions_allowed(obj.status) if may_control else []
+            context["control_actions"] = [(action, VERBS[action]) for action in allowed]
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    # --- run control -------------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        control = path(
+            "<path:object_id>/control/<str:action>/",
+            self.admin_site.admin_view(self.control_view),
+            name="workflows_run_control",
         )
+        return [control, *super().get_urls()]
+
+    def control_selected(
+        self, request: HttpRequest, queryset: QuerySet[Run], action: str
+    ) -> TemplateResponse | None:
+        """A change-list action: the confirmation page, and once confirmed, the action."""
+        if request.POST.get("confirmed") == "yes":
+            act_on_many(request, runs=queryset, action=action)
+            return None  # back to the change list, with the messages
+        # The confirmation posts the same selection back to the same change-list URL (its
+        # filters included), so the action runs on what was confirmed, scoped once more.
+        selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
+        hidden = [
+            ("action", f"{action}_runs"),
+            ("select_across", request.POST.get("select_across", "0")),
+        ]
+        hidden += [(ACTION_CHECKBOX_NAME, pk) for pk in selected]
+        return confirmation(
+            request,
+            admin_context=self._admin_context(request),
+            action=action,
+            runs=queryset,
+            hidden=hidden,
+            back_url=request.get_full_path(),
+        )
+
+    def control_view(self, request: HttpRequest, object_id: str, action: str) -> HttpResponse:
+        """One run's action from its page: GET confirms, POST acts and goes back to the run."""
+        if action not in ACTIONS:
+            raise Http404("No such action.")
+        run = self.get_object(request, object_id)
+        if run is None:
+            raise Http404("No such run.")
+        if not self.has_control_permission(request, run):
+            raise PermissionDenied
+        run_url = reverse("admin:workflows_run_change", args=[run.pk])
+        if request.method == "POST":
+            act_on_one(request, run=run, action=action)
+            return redirect(run_url)
+        return confirmation(
+            request,
+            admin_context={**self._admin_context(request), "run": run},
+            action=action,
+            runs=Run.objects.filter(pk=run.pk),
+            hidden=[],
+            back_url=run_url,
+        )
+
+    def _admin_context(self, request: HttpRequest) -> dict[str, Any]:
+        return {**self.admin_site.each_context(request), "opts": self.opts}
