@@ -699,3 +699,25 @@ def test_released_claims_do_not_count_as_attempts(org: Organisation) -> None:
     run.refresh_from_db()
     assert run.status == "succeeded"
     assert run.output == {"who": "Ada", "echo": "new"}
+
+
+def test_a_settle_walks_the_version_the_run_has_when_locked_not_at_claim(org) -> None:
+    def version(label: str) -> dict[str, Any]:
+        return {
+            "start": "work",
+            "steps": [
+                {"id": "work", "type": "noop", "next": "done"},
+                {"id": "done", "type": "end", "output": label},
+            ],
+        }
+
+    run = start(org, version("v1"))
+    (step,) = claim_io()
+    # A migration moves the run to the next version between the claim and the settle.
+    newer = automation_publish_definition(org=org, slug="flow", definition=version("v2"))
+    Run.objects.filter(pk=run.pk).update(version=newer)
+
+    assert settle_success(step, StepResult(output=None), worker="w1")
+
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("succeeded", "v2")

@@ -153,7 +153,6 @@ def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> boo
     """Record the result and walk on, in one transaction. False: this attempt was fenced out."""
     if result.park is not None:
         return _settle_park(step, result, worker=worker)
-    definition = definition_for(step.version_id)
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         run = lock_run(cursor, step.run_id)  # lock order everywhere: the run, then its steps
         cursor.execute(
@@ -164,7 +163,9 @@ def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> boo
             logger.info("step %s attempt %s was fenced out; result dropped", step.id, step.attempt)
             return False
         crash_point("settle.after_step_update")
-        walk = Walk(cursor, run, definition, worker=worker)
+        # The locked run's version, not the claim's: a migration may have moved the run to
+        # another version between the claim and this settle.
+        walk = Walk(cursor, run, definition_for(run.version_id), worker=worker)
         walk.event("step.succeeded", step.step_id, iteration=step.iteration, attempt=step.attempt)
         if not walk.finished:
             walk.step_succeeded(step.step_id, result)
@@ -179,13 +180,14 @@ def settle_failure(
     error = str(failure)[:2000]
     if failure.retryable and step.attempts_used < step.max_attempts:
         return _schedule_retry(step, error, worker=worker, policy=policy)
-    definition = definition_for(step.version_id)
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         run = lock_run(cursor, step.run_id)
         cursor.execute(sql.SETTLE_FAILED, {"id": step.id, "attempt": step.attempt, "error": error})
         if cursor.fetchone() is None:
             return False
-        walk = Walk(cursor, run, definition, worker=worker)
+        # The locked run's version, not the claim's: a migration may have moved the run to
+        # another version between the claim and this settle.
+        walk = Walk(cursor, run, definition_for(run.version_id), worker=worker)
         walk.event(
             "step.failed", step.step_id, iteration=step.iteration, attempt=step.attempt,
             detail={"error": error},
@@ -221,14 +223,15 @@ def _settle_park(step: ClaimedStep, result: StepResult, *, worker: str) -> bool:
 
 def settle_continuation(step: ClaimedStep, *, worker: str) -> bool:
     """Walk on from a continuation row's pending entries, in one transaction with its settle."""
-    definition = definition_for(step.version_id)
     pending = list((step.wait_detail or {}).get("enter", []))
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         run = lock_run(cursor, step.run_id)
         cursor.execute(sql.SETTLE_DONE, {"id": step.id, "attempt": step.attempt, "output": None})
         if cursor.fetchone() is None:
             return False
-        walk = Walk(cursor, run, definition, worker=worker)
+        # The locked run's version, not the claim's: a migration may have moved the run to
+        # another version between the claim and this settle.
+        walk = Walk(cursor, run, definition_for(run.version_id), worker=worker)
         walk.event("walk.continued", step.step_id, iteration=step.iteration,
                    attempt=step.attempt, detail={"enter": pending})  # fmt: skip
         if not walk.finished:
