@@ -162,3 +162,15 @@ def test_a_step_of_a_run_past_its_max_age_is_not_executed(org) -> None:
     assert run.status == "failed"
     assert run.error.startswith("max_age_exceeded")
     assert Step.objects.get(pk=step.id).error.startswith("max_age_exceeded")
+
+
+def test_every_connection_is_bounded_by_statement_and_idle_transaction_timeouts(db) -> None:
+    # A half-open settle connection must not keep its step's row locked for hours.
+    expected = {"statement_timeout": "1min", "idle_in_transaction_session_timeout": "1min"}
+    with connection.cursor() as cursor:
+        for name, value in expected.items():
+            cursor.execute(f"SHOW {name}")
+            assert cursor.fetchone()[0] == value, name
+    with own_connection() as heartbeat_connection:  # the worker's own connections too
+        for name, value in expected.items():
+            assert heartbeat_connection.execute(f"SHOW {name}").fetchone()[0] == value, name

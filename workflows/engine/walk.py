@@ -107,7 +107,8 @@ class Walk:
         # Inline work is bounded per transaction: past either limit, the rest is continued
         # by a worker from a continuation row, so no definition can make a start request or
         # a settle hold the run's lock for long.
-        self.inline_left = int(engine_setting("WALK_INLINE_STEPS"))
+        self.inline_budget = int(engine_setting("WALK_INLINE_STEPS"))
+        self.inline_left = self.inline_budget
         self.inline_until = time.monotonic() + engine_setting("WALK_INLINE_MS") / 1000
         assert connection.in_atomic_block, "the walk runs inside its caller's transaction"
 
@@ -229,12 +230,20 @@ class Walk:
             while self.queue and not self.finished:
                 if not self._within_budget():
                     return
-                if self.paused or self.inline_left <= 0 or time.monotonic() > self.inline_until:
+                if self.paused or self._inline_budget_spent():
                     self._continue_later()
                     return
                 self._enter_one(self.queue.popleft())
         finally:
             self.draining = False
+
+    def _inline_budget_spent(self) -> bool:
+        """Out of inline steps, or of time once at least one ran (every walk makes
+        progress: a continuation that only made another would never end)."""
+        if self.inline_left <= 0:
+            return True
+        ran_one = self.inline_left < self.inline_budget
+        return ran_one and time.monotonic() > self.inline_until
 
     def _continue_later(self) -> None:
         """Hand the pending entries to a continuation row: a worker walks on from them in
