@@ -13,10 +13,13 @@ from collections.abc import Iterator
 import pytest
 from django.contrib.auth.models import User
 from django.db import connections
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 CHROMIUM = os.environ.get("WAYMARK_CHROMIUM", "/usr/bin/chromium")
 PASSWORD = "browser-test-password"
+TIMEOUT_MS = 15_000  # generous: a loaded CI machine is slow, and a passing wait returns at once
+
+expect.set_options(timeout=TIMEOUT_MS)
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +55,7 @@ def logged_in_page(browser: Browser, base_url: str, username: str) -> Page:
     """A fresh browser context, logged in through the admin's login form."""
     context = browser.new_context(base_url=base_url, viewport={"width": 1400, "height": 900})
     page = context.new_page()
-    page.set_default_timeout(15_000)
+    page.set_default_timeout(TIMEOUT_MS)
     page.goto("/admin/login/")
     page.fill("#id_username", username)
     page.fill("#id_password", PASSWORD)
