@@ -171,7 +171,7 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Engine ---------------------------------------------------------------------------------
-# Lanes: each step type names one. "fast" steps run inline in the walk and have no workers.
+# Lanes: each step type names one. "inline" steps run inline in the walk and have no workers.
 # A step's own `retry.max_attempts` overrides its lane's. `timeout_seconds` bounds one
 # attempt: past it the worker stops heartbeating it and records a (retryable) failure.
 # Each value can be set from the environment as WAYMARK_<LANE>_<NAME>, e.g.

@@ -116,9 +116,9 @@ def test_first_start_is_201_and_quick_steps_finish_inline(
     assert body["max_steps"] == 1000
     assert body["finished_at"] is not None
     assert [(s["step_id"], s["lane"], s["status"], s["attempt"]) for s in body["steps"]] == [
-        ("greet", "fast", "done", 1),
-        ("route", "fast", "done", 1),
-        ("vip_end", "fast", "done", 1),
+        ("greet", "inline", "done", 1),
+        ("route", "inline", "done", 1),
+        ("vip_end", "inline", "done", 1),
     ]
     assert body["steps"][1]["output"] == {"outcome": "vip"}
     assert kinds(body) == [
@@ -245,7 +245,7 @@ def test_a_run_with_a_lane_step_stays_running(
     assert body["output"] is None
     assert body["vars"] == {"who": "Ada"}
     assert [(s["step_id"], s["lane"], s["status"]) for s in body["steps"]] == [
-        ("prepare", "fast", "done"),
+        ("prepare", "inline", "done"),
         ("work", "io", "ready"),
     ]
     work = body["steps"][1]

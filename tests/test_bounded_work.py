@@ -65,9 +65,7 @@ def test_a_continuation_settle_is_fenced_like_any_other(org) -> None:
     run = start(org, SPIN)
     (step,) = claim(policy=lane_policy("io"), worker="w", limit=10)
     with connection.cursor() as cursor:  # its lease lapsed and another worker took it
-        cursor.execute(
-            "UPDATE workflows_step SET attempt = attempt + 1 WHERE id = %s", [step.id]
-        )
+        cursor.execute("UPDATE workflows_step SET attempt = attempt + 1 WHERE id = %s", [step.id])
     assert settle_continuation(step, worker="w") is False
     run.refresh_from_db()
     assert run.steps_executed == 100

@@ -122,15 +122,15 @@ def configured(key: str, default: int) -> int:
 def test_every_step_type_is_registered_with_its_lane_and_flags() -> None:
     expected = {
         # name: (lane, waits, terminal, built, app)
-        "set": ("fast", False, False, True, "workflows"),
-        "branch": ("fast", False, False, True, "workflows"),
-        "end": ("fast", False, True, True, "workflows"),
+        "set": ("inline", False, False, True, "workflows"),
+        "branch": ("inline", False, False, True, "workflows"),
+        "end": ("inline", False, True, True, "workflows"),
         "noop": ("io", False, False, True, "workflows"),
         "wait_signal": ("human", True, False, False, "workflows"),
-        "parallel": ("fast", False, False, False, "workflows"),
-        "join": ("fast", False, False, False, "workflows"),
-        "wait": ("fast", True, False, False, "timers"),
-        "wait_until": ("fast", True, False, False, "timers"),
+        "parallel": ("inline", False, False, True, "workflows"),
+        "join": ("inline", False, False, True, "workflows"),
+        "wait": ("inline", True, False, False, "timers"),
+        "wait_until": ("inline", True, False, False, "timers"),
         "http": ("io", False, False, False, "effects"),
         "email": ("io", False, False, False, "effects"),
         "slack_message": ("io", False, False, False, "effects"),
@@ -881,7 +881,7 @@ def test_a_crashing_step_type_becomes_an_issue() -> None:
         raise RuntimeError("bug")
 
     local = Registry()
-    local.register(StepType(name="boom", lane="fast", validate=explode))
+    local.register(StepType(name="boom", lane="inline", validate=explode))
     definition = {"start": "a", "steps": [{"id": "a", "type": "boom"}]}
     assert only(definition, registry=local) == ("invalid_field", "a", None)
 

@@ -54,6 +54,8 @@ STEP_CHANGES = [
     (sql.UNPARK_STEPS, StepStatus.READY, "status = 'waiting'"),
     (sql.RETRY_FAILED_STEPS, StepStatus.READY, "status = 'failed'"),
     (sql.FAIL_STEP_AND_RUN, StepStatus.FAILED, "status = 'running'"),
+    (sql.CANCEL_FORK, StepStatus.CANCELLED, "status IN ('ready', 'running', 'waiting')"),
+    (sql.JOIN_ARRIVE, StepStatus.DONE, "status = 'waiting'"),
 ]
 
 
@@ -70,7 +72,7 @@ def test_every_statement_that_sets_a_step_status_is_checked() -> None:
     for name in dir(sql):
         statement = getattr(sql, name)
         if isinstance(statement, str) and re.search(
-            r"UPDATE workflows_step( \w+)?\s+SET status =", statement
+            r"UPDATE workflows_step( \w+)?\s+SET (status|wait_detail) =", statement
         ):
             assert statement in checked, name
 

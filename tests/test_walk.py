@@ -163,9 +163,9 @@ def test_quick_steps_finish_the_run_inside_run_start(org: Organisation) -> None:
         ("run.succeeded", ""),
     ]
     assert step_rows(run) == [
-        ("greet", 1, "fast", "done"),
-        ("route", 1, "fast", "done"),
-        ("thank", 1, "fast", "done"),
+        ("greet", 1, "inline", "done"),
+        ("route", 1, "inline", "done"),
+        ("thank", 1, "inline", "done"),
     ]
     # Quick steps never wait in a queue: no lease, no outbox row.
     assert not Step.objects.filter(run=run, lease_until__isnull=False).exists()
@@ -257,7 +257,7 @@ def test_end_with_status_failed_fails_the_run(org: Organisation) -> None:
     assert run.output == {"why": "rejected"}
     assert run.finished_at is not None
     assert events(run) == [("run.started", ""), ("step.succeeded", "stop"), ("run.failed", "")]
-    assert step_rows(run) == [("stop", 1, "fast", "done")]
+    assert step_rows(run) == [("stop", 1, "inline", "done")]
 
 
 # --- failures of quick steps ----------------------------------------------------------------
@@ -280,7 +280,7 @@ def test_a_template_error_fails_the_step_and_the_run(org: Organisation) -> None:
     assert "missing" in run.error
     assert run.vars == {}
     step = Step.objects.get(run=run)
-    assert (step.step_id, step.status, step.lane, step.attempt) == ("greet", "failed", "fast", 1)
+    assert (step.step_id, step.status, step.lane, step.attempt) == ("greet", "failed", "inline", 1)
     assert step.error.startswith("template error:")
     assert "missing" in step.error
     assert events(run) == [("run.started", ""), ("step.failed", "greet"), ("run.failed", "")]
@@ -310,9 +310,9 @@ def test_a_template_error_follows_on_failure(org: Organisation) -> None:
     assert run.error == ""
     assert run.output == "Hi stranger"
     assert step_rows(run) == [
-        ("greet", 1, "fast", "failed"),
-        ("fallback", 1, "fast", "done"),
-        ("done", 1, "fast", "done"),
+        ("greet", 1, "inline", "failed"),
+        ("fallback", 1, "inline", "done"),
+        ("done", 1, "inline", "done"),
     ]
     assert events(run) == [
         ("run.started", ""),
@@ -450,7 +450,7 @@ def test_a_run_past_its_max_age_fails_when_it_moves_on(org: Organisation) -> Non
     assert run.error.startswith("max_age_exceeded")
     assert run.finished_at is not None
     # The step's own result is kept, but `done` was never entered.
-    assert step_rows(run) == [("prepare", 1, "fast", "done"), ("work", 1, "io", "done")]
+    assert step_rows(run) == [("prepare", 1, "inline", "done"), ("work", 1, "io", "done")]
     assert [kind for kind, _ in events(run)][-2:] == ["step.succeeded", "run.failed"]
 
 
@@ -464,7 +464,7 @@ def test_a_lane_step_becomes_a_ready_row_with_one_wake_up(org: Organisation) -> 
     assert run.finished_at is None
     assert run.vars == {"who": "Ada"}
     assert run.steps_executed == 2
-    assert step_rows(run) == [("prepare", 1, "fast", "done"), ("work", 1, "io", "ready")]
+    assert step_rows(run) == [("prepare", 1, "inline", "done"), ("work", 1, "io", "ready")]
     work = Step.objects.get(run=run, step_id="work")
     assert work.type == "noop"
     assert work.attempt == 0
@@ -611,9 +611,9 @@ def test_a_non_retryable_failure_follows_on_failure_at_once(org: Organisation) -
     assert run.status == "succeeded"
     assert run.output == {"recovered": "Ada"}
     assert step_rows(run) == [
-        ("prepare", 1, "fast", "done"),
+        ("prepare", 1, "inline", "done"),
         ("work", 1, "io", "failed"),
-        ("recover", 1, "fast", "done"),
+        ("recover", 1, "inline", "done"),
     ]
     assert not RunEvent.objects.filter(run=run, kind="step.retry_scheduled").exists()
 

@@ -50,7 +50,7 @@ def validate_wait(step: Mapping[str, Any], report: StepReport) -> None:
     check_duration(step, "duration", report)
 
 
-WAIT = StepType(name="wait", lane="fast", validate=validate_wait, waits=True, app="timers")
+WAIT = StepType(name="wait", lane="inline", validate=validate_wait, waits=True, app="timers")
 
 
 def _validate_rule(rule: Mapping[str, Any], report: StepReport) -> None:
@@ -99,7 +99,7 @@ def validate_wait_until(step: Mapping[str, Any], report: StepReport) -> None:
 
 
 WAIT_UNTIL = StepType(
-    name="wait_until", lane="fast", validate=validate_wait_until, waits=True, app="timers"
+    name="wait_until", lane="inline", validate=validate_wait_until, waits=True, app="timers"
 )
 
 STEP_TYPES = (WAIT, WAIT_UNTIL)

@@ -8,11 +8,9 @@ class WorkflowsConfig(AppConfig):
 
     def ready(self) -> None:
         from .api import schema  # noqa: F401 (registers the OpenAPI auth extension)
-        from .engine.executors import register_builtin_executors
         from .steptypes import register_step_types
 
         register_step_types()
-        register_builtin_executors()
         if settings.WAYMARK.get("ENABLE_PROBE_STEPS"):
             from .engine.probe import register_probe
 

@@ -1,5 +1,8 @@
 """The step types of the core engine: set, branch, end, noop, wait_signal, parallel, join.
 
+Each is one StepType object: its validation, its lane and what runs when a step of it
+executes, side by side.
+
 Registered from ``WorkflowsConfig.ready()``. The StepType objects are module constants so
 registering them again (tests, reloads) is a no-op.
 """
@@ -10,7 +13,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from workflows.definitions.expressions import check_condition, check_templates_in
+from workflows.definitions.expressions import (
+    ExpressionError,
+    check_condition,
+    check_templates_in,
+    evaluate_condition,
+    render_value,
+)
 from workflows.definitions.fields import (
     check_choice,
     check_duration,
@@ -21,6 +30,16 @@ from workflows.definitions.fields import (
     check_template_value,
 )
 from workflows.definitions.registry import StepReport, StepType, registry
+from workflows.engine.executors import StepContext, StepFailure, StepResult
+
+
+def render(value: Any, context: Mapping[str, Any]) -> Any:
+    try:
+        return render_value(value, context)
+    except ExpressionError as exc:
+        # A template that fails on this run's data fails the same way on every retry.
+        raise StepFailure(f"template error: {exc}", retryable=False) from exc
+
 
 VALUE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 OUTCOME_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,62}")
@@ -53,7 +72,14 @@ def validate_set(step: Mapping[str, Any], report: StepReport) -> None:
         check_templates_in(value, f"values.{name}", report)
 
 
-SET = StepType(name="set", lane="fast", validate=validate_set, built=True, app="workflows")
+def run_set(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
+    values = render(step.get("values", {}), context)
+    return StepResult(output=values, vars=dict(values))
+
+
+SET = StepType(
+    name="set", lane="inline", validate=validate_set, execute=run_set, built=True, app="workflows"
+)
 
 
 # --- branch ---------------------------------------------------------------------------------
@@ -124,10 +150,22 @@ def validate_branch(step: Mapping[str, Any], report: StepReport) -> None:
             report.issue("missing_field", f"next.{outcome}", "is required")
 
 
+def run_branch(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
+    for case in step.get("when", []):  # in order: the first condition that holds wins
+        outcome = case["outcome"]
+        try:
+            if evaluate_condition(case["if"], context):
+                return StepResult(output={"outcome": outcome}, outcome=outcome)
+        except ExpressionError as exc:
+            raise StepFailure(f"condition {outcome!r}: {exc}", retryable=False) from exc
+    return StepResult(output={"outcome": "default"}, outcome="default")
+
+
 BRANCH = StepType(
     name="branch",
-    lane="fast",
+    lane="inline",
     validate=validate_branch,
+    execute=run_branch,
     outcomes=branch_outcomes,
     built=True,
     app="workflows",
@@ -143,8 +181,19 @@ def validate_end(step: Mapping[str, Any], report: StepReport) -> None:
     check_template_value(step, "output", report)
 
 
+def run_end(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
+    output = render(step["output"], context) if "output" in step else None
+    return StepResult(output=output, finish=step.get("status", "succeeded"))
+
+
 END = StepType(
-    name="end", lane="fast", validate=validate_end, terminal=True, built=True, app="workflows"
+    name="end",
+    lane="inline",
+    validate=validate_end,
+    execute=run_end,
+    terminal=True,
+    built=True,
+    app="workflows",
 )
 
 
@@ -156,7 +205,14 @@ def validate_noop(step: Mapping[str, Any], report: StepReport) -> None:
     check_template_value(step, "output", report)
 
 
-NOOP = StepType(name="noop", lane="io", validate=validate_noop, built=True, app="workflows")
+def run_noop(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
+    output = render(step["output"], context) if "output" in step else None
+    return StepResult(output=output, outcome="ok")
+
+
+NOOP = StepType(
+    name="noop", lane="io", validate=validate_noop, execute=run_noop, built=True, app="workflows"
+)
 
 
 # --- wait_signal ----------------------------------------------------------------------------
@@ -197,7 +253,17 @@ WAIT_SIGNAL = StepType(
 def validate_parallel(step: Mapping[str, Any], report: StepReport) -> None:
     check_fields(step, report, ("branches",))
     # Existence is checked by the generic validator through `references`.
-    check_step_id_list(step, "branches", report, min_items=2)
+    branches = check_step_id_list(step, "branches", report, min_items=2)
+    join = step.get("next")
+    if join is None:
+        return  # independent branches: each ends on its own
+    types = getattr(report, "step_types", {})
+    if not isinstance(join, str):
+        report.error("next", "must be the id of the join step where the branches meet")
+    elif join in branches:
+        report.error("next", "cannot also be one of the branches")
+    elif join in types and types[join] != "join":
+        report.error("next", f'must name a step of type "join", not "{types[join]}"')
 
 
 def parallel_references(step: Mapping[str, Any]) -> dict[str, str]:
@@ -207,23 +273,50 @@ def parallel_references(step: Mapping[str, Any]) -> dict[str, str]:
     return {f"branches.{i}": sid for i, sid in enumerate(branches) if isinstance(sid, str)}
 
 
+def run_parallel(
+    step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
+) -> StepResult:
+    """Never called: the walk forks a `parallel` itself (engine/forks.py), since starting
+    branches and opening their join are writes of the walk's own transaction."""
+    raise StepFailure("parallel steps are entered by the walk", retryable=False)
+
+
 PARALLEL = StepType(
     name="parallel",
-    lane="fast",
+    lane="inline",
     validate=validate_parallel,
-    built=False,
+    execute=run_parallel,
+    built=True,
     app="workflows",
     references=parallel_references,
 )
 
+JOIN_COMPLETE = ("all", "first")
+
 
 def validate_join(step: Mapping[str, Any], report: StepReport) -> None:
-    check_fields(step, report, ("wait_for",))
+    check_fields(step, report, ("wait_for", "complete"))
     # Predecessors, not edges: they must exist but do not make the join reach them.
-    check_step_id_list(step, "wait_for", report, check_exists=True)
+    waits_for = check_step_id_list(step, "wait_for", report, check_exists=True)
+    complete = step.get("complete", "all")
+    if isinstance(complete, bool) or not (
+        complete in JOIN_COMPLETE or (isinstance(complete, int) and complete >= 1)
+    ):
+        report.error("complete", '"all", "first" or a number of branches (1 or more)')
+    elif isinstance(complete, int) and waits_for and complete > len(waits_for):
+        report.error("complete", f"is more than the {len(waits_for)} step(s) in wait_for")
 
 
-JOIN = StepType(name="join", lane="fast", validate=validate_join, built=False, app="workflows")
+def run_join(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
+    """A join entered outside a fork (no branches to wait for) just passes through; inside a
+    fork the walk never enters it: branches arrive at its waiting row (engine/forks.py)."""
+    return StepResult(output={"arrived": []})
+
+
+JOIN = StepType(
+    name="join", lane="inline", validate=validate_join, execute=run_join, built=True,
+    app="workflows",
+)  # fmt: skip
 
 
 STEP_TYPES = (SET, BRANCH, END, NOOP, WAIT_SIGNAL, PARALLEL, JOIN)

@@ -1,8 +1,9 @@
 """The step-type registry: how apps plug their step kinds into the engine.
 
-`workflows` knows no step type of another app. Each app declares its types in its own
-``steptypes.py`` and registers them from ``AppConfig.ready()``; the validator and (later) the
-walk look types up here by name.
+A step type is one object: its validation, its lane, whether it waits, and what runs when a
+step of it executes (``execute``). `workflows` knows no step type of another app. Each app
+(and a host project: see ``workflows.plugins``) declares its types and registers them from
+``AppConfig.ready()``; the validator, the walk and the workers look them up here by name.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-LANES = ("fast", "io", "slow", "human")
+LANES = ("inline", "io", "slow", "human")
 
 
 class StepReport:
@@ -36,6 +37,9 @@ class StepReport:
 
 StepValidator = Callable[[Mapping[str, Any], StepReport], None]
 OutcomeFn = Callable[[Mapping[str, Any]], frozenset[str]]
+# (step definition, the run's template context, workflows.engine.executors.StepContext)
+#   -> workflows.engine.executors.StepResult, or raises StepFailure
+Execute = Callable[[Mapping[str, Any], Mapping[str, Any], Any], Any]
 
 
 @dataclass(frozen=True)
@@ -43,20 +47,23 @@ class StepType:
     """One kind of step.
 
     name      the ``type`` value in a definition.
-    lane      where its work is claimed: fast (inline in the walk), io, slow, human.
+    lane      where its work runs: inline (in the walk, in its transaction: touches nothing
+              outside the database), or a worker lane: io, slow, human.
+    execute   what runs when a step of this type executes; None while not built.
     validate  checks the type's own fields (not ``id``, ``type`` or ``next``).
     outcomes  the outcome names ``next`` may map from; None when ``next`` is one step id.
     waits     True when the step parks the run on time or on the outside world; a loop
               through such a step cannot spin, so it needs no explicit step limit.
     terminal  True when the step ends its path (``next`` is not allowed).
-    built     False while the engine cannot execute it yet: definitions using it validate,
-              but publishing them is refused.
+    built     False while the engine cannot execute it yet (no ``execute``): definitions
+              using it validate, but publishing them is refused.
     app       the Django app label that registered it (for docs and error messages).
     """
 
     name: str
     lane: str
     validate: StepValidator
+    execute: Execute | None = field(default=None, compare=False)
     outcomes: OutcomeFn | None = None
     waits: bool = False
     terminal: bool = False
@@ -70,6 +77,8 @@ class StepType:
     def __post_init__(self) -> None:
         if self.lane not in LANES:
             raise ValueError(f"step type {self.name!r}: unknown lane {self.lane!r}")
+        if self.built and self.execute is None:
+            raise ValueError(f"step type {self.name!r} is built but has nothing to execute")
 
 
 class Registry:

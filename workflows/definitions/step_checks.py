@@ -37,9 +37,16 @@ class IssueReport(StepReport):
     """The StepReport the validator hands to step types, with every step id of the
     definition in ``step_ids`` for fields naming other steps."""
 
-    def __init__(self, step_id: str, *, step_ids: Collection[str] = ()) -> None:
+    def __init__(
+        self,
+        step_id: str,
+        *,
+        step_ids: Collection[str] = (),
+        step_types: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(step_id)
         self.step_ids = frozenset(step_ids)
+        self.step_types = dict(step_types or {})  # step id -> its type name, when valid
 
 
 @dataclass
@@ -58,10 +65,17 @@ class StepChecks:
     the first :meth:`check`.
     """
 
-    def __init__(self, registry: Registry, ids: Mapping[str, int], at_step: StepIssueSink):
+    def __init__(
+        self,
+        registry: Registry,
+        ids: Mapping[str, int],
+        at_step: StepIssueSink,
+        type_names: Mapping[str, str] | None = None,
+    ):
         self.registry = registry
         self.ids = ids
         self.at_step = at_step
+        self.type_names = type_names if type_names is not None else {}
 
     def check(
         self, index: int, sid: str | None, step: dict[Any, Any]
@@ -117,7 +131,7 @@ class StepChecks:
     ) -> None:
         if "retry" not in step:
             return
-        if step_type is not None and step_type.lane == "fast":
+        if step_type is not None and step_type.lane == "inline":
             self.at_step(
                 "unknown_field",
                 sid,
@@ -278,7 +292,9 @@ class StepChecks:
     ) -> list[Edge]:
         """The step type's own ``validate`` and ``references``; returns the edges of the
         references that name existing steps."""
-        report = IssueReport(sid or f"steps.{index}", step_ids=self.ids.keys())
+        report = IssueReport(
+            sid or f"steps.{index}", step_ids=self.ids.keys(), step_types=self.type_names
+        )
         self.call_type(index, sid, step_type, "validate", step_type.validate, step, report)
         for code, field, message in report.issues:
             self.at_step(code, sid, index, field or None, message)

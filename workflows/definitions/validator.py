@@ -155,7 +155,8 @@ class _Validation:
         self.types: dict[str, StepType] = {}
         self.edges: dict[str, list[Edge]] = {}
         # Reads self.ids when a step is checked, after collect_ids has filled it.
-        self.step_checks = StepChecks(registry, self.ids, self.at_step)
+        self.type_names: dict[str, str] = {}  # step id -> its `type`, for cross-step checks
+        self.step_checks = StepChecks(registry, self.ids, self.at_step, self.type_names)
 
     # reporting
 
@@ -320,6 +321,8 @@ class _Validation:
                 )
                 continue
             self.ids[sid] = index
+            if isinstance(step.get("type"), str):
+                self.type_names[sid] = step["type"]
 
     def check_start(self, definition: dict[Any, Any]) -> None:
         if "start" not in definition:

@@ -1,6 +1,6 @@
 """What each built step type does when it runs, registered by type name.
 
-Quick types (lane "fast") run inline in the walk, inside its transaction: they touch nothing
+Quick types (lane "inline") run inline in the walk, inside its transaction: they touch nothing
 outside the database. Lane types run in a worker, outside any transaction. An executor is
 called with the step's definition, the run's template context and a StepContext (who and
 which attempt it is, its effect key, its deadline), and returns a StepResult, which may park
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..definitions.expressions import ExpressionError, evaluate_condition, render_value
+from ..definitions.registry import registry
 
 
 @dataclass(frozen=True)
@@ -84,56 +84,11 @@ class StepContext:
 
 
 Executor = Callable[[Mapping[str, Any], Mapping[str, Any], StepContext], StepResult]
-_EXECUTORS: dict[str, Executor] = {}
-
-
-def register_executor(type_name: str, executor: Executor) -> None:
-    _EXECUTORS[type_name] = executor
 
 
 def executor_for(type_name: str) -> Executor:
-    try:
-        return _EXECUTORS[type_name]
-    except KeyError:
-        raise StepFailure(f"no executor for step type {type_name!r}", retryable=False) from None
-
-
-def _render(value: Any, context: Mapping[str, Any]) -> Any:
-    try:
-        return render_value(value, context)
-    except ExpressionError as exc:
-        # A template that fails on this run's data fails the same way on every retry.
-        raise StepFailure(f"template error: {exc}", retryable=False) from exc
-
-
-def run_set(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
-    values = _render(step.get("values", {}), context)
-    return StepResult(output=values, vars=dict(values))
-
-
-def run_branch(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
-    for case in step.get("when", []):  # in order: the first condition that holds wins
-        outcome = case["outcome"]
-        try:
-            if evaluate_condition(case["if"], context):
-                return StepResult(output={"outcome": outcome}, outcome=outcome)
-        except ExpressionError as exc:
-            raise StepFailure(f"condition {outcome!r}: {exc}", retryable=False) from exc
-    return StepResult(output={"outcome": "default"}, outcome="default")
-
-
-def run_end(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
-    output = _render(step["output"], context) if "output" in step else None
-    return StepResult(output=output, finish=step.get("status", "succeeded"))
-
-
-def run_noop(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
-    output = _render(step["output"], context) if "output" in step else None
-    return StepResult(output=output, outcome="ok")
-
-
-def register_builtin_executors() -> None:
-    register_executor("set", run_set)
-    register_executor("branch", run_branch)
-    register_executor("end", run_end)
-    register_executor("noop", run_noop)
+    """What runs a step of ``type_name``: its step type's ``execute`` (one object per type)."""
+    step_type = registry.get(type_name)
+    if step_type is None or step_type.execute is None:
+        raise StepFailure(f"no executor for step type {type_name!r}", retryable=False)
+    return step_type.execute

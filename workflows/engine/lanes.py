@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 
-WORKER_LANES = ("io", "slow", "human")  # "fast" steps run inline in the walk
+WORKER_LANES = ("io", "slow", "human")  # "inline" steps run inline in the walk
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..definitions.registry import StepReport, StepType, registry
-from .executors import Park, StepContext, StepFailure, StepResult, register_executor
+from .executors import Park, StepContext, StepFailure, StepResult
 
 FIELDS = {
     "sleep_seconds", "sleep_attempts", "fail_attempts", "crash_attempts", "output",
@@ -66,9 +66,10 @@ def run_probe(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepCont
     )
 
 
-PROBE = StepType(name="probe", lane="io", validate=_validate, built=True, app="workflows")
+PROBE = StepType(
+    name="probe", lane="io", validate=_validate, execute=run_probe, built=True, app="workflows"
+)
 
 
 def register_probe() -> None:
     registry.register(PROBE)
-    register_executor("probe", run_probe)

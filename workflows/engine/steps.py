@@ -23,6 +23,7 @@ from .definition_cache import definition_for
 from .executors import StepContext, StepFailure, StepResult
 from .faults import crash_point
 from .lanes import LanePolicy
+from .places import Entry, Place
 from .sql.rows import event_row, fetch_dicts, insert_events, insert_wakes, json_or_null
 from .walk import CONTINUATION_TYPE, Walk, lock_run
 
@@ -51,6 +52,8 @@ class ClaimedStep:
     run_created_at: datetime = field(repr=False)
     run_expired: bool = False  # the run is past its max age (the database's clock)
     wait_detail: dict[str, Any] | None = field(default=None, repr=False)
+    fork_join_id: int | None = None  # the join its branch arrives at (see forks.py)
+    branch: int | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ClaimedStep:
@@ -63,6 +66,10 @@ class ClaimedStep:
     @property
     def is_continuation(self) -> bool:
         return self.type == CONTINUATION_TYPE
+
+    @property
+    def place(self) -> Place:
+        return Place(self.fork_join_id, self.branch)
 
     @property
     def woken_with(self) -> dict[str, Any] | None:
@@ -168,7 +175,7 @@ def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> boo
         walk = Walk(cursor, run, definition_for(run.version_id), worker=worker)
         walk.event("step.succeeded", step.step_id, iteration=step.iteration, attempt=step.attempt)
         if not walk.finished:
-            walk.step_succeeded(step.step_id, result)
+            walk.step_succeeded(step.step_id, result, step.place)
         walk.flush()
     return True
 
@@ -193,7 +200,7 @@ def settle_failure(
             detail={"error": error},
         )  # fmt: skip
         if not walk.finished:
-            walk.step_failed(step.step_id, error)
+            walk.step_failed(step.step_id, error, step.place)
         walk.flush()
     return True
 
@@ -236,7 +243,7 @@ def settle_continuation(step: ClaimedStep, *, worker: str) -> bool:
                    attempt=step.attempt, detail={"enter": pending})  # fmt: skip
         if not walk.finished:
             walk.dirty = True
-            walk.enter(pending)
+            walk.enter_entries(Entry.from_json(entry) for entry in pending)
         walk.flush()
     return True
 

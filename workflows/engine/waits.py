@@ -27,6 +27,7 @@ from ..states import RunStatus
 from . import sql
 from .definition_cache import definition_for
 from .executors import StepResult
+from .places import Place
 from .sql.rows import event_row, fetch_dict, fetch_dicts, insert_events, insert_wakes
 from .sql.rows import json_or_null as _json
 from .walk import Walk, lock_run
@@ -70,8 +71,8 @@ def wake_step(*, step_pk: int, wake: Wake, due_only: bool = False) -> bool:
         walk.event(f"step.{wake.reason}", row["step_id"], iteration=row["iteration"],
                    attempt=row["attempt"], detail={"outcome": wake.outcome})  # fmt: skip
         if not walk.finished:
-            walk.step_succeeded(row["step_id"], StepResult(output=wake.output,
-                                                           outcome=wake.outcome))  # fmt: skip
+            result = StepResult(output=wake.output, outcome=wake.outcome)
+            walk.step_succeeded(row["step_id"], result, Place(row["fork_join_id"], row["branch"]))
         walk.flush()
     return True
 

@@ -2,7 +2,7 @@
 
 A caller (run start, a worker's settle, later a timer or a signal) locks the run row, tells
 the walk what happened, and flushes. The walk enters the next steps of the definition: quick
-steps (lane "fast": set, branch, end) run inline right here and never wait in a queue, at most
+steps (lane "inline": set, branch, end) run inline right here and never wait in a queue, at most
 WALK_INLINE_STEPS of them (or WALK_INLINE_MS) per transaction, after which a continuation row
 carries on from a worker; other steps become `ready` rows with an outbox row that wakes their
 lane. While the run is paused nothing new becomes claimable: what it would enter waits in a
@@ -27,7 +27,9 @@ from ..definitions.expressions import build_context
 from ..definitions.registry import registry
 from ..states import RunStatus, StepStatus, WaitKind
 from .executors import StepContext, StepFailure, StepResult, executor_for
+from .forks import FORK_TYPE, Forks
 from .lanes import engine_setting, lane_policy
+from .places import TOP, Entry, Place
 from .sql import CANCEL_LIVE_STEPS, LIVE_STEPS, LOCK_RUN, UPDATE_RUN
 from .sql.rows import (
     NOW,
@@ -102,7 +104,11 @@ class Walk:
         self.path_ended = False
         self.finish: tuple[str, Any, str] | None = None
         self.dirty = False
-        self.queue: deque[str] = deque()
+        self.queue: deque[Entry] = deque()
+        self.changed_vars: dict[str, Any] = {}
+        self.changed_outputs: dict[str, Any] = {}
+        self.changed_entered: dict[str, int] = {}
+        self.forks = Forks(self)
         self.draining = False
         # Inline work is bounded per transaction: past either limit, the rest is continued
         # by a worker from a continuation row, so no definition can make a start request or
@@ -130,7 +136,7 @@ class Walk:
             )
         )  # fmt: skip
 
-    def _add_step(
+    def add_step(
         self,
         step_id: str,
         iteration: int,
@@ -145,14 +151,20 @@ class Walk:
         wait_kind: str = "",
         wake_in: float | None = None,
         wait_detail: Any = None,
+        place: Place = TOP,
     ) -> None:
         live = status in (StepStatus.READY, StepStatus.RUNNING, StepStatus.WAITING)
         self.new_steps.append(
             (self.run.org_id, self.run.id, step_id, iteration, step_type, lane, status, attempt,
              0, 0, max_attempts, NOW if status == StepStatus.READY else None, wait_kind,
              None if wake_in is None else NowPlus(wake_in), json_or_null(wait_detail),
-             json_or_null(output), error, None if live else NOW)
+             json_or_null(output), error, None if live else NOW, place.fork_join, place.branch)
         )  # fmt: skip
+
+    def insert_new_steps(self) -> None:
+        """Write the step rows decided so far (before a statement that must see them)."""
+        insert_rows(self.cursor, "workflows_step", STEP_COLUMNS, self.new_steps)
+        self.new_steps = []
 
     def context(self) -> dict[str, Any]:
         return build_context(
@@ -180,11 +192,18 @@ class Walk:
         self.event("run.started", detail={"version_id": self.run.version_id})
         self.enter([self.definition["start"]])
 
-    def step_succeeded(self, step_id: str, result: StepResult) -> None:
-        """A step (inline or from a worker) finished: record it and move on."""
+    def record_output(self, step_id: str, result: StepResult) -> None:
+        """The run's data changes per step: only what changed is written (``_update_run``),
+        so branches settling one after the other never rewrite each other's values."""
         self.dirty = True
         self.run.outputs[step_id] = result.output
+        self.changed_outputs[step_id] = result.output
         self.run.vars.update(result.vars)
+        self.changed_vars.update(result.vars)
+
+    def step_succeeded(self, step_id: str, result: StepResult, place: Place = TOP) -> None:
+        """A step (inline or from a worker) finished: record it and move on."""
+        self.record_output(step_id, result)
         if result.finish is not None:
             if result.finish == "failed":
                 error = f"ended by step {step_id!r} with status failed"
@@ -192,19 +211,29 @@ class Walk:
             else:
                 self.finish_run(RunStatus.SUCCEEDED, output=result.output)
             return
-        targets = next_step_ids(self.steps[step_id], result.outcome)
-        if not targets:
-            self.path_ended = True
-        self.enter(targets)
+        self.go_on(next_step_ids(self.steps[step_id], result.outcome), place)
 
-    def step_failed(self, step_id: str, error: str) -> None:
-        """A step failed for good: follow its declared failure path, or fail the run."""
+    def go_on(self, targets: list[str], place: Place) -> None:
+        """Enter ``targets`` from ``place``; a branch reaching its fork's join arrives there
+        instead, and a branch whose path ends has finished (it arrives too)."""
+        if place.fork_join is not None:
+            join_step = self.forks.join_step_of(place.fork_join)
+            if not targets or join_step in targets:
+                self.forks.arrive(place)
+                targets = [t for t in targets if t != join_step]
+        elif not targets:
+            self.path_ended = True
+        self.enter(targets, place)
+
+    def step_failed(self, step_id: str, error: str, place: Place = TOP) -> None:
+        """A step failed for good: follow its declared failure path, or fail the run (which
+        ends every sibling branch too)."""
         self.dirty = True
         target = self.steps[step_id].get("on_failure")
         if self.run.expired:
             self._within_budget()  # a run past its max age ends as such, whatever failed
         elif target:
-            self.enter([target])
+            self.enter([target], place)
         else:
             self.finish_run(RunStatus.FAILED, error=f"step {step_id!r} failed: {error}")
 
@@ -215,14 +244,17 @@ class Walk:
         self.finish = (status, output, error)
         self.event(f"run.{status}", detail={"error": error} if error else None)
 
-    def enter(self, step_ids: Iterable[str]) -> None:
+    def enter(self, step_ids: Iterable[str], place: Place = TOP) -> None:
         """Queue steps to enter and, unless already draining, enter them one by one.
 
         Iterative on purpose: a chain of hundreds of quick steps (or a quick loop running to
         its budget) must not deepen the call stack. A quick step's own successors go on the
         same queue.
         """
-        self.queue.extend(step_ids)
+        self.enter_entries(Entry(step_id, place) for step_id in step_ids)
+
+    def enter_entries(self, entries: Iterable[Entry]) -> None:
+        self.queue.extend(entries)
         if self.draining:
             return
         self.draining = True
@@ -248,13 +280,12 @@ class Walk:
     def _continue_later(self) -> None:
         """Hand the pending entries to a continuation row: a worker walks on from them in
         its own transaction (settle_continuation), or resume does, for a paused run."""
-        pending = list(self.queue)
+        pending = [entry.to_json() for entry in self.queue]
         self.queue.clear()
         self.dirty = True
-        iteration = self.run.entered.get(CONTINUATION_STEP, 0) + 1
-        self.run.entered[CONTINUATION_STEP] = iteration
+        iteration = self.next_iteration(CONTINUATION_STEP)
         status = StepStatus.WAITING if self.paused else StepStatus.READY
-        self._add_step(
+        self.add_step(
             CONTINUATION_STEP, iteration, CONTINUATION_TYPE, CONTINUATION_LANE, status,
             max_attempts=lane_policy(CONTINUATION_LANE).max_attempts,
             wait_kind=WaitKind.PAUSED if self.paused else "",
@@ -266,22 +297,32 @@ class Walk:
             self.wake_lanes.add(CONTINUATION_LANE)
         self.live_added += 1
 
-    def _enter_one(self, step_id: str) -> None:
-        self.dirty = True
-        step = self.steps[step_id]
+    def next_iteration(self, step_id: str) -> int:
         iteration = self.run.entered.get(step_id, 0) + 1
         self.run.entered[step_id] = iteration
+        self.changed_entered[step_id] = iteration
+        return iteration
+
+    def _enter_one(self, entry: Entry) -> None:
+        self.dirty = True
+        step_id, place = entry.step_id, entry.place
+        step = self.steps[step_id]
+        iteration = self.next_iteration(step_id)
         self.run.steps_executed += 1
         step_type = registry.get(step["type"])
         assert step_type is not None, step["type"]
-        if step_type.lane != "fast":
+        if step_type.name == FORK_TYPE:
+            self.inline_left -= 1
+            self.forks.fork(step, iteration, place)
+            return
+        if step_type.lane != "inline":
             max_attempts = (
                 step.get("retry", {}).get("max_attempts")
                 or lane_policy(step_type.lane).max_attempts
             )
-            self._add_step(
+            self.add_step(
                 step_id, iteration, step_type.name, step_type.lane, StepStatus.READY,
-                max_attempts=max_attempts,
+                max_attempts=max_attempts, place=place,
             )  # fmt: skip
             self.event("step.ready", step_id, iteration=iteration)
             self.wake_lanes.add(step_type.lane)
@@ -290,38 +331,38 @@ class Walk:
         self.inline_left -= 1
         ctx = StepContext(
             org_id=self.run.org_id, run_id=self.run.id, step_id=step_id, iteration=iteration,
-            attempt=1, lane="fast",
+            attempt=1, lane="inline",
         )  # fmt: skip
         try:
             result = executor_for(step_type.name)(step, self.context(), ctx)
         except StepFailure as exc:
-            self._add_step(
-                step_id, iteration, step_type.name, "fast", StepStatus.FAILED,
-                attempt=1, error=str(exc),
+            self.add_step(
+                step_id, iteration, step_type.name, "inline", StepStatus.FAILED,
+                attempt=1, error=str(exc), place=place,
             )  # fmt: skip
             self.event("step.failed", step_id, iteration=iteration, attempt=1,
                        detail={"error": str(exc)})  # fmt: skip
-            self.step_failed(step_id, str(exc))
+            self.step_failed(step_id, str(exc), place)
             return
         if result.park is not None:
             # A quick step that waits (a timer, say): parked right away, no worker involved.
             park = result.park
-            self._add_step(
-                step_id, iteration, step_type.name, "fast", StepStatus.WAITING, attempt=1,
+            self.add_step(
+                step_id, iteration, step_type.name, "inline", StepStatus.WAITING, attempt=1,
                 output=result.output, wait_kind=WaitKind.EXTERNAL,
                 wake_in=park.deadline_seconds,
-                wait_detail={**park.detail, "on_deadline": park.on_deadline},
+                wait_detail={**park.detail, "on_deadline": park.on_deadline}, place=place,
             )  # fmt: skip
             detail = {**park.detail, "deadline_seconds": park.deadline_seconds}
             self.event("step.waiting", step_id, iteration=iteration, attempt=1, detail=detail)
             self.live_added += 1
             return
-        self._add_step(
-            step_id, iteration, step_type.name, "fast", StepStatus.DONE,
-            attempt=1, output=result.output,
+        self.add_step(
+            step_id, iteration, step_type.name, "inline", StepStatus.DONE,
+            attempt=1, output=result.output, place=place,
         )  # fmt: skip
         self.event("step.succeeded", step_id, iteration=iteration, attempt=1)
-        self.step_succeeded(step_id, result)
+        self.step_succeeded(step_id, result, place)
 
     def _within_budget(self) -> bool:
         if self.run.expired:
@@ -343,7 +384,7 @@ class Walk:
             self.cursor.execute(LIVE_STEPS, {"run": self.run.id})
             if fetch_dict(self.cursor) == {"live": 0}:
                 self.finish_run(RunStatus.SUCCEEDED)
-        insert_rows(self.cursor, "workflows_step", STEP_COLUMNS, self.new_steps)
+        self.insert_new_steps()
         if self.finish is not None:
             self._end_live_steps()
         insert_events(self.cursor, self.events)
@@ -365,9 +406,9 @@ class Walk:
         self.cursor.execute(
             UPDATE_RUN,
             {
-                "vars": Jsonb(self.run.vars),
-                "outputs": Jsonb(self.run.outputs),
-                "entered": Jsonb(self.run.entered),
+                "vars": Jsonb(self.changed_vars),
+                "outputs": Jsonb(self.changed_outputs),
+                "entered": Jsonb(self.changed_entered),
                 "steps": self.run.steps_executed,
                 "status": status,
                 "output": json_or_null(output),

@@ -57,6 +57,13 @@ class Step(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     step_id = models.CharField(max_length=63)
     iteration = models.PositiveIntegerField(default=1)
+    # Inside a `parallel` with a join: the join's waiting row this step's branch arrives at,
+    # and which branch (0, 1, ...) it is on. A loop's second pass forks anew (another join
+    # row), so a join waits for exactly the branches of its own pass.
+    fork_join = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    branch = models.PositiveSmallIntegerField(null=True, blank=True)
     type = models.CharField(max_length=40)
     lane = models.CharField(max_length=16)
     status = models.CharField(max_length=16, choices=StepStatus.choices)

@@ -25,6 +25,7 @@ from django.db import connection, transaction
 
 from ..engine import sql
 from ..engine.definition_cache import definition_for
+from ..engine.places import Entry, Place
 from ..engine.sql.rows import event_row, fetch_dicts, insert_events, insert_wakes
 from ..engine.walk import RunState, Walk, lock_run
 from ..errors import NothingToRetry, RunStateConflict, UnknownRun
@@ -153,7 +154,7 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
         raise NothingToRetry(run_id=run.id)
     _set_status(cursor, run, "retry")
     run.status = RunStatus.RUNNING
-    queued = [s for s in failed if s["lane"] != "fast"]
+    queued = [s for s in failed if s["lane"] != "inline"]
     cursor.execute(sql.RETRY_FAILED_STEPS, {"run": run.id, "ids": [s["id"] for s in queued]})
     retried = fetch_dicts(cursor)
     events = [
@@ -165,11 +166,14 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
     events.append(_run_event(run, "run.retried", actor, steps=[s["step_id"] for s in failed]))
     insert_events(cursor, events)
     insert_wakes(cursor, [(run.org_id, run.id, lane) for lane in {s["lane"] for s in retried}])
-    inline = [s["step_id"] for s in failed if s["lane"] == "fast"]
+    inline = [s for s in failed if s["lane"] == "inline"]
     if inline:
-        # A quick step has no worker to claim it: the walk enters it again, inline.
+        # A quick step has no worker to claim it: the walk enters it again, inline, in the
+        # branch it failed on.
         walk = Walk(cursor, run, definition, worker=actor)
-        walk.enter(inline)
+        walk.enter_entries(
+            Entry(s["step_id"], Place(s["fork_join_id"], s["branch"])) for s in inline
+        )
         walk.flush()
     return Outcome(run.id, "retry", RunStatus.RUNNING, len(failed))
 

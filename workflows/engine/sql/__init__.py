@@ -107,7 +107,8 @@ claimed AS (
        AND s.status NOT IN ('waiting', 'done', 'failed', 'cancelled')
  RETURNING s.id, s.org_id, s.run_id, s.step_id, s.iteration, s.type, s.lane, s.status,
            s.attempt, s.attempt - s.released - s.series_offset AS attempts_used,
-           s.max_attempts, s.wait_detail::json AS wait_detail, r.version_id,
+           s.max_attempts, s.wait_detail::json AS wait_detail, s.fork_join_id, s.branch,
+           r.version_id,
            r.input::json AS run_input, r.vars::json AS run_vars,
            r.outputs::json AS run_outputs, r.created_at AS run_created_at,
            r.deadline_at <= now() AS run_expired
@@ -234,7 +235,8 @@ UPDATE workflows_step
        finished_at = now()
  WHERE id = %(id)s AND status = 'waiting' AND wait_kind = 'external'
    AND (NOT %(due)s OR wake_at <= now())
-RETURNING id, org_id, run_id, step_id, iteration, attempt, wait_detail::json AS wait_detail
+RETURNING id, org_id, run_id, step_id, iteration, attempt, wait_detail::json AS wait_detail,
+          fork_join_id, branch
 """
 
 # Ready, to run again (its executor sees why in its context); parked instead while the run
@@ -274,11 +276,13 @@ SELECT id, org_id, version_id, status, input::json AS input, vars::json AS vars,
   FROM workflows_run WHERE id = %(id)s FOR NO KEY UPDATE
 """
 
-# The walk's one write to the run: its template data, budget and, when it ends, its outcome.
-# The caller holds the row lock (LOCK_RUN) and guards on the status it read under it.
+# The walk's one write to the run: what changed of its template data (merged, never rewritten
+# whole), its budget and, when it ends, its outcome. The caller holds the row lock (LOCK_RUN)
+# and guards on the status it read under it.
 UPDATE_RUN = """
 UPDATE workflows_run
-   SET vars = %(vars)s, outputs = %(outputs)s, entered = %(entered)s,
+   SET vars = vars || %(vars)s, outputs = outputs || %(outputs)s,
+       entered = entered || %(entered)s,
        steps_executed = %(steps)s, status = %(status)s, output = %(output)s, error = %(error)s,
        finished_at = CASE WHEN %(finished)s THEN now() ELSE NULL END
  WHERE id = %(id)s AND status = %(expected)s AND status IN ('running', 'paused')
@@ -337,10 +341,69 @@ RETURNING step_id, iteration, lane, attempt
 """
 
 FAILED_STEPS = """
-SELECT DISTINCT ON (step_id) id, step_id, iteration, lane, type, error
+SELECT DISTINCT ON (step_id) id, step_id, iteration, lane, type, error, fork_join_id, branch
   FROM workflows_step
  WHERE run_id = %(run)s AND status = 'failed'
  ORDER BY step_id, iteration DESC
+"""
+
+# --- forks: parallel branches and their join ----------------------------------------------
+
+# A fork's join: a waiting row created when the `parallel` is entered, before its branches,
+# which point at it (fork_join_id). It waits for `need` branches to arrive.
+INSERT_JOIN_ROW = """
+INSERT INTO workflows_step
+    (org_id, run_id, step_id, iteration, type, lane, status, attempt, released, series_offset,
+     max_attempts, wait_kind, wait_detail, error, created_at, fork_join_id, branch)
+VALUES (%(org)s, %(run)s, %(step_id)s, %(iteration)s, 'join', 'inline', 'waiting', 0, 0, 0, 1,
+        'join', %(detail)s, '', now(), %(fork_join)s, %(branch)s)
+RETURNING id
+"""
+
+JOIN_ROW = """
+SELECT step_id, iteration, fork_join_id, branch FROM workflows_step WHERE id = %(id)s
+"""
+
+# A branch arrives at its join: one guarded transition under the run's lock. The arrival
+# that completes it (`need` branches in) turns it done; one arriving after that finds no
+# waiting row and changes nothing, so the join continues exactly once.
+JOIN_ARRIVE = """
+UPDATE workflows_step
+   SET wait_detail = jsonb_set(wait_detail, '{arrived}',
+                               (wait_detail -> 'arrived') || to_jsonb(%(branch)s::int)),
+       status = CASE WHEN jsonb_array_length(wait_detail -> 'arrived') + 1
+                          >= (wait_detail ->> 'need')::int
+                     THEN 'done' ELSE 'waiting' END,
+       wait_kind = CASE WHEN jsonb_array_length(wait_detail -> 'arrived') + 1
+                             >= (wait_detail ->> 'need')::int
+                        THEN '' ELSE 'join' END,
+       finished_at = CASE WHEN jsonb_array_length(wait_detail -> 'arrived') + 1
+                               >= (wait_detail ->> 'need')::int
+                          THEN now() END
+ WHERE id = %(id)s AND status = 'waiting' AND wait_kind = 'join'
+RETURNING status, step_id, iteration, fork_join_id, branch, wait_detail::json AS wait_detail
+"""
+
+# The join completed before every branch arrived (`first`, or `n`): the rest of the fork,
+# nested forks included, ends.
+CANCEL_FORK = """
+WITH RECURSIVE fork(id) AS (
+    SELECT %(join)s::bigint
+    UNION ALL
+    SELECT s.id FROM workflows_step s JOIN fork f ON s.fork_join_id = f.id
+     WHERE s.run_id = %(run)s AND s.type = 'join'
+)
+UPDATE workflows_step
+   SET status = 'cancelled', owner = NULL, lease_until = NULL, wait_kind = '', wake_at = NULL,
+       finished_at = now()
+ WHERE run_id = %(run)s AND fork_join_id IN (SELECT id FROM fork)
+   AND status IN ('ready', 'running', 'waiting')
+RETURNING step_id, iteration, attempt
+"""
+
+JOIN_ROWS_UNDER = """
+SELECT id FROM workflows_step
+ WHERE run_id = %(run)s AND type = 'join' AND fork_join_id = ANY(%(ids)s)
 """
 
 # --- runs: starting ---------------------------------------------------------------------------

@@ -1,0 +1,144 @@
+"""Parallel branches and their join, inside the walk.
+
+Entering a `parallel` step starts each of its `branches`. When its `next` names a `join`
+step, a waiting row for that join is written first, and every step of every branch records it
+(``fork_join``) and its branch number: steps entered after them inherit both. A branch whose
+path reaches the join (or ends) *arrives*: one guarded UPDATE of the join row under the run's
+lock (every settle holds it), so two branches settling at the same moment are serialised and
+the arrival that completes the join is the only one that sees it complete. The join then
+continues along its own `next`, once; if it completed before every branch arrived (`first`,
+or a number), the branches still live are cancelled, nested forks included.
+
+A loop that enters the same `parallel` again forks anew, with a new join row: a join counts
+exactly the branches of its own pass.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from psycopg.types.json import Jsonb
+
+from ..states import StepStatus
+from . import sql
+from .executors import StepResult
+from .places import Entry, Place
+from .sql.rows import fetch_dict, fetch_dicts
+
+if TYPE_CHECKING:
+    from .walk import Walk
+
+FORK_TYPE = "parallel"
+JOIN_TYPE = "join"
+
+
+def branches_needed(join_step: dict[str, Any], branches: int) -> int:
+    """How many branches must arrive: `complete` is "all" (the default), "first" or a
+    number of branches."""
+    complete = join_step.get("complete", "all")
+    if complete == "first":
+        return 1
+    if isinstance(complete, int):
+        return max(1, min(complete, branches))
+    return branches
+
+
+class Forks:
+    def __init__(self, walk: Walk) -> None:
+        self.walk = walk
+        self.join_steps: dict[int, str] = {}  # join row id -> its step id
+
+    def fork(self, step: dict[str, Any], iteration: int, place: Place) -> None:
+        """Enter a `parallel` step: start its branches, under a new join row if it has one."""
+        walk = self.walk
+        branches: list[str] = list(step["branches"])
+        join_id = self._open_join(step, len(branches), place)
+        walk.add_step(
+            step["id"], iteration, FORK_TYPE, "inline", StepStatus.DONE, attempt=1,
+            output={"branches": branches, "join_row": join_id}, place=place,
+        )  # fmt: skip
+        walk.event("step.succeeded", step["id"], iteration=iteration, attempt=1,
+                   detail={"branches": branches})  # fmt: skip
+        walk.record_output(step["id"], StepResult(output={"branches": branches}))
+        if join_id is None:  # independent branches, in the fork's own place
+            walk.enter_entries(Entry(branch, place) for branch in branches)
+            return
+        walk.enter_entries(
+            Entry(branch, Place(join_id, number)) for number, branch in enumerate(branches)
+        )
+
+    def _open_join(self, step: dict[str, Any], branches: int, place: Place) -> int | None:
+        join_step_id = step.get("next")  # a parallel's next is the join its branches meet at
+        if not join_step_id:
+            return None
+        walk = self.walk
+        join_step = walk.steps[join_step_id]
+        iteration = walk.next_iteration(join_step_id)
+        need = branches_needed(join_step, branches)
+        detail = {"need": need, "branches": branches, "arrived": [], "fork": step["id"]}
+        walk.cursor.execute(
+            sql.INSERT_JOIN_ROW,
+            {
+                "org": walk.run.org_id, "run": walk.run.id, "step_id": join_step_id,
+                "iteration": iteration, "detail": Jsonb(detail),
+                "fork_join": place.fork_join, "branch": place.branch,
+            },
+        )  # fmt: skip
+        row = fetch_dict(walk.cursor)
+        assert row is not None
+        self.join_steps[row["id"]] = join_step_id
+        walk.event("join.waiting", join_step_id, iteration=iteration, detail=detail)
+        return int(row["id"])
+
+    def join_step_of(self, join_id: int) -> str:
+        if join_id not in self.join_steps:
+            self.walk.cursor.execute(sql.JOIN_ROW, {"id": join_id})
+            row = fetch_dict(self.walk.cursor)
+            assert row is not None, f"join row {join_id} is missing"
+            self.join_steps[join_id] = row["step_id"]
+        return self.join_steps[join_id]
+
+    def arrive(self, place: Place) -> None:
+        """A branch of the fork at ``place`` finished; continue past the join if that
+        completes it."""
+        walk = self.walk
+        assert place.fork_join is not None
+        walk.cursor.execute(sql.JOIN_ARRIVE, {"id": place.fork_join, "branch": place.branch})
+        row = fetch_dict(walk.cursor)
+        join_step_id = self.join_step_of(place.fork_join)
+        if row is None:
+            # The join completed without this branch (`first`, or a number of branches).
+            walk.event("join.arrived_late", join_step_id, detail={"branch": place.branch})
+            return
+        detail = {"branch": place.branch, "arrived": row["wait_detail"]["arrived"]}
+        walk.event("join.arrived", join_step_id, iteration=row["iteration"], detail=detail)
+        if row["status"] != StepStatus.DONE:
+            return
+        self._end_rest_of_fork(place.fork_join)
+        output = {"arrived": row["wait_detail"]["arrived"]}
+        walk.event("step.succeeded", join_step_id, iteration=row["iteration"], attempt=1)
+        walk.step_succeeded(
+            join_step_id, StepResult(output=output), Place(row["fork_join_id"], row["branch"])
+        )
+
+    def _end_rest_of_fork(self, join_id: int) -> None:
+        walk = self.walk
+        walk.insert_new_steps()  # rows this walk decided must be ended too
+        walk.cursor.execute(sql.CANCEL_FORK, {"join": join_id, "run": walk.run.id})
+        for row in fetch_dicts(walk.cursor):
+            walk.event("step.cancelled", row["step_id"], iteration=row["iteration"],
+                       attempt=row["attempt"], detail={"reason": "its join completed"})  # fmt: skip
+        # Entries of the fork still queued in this walk are dropped the same way.
+        ended = self._fork_tree(join_id)
+        walk.queue = type(walk.queue)(e for e in walk.queue if e.place.fork_join not in ended)
+
+    def _fork_tree(self, join_id: int) -> set[int]:
+        """This join row and the join rows nested under it."""
+        tree, frontier = {join_id}, [join_id]
+        while frontier:
+            self.walk.cursor.execute(
+                sql.JOIN_ROWS_UNDER, {"run": self.walk.run.id, "ids": frontier}
+            )
+            frontier = [row["id"] for row in fetch_dicts(self.walk.cursor)]
+            tree.update(frontier)
+        return tree
