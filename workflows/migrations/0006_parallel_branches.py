@@ -11,6 +11,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # The lane of steps run in the walk is now called "inline" (it was "fast").
+        migrations.RunSQL(
+            "UPDATE workflows_step SET lane = 'inline' WHERE lane = 'fast'",
+            reverse_sql="UPDATE workflows_step SET lane = 'fast' WHERE lane = 'inline'",
+        ),
         migrations.AddField(
             model_name='step',
             name='branch',
