@@ -13,12 +13,12 @@ from .factories import OrganisationFactory
 
 @pytest.fixture
 def org(db: None) -> Organisation:
-    return OrganisationFactory()
+    return OrganisationFactory.create()
 
 
 @pytest.fixture
 def other_org(db: None) -> Organisation:
-    return OrganisationFactory()
+    return OrganisationFactory.create()
 
 
 def _client_for(org: Organisation) -> tuple[APIClient, ApiKey, str]:

@@ -24,7 +24,7 @@ IO_DEFINITION: dict = {
 }
 
 
-class OrganisationFactory(factory.django.DjangoModelFactory):
+class OrganisationFactory(factory.django.DjangoModelFactory[Organisation]):
     class Meta:
         model = Organisation
 
@@ -32,7 +32,7 @@ class OrganisationFactory(factory.django.DjangoModelFactory):
     name = factory.LazyAttribute(lambda o: o.slug.title())
 
 
-class AutomationFactory(factory.django.DjangoModelFactory):
+class AutomationFactory(factory.django.DjangoModelFactory[Automation]):
     class Meta:
         model = Automation
 
@@ -41,7 +41,7 @@ class AutomationFactory(factory.django.DjangoModelFactory):
     name = factory.LazyAttribute(lambda o: o.slug)
 
 
-class DraftVersionFactory(factory.django.DjangoModelFactory):
+class DraftVersionFactory(factory.django.DjangoModelFactory[AutomationVersion]):
     class Meta:
         model = AutomationVersion
 

@@ -14,10 +14,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 def engine_env(**overrides: str) -> dict[str, str]:
@@ -57,7 +59,8 @@ def spawn_relay(**env: str) -> subprocess.Popen[bytes]:
     return spawn("relay", **env)
 
 
-def wait_for(predicate: Callable[[], object], *, timeout: float = 30.0, what: str = "") -> object:
+def wait_for(predicate: Callable[[], T | None], *, timeout: float = 30.0, what: str = "") -> T:
+    """The predicate's first truthy value, polled until ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -87,8 +87,10 @@ def test_changelists_render(
     assert api_key.prefix in page(admin_client, f"{ADMIN}/apikey/")
     assert "greeter" in page(admin_client, f"{ADMIN}/automation/")
     versions = page(admin_client, f"{ADMIN}/automationversion/")
+    current = draft.automation.current_version
+    assert current is not None
     assert draft.digest[:12] in versions
-    assert draft.automation.current_version.digest[:12] in versions
+    assert current.digest[:12] in versions
     runs = page(admin_client, f"{ADMIN}/run/")
     assert f"{ADMIN}/run/{run.pk}/change/" in runs
     assert "succeeded" in runs.lower()
@@ -98,8 +100,10 @@ def test_changelist_filters_render(
     admin_client: Client, draft: AutomationVersion, run: Run
 ) -> None:
     unpublished = page(admin_client, f"{ADMIN}/automationversion/?published_at__isempty=1")
+    current = draft.automation.current_version
+    assert current is not None
     assert draft.digest[:12] in unpublished
-    assert draft.automation.current_version.digest[:12] not in unpublished
+    assert current.digest[:12] not in unpublished
     assert f"/run/{run.pk}/change/" in page(admin_client, f"{ADMIN}/run/?status=succeeded")
     assert f"/run/{run.pk}/change/" not in page(admin_client, f"{ADMIN}/run/?status=running")
     assert f"/run/{run.pk}/change/" in page(admin_client, f"{ADMIN}/run/?q={run.pk}")

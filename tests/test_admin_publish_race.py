@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workflows.models import Automation
+from workflows.models import Automation, AutomationVersion
 from workflows.services.automations import version_create_draft, version_publish
 
 from .concurrency import race
@@ -17,7 +17,7 @@ PUBLISHERS = 4  # versions n .. n+3 published at once, each round
 
 @pytest.mark.django_db(transaction=True)
 def test_racing_publishes_never_leave_an_older_version_current() -> None:
-    automation = AutomationFactory()
+    automation = AutomationFactory.create()
     wrong = []
     for round_number in range(ROUNDS):
         drafts = [
@@ -25,10 +25,14 @@ def test_racing_publishes_never_leave_an_older_version_current() -> None:
             for n in range(PUBLISHERS)
         ]
 
-        results = race(PUBLISHERS, lambda i, drafts=drafts: version_publish(version=drafts[i]))
+        def publish(i: int, drafts: list[AutomationVersion] = drafts) -> AutomationVersion:
+            return version_publish(version=drafts[i])
+
+        results = race(PUBLISHERS, publish)
 
         assert not [r for r in results if isinstance(r, Exception)], results
         current = Automation.objects.get(pk=automation.pk).current_version
+        assert current is not None
         if current.number != drafts[-1].number:
             wrong.append((round_number, current.number, drafts[-1].number))
     assert not wrong, f"(round, current, newest) where an older version stayed current: {wrong}"

@@ -39,7 +39,7 @@ def start(org: Organisation) -> Callable[[str], Run]:
     return lambda key: start_run(org, key)
 
 
-def in_status(start, key: str, status: str) -> Run:
+def in_status(start: Callable[[str], Run], key: str, status: str) -> Run:
     """A run of the io definition brought to ``status`` the way the engine would."""
     run = start(key)
     if status == "paused":
@@ -110,6 +110,7 @@ def test_a_list_action_confirms_first_then_acts_as_the_admin_user(
     assert status_of(target) == after
     assert status_of(finished) == "cancelled"
     event = RunEvent.objects.filter(run=target).order_by("-id").first()
+    assert event is not None
     assert event.worker == "admin:admin"
     assert any("1 run(s)" in m for m in messages_of(done))
     assert any("1 selected run(s) skipped" in m for m in messages_of(done))

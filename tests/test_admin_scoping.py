@@ -38,7 +38,7 @@ class Tenant:
 
 
 def make_tenant(slug: str) -> Tenant:
-    org = OrganisationFactory(slug=slug, name=f"{slug.title()} Ltd")
+    org = OrganisationFactory.create(slug=slug, name=f"{slug.title()} Ltd")
     published = automation_publish_definition(
         org=org, slug=f"{slug}-flow", definition=IO_DEFINITION
     )

@@ -158,7 +158,8 @@ def test_malformed_json_and_wrong_shapes(api: APIClient) -> None:
     assert response.json()["code"] == "unsupported_media_type"
 
     _create(api)
-    for definition in [None, [], "text", 5, {"steps": "nope"}]:
+    not_definitions: list[object] = [None, [], "text", 5, {"steps": "nope"}]
+    for definition in not_definitions:
         response = _draft(api, definition)
         assert response.status_code == 400, definition
         assert response.json()["code"] in {"invalid_definition", "invalid_input"}

@@ -66,7 +66,7 @@ def with_io(org: Organisation) -> Automation:
 
 @pytest.fixture
 def draft_only(org: Organisation) -> Automation:
-    automation = AutomationFactory(org=org, slug="draft-only")
+    automation = AutomationFactory.create(org=org, slug="draft-only")
     version_create_draft(automation=automation, definition=linear_definition("a"))
     return automation
 
@@ -447,7 +447,7 @@ def test_list_runs_is_cursor_paginated(
     assert page["previous"] is not None
 
     # The filter survives in the cursor links.
-    filtered = api.get(RUNS, {"limit": 1, "status": "running"}).json()
+    filtered = api.get(RUNS, {"limit": "1", "status": "running"}).json()
     assert [r["id"] for r in filtered["results"]] == [max(ids["with-io"])]
     rest = api.get(filtered["next"]).json()
     assert [r["id"] for r in rest["results"]] == [min(ids["with-io"])]

@@ -122,7 +122,7 @@ def test_a_walk_that_raises_fails_the_step_and_run_instead_of_rerunning(org) -> 
 
 
 def test_a_claim_for_one_slot_is_not_stuck_behind_a_locked_organisation(org) -> None:
-    first, second = org, OrganisationFactory()
+    first, second = org, OrganisationFactory.create()
     start_io_run(first)
     start_io_run(second)
     locked = Step.objects.get(org=first)
@@ -173,4 +173,5 @@ def test_every_connection_is_bounded_by_statement_and_idle_transaction_timeouts(
             assert cursor.fetchone()[0] == value, name
     with own_connection() as heartbeat_connection:  # the worker's own connections too
         for name, value in expected.items():
-            assert heartbeat_connection.execute(f"SHOW {name}").fetchone()[0] == value, name
+            row = heartbeat_connection.execute(f"SHOW {name}").fetchone()
+            assert row is not None and row[0] == value, name

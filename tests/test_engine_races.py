@@ -55,7 +55,7 @@ def test_racing_workers_share_a_backlog_without_duplicates(org) -> None:
 
 
 def test_claims_are_fair_across_organisations(org) -> None:
-    busy, quiet = org, OrganisationFactory()
+    busy, quiet = org, OrganisationFactory.create()
     ready_steps(busy, 400)
     ready_steps(quiet, 3)
     policy = lane_policy("io")
@@ -70,7 +70,7 @@ def test_claims_are_fair_across_organisations(org) -> None:
 
 
 def test_claim_rotates_which_organisation_leads(org) -> None:
-    first, second = org, OrganisationFactory()
+    first, second = org, OrganisationFactory.create()
     ready_steps(first, 5)
     ready_steps(second, 5)
     policy = lane_policy("io")
@@ -97,7 +97,7 @@ def test_two_hundred_concurrent_duplicate_starts_make_one_run(org) -> None:
 
 
 def test_successive_claims_rotate_through_many_organisations(org) -> None:
-    orgs = [org, *(OrganisationFactory() for _ in range(4))]
+    orgs = [org, *(OrganisationFactory.create() for _ in range(4))]
     for each in orgs:
         ready_steps(each, 3)
     policy = lane_policy("io")

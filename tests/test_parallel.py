@@ -76,6 +76,7 @@ def test_the_join_continues_once_when_every_branch_has_arrived(org) -> None:
 
     assert settle(claimed["b1"])
     join = Step.objects.get(run=run, step_id="meet")
+    assert join.wait_detail is not None
     assert (join.status, join.wait_detail["arrived"]) == ("waiting", [1])
     assert not Step.objects.filter(run=run, step_id="after").exists()
 

@@ -85,6 +85,7 @@ def test_cancel_ends_the_run_and_its_ready_step_at_once(org) -> None:
     assert statuses(run) == {"first": "cancelled"}
     assert claim_io() == []
     cancelled = RunEvent.objects.get(run=run, kind="run.cancelled")
+    assert cancelled.detail is not None
     assert (cancelled.worker, cancelled.detail["by"]) == ("test:ops", "test:ops")
 
 
@@ -116,6 +117,7 @@ def test_a_finished_run_cannot_be_cancelled_and_the_refusal_is_recorded(org) -> 
     assert refused.value.status == 409
     assert history(run) == [*before, "run.cancel_refused"]
     refusal = RunEvent.objects.get(run=run, kind="run.cancel_refused")
+    assert refusal.detail is not None
     assert refusal.detail["code"] == "run_state_conflict"
     assert refusal.worker == "test:ops"
 

@@ -33,10 +33,12 @@ def test_runengine_restarts_a_dead_child_and_stops_cleanly(procs) -> None:
     engine = spawn("runengine", "--no-web", "--grace", "3")
     procs.append(engine)
     expected = {"relay", "sweep", "worker-io", "worker-slow", "worker-human"}
-    first = wait_for(
-        lambda: (found := children(engine.pid)) and set(found.values()) == expected and found,
-        what="all roles to start",
-    )
+
+    def all_roles() -> dict[int, str] | None:
+        found = children(engine.pid)
+        return found if set(found.values()) == expected else None
+
+    first = wait_for(all_roles, what="all roles to start")
     victim = next(pid for pid, role in first.items() if role == "worker-io")
     psutil.Process(victim).kill()
     restarted = wait_for(

@@ -27,12 +27,16 @@ def _sqlstate(exc: BaseException) -> str | None:
 
 @pytest.fixture
 def published() -> AutomationVersion:
-    draft = version_create_draft(automation=AutomationFactory(), definition=linear_definition("a"))
+    draft = version_create_draft(
+        automation=AutomationFactory.create(), definition=linear_definition("a")
+    )
     return version_publish(version=draft)
 
 
 def test_draft_can_change_until_published() -> None:
-    draft = version_create_draft(automation=AutomationFactory(), definition=linear_definition("a"))
+    draft = version_create_draft(
+        automation=AutomationFactory.create(), definition=linear_definition("a")
+    )
     old_digest = draft.digest
     version_update_draft(version=draft, definition=linear_definition("a", "b"))
     stored = AutomationVersion.objects.get(pk=draft.pk)
@@ -85,7 +89,9 @@ def test_database_refuses_raw_sql_changes(published: AutomationVersion, statemen
 
 
 def test_database_allows_changing_drafts() -> None:
-    draft = version_create_draft(automation=AutomationFactory(), definition=linear_definition("a"))
+    draft = version_create_draft(
+        automation=AutomationFactory.create(), definition=linear_definition("a")
+    )
     AutomationVersion.objects.filter(pk=draft.pk).update(definition=linear_definition("z"))
     assert AutomationVersion.objects.get(pk=draft.pk).definition == linear_definition("z")
     AutomationVersion.objects.filter(pk=draft.pk).delete()
@@ -107,7 +113,7 @@ def test_publishing_twice_is_refused(published: AutomationVersion) -> None:
 
 
 def test_publish_sets_current_version_and_newer_wins() -> None:
-    automation = AutomationFactory()
+    automation = AutomationFactory.create()
     v1 = version_create_draft(automation=automation, definition=linear_definition("a"))
     v2 = version_create_draft(automation=automation, definition=linear_definition("b"))
     assert (v1.number, v2.number) == (1, 2)
@@ -117,7 +123,7 @@ def test_publish_sets_current_version_and_newer_wins() -> None:
 
 
 def test_invalid_definition_writes_nothing() -> None:
-    automation = AutomationFactory()
+    automation = AutomationFactory.create()
     with pytest.raises(InvalidDefinitionError) as caught:
         version_create_draft(automation=automation, definition={"start": "nope", "steps": []})
     assert caught.value.code == "invalid_definition"
@@ -127,7 +133,9 @@ def test_invalid_definition_writes_nothing() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_publish_has_exactly_one_winner() -> None:
-    draft = version_create_draft(automation=AutomationFactory(), definition=linear_definition("a"))
+    draft = version_create_draft(
+        automation=AutomationFactory.create(), definition=linear_definition("a")
+    )
 
     def publish(_: int) -> str:
         try:
@@ -141,7 +149,7 @@ def test_concurrent_publish_has_exactly_one_winner() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_drafts_get_distinct_numbers() -> None:
-    automation = AutomationFactory()
+    automation = AutomationFactory.create()
     versions = race(
         5, lambda _: version_create_draft(automation=automation, definition=linear_definition("a"))
     )

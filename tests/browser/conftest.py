@@ -64,5 +64,7 @@ def logged_in_page(browser: Browser, base_url: str, username: str) -> Page:
     return page
 
 
-def make_user(username: str, **flags: bool) -> User:
-    return User.objects.create_user(username, password=PASSWORD, is_staff=True, **flags)
+def make_user(username: str, *, is_superuser: bool = False) -> User:
+    return User.objects.create_user(
+        username, password=PASSWORD, is_staff=True, is_superuser=is_superuser
+    )

@@ -45,7 +45,7 @@ def superuser_page(browser: Browser, live_server) -> Page:
 def test_cancelling_a_run_from_the_run_list_through_the_confirmation_page(
     superuser_page: Page,
 ) -> None:
-    org = OrganisationFactory()
+    org = OrganisationFactory.create()
     run, bystander = running_run(org, "target"), running_run(org, "bystander")
     page = superuser_page
 
@@ -66,7 +66,7 @@ def test_cancelling_a_run_from_the_run_list_through_the_confirmation_page(
 
 
 def test_pausing_a_run_from_its_page_and_resuming_it(superuser_page: Page) -> None:
-    run = running_run(OrganisationFactory())
+    run = running_run(OrganisationFactory.create())
     page = superuser_page
 
     page.goto(f"{RUNS}/{run.pk}/change/")
@@ -93,10 +93,10 @@ def test_pausing_a_run_from_its_page_and_resuming_it(superuser_page: Page) -> No
 def test_a_staff_member_of_another_organisation_does_not_see_the_run(
     browser: Browser, live_server
 ) -> None:
-    run = running_run(OrganisationFactory())
+    run = running_run(OrganisationFactory.create())
     outsider = make_user("outsider")
     outsider.user_permissions.set(Permission.objects.filter(content_type__app_label="workflows"))
-    Membership.objects.create(user=outsider, org=OrganisationFactory())
+    Membership.objects.create(user=outsider, org=OrganisationFactory.create())
     page = logged_in_page(browser, live_server.url, "outsider")
 
     page.goto(f"{RUNS}/")

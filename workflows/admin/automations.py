@@ -18,8 +18,8 @@ from .scoping import OrgScopedMixin, OrgScopedRelatedFilter
 
 class VersionInline(OrgScopedMixin, admin.TabularInline):
     model = AutomationVersion
-    fields = ["number", "digest", "published_at"]
-    readonly_fields = fields
+    readonly_fields = ("number", "digest", "published_at")
+    fields = readonly_fields
     extra = 0
     can_delete = False
     show_change_link = True
@@ -75,22 +75,15 @@ class AutomationVersionAdmin(OrgScopedMixin, admin.ModelAdmin):
     def definition_pretty(self, obj: AutomationVersion) -> str:
         return pretty_json(obj.definition)
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         if obj is not None and obj.is_published:
-            return [
-                "org",
-                "automation",
-                "number",
-                "digest",
-                "published_at",
-                "definition_pretty",
-            ]
-        return ["org", "automation", "number", "definition", "digest", "published_at"]
+            return ("org", "automation", "number", "digest", "published_at", "definition_pretty")
+        return ("org", "automation", "number", "definition", "digest", "published_at")
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         if obj is not None and obj.is_published:
             return self.get_fields(request, obj)
-        return ["org", "automation", "number", "digest", "published_at"]
+        return ("org", "automation", "number", "digest", "published_at")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # versions are created through the API or `manage.py publish_automation`

@@ -25,6 +25,8 @@ _CACHE_ATTR = "_waymark_member_org_ids"
 def member_org_ids(request: HttpRequest) -> frozenset[int] | None:
     """The organisations the request's user may see; None means all (a superuser)."""
     user = request.user
+    if not user.is_authenticated:
+        return frozenset()  # an anonymous user is a member of nothing
     if user.is_superuser:
         return None
     cached = getattr(request, _CACHE_ATTR, None)
@@ -59,7 +61,7 @@ def in_scope(request: HttpRequest, obj: Model | None) -> bool:
     lookup = org_lookup(type(obj)) if obj is not None else None
     if obj is None or orgs is None or lookup is None:
         return True
-    org_id = obj.pk if lookup == "pk" else obj.org_id
+    org_id = obj.pk if lookup == "pk" else getattr(obj, f"{lookup}_id")
     return org_id in orgs
 
 

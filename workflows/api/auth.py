@@ -1,7 +1,8 @@
 """API-key authentication: ``Authorization: Bearer wmk_<prefix>_<secret>``.
 
 The authenticated principal is the key's organisation; every view scopes its queries to
-``request.auth.org``. Keys are checked on every request, so a revoked key stops at once.
+``request.auth.org``, read through ``request_key(request)``, which gives the ``ApiKey`` its
+type. Keys are checked on every request, so a revoked key stops at once.
 """
 
 from __future__ import annotations
@@ -47,8 +48,15 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         return self.keyword
 
 
+def request_key(request: Request) -> ApiKey:
+    """The key that authenticated ``request``: what the views scope by (``.org``)."""
+    key = request.auth
+    if not isinstance(key, ApiKey):
+        raise AuthenticationFailed()
+    return key
+
+
 class IsOrganisationKey(permissions.BasePermission):
     def has_permission(self, request: Request, view: Any) -> bool:
-        if not isinstance(request.auth, ApiKey):
-            raise AuthenticationFailed()
+        request_key(request)  # raises unless an API key authenticated the request
         return True

@@ -43,10 +43,10 @@ def _code_for(exc: exceptions.APIException) -> str:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, WaymarkError):
-        response = Response(exc.as_dict(), status=exc.status)
+        ours = Response(exc.as_dict(), status=exc.status)
         if exc.status == 401:
-            response["WWW-Authenticate"] = "Bearer"
-        return response
+            ours["WWW-Authenticate"] = "Bearer"
+        return ours
     if isinstance(exc, SuspiciousOperation) and not isinstance(exc, RequestDataTooBig):
         return Response(
             {"code": "bad_request", "detail": "The request is malformed."},

@@ -124,7 +124,11 @@ class VersionListOut(serializers.Serializer):
 class ErrorOut(serializers.Serializer):
     code = serializers.CharField(help_text="Stable, machine-readable error code.")
     detail = serializers.CharField(help_text="What went wrong, for people.")
-    errors = serializers.JSONField(required=False, help_text="Per-field or per-step problems.")
+    # The serializer metaclass pops declared fields off the class, so this does not shadow
+    # Serializer.errors at runtime; the stubs see a plain class attribute.
+    errors = serializers.JSONField(  # type: ignore[assignment]
+        required=False, help_text="Per-field or per-step problems."
+    )
 
 
 class RunFilterIn(serializers.Serializer):

@@ -18,6 +18,7 @@ from ..services import automations as services
 from ..services import control
 from ..services.runs import run_start
 from ..states import RunStatus
+from .auth import request_key
 from .serializers import (
     AutomationIn,
     AutomationListOut,
@@ -44,34 +45,34 @@ from .serializers import (
 class AutomationListView(APIView):
     @extend_schema(operation_id="automations_list", responses=AutomationListOut)
     def get(self, request: Request) -> Response:
-        items = selectors.automation_list(org=request.auth.org)
+        items = selectors.automation_list(org=request_key(request).org)
         return Response({"results": AutomationOut(items, many=True).data})
 
     @extend_schema(request=AutomationIn, responses={201: AutomationOut})
     def post(self, request: Request) -> Response:
         data = AutomationIn(data=request.data)
         data.is_valid(raise_exception=True)
-        automation = services.automation_create(org=request.auth.org, **data.validated_data)
+        automation = services.automation_create(org=request_key(request).org, **data.validated_data)
         return Response(AutomationOut(automation).data, status=status.HTTP_201_CREATED)
 
 
 class AutomationDetailView(APIView):
     @extend_schema(responses=AutomationOut)
     def get(self, request: Request, slug: str) -> Response:
-        automation = selectors.automation_get(org=request.auth.org, slug=slug)
+        automation = selectors.automation_get(org=request_key(request).org, slug=slug)
         return Response(AutomationOut(automation).data)
 
 
 class VersionListView(APIView):
     @extend_schema(operation_id="automations_versions_list", responses=VersionListOut)
     def get(self, request: Request, slug: str) -> Response:
-        automation = selectors.automation_get(org=request.auth.org, slug=slug)
+        automation = selectors.automation_get(org=request_key(request).org, slug=slug)
         versions = automation.versions.select_related("automation")
         return Response({"results": VersionOut(versions, many=True).data})
 
     @extend_schema(request=DefinitionIn, responses={201: VersionOut})
     def post(self, request: Request, slug: str) -> Response:
-        automation = selectors.automation_get(org=request.auth.org, slug=slug)
+        automation = selectors.automation_get(org=request_key(request).org, slug=slug)
         data = DefinitionIn(data=request.data)
         data.is_valid(raise_exception=True)
         version = services.version_create_draft(
@@ -83,14 +84,14 @@ class VersionListView(APIView):
 class VersionDetailView(APIView):
     @extend_schema(responses=VersionOut)
     def get(self, request: Request, slug: str, number: int) -> Response:
-        automation = selectors.automation_get(org=request.auth.org, slug=slug)
+        automation = selectors.automation_get(org=request_key(request).org, slug=slug)
         return Response(
             VersionOut(selectors.version_get(automation=automation, number=number)).data
         )
 
     @extend_schema(request=DefinitionIn, responses=VersionOut)
     def put(self, request: Request, slug: str, number: int) -> Response:
-        automation = selectors.automation_get(org=request.auth.org, slug=slug)
+        automation = selectors.automation_get(org=request_key(request).org, slug=slug)
         version = selectors.version_get(automation=automation, number=number)
         data = DefinitionIn(data=request.data)
         data.is_valid(raise_exception=True)
@@ -103,7 +104,7 @@ class VersionDetailView(APIView):
 class VersionPublishView(APIView):
     @extend_schema(request=None, responses=VersionOut)
     def post(self, request: Request, slug: str, number: int) -> Response:
-        automation = selectors.automation_get(org=request.auth.org, slug=slug)
+        automation = selectors.automation_get(org=request_key(request).org, slug=slug)
         version = selectors.version_get(automation=automation, number=number)
         return Response(VersionOut(services.version_publish(version=version)).data)
 
@@ -148,12 +149,12 @@ class RunListView(APIView):
         data = RunStartIn(data=request.data)
         data.is_valid(raise_exception=True)
         started = run_start(
-            org=request.auth.org,
+            org=request_key(request).org,
             automation_slug=data.validated_data["automation"],
             run_input=data.validated_data["input"],
             start_key=data.validated_data.get("start_key"),
         )
-        run = selectors.run_get(org=request.auth.org, run_id=started.run_id)
+        run = selectors.run_get(org=request_key(request).org, run_id=started.run_id)
         return Response(
             RunDetailOut(run).data,
             status=status.HTTP_201_CREATED if started.created else status.HTTP_200_OK,
@@ -173,7 +174,7 @@ class RunListView(APIView):
         if not filters.is_valid():
             field, messages = next(iter(filters.errors.items()))
             raise InvalidInput(reason=f"{field}: {messages[0]}")
-        runs = selectors.run_list(org=request.auth.org, **filters.validated_data)
+        runs = selectors.run_list(org=request_key(request).org, **filters.validated_data)
         paginator = RunPagination()
         page = paginator.paginate_queryset(runs, request, view=self)
         return paginator.get_paginated_response(RunOut(page, many=True).data)
@@ -182,7 +183,9 @@ class RunListView(APIView):
 class RunDetailView(APIView):
     @extend_schema(responses=RunDetailOut)
     def get(self, request: Request, run_id: int) -> Response:
-        return Response(RunDetailOut(selectors.run_get(org=request.auth.org, run_id=run_id)).data)
+        return Response(
+            RunDetailOut(selectors.run_get(org=request_key(request).org, run_id=run_id)).data
+        )
 
 
 class OldestFirstPagination(RunPagination):
@@ -198,7 +201,7 @@ class RunStepListView(APIView):
         responses=StepPageOut,
     )
     def get(self, request: Request, run_id: int) -> Response:
-        steps = selectors.run_steps(org=request.auth.org, run_id=run_id)
+        steps = selectors.run_steps(org=request_key(request).org, run_id=run_id)
         paginator = OldestFirstPagination()
         page = paginator.paginate_queryset(steps, request, view=self)
         return paginator.get_paginated_response(StepOut(page, many=True).data)
@@ -211,7 +214,7 @@ class RunHistoryView(APIView):
         responses=RunEventPageOut,
     )
     def get(self, request: Request, run_id: int) -> Response:
-        events = selectors.run_history(org=request.auth.org, run_id=run_id)
+        events = selectors.run_history(org=request_key(request).org, run_id=run_id)
         paginator = OldestFirstPagination()
         page = paginator.paginate_queryset(events, request, view=self)
         return paginator.get_paginated_response(RunEventOut(page, many=True).data)
@@ -228,7 +231,7 @@ def _check_action(action: str) -> None:
 
 
 def _actor(request: Request) -> str:
-    return f"api_key:{request.auth.prefix}"
+    return f"api_key:{request_key(request).prefix}"
 
 
 class RunActionView(APIView):
@@ -244,7 +247,7 @@ class RunActionView(APIView):
     def post(self, request: Request, run_id: int, action: str) -> Response:
         _check_action(action)
         outcome = control.run_act(
-            org=request.auth.org, run_id=run_id, action=action, actor=_actor(request)
+            org=request_key(request).org, run_id=run_id, action=action, actor=_actor(request)
         )
         return Response(
             {"id": outcome.run_id, "action": action, "status": outcome.status,
@@ -266,6 +269,9 @@ class RunBulkActionView(APIView):
         data = RunBulkIn(data=request.data)
         data.is_valid(raise_exception=True)
         outcome = control.runs_act_bulk(
-            org=request.auth.org, action=action, actor=_actor(request), **data.validated_data
+            org=request_key(request).org,
+            action=action,
+            actor=_actor(request),
+            **data.validated_data,
         )
         return Response(RunBulkOut(outcome).data)

@@ -158,7 +158,9 @@ def _check_call(func: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) 
 
 def _guard_filters(filters: dict[str, Callable[..., Any]]) -> None:
     """Wraps the built-in filters that can pad a string to an arbitrary width."""
-    center, indent, fmt = filters["center"], filters["indent"], filters["format"]
+    center: Callable[..., str] = filters["center"]
+    indent: Callable[..., str] = filters["indent"]
+    fmt: Callable[..., str] = filters["format"]
 
     @functools.wraps(center)
     def safe_center(value: Any, width: int = 80) -> str:
@@ -204,7 +206,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         _check_binop(operator, left, right)
         return super().call_binop(context, operator, left, right)
 
-    def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
         _check_call(obj, args, kwargs)
         return super().call(context, obj, *args, **kwargs)
 
@@ -245,7 +247,7 @@ def _unknown_names(names: Iterable[str]) -> str | None:
     return f'uses unknown name "{unknown[0]}" (available: {available})'
 
 
-def check_template(text: str) -> str | None:
+def check_template(text: object) -> str | None:
     """None when ``text`` is a usable template, else a short message saying why not."""
     if not isinstance(text, str):
         return "must be a string"
@@ -268,7 +270,7 @@ def check_template(text: str) -> str | None:
     return None
 
 
-def check_condition(expr: str) -> str | None:
+def check_condition(expr: object) -> str | None:
     """None when ``expr`` is a usable condition expression, else a short message."""
     if not isinstance(expr, str):
         return "must be a string"

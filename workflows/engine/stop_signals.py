@@ -30,8 +30,8 @@ def on_stop_signal(callback: Callable[[], None]) -> Iterator[None]:
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for signum, previous_handler in previous.items():
+            signal.signal(signum, previous_handler)
 
 
 def wait_for_stop_signal(run: Callable[[threading.Event], None]) -> None:

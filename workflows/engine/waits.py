@@ -60,8 +60,11 @@ def wake_step(*, step_pk: int, wake: Wake, due_only: bool = False) -> bool:
         run = lock_run(cursor, found["run_id"])  # the run first, then its step
         if wake.outcome is None:
             return _wake_ready(cursor, run.status, step_pk, wake, due_only)
+        output = _json(wake.output)
         cursor.execute(
-            sql.WAKE_DONE, {"id": step_pk, "output": _json(wake.output), "due": due_only}
+            sql.WAKE_DONE,
+            # psycopg adapts Jsonb; django-stubs allow only plain values as parameters.
+            {"id": step_pk, "output": output, "due": due_only},  # type: ignore[dict-item]
         )
         row = fetch_dict(cursor)
         if row is None:

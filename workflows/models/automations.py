@@ -67,8 +67,8 @@ class AutomationVersion(models.Model):
     def _guard_published(self) -> None:
         # Ask the database, not this instance: a stale or hand-built instance must not be
         # able to overwrite a version that was published meanwhile.
-        if self.pk is None:
-            return
+        if self.pk is None:  # unsaved (the stubs type pk as never None)
+            return  # type: ignore[unreachable]
         stored = AutomationVersion.objects.filter(pk=self.pk, published_at__isnull=False)
         if stored.exists():
             raise VersionPublished(version=self.number)

@@ -9,6 +9,7 @@ waiting step is a row like any other, and a loop enters the same step again with
 from __future__ import annotations
 
 from django.db import models
+from django.db.models.functions import Now
 
 from ..states import RunStatus, StepStatus, WaitKind
 
@@ -32,7 +33,7 @@ class Run(models.Model):
     steps_executed = models.PositiveIntegerField(default=0)
     max_steps = models.PositiveIntegerField()
     deadline_at = models.DateTimeField()
-    created_at = models.DateTimeField(db_default=models.functions.Now())
+    created_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -86,7 +87,7 @@ class Step(models.Model):
     wait_detail = models.JSONField(null=True, blank=True)
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
-    created_at = models.DateTimeField(db_default=models.functions.Now())
+    created_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -128,7 +129,7 @@ class RunEvent(models.Model):
     attempt = models.PositiveIntegerField(null=True, blank=True)
     worker = models.CharField(max_length=100, blank=True, default="")
     detail = models.JSONField(null=True, blank=True)
-    at = models.DateTimeField(db_default=models.functions.Now())
+    at = models.DateTimeField(db_default=Now())
 
     class Meta:
         ordering = ["id"]
@@ -148,7 +149,7 @@ class Outbox(models.Model):
     org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT)
     topic = models.CharField(max_length=63)
     payload = models.JSONField()
-    created_at = models.DateTimeField(db_default=models.functions.Now())
+    created_at = models.DateTimeField(db_default=Now())
     sent_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -103,7 +103,7 @@ def run_start(
     automation = automation_get(org=org, slug=automation_slug)
     digest = input_digest(run_input)
     derived = start_key is None
-    key = f"{DERIVED_KEY_PREFIX}{automation.pk}:{digest}" if derived else start_key
+    key = f"{DERIVED_KEY_PREFIX}{automation.pk}:{digest}" if start_key is None else start_key
     version = automation.current_version
     if version is None:
         raise NoPublishedVersion(slug=automation_slug)
@@ -128,8 +128,9 @@ def _start(
             sql.INSERT_RUN,
             {
                 "org": org.pk, "automation": automation.pk, "version": version.pk, "key": key,
-                "derived": derived, "input": Jsonb(run_input), "digest": digest,
-                "max_steps": max_steps, "max_age": max_age,
+                "derived": derived, "digest": digest, "max_steps": max_steps, "max_age": max_age,
+                # psycopg adapts Jsonb; django-stubs allow only plain values as parameters.
+                "input": Jsonb(run_input),  # type: ignore[dict-item]
             },
         )  # fmt: skip
         row = fetch_dict(cursor)

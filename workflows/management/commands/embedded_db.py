@@ -25,5 +25,7 @@ class Command(BaseCommand):
             stopped = stop_server(data_dir)
             self.stdout.write("stopped" if stopped else "not running")
         else:
-            address = server_status(data_dir)
-            self.stdout.write(f"running: {address.uri(db['NAME'])}" if address else "not running")
+            running = server_status(data_dir)
+            self.stdout.write(
+                f"running: {running.uri(db['NAME'])}" if running is not None else "not running"
+            )
