@@ -241,6 +241,10 @@ WAYMARK = {
     "WALK_INLINE_MS": env.float("WAYMARK_WALK_INLINE_MS", default=50.0),
     # The sweep fires passed deadlines and due retries this often.
     "SWEEP_SECONDS": env.float("WAYMARK_SWEEP_SECONDS", default=1.0),
+    # Executors hung past their lane's timeout (told to stop a lease ago, still running) that
+    # make a worker hand its other steps back and exit to be replaced. 0: a quarter of its
+    # slots, at least one.
+    "WORKER_MAX_HUNG": env.int("WAYMARK_WORKER_MAX_HUNG", default=0),
     # How long a stopping worker lets running steps finish before releasing them.
     "SHUTDOWN_GRACE_SECONDS": env.float("WAYMARK_SHUTDOWN_GRACE_SECONDS", default=10.0),
 }

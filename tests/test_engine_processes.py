@@ -213,12 +213,12 @@ def _listening(lane: str) -> bool:
 
 def _claimed_and_idle() -> bool:
     """A connection to this database ran a claim and is idle: the worker is past its first
-    claim and sleeps until woken (or its 60 s poll)."""
+    claims and sleeps until woken (or its poll)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND state = 'idle' AND query LIKE %s",
-            ["%WITH RECURSIVE ahead%"],
+            " AND state = 'idle' AND (query LIKE %s OR query LIKE %s)",
+            ["%WITH RECURSIVE ahead%", "%WITH picked AS%"],  # a claim, or a suspect's claim
         )
         (count,) = cursor.fetchone()
         return bool(count > 0)

@@ -23,7 +23,8 @@ def children(pid: int) -> dict[int, str]:
             continue
         role = next((arg for arg in argv if arg in ROLES), None)
         if role == "worker":
-            role = f"worker-{argv[argv.index('--lane') + 1]}"
+            kind = "suspects" if "--suspects-only" in argv else "worker"
+            role = f"{kind}-{argv[argv.index('--lane') + 1]}"
         if role:
             found[child.pid] = role
     return found
@@ -32,7 +33,8 @@ def children(pid: int) -> dict[int, str]:
 def test_runengine_restarts_a_dead_child_and_stops_cleanly(procs) -> None:
     engine = spawn("runengine", "--no-web", "--grace", "3")
     procs.append(engine)
-    expected = {"relay", "sweep", "worker-io", "worker-slow", "worker-human"}
+    expected = {"relay", "sweep", "worker-io", "worker-slow", "worker-human",
+                "suspects-io", "suspects-slow", "suspects-human"}  # fmt: skip
 
     def all_roles() -> dict[int, str] | None:
         found = children(engine.pid)

@@ -18,6 +18,7 @@ from workflows.engine.lanes import lane_policy
 from workflows.engine.steps import (
     ClaimedStep,
     claim,
+    claim_suspect,
     promote_due_retries,
     release,
     run_context,
@@ -84,6 +85,13 @@ def expire_leases(run: Run) -> None:
 
 def claim_io(worker: str = "w1") -> list[ClaimedStep]:
     return claim(policy=lane_policy("io"), worker=worker, limit=10)
+
+
+def claim_suspect_io(worker: str) -> ClaimedStep:
+    """A step whose lease lapsed, claimed alone as a worker holding nothing does."""
+    step = claim_suspect(policy=lane_policy("io"), worker=worker)
+    assert step is not None
+    return step
 
 
 GREETING: dict[str, Any] = {
@@ -639,7 +647,8 @@ def test_a_lapsed_lease_is_reclaimed_and_the_old_attempt_is_fenced_out(
     (first,) = claim_io("w1")
     assert first.attempt == 1
     expire_leases(run)  # time control: w1 stopped heartbeating
-    (second,) = claim_io("w2")
+    assert claim_io("w2") == []  # a lapsed lease makes a suspect: claimed alone, below
+    second = claim_suspect_io("w2")
     assert second.id == first.id
     assert second.attempt == 2
     assert Step.objects.get(pk=first.id).owner == "w2"
@@ -669,9 +678,9 @@ def test_claims_that_never_settle_use_up_the_attempts(org: Organisation) -> None
 
     (first,) = claim_io("w1")
     expire_leases(run)  # w1 died holding it
-    (second,) = claim_io("w2")
+    second = claim_suspect_io("w2")
     expire_leases(run)  # and so did w2
-    (third,) = claim_io("w3")
+    third = claim_suspect_io("w3")
 
     assert [c.attempt for c in (first, second, third)] == [1, 2, 3]
     assert [c.poisoned for c in (first, second, third)] == [False, False, True]

@@ -1,7 +1,7 @@
 """The `probe` step type, for the crash and fencing tests and the benchmarks only.
 
-It runs on the io lane and can sleep, fail, park (wait for a wake or a deadline), or kill its
-own worker on chosen attempts. It is
+It runs on the io lane and can sleep, hang (ignore being told to stop), fail, park (wait for
+a wake or a deadline), or kill its own worker on chosen attempts. It is
 registered only when WAYMARK_ENABLE_PROBE_STEPS is true (the test settings turn it on): a
 production automation can never contain a step that kills workers.
 """
@@ -18,7 +18,7 @@ from .executors import Park, StepContext, StepFailure, StepResult
 
 FIELDS = {
     "sleep_seconds", "sleep_attempts", "fail_attempts", "crash_attempts", "output",
-    "park_seconds", "park_outcome",
+    "park_seconds", "park_outcome", "hang_seconds", "hang_attempts",
 }  # fmt: skip
 
 
@@ -34,7 +34,10 @@ def _validate(step: Mapping[str, Any], report: StepReport) -> None:
         report.error("park_seconds", "must be a number of seconds from 0 to 86400")
     if not isinstance(step.get("park_outcome", ""), str):
         report.error("park_outcome", "must be a string")
-    for name in ("sleep_attempts", "fail_attempts", "crash_attempts"):
+    hang = step.get("hang_seconds", 0)
+    if not isinstance(hang, int | float) or not 0 <= hang <= 3600:
+        report.error("hang_seconds", "must be a number from 0 to 3600")
+    for name in ("sleep_attempts", "fail_attempts", "crash_attempts", "hang_attempts"):
         value = step.get(name, 0)
         if not isinstance(value, int) or value < 0:
             report.error(name, "must be a non-negative integer")
@@ -54,6 +57,8 @@ def run_probe(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepCont
         )
     if attempt <= step.get("crash_attempts", 0):
         os._exit(137)  # as if the worker were SIGKILLed mid-step
+    if attempt <= step.get("hang_attempts", 0):
+        time.sleep(step.get("hang_seconds", 0))  # deaf to lease_lost: a hung executor
     if attempt <= step.get("sleep_attempts", attempt):
         # Sleep in slices and stop early once the lease is lost, as a long step should.
         deadline = time.monotonic() + step.get("sleep_seconds", 0)

@@ -77,6 +77,7 @@ class ClaimedStep:
 
 
 def claim(*, policy: LanePolicy, worker: str, limit: int, after_org: int = 0) -> list[ClaimedStep]:
+    """Up to ``limit`` ready steps of the lane, fairly across organisations (sql.CLAIM)."""
     if limit <= 0:
         return []
     with connection.cursor() as cursor:
@@ -88,6 +89,18 @@ def claim(*, policy: LanePolicy, worker: str, limit: int, after_org: int = 0) ->
             },
         )  # fmt: skip
         return [ClaimedStep.from_row(row) for row in fetch_dicts(cursor)]
+
+
+def claim_suspect(*, policy: LanePolicy, worker: str) -> ClaimedStep | None:
+    """One step whose last attempt never settled, for a worker holding nothing else
+    (sql.CLAIM_SUSPECT)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql.CLAIM_SUSPECT,
+            {"lane": policy.name, "worker": worker, "lease": policy.lease_seconds},
+        )
+        rows = fetch_dicts(cursor)
+    return ClaimedStep.from_row(rows[0]) if rows else None
 
 
 def promote_due_retries(*, lane: str, worker: str, limit: int = 500) -> int:

@@ -30,6 +30,7 @@ from .lanes import LanePolicy, engine_setting
 from .steps import (
     ClaimedStep,
     claim,
+    claim_suspect,
     fail_step_and_run,
     heartbeat,
     next_after_org,
@@ -47,6 +48,7 @@ from .transport import Transport, default_transport, own_connection
 logger = logging.getLogger(__name__)
 
 SETTLE_TRIES = 3
+EXIT_REPLACE_ME = 75  # EX_TEMPFAIL: hung executors; start a fresh process in this one's place
 
 
 @dataclass
@@ -61,6 +63,7 @@ class Attempt:
     extended: float  # last lease extension (monotonic)
     lost: threading.Event = field(default_factory=threading.Event)  # stop: result dropped
     timed_out: bool = False
+    alone: bool = False  # a suspect: nothing else is claimed while it runs
 
     @property
     def key(self) -> tuple[int, int]:
@@ -77,15 +80,20 @@ class Worker:
         poll_seconds: float | None = None,
         grace_seconds: float | None = None,
         name: str | None = None,
+        suspects_only: bool = False,
     ) -> None:
         self.policy = policy
-        self.concurrency = concurrency or policy.concurrency
+        # A suspects-only worker runs one suspect at a time and nothing else (runengine starts
+        # one per lane, so suspects are never starved by a busy lane).
+        self.suspects_only = suspects_only
+        self.concurrency = 1 if suspects_only else (concurrency or policy.concurrency)
         self.transport = transport or default_transport()
         self.poll_seconds = poll_seconds or engine_setting("WORKER_POLL_SECONDS")
         self.grace_seconds = (
             grace_seconds if grace_seconds is not None else engine_setting("SHUTDOWN_GRACE_SECONDS")
         )
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{policy.name}"
+        role = f"{policy.name}:suspects" if suspects_only else policy.name
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{role}"
         self.stop = threading.Event()  # stop claiming
         self.halt = threading.Event()  # stop every thread
         self.wake = threading.Event()
@@ -96,6 +104,11 @@ class Worker:
         self.after_org = 0
         self.completed = 0
         self.next_promotion = 0.0
+        # Executors past their timeout that never returned; past this many the process asks
+        # to be replaced (``replace_requested``): a hung thread cannot be killed, only left.
+        configured = engine_setting("WORKER_MAX_HUNG")
+        self.max_hung = configured or max(1, self.concurrency // 4)
+        self.replace_requested = False
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -141,17 +154,22 @@ class Worker:
     def _claim_loop(self) -> None:
         while not self.stop.is_set():
             with self.slot_free:
-                while len(self.inflight) >= self.concurrency and not self.stop.is_set():
+                while self._no_slot() and not self.stop.is_set():
                     self.slot_free.wait(self.poll_seconds)
                 free = self.concurrency - len(self.inflight)
+                idle = not self.inflight
             if self.stop.is_set():
                 return
             self.wake.clear()
             try:
                 promoted = self._promote_due_retries()
-                claimed = claim(
+                claimed = [] if self.suspects_only else claim(
                     policy=self.policy, worker=self.name, limit=free, after_org=self.after_org
-                )
+                )  # fmt: skip
+                alone = False
+                if not claimed and idle:
+                    claimed = self._claim_suspect()
+                    alone = bool(claimed)
             except Exception:
                 logger.exception("claim failed; retrying after a poll interval")
                 connection.close()
@@ -161,9 +179,10 @@ class Worker:
                 self.after_org = next_after_org(claimed, self.after_org)
                 now = time.monotonic()
                 attempts = [
-                    Attempt(step, deadline=now + self.policy.timeout_seconds, extended=now)
+                    Attempt(step, deadline=now + self.policy.timeout_seconds, extended=now,
+                            alone=alone)
                     for step in claimed
-                ]
+                ]  # fmt: skip
                 with self.lock:
                     for attempt in attempts:
                         self.inflight[attempt.key] = attempt
@@ -175,6 +194,21 @@ class Worker:
                 # to sleep: the fair share per organisation may have capped it while one
                 # organisation still has a backlog, so claim again at once.
                 self.wake.wait(self.poll_seconds)
+
+    def _no_slot(self) -> bool:
+        """No claim while every slot is taken, or while a suspect runs alone."""
+        full = len(self.inflight) >= self.concurrency
+        return full or any(attempt.alone for attempt in self.inflight.values())
+
+    def _claim_suspect(self) -> list[ClaimedStep]:
+        """Holding nothing, take one suspect (its last attempt never settled) to run alone:
+        if it kills this process, it costs no other step an attempt."""
+        suspect = claim_suspect(policy=self.policy, worker=self.name)
+        if suspect is None:
+            return []
+        logger.warning("worker %s runs suspect step %s (attempt %s) alone", self.name,
+                       suspect.id, suspect.attempt)  # fmt: skip
+        return [suspect]
 
     def _promote_due_retries(self) -> int:
         """Make this lane's due retries ready: at most once per poll interval (the sweep is
@@ -191,7 +225,9 @@ class Worker:
         with self.slot_free:
             while self.inflight and time.monotonic() < deadline:
                 self.slot_free.wait(min(0.1, max(0.0, deadline - time.monotonic())))
-            held = list(self.inflight)
+            # A hung attempt is not handed back: its lease lapses, so it is claimed again as a
+            # suspect (alone) and the attempt counts; handing it back would let it hang forever.
+            held = [key for key, attempt in self.inflight.items() if not attempt.timed_out]
             # Their executors (and queued steps not started yet) stop at the next safe point:
             # another worker owns them once they are released.
             for attempt in self.inflight.values():
@@ -359,6 +395,18 @@ class Worker:
                     logger.warning("worker %s: step %s attempt %s timed out", self.name, *key)
                     attempt.timed_out = True
                     attempt.lost.set()
+            # Told to stop a lease ago and still not returned: hung for good.
+            hung = sum(
+                1 for a in self.inflight.values()
+                if a.timed_out and a.deadline + self.policy.lease_seconds <= now
+            )  # fmt: skip
+        if hung >= self.max_hung and not self.replace_requested:
+            logger.error(
+                "worker %s: %s executor(s) hung past their timeout (%s slots); handing the "
+                "other steps back and asking to be replaced", self.name, hung, self.concurrency,
+            )  # fmt: skip
+            self.replace_requested = True
+            self.request_stop()
 
     def _give_up_stale_leases(self) -> None:
         """Cut off from the database, assume leases not extended for most of their length

@@ -97,13 +97,19 @@ class Step(models.Model):
             ),
         ]
         indexes = [
-            # The claim: per lane, per organisation, oldest first. Only what can be claimed
-            # now (ready) or soon (a running step's lease): work that is not yet due waits
-            # (status waiting) outside this index, so a backlog of it costs the claim nothing.
+            # The claim: per lane, per organisation, oldest first, ready steps only. Work that
+            # is not yet due waits (status waiting) outside this index, so a backlog of it
+            # costs the claim nothing.
             models.Index(
                 fields=["lane", "org", "lease_until"],
                 name="step_claimable",
-                condition=models.Q(status__in=["ready", "running"]),
+                condition=models.Q(status="ready"),
+            ),
+            # Leases, by when they lapse: the suspects' claim reads the lapsed end of it.
+            models.Index(
+                fields=["lane", "lease_until"],
+                name="step_leases",
+                condition=models.Q(status="running"),
             ),
             # Waiting steps that time wakes, by when: the sweep and the retry promotion read
             # only the due end of it.

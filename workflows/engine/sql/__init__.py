@@ -11,80 +11,10 @@ raw SQL here selects JSON columns cast to ``json``, which psycopg decodes.
 
 from __future__ import annotations
 
-# Claim up to %(n)s claimable steps of one lane, fairly across organisations.
-#
-# `ahead` and `behind` walk the distinct organisations that have claimable work with a loose
-# index scan (one index probe per organisation, whatever its backlog): first those after the
-# organisation this worker served last, then, wrapping around, those up to it, at most n + 3
-# of each, so a claim costs O(n) probes however many organisations wait, and who leads
-# rotates. The 3 spare organisations keep a claim for one slot from coming back empty when
-# the first organisation's rows are all locked by other claimers. Each organisation served
-# gets at most ceil(n / organisations) of the batch: one organisation's 100,000 ready steps
-# cannot crowd out another's few. The rows are
-# locked in a CTE (FOR UPDATE SKIP LOCKED inside a LIMITed lateral subquery, never a LIMIT
-# inside IN (...)) that feeds the UPDATE; the claim increments `attempt`, which is returned
-# as the fencing token, and records the transition.
-# It also returns what the step's templates read (the run's input, vars and outputs), so
-# running a claimed step costs no further query.
-CLAIM = """
-WITH RECURSIVE ahead(org_id, depth) AS (
-    (SELECT org_id, 1 FROM workflows_step
-      WHERE lane = %(lane)s AND status IN ('ready', 'running') AND lease_until <= now()
-        AND org_id > %(after_org)s
-      ORDER BY org_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT s.org_id FROM workflows_step s
-             WHERE s.lane = %(lane)s AND s.status IN ('ready', 'running')
-               AND s.lease_until <= now() AND s.org_id > ahead.org_id
-             ORDER BY s.org_id LIMIT 1),
-           ahead.depth + 1
-      FROM ahead WHERE ahead.org_id IS NOT NULL AND ahead.depth < %(n)s + 3
-),
-behind(org_id, depth) AS (
-    (SELECT org_id, 1 FROM workflows_step
-      WHERE lane = %(lane)s AND status IN ('ready', 'running') AND lease_until <= now()
-        AND org_id <= %(after_org)s
-      ORDER BY org_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT s.org_id FROM workflows_step s
-             WHERE s.lane = %(lane)s AND s.status IN ('ready', 'running')
-               AND s.lease_until <= now() AND s.org_id > behind.org_id
-               AND s.org_id <= %(after_org)s
-             ORDER BY s.org_id LIMIT 1),
-           behind.depth + 1
-      FROM behind WHERE behind.org_id IS NOT NULL AND behind.depth < %(n)s + 3
-),
-served AS (
-    SELECT org_id, turn, count(*) OVER () AS k
-      FROM (SELECT org_id, row_number() OVER (ORDER BY part, org_id) AS turn
-              FROM (SELECT org_id, 0 AS part FROM ahead WHERE org_id IS NOT NULL
-                    UNION ALL
-                    SELECT org_id, 1 FROM behind WHERE org_id IS NOT NULL) found
-             ORDER BY part, org_id
-             LIMIT %(n)s + 3) first_n
-),
-locked AS (
-    SELECT p.id, p.lease_until, served.org_id, served.turn
-      FROM served
-      CROSS JOIN LATERAL (
-          SELECT s.id, s.lease_until
-            FROM workflows_step s
-           WHERE s.lane = %(lane)s AND s.org_id = served.org_id
-             AND s.status IN ('ready', 'running') AND s.lease_until <= now()
-           ORDER BY s.lease_until
-           LIMIT ceil(%(n)s::numeric / served.k)::int
-           FOR UPDATE SKIP LOCKED
-      ) p
-),
-picked AS (
-    SELECT id FROM (
-        SELECT id, turn,
-               row_number() OVER (PARTITION BY org_id ORDER BY lease_until) AS rank
-          FROM locked
-    ) ranked
-     ORDER BY rank, turn
-     LIMIT %(n)s
-),
+# The end of both claims: given `picked` (ids locked FOR UPDATE), take them for this worker
+# (the fencing token grows), or park or cancel them when their run is paused or finished,
+# and record each as a run event.
+_CLAIMED = """
 claimed AS (
     -- The run decides: a step of a paused run is parked instead of claimed (it becomes
     -- ready again on resume), and a step of a finished run is cancelled. A step whose
@@ -123,6 +53,105 @@ logged AS (
 )
 SELECT * FROM claimed WHERE status = 'running'
 """
+
+# Claim up to %(n)s claimable steps of one lane, fairly across organisations.
+#
+# Only ready steps: a step whose lease lapsed is a suspect (CLAIM_SUSPECT).
+#
+# `ahead` and `behind` walk the distinct organisations that have claimable work with a loose
+# index scan (one index probe per organisation, whatever its backlog): first those after the
+# organisation this worker served last, then, wrapping around, those up to it, at most n + 3
+# of each, so a claim costs O(n) probes however many organisations wait, and who leads
+# rotates. The 3 spare organisations keep a claim for one slot from coming back empty when
+# the first organisation's rows are all locked by other claimers. Each organisation served
+# gets at most ceil(n / organisations) of the batch: one organisation's 100,000 ready steps
+# cannot crowd out another's few. The rows are
+# locked in a CTE (FOR UPDATE SKIP LOCKED inside a LIMITed lateral subquery, never a LIMIT
+# inside IN (...)) that feeds the UPDATE; the claim increments `attempt`, which is returned
+# as the fencing token, and records the transition.
+# It also returns what the step's templates read (the run's input, vars and outputs), so
+# running a claimed step costs no further query.
+CLAIM = (
+    """
+WITH RECURSIVE ahead(org_id, depth) AS (
+    (SELECT org_id, 1 FROM workflows_step
+      WHERE lane = %(lane)s AND status = 'ready' AND lease_until <= now()
+        AND org_id > %(after_org)s
+      ORDER BY org_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.org_id FROM workflows_step s
+             WHERE s.lane = %(lane)s AND s.status = 'ready'
+               AND s.lease_until <= now() AND s.org_id > ahead.org_id
+             ORDER BY s.org_id LIMIT 1),
+           ahead.depth + 1
+      FROM ahead WHERE ahead.org_id IS NOT NULL AND ahead.depth < %(n)s + 3
+),
+behind(org_id, depth) AS (
+    (SELECT org_id, 1 FROM workflows_step
+      WHERE lane = %(lane)s AND status = 'ready' AND lease_until <= now()
+        AND org_id <= %(after_org)s
+      ORDER BY org_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.org_id FROM workflows_step s
+             WHERE s.lane = %(lane)s AND s.status = 'ready'
+               AND s.lease_until <= now() AND s.org_id > behind.org_id
+               AND s.org_id <= %(after_org)s
+             ORDER BY s.org_id LIMIT 1),
+           behind.depth + 1
+      FROM behind WHERE behind.org_id IS NOT NULL AND behind.depth < %(n)s + 3
+),
+served AS (
+    SELECT org_id, turn, count(*) OVER () AS k
+      FROM (SELECT org_id, row_number() OVER (ORDER BY part, org_id) AS turn
+              FROM (SELECT org_id, 0 AS part FROM ahead WHERE org_id IS NOT NULL
+                    UNION ALL
+                    SELECT org_id, 1 FROM behind WHERE org_id IS NOT NULL) found
+             ORDER BY part, org_id
+             LIMIT %(n)s + 3) first_n
+),
+locked AS (
+    SELECT p.id, p.lease_until, served.org_id, served.turn
+      FROM served
+      CROSS JOIN LATERAL (
+          SELECT s.id, s.lease_until
+            FROM workflows_step s
+           WHERE s.lane = %(lane)s AND s.org_id = served.org_id
+             AND s.status = 'ready' AND s.lease_until <= now()
+           ORDER BY s.lease_until
+           LIMIT ceil(%(n)s::numeric / served.k)::int
+           FOR UPDATE SKIP LOCKED
+      ) p
+),
+picked AS (
+    SELECT id FROM (
+        SELECT id, turn,
+               row_number() OVER (PARTITION BY org_id ORDER BY lease_until) AS rank
+          FROM locked
+    ) ranked
+     ORDER BY rank, turn
+     LIMIT %(n)s
+),
+"""  # noqa: S608 (constant SQL joined with constant SQL)
+    + _CLAIMED
+)
+
+
+# A suspect: a step whose last attempt never settled (its lease lapsed: the worker died, hung
+# or was cut off from the database). It may be what killed its worker, so it is claimed one
+# at a time, by a worker that holds nothing else (worker.py): a poison step can then cost
+# only itself attempts, never the healthy steps claimed beside it.
+CLAIM_SUSPECT = (
+    """
+WITH picked AS (
+    SELECT id FROM workflows_step
+     WHERE lane = %(lane)s AND status = 'running' AND lease_until <= now()
+     ORDER BY lease_until
+     LIMIT 1
+       FOR UPDATE SKIP LOCKED
+),
+"""  # noqa: S608 (constant SQL joined with constant SQL)
+    + _CLAIMED
+)
 
 # Extend the leases this worker still holds, each on its own: a row locked by a slow
 # transaction (this worker's own long settle, say) is skipped, not waited for, so one row

@@ -14,7 +14,10 @@ RELEASE_MARGIN_SECONDS = 5.0
 
 
 class Command(BaseCommand):
-    help = "Run web, relay, sweep and one worker per lane on this machine, supervised."
+    help = (
+        "Run web, relay, sweep, one worker and one suspects-only worker per lane on this "
+        "machine, supervised."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default=os.environ.get("WAYMARK_HOST", "127.0.0.1"))
@@ -40,6 +43,24 @@ class Command(BaseCommand):
                 Child(
                     f"worker-{lane}",
                     [*manage, "worker", "--lane", lane, "--grace", str(opts["grace"])],
+                )
+                for lane in WORKER_LANES
+            ],
+            # One suspects-only worker per lane: a step whose last attempt never settled runs
+            # alone there, so a poison step cannot take healthy steps down with it, and
+            # suspects are not starved while the lane's worker is busy.
+            *[
+                Child(
+                    f"suspects-{lane}",
+                    [
+                        *manage,
+                        "worker",
+                        "--lane",
+                        lane,
+                        "--suspects-only",
+                        "--grace",
+                        str(opts["grace"]),
+                    ],
                 )
                 for lane in WORKER_LANES
             ],

@@ -1,9 +1,10 @@
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from workflows.engine.lanes import WORKER_LANES, lane_policy
-from workflows.engine.worker import Worker
+from workflows.engine.worker import EXIT_REPLACE_ME, Worker
 
 
 class Command(BaseCommand):
@@ -13,9 +14,22 @@ class Command(BaseCommand):
         parser.add_argument("--lane", required=True, choices=WORKER_LANES)
         parser.add_argument("--concurrency", type=int, default=None)
         parser.add_argument("--grace", type=float, default=None, help="shutdown grace, seconds")
+        parser.add_argument(
+            "--suspects-only",
+            action="store_true",
+            help="run only suspects (steps whose last attempt never settled), one at a time",
+        )
 
     def handle(self, *args: Any, lane: str, concurrency: int | None, grace: float | None,
-               **options: Any) -> None:  # fmt: skip
+               suspects_only: bool, **options: Any) -> None:  # fmt: skip
         if concurrency is not None and concurrency < 1:
             raise CommandError("invalid_concurrency: --concurrency must be at least 1")
-        Worker(lane_policy(lane), concurrency=concurrency, grace_seconds=grace).run()
+        worker = Worker(
+            lane_policy(lane), concurrency=concurrency, grace_seconds=grace,
+            suspects_only=suspects_only,
+        )  # fmt: skip
+        worker.run()
+        if worker.replace_requested:
+            # Hung executors cannot be stopped, only left behind: exit so the supervisor
+            # (runengine, or systemd and the like) starts a fresh process with every slot.
+            sys.exit(EXIT_REPLACE_ME)
