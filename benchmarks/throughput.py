@@ -163,7 +163,7 @@ WITH runs AS (
     RETURNING id
 )
 INSERT INTO workflows_step (org_id, run_id, step_id, iteration, type, lane, status, attempt,
-    released, max_attempts, lease_until, error, created_at)
+    release_count, max_attempts, lease_until, error, created_at)
 SELECT %(org)s, id, 'a', 1, 'noop', 'io', 'ready', 0, 0, 5, now(), '', now() FROM runs
 """
 

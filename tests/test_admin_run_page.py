@@ -39,7 +39,7 @@ def add_steps(run: Run, count: int) -> None:
         cursor.execute(
             """
             INSERT INTO workflows_step (org_id, run_id, step_id, iteration, type, lane, status,
-                attempt, released, series_offset, max_attempts, wait_kind, error, finished_at)
+                attempt, release_count, series_offset, max_attempts, wait_kind, error, finished_at)
             SELECT %(org)s, %(run)s, 'bulk-' || i, 1, 'noop', 'io', 'done',
                 1, 0, 0, 5, '', '', now()
             FROM generate_series(1, %(count)s) AS i

@@ -57,7 +57,7 @@ def add_steps(run: Run, count: int, *, status: str, wait_kind: str = "") -> None
         cursor.execute(
             """
             INSERT INTO workflows_step
-                (org_id, run_id, step_id, iteration, type, lane, status, attempt, released,
+                (org_id, run_id, step_id, iteration, type, lane, status, attempt, release_count,
                  series_offset, max_attempts, wait_kind, wake_at, error, created_at)
             SELECT %(org)s, %(run)s, %(step_id)s, g, 'noop', 'io', %(status)s, 1, 0, 0, 5,
                    %(kind)s, CASE WHEN %(kind)s = '' THEN NULL ELSE now() + interval '1 hour' END,

@@ -125,7 +125,7 @@ def test_sigtermed_worker_hands_its_step_over_at_once(org, procs) -> None:
     released = kinds(run_id, "step.released")
     assert [(e.attempt, f":{a.pid}:" in e.worker) for e in released] == [(1, True)]
     step = step_row(run_id)
-    assert (step.attempt, step.released) == (2, 1)
+    assert (step.attempt, step.release_count) == (2, 1)
 
 
 def test_poison_step_is_stopped_after_its_attempts(org, procs) -> None:

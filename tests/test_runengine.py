@@ -76,5 +76,5 @@ def test_stopping_runengine_hands_running_steps_back(org, procs) -> None:
              what="the io worker to claim")  # fmt: skip
     assert stop(engine, signal.SIGTERM, timeout=30) == 0
     step = Step.objects.get(run_id=run_id)
-    assert (step.status, step.released, step.attempt) == ("ready", 1, 1)
+    assert (step.status, step.release_count, step.attempt) == ("ready", 1, 1)
     assert RunEvent.objects.filter(run_id=run_id, kind="step.released").count() == 1

@@ -693,7 +693,7 @@ def test_released_claims_do_not_count_as_attempts(org: Organisation) -> None:
     (first,) = claim_io("w1")
     assert release(held=[(first.id, first.attempt)], worker="w1", lane="io") == 1
     row = Step.objects.get(pk=first.id)
-    assert (row.status, row.owner, row.released) == ("ready", None, 1)
+    assert (row.status, row.owner, row.release_count) == ("ready", None, 1)
     assert RunEvent.objects.filter(run=run, kind="step.released", worker="w1").count() == 1
     # The release wakes the lane (one wake-up from the start, one from the release).
     assert Outbox.objects.filter(topic="lane.wake", payload__lane="io").count() == 2

@@ -71,7 +71,7 @@ class Step(models.Model):
     # Fencing token: incremented by every claim; only the newest attempt may write.
     attempt = models.PositiveIntegerField(default=0)
     # Claims handed back on shutdown: they do not count against max_attempts.
-    released = models.PositiveIntegerField(default=0)
+    release_count = models.PositiveIntegerField(default=0)
     # Claims before an operator's retry started a new series of attempts (not counted either).
     series_offset = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField()

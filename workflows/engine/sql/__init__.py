@@ -36,7 +36,7 @@ claimed AS (
      WHERE s.id = ANY(ARRAY(SELECT id FROM picked)) AND r.id = s.run_id
        AND s.status NOT IN ('waiting', 'done', 'failed', 'cancelled')
  RETURNING s.id, s.org_id, s.run_id, s.step_id, s.iteration, s.type, s.lane, s.status,
-           s.attempt, s.attempt - s.released - s.series_offset AS attempts_used,
+           s.attempt, s.attempt - s.release_count - s.series_offset AS attempts_used,
            s.max_attempts, s.wait_detail::json AS wait_detail, s.fork_join_id, s.branch,
            r.version_id,
            r.input::json AS run_input, r.vars::json AS run_vars,
@@ -283,10 +283,10 @@ RETURNING id, org_id, run_id, step_id, iteration, attempt, lane
 """
 
 # Shutdown: hand steps back at once instead of letting their leases lapse. The hand-back does
-# not count against max_attempts (`released`), so deploys cannot turn a step into poison.
+# not count against max_attempts (`release_count`), so deploys cannot turn a step into poison.
 RELEASE = """
 UPDATE workflows_step s
-   SET status = 'ready', owner = NULL, lease_until = now(), released = s.released + 1
+   SET status = 'ready', owner = NULL, lease_until = now(), release_count = s.release_count + 1
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS held(id, attempt)
  WHERE s.id = held.id AND s.attempt = held.attempt AND s.status = 'running'
 RETURNING s.id, s.org_id, s.run_id, s.step_id, s.iteration, s.attempt, s.lane
@@ -364,7 +364,7 @@ RETURNING step_id, iteration, lane
 RETRY_FAILED_STEPS = """
 UPDATE workflows_step
    SET status = 'ready', owner = NULL, lease_until = now(), error = '', finished_at = NULL,
-       series_offset = attempt - released
+       series_offset = attempt - release_count
  WHERE run_id = %(run)s AND id = ANY(%(ids)s) AND status = 'failed'
 RETURNING step_id, iteration, lane, attempt
 """
@@ -382,7 +382,7 @@ SELECT DISTINCT ON (step_id) id, step_id, iteration, lane, type, error, fork_joi
 # which point at it (fork_join_id). It waits for `need` branches to arrive.
 INSERT_JOIN_ROW = """
 INSERT INTO workflows_step
-    (org_id, run_id, step_id, iteration, type, lane, status, attempt, released, series_offset,
+    (org_id, run_id, step_id, iteration, type, lane, status, attempt, release_count, series_offset,
      max_attempts, wait_kind, wait_detail, error, created_at, fork_join_id, branch)
 VALUES (%(org)s, %(run)s, %(step_id)s, %(iteration)s, 'join', 'inline', 'waiting', 0, 0, 0, 1,
         'join', %(detail)s, '', now(), %(fork_join)s, %(branch)s)

@@ -72,7 +72,7 @@ def insert_rows(cursor: Any, table: str, columns: Sequence[str], rows: list[tupl
 
 STEP_COLUMNS = (
     "org_id", "run_id", "step_id", "iteration", "type", "lane", "status", "attempt",
-    "released", "series_offset", "max_attempts", "lease_until", "wait_kind", "wake_at",
+    "release_count", "series_offset", "max_attempts", "lease_until", "wait_kind", "wake_at",
     "wait_detail", "output", "error", "finished_at", "fork_join_id", "branch",
 )  # fmt: skip
 EVENT_COLUMNS = (
