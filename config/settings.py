@@ -239,6 +239,9 @@ WAYMARK = {
     # continues from a continuation row on the io lane.
     "WALK_INLINE_STEPS": env.int("WAYMARK_WALK_INLINE_STEPS", default=100),
     "WALK_INLINE_MS": env.float("WAYMARK_WALK_INLINE_MS", default=50.0),
+    # Finished runs (with their steps and history) are deleted this many days after they
+    # finished, in batches, by the sweep. 0 keeps them forever.
+    "RETENTION_DAYS": env.float("WAYMARK_RETENTION_DAYS", default=90.0),
     # The sweep fires passed deadlines and due retries this often.
     "SWEEP_SECONDS": env.float("WAYMARK_SWEEP_SECONDS", default=1.0),
     # Executors hung past their lane's timeout (told to stop a lease ago, still running) that

@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-LANES = ("inline", "io", "slow", "human")
+INLINE = "inline"  # run in the walk, inside its transaction; no worker
+WORKER_LANES = ("io", "slow", "human")
+LANES = (INLINE, *WORKER_LANES)
 
 
 class StepReport:

@@ -8,7 +8,9 @@ from typing import Any
 
 from django.conf import settings
 
-WORKER_LANES = ("io", "slow", "human")  # "inline" steps run inline in the walk
+from ..definitions.registry import INLINE, WORKER_LANES
+
+__all__ = ["INLINE", "WORKER_LANES", "LanePolicy", "engine_setting", "lane_policy"]
 
 
 @dataclass(frozen=True)

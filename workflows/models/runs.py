@@ -45,6 +45,12 @@ class Run(models.Model):
             models.Index(fields=["org", "-id"], name="run_org_id"),
             models.Index(fields=["org", "status", "-id"], name="run_org_status_id"),
             models.Index(fields=["org", "automation", "-id"], name="run_org_automation_id"),
+            # Retention: the oldest finished runs first.
+            models.Index(
+                fields=["finished_at"],
+                name="run_finished",
+                condition=models.Q(finished_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

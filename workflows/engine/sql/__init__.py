@@ -479,6 +479,27 @@ WITH old AS (
 DELETE FROM workflows_outbox o USING old WHERE o.id = old.id
 """
 
+# --- retention ---------------------------------------------------------------------------------
+
+# A batch of runs that finished before the retention horizon, oldest first (run_finished).
+FINISHED_RUNS_BEFORE = """
+SELECT id FROM workflows_run
+ WHERE finished_at < now() - make_interval(secs => %(age)s)
+   AND status IN ('succeeded', 'failed', 'cancelled')
+ ORDER BY finished_at
+ LIMIT %(batch)s
+   FOR UPDATE SKIP LOCKED
+"""
+
+# Their history, steps, then the runs (one transaction per batch). A failed run may still be
+# retried until it is purged; the status guard keeps a run retried meanwhile.
+PURGE_RUN_EVENTS = "DELETE FROM workflows_runevent WHERE run_id = ANY(%(ids)s)"
+PURGE_RUN_STEPS = "DELETE FROM workflows_step WHERE run_id = ANY(%(ids)s)"
+PURGE_RUNS = """
+DELETE FROM workflows_run
+ WHERE id = ANY(%(ids)s) AND status IN ('succeeded', 'failed', 'cancelled')
+"""
+
 # The last resort when the walk itself fails on a settled step (an engine bug, a step type
 # missing in this process, an output that is not JSON): fail the step and its run without
 # walking, so the step is not re-run until poisoned, and a person sees the error.
