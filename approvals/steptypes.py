@@ -9,13 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from workflows.definitions.fields import (
+from workflows.plugins import (
+    StepReport,
+    StepType,
     check_choice,
     check_duration,
     check_fields,
     check_template_field,
+    register_step_type,
 )
-from workflows.definitions.registry import StepReport, StepType, registry
 
 APPROVAL_OUTCOMES = frozenset({"approved", "rejected", "timed_out"})
 ON_TIMEOUT = ("reject", "approve", "escalate")
@@ -65,4 +67,4 @@ STEP_TYPES = (APPROVAL,)
 
 def register_step_types() -> None:
     for step_type in STEP_TYPES:
-        registry.register(step_type)
+        register_step_type(step_type)

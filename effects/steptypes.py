@@ -10,7 +10,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from workflows.definitions.fields import (
+from workflows.plugins import (
+    StepReport,
+    StepType,
     check_choice,
     check_fields,
     check_int,
@@ -19,8 +21,8 @@ from workflows.definitions.fields import (
     check_string,
     check_template_field,
     check_template_value,
+    register_step_type,
 )
-from workflows.definitions.registry import StepReport, StepType, registry
 
 EFFECT_OUTCOMES = frozenset({"ok", "failed"})
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -140,4 +142,4 @@ STEP_TYPES = (HTTP, EMAIL, SLACK_MESSAGE, MODEL)
 
 def register_step_types() -> None:
     for step_type in STEP_TYPES:
-        registry.register(step_type)
+        register_step_type(step_type)

@@ -13,13 +13,15 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from workflows.definitions.expressions import is_template
-from workflows.definitions.fields import (
+from workflows.plugins import (
+    StepReport,
+    StepType,
     check_duration,
     check_fields,
     check_object,
     check_template_field,
+    register_step_type,
 )
-from workflows.definitions.registry import StepReport, StepType, registry
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 TIME_OF_DAY_RE = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9]")
@@ -107,4 +109,4 @@ STEP_TYPES = (WAIT, WAIT_UNTIL)
 
 def register_step_types() -> None:
     for step_type in STEP_TYPES:
-        registry.register(step_type)
+        register_step_type(step_type)

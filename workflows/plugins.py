@@ -1,0 +1,91 @@
+"""The public API for step types: how a Django app adds its own kind of step to Waymark.
+
+The effects, timers and approvals apps use exactly this, and so can a host project. A step
+type is one object: its name, its lane, how its fields are validated, and the Python function
+that runs when a step of it executes. Register it from your ``AppConfig.ready()``::
+
+    from workflows import plugins
+
+    def validate_greet(step, report):
+        plugins.check_fields(step, report, ("name",))
+        plugins.check_template_field(step, "name", report)
+
+    def greet(step, context, ctx):
+        name = plugins.render(step["name"], context)  # a template over the run's data
+        if not name:
+            raise plugins.StepFailure("nobody to greet", retryable=False)
+        return plugins.StepResult(output={"greeting": f"Hello {name}", "key": ctx.effect_key})
+
+    GREET = plugins.StepType(name="greet", lane="io", validate=validate_greet,
+                             execute=greet, built=True, app="myapp")
+
+    class MyAppConfig(AppConfig):
+        name = "myapp"
+
+        def ready(self):
+            plugins.register_step_type(GREET)
+
+The function runs in a worker of its lane (``io``, ``slow`` or ``human``), outside any
+transaction, with the step's definition, the run's template context and a ``StepContext``:
+the organisation, run, step, iteration and attempt, its deadline, ``lease_lost`` (stop early
+when set), and ``effect_key`` (``run/step/iteration``, the same on every retry: key outside
+calls with it). It returns a ``StepResult`` (``output``, an ``outcome`` for a mapped
+``next``, ``vars`` to set, or ``park=Park(...)`` to wait for a wake or a deadline), or raises
+``StepFailure`` (``retryable=False`` to skip the remaining attempts). A step type on the
+``inline`` lane runs inside the walk's transaction and must not call anything outside the
+database. See docs/definitions.md, "Your own step types".
+"""
+
+from __future__ import annotations
+
+from .definitions.expressions import ExpressionError, render_value
+from .definitions.fields import (
+    check_choice,
+    check_duration,
+    check_fields,
+    check_int,
+    check_number,
+    check_object,
+    check_string,
+    check_template_field,
+    check_template_value,
+)
+from .definitions.registry import INLINE, WORKER_LANES, StepReport, StepType, registry
+from .engine.executors import Park, StepContext, StepFailure, StepResult
+
+__all__ = [
+    "INLINE",
+    "WORKER_LANES",
+    "Park",
+    "StepContext",
+    "StepFailure",
+    "StepReport",
+    "StepResult",
+    "StepType",
+    "check_choice",
+    "check_duration",
+    "check_fields",
+    "check_int",
+    "check_number",
+    "check_object",
+    "check_string",
+    "check_template_field",
+    "check_template_value",
+    "register_step_type",
+    "render",
+]
+
+
+def register_step_type(step_type: StepType) -> None:
+    """Make ``step_type`` known to the validator, the walk and the workers. Registering the
+    same object again is a no-op; another type under a taken name is refused."""
+    registry.register(step_type)
+
+
+def render(value: object, context: dict[str, object]) -> object:
+    """Render the templates in ``value`` over the run's data; a template that fails on this
+    run's data is a non-retryable StepFailure (it would fail the same way every time)."""
+    try:
+        return render_value(value, context)
+    except ExpressionError as exc:
+        raise StepFailure(f"template error: {exc}", retryable=False) from exc
