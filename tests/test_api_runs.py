@@ -531,3 +531,46 @@ def test_deeply_nested_definition_is_refused_cleanly(api: APIClient, quick: Auto
     response = api.post("/api/v1/automations/quick/versions", body, content_type="application/json")
     assert response.status_code == 400
     assert response.json()["code"] == "malformed_request"
+
+
+def test_a_run_with_30000_steps_is_shown_one_page_at_a_time(org, api) -> None:
+    from django.db import connection
+
+    automation_publish_definition(org=org, slug="with-io", definition=WITH_IO)
+    run = api.post(RUNS, {"automation": "with-io", "start_key": "big"}, format="json").json()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO workflows_step (org_id, run_id, step_id, iteration, type, lane, status,
+                attempt, release_count, series_offset, max_attempts, wait_kind, error,
+                created_at, finished_at)
+            SELECT %(org)s, %(run)s, 'loop', g, 'noop', 'io', 'done', 1, 0, 0, 5, '', '',
+                   now(), now()
+              FROM generate_series(1, 30000) g;
+            INSERT INTO workflows_runevent (org_id, run_id, kind, step_id, iteration, worker, at)
+            SELECT %(org)s, %(run)s, 'step.succeeded', 'loop', g, 'w', now()
+              FROM generate_series(1, 30000) g;
+            """,
+            {"org": org.pk, "run": run["id"]},
+        )
+
+    detail = api.get(f"{RUNS}/{run['id']}").json()
+    assert len(detail["steps"]) == 100 and len(detail["history"]) == 100
+    assert detail["links"]["steps"] == f"/api/v1/runs/{run['id']}/steps"
+
+    seen, url = 0, f"{RUNS}/{run['id']}/steps?limit=1000"
+    while url:
+        page = api.get(url).json()
+        seen += len(page["results"])
+        url = page["next"]
+    assert seen == Step.objects.filter(run_id=run["id"]).count() > 30_000
+    history = api.get(f"{RUNS}/{run['id']}/history?limit=5").json()
+    assert len(history["results"]) == 5 and history["next"]
+
+
+def test_another_organisations_run_steps_and_history_are_unknown(org, other_api, api) -> None:
+    automation_publish_definition(org=org, slug="with-io", definition=WITH_IO)
+    run = api.post(RUNS, {"automation": "with-io", "start_key": "mine"}, format="json").json()
+    for part in ("steps", "history"):
+        response = other_api.get(f"{RUNS}/{run['id']}/{part}")
+        assert (response.status_code, response.json()["code"]) == (404, "unknown_run")
