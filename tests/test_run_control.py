@@ -22,7 +22,6 @@ from workflows.engine.steps import (
     settle_failure,
     settle_success,
 )
-from workflows.engine.transport import own_connection
 from workflows.errors import NothingToRetry, RunStateConflict, UnknownRun
 from workflows.models import Organisation, Outbox, Run, RunEvent, Step
 from workflows.services.automations import automation_publish_definition
@@ -103,9 +102,10 @@ def test_cancel_tells_a_running_step_through_its_heartbeat_and_its_settle_change
     (step,) = claim_io()
     act(org, run, "cancel")
 
-    with own_connection() as conn:
-        beat = heartbeat(conn, held=[(step.id, step.attempt)], lease_seconds=30)
+    connection.ensure_connection()  # the test's own transaction: it sees the cancel
+    beat = heartbeat(connection.connection, held=[(step.id, step.attempt)], lease_seconds=30)
     assert beat.lost == {(step.id, step.attempt)}
+    assert Step.objects.get(pk=step.id).lease_until is None  # a cancelled step gets no lease
     assert settle_success(step, StepResult(output={"late": True}), worker="w") is False
     run.refresh_from_db()
     assert run.status == "cancelled"
