@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from . import sql
 from .faults import crash_point
 from .lanes import engine_setting
+from .sql.rows import fetch_dicts
 from .transport import Message, Transport, default_transport
 
 logger = logging.getLogger(__name__)
@@ -24,14 +25,16 @@ logger = logging.getLogger(__name__)
 
 def relay_once(transport: Transport, *, batch: int | None = None) -> int:
     """Publish one batch; return how many rows it sent."""
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
         cursor.execute(sql.RELAY_BATCH, {"n": batch or engine_setting("RELAY_BATCH")})
-        rows = cursor.fetchall()
+        rows = fetch_dicts(cursor)
         if not rows:
             return 0
-        transport.publish([Message(id=row[0], topic=row[1], payload=row[2]) for row in rows])
+        transport.publish(
+            [Message(id=r["id"], topic=r["topic"], payload=r["payload"]) for r in rows]
+        )
         crash_point("relay.after_publish")
-        cursor.execute(sql.RELAY_MARK_SENT, {"ids": [row[0] for row in rows]})
+        cursor.execute(sql.RELAY_MARK_SENT, {"ids": [row["id"] for row in rows]})
     return len(rows)
 
 

@@ -53,7 +53,7 @@ def wake_step(*, step_pk: int, wake: Wake, due_only: bool = False) -> bool:
     rolled back or treated as unused, which is why this runs in the caller's transaction."""
     assert connection.in_atomic_block, "wake_step runs in the transaction of what caused it"
     with connection.cursor() as cursor:
-        cursor.execute("SELECT run_id FROM workflows_step WHERE id = %(id)s", {"id": step_pk})
+        cursor.execute(sql.STEP_RUN, {"id": step_pk})
         found = fetch_dict(cursor)
         if found is None:
             return False
@@ -118,10 +118,7 @@ def fire_due_deadlines(*, limit: int = 500, by: str = "sweep") -> int:
 
 def _fire_one(step_pk: int, *, by: str) -> int:
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT wait_detail::json AS detail FROM workflows_step WHERE id = %(id)s",
-            {"id": step_pk},
-        )
+        cursor.execute(sql.STEP_WAIT_DETAIL, {"id": step_pk})
         row = fetch_dict(cursor)
     outcome = ((row or {}).get("detail") or {}).get("on_deadline")
     wake = Wake(outcome=outcome, reason="deadline_passed", by=by)

@@ -62,10 +62,7 @@ def run_act(*, org: Organisation, run_id: int, action: str, actor: str) -> Outco
         raise ValueError(f"unknown action {action!r}; one of {ACTIONS}")
     try:
         with transaction.atomic(durable=True), connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT id FROM workflows_run WHERE id = %(id)s AND org_id = %(org)s",
-                {"id": run_id, "org": org.pk},
-            )
+            cursor.execute(sql.RUN_OF_ORG, {"id": run_id, "org": org.pk})
             if cursor.fetchone() is None:
                 raise UnknownRun(run_id=run_id)
             run = lock_run(cursor, run_id)

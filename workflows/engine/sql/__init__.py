@@ -253,6 +253,9 @@ SELECT id, run_id FROM workflows_step
  LIMIT %(n)s
 """
 
+STEP_RUN = "SELECT run_id FROM workflows_step WHERE id = %(id)s"
+STEP_WAIT_DETAIL = "SELECT wait_detail::json AS detail FROM workflows_step WHERE id = %(id)s"
+
 # The one way a waiting step wakes (a signal consumed, a decision taken, a timer or a
 # deadline fired): guarded on its status and kind, so of two wakes (a signal and its
 # deadline) exactly one wins; the caller holds the run's lock and walks on in the same
@@ -321,6 +324,9 @@ LIVE_STEPS = """
 SELECT count(*) AS live FROM workflows_step
  WHERE run_id = %(run)s AND status IN ('ready', 'running', 'waiting')
 """
+
+# A run of this organisation (another organisation's is unknown to it).
+RUN_OF_ORG = "SELECT id FROM workflows_run WHERE id = %(id)s AND org_id = %(org)s"
 
 # Run control: one guarded status change of a run (the caller holds its lock).
 SET_RUN_STATUS = """
