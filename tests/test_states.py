@@ -57,6 +57,11 @@ STEP_CHANGES = [
     (sql.UNPARK_STEPS, StepStatus.READY, "status = 'waiting'"),
     (sql.RETRY_FAILED_STEPS, StepStatus.READY, "status = 'failed'"),
     (sql.FAIL_STEP_AND_RUN, StepStatus.FAILED, "status = 'running'"),
+    (
+        sql.CANCEL_LIVE_STEPS_LOGGED,
+        StepStatus.CANCELLED,
+        "status IN ('ready', 'running', 'waiting')",
+    ),
     (sql.CANCEL_FORK, StepStatus.CANCELLED, "status IN ('ready', 'running', 'waiting')"),
     (sql.JOIN_ARRIVE, StepStatus.DONE, "status = 'waiting'"),
 ]

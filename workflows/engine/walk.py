@@ -30,18 +30,20 @@ from .executors import StepContext, StepFailure, StepResult, executor_for
 from .forks import FORK_TYPE, Forks
 from .lanes import engine_setting, lane_policy
 from .places import TOP, Entry, Place
-from .sql import CANCEL_LIVE_STEPS, LIVE_STEPS, LOCK_RUN, UPDATE_RUN
+from .sql import CANCEL_LIVE_STEPS_LOGGED, LIVE_STEPS, LOCK_RUN, UPDATE_RUN
 from .sql.rows import (
     NOW,
     STEP_COLUMNS,
     NowPlus,
+    Statement,
     event_row,
+    events_statement,
     fetch_dict,
-    fetch_dicts,
-    insert_events,
     insert_rows,
-    insert_wakes,
+    insert_statement,
     json_or_null,
+    run_batch,
+    wakes_statement,
 )
 
 # A continuation: the walk's pending entries, continued by a worker of this lane (io, which
@@ -379,31 +381,33 @@ class Walk:
     # --- writing ----------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Write everything this walk decided, in the caller's transaction."""
+        """Write everything this walk decided, in the caller's transaction, in one round trip:
+        the run's update first (its row count proves the lock held), then the new steps, the
+        ending of live steps when the run finished, the events, and the lanes' wake-ups."""
         if self.path_ended and self.finish is None and self.live_added == 0:
             self.cursor.execute(LIVE_STEPS, {"run": self.run.id})
             if fetch_dict(self.cursor) == {"live": 0}:
                 self.finish_run(RunStatus.SUCCEEDED)
-        self.insert_new_steps()
+        ending = None
         if self.finish is not None:
-            self._end_live_steps()
-        insert_events(self.cursor, self.events)
-        insert_wakes(
-            self.cursor, [(self.run.org_id, self.run.id, lane) for lane in sorted(self.wake_lanes)]
-        )
-        if self.dirty:
-            self._update_run()
+            ending = (CANCEL_LIVE_STEPS_LOGGED, {"run": self.run.id, "worker": self.worker})
+        wakes = [(self.run.org_id, self.run.id, lane) for lane in sorted(self.wake_lanes)]
+        # Live steps end before this walk's events are written: a claim that holds one of
+        # them commits first, and its event then precedes the run's end in the history too.
+        updated = run_batch(self.cursor, [
+            self._update_run() if self.dirty else None,
+            insert_statement("workflows_step", STEP_COLUMNS, self.new_steps),
+            ending,
+            events_statement(self.events),
+            wakes_statement(wakes),
+        ])  # fmt: skip
+        self.new_steps = []
+        if self.dirty and updated != 1:
+            raise RuntimeError(f"run {self.run.id} changed under its lock")
 
-    def _end_live_steps(self) -> None:
-        """The run ended: no sibling step may run (or be claimed) after it."""
-        self.cursor.execute(CANCEL_LIVE_STEPS, {"run": self.run.id})
-        for row in fetch_dicts(self.cursor):
-            self.event("step.cancelled", row["step_id"], iteration=row["iteration"],
-                       attempt=row["attempt"], detail={"reason": "the run ended"})  # fmt: skip
-
-    def _update_run(self) -> None:
+    def _update_run(self) -> Statement:
         status, output, error = self.finish or (self.run.status, None, "")
-        self.cursor.execute(
+        return (
             UPDATE_RUN,
             {
                 "vars": Jsonb(self.changed_vars),
@@ -418,5 +422,3 @@ class Walk:
                 "expected": self.run.status,
             },
         )
-        if self.cursor.rowcount != 1:
-            raise RuntimeError(f"run {self.run.id} changed under its lock")

@@ -104,6 +104,7 @@ class Worker:
         self.after_org = 0
         self.completed = 0
         self.next_promotion = 0.0
+        self.next_suspect_look = 0.0
         # Executors past their timeout that never returned; past this many the process asks
         # to be replaced (``replace_requested``): a hung thread cannot be killed, only left.
         configured = engine_setting("WORKER_MAX_HUNG")
@@ -122,14 +123,15 @@ class Worker:
             for i in range(self.concurrency)
         ]
         threads.append(threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True))
-        threads.append(
-            threading.Thread(
-                target=self.transport.subscribe,
-                args=(self.policy.name, self.wake, self.halt),
-                name="listener",
-                daemon=True,
+        if not self.suspects_only:  # suspects come from lapsed leases, not wake-ups: it polls
+            threads.append(
+                threading.Thread(
+                    target=self.transport.subscribe,
+                    args=(self.policy.name, self.wake, self.halt),
+                    name="listener",
+                    daemon=True,
+                )
             )
-        )
         for thread in threads:
             thread.start()
         logger.info("worker %s: lane %s, %s slots", self.name, self.policy.name, self.concurrency)
@@ -167,7 +169,7 @@ class Worker:
                     policy=self.policy, worker=self.name, limit=free, after_org=self.after_org
                 )  # fmt: skip
                 alone = False
-                if not claimed and idle:
+                if not claimed and idle and self._suspects_due():
                     claimed = self._claim_suspect()
                     alone = bool(claimed)
             except Exception:
@@ -199,6 +201,15 @@ class Worker:
         """No claim while every slot is taken, or while a suspect runs alone."""
         full = len(self.inflight) >= self.concurrency
         return full or any(attempt.alone for attempt in self.inflight.values())
+
+    def _suspects_due(self) -> bool:
+        """Look for suspects at most once per poll interval: an idle worker that found no
+        ready step should not pay a second query each time it is woken."""
+        now = time.monotonic()
+        if now < self.next_suspect_look:
+            return False
+        self.next_suspect_look = now + self.poll_seconds
+        return True
 
     def _claim_suspect(self) -> list[ClaimedStep]:
         """Holding nothing, take one suspect (its last attempt never settled) to run alone:

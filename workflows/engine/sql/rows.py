@@ -48,8 +48,18 @@ def json_or_null(value: Any) -> Jsonb | None:
 
 def insert_rows(cursor: Any, table: str, columns: Sequence[str], rows: list[tuple]) -> None:
     """One multi-row INSERT; NOW in a row becomes now(), NowPlus(s) now() + s seconds."""
+    statement = insert_statement(table, columns, rows)
+    if statement is not None:
+        cursor.execute(*statement)
+
+
+Statement = tuple[str, Any]
+
+
+def insert_statement(table: str, columns: Sequence[str], rows: list[tuple]) -> Statement | None:
+    """The multi-row INSERT of ``rows`` (None for no rows), for insert_rows or run_batch."""
     if not rows:
-        return
+        return None
     params: list[Any] = []
     groups = []
     for row in rows:
@@ -64,10 +74,22 @@ def insert_rows(cursor: Any, table: str, columns: Sequence[str], rows: list[tupl
                 cells.append("%s")
                 params.append(value)
         groups.append(f"({', '.join(cells)})")
-    cursor.execute(
-        f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join(groups)}",  # noqa: S608
-        params,
-    )
+    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join(groups)}"  # noqa: S608
+    return sql, params
+
+
+def run_batch(cursor: Any, statements: list[Statement | None]) -> int:
+    """Run several statements in one round trip; return the first one's row count.
+
+    Each is bound on the client exactly as a single execute would bind it (psycopg's
+    ClientCursor.mogrify, which Django's PostgreSQL cursor is), then they are sent together:
+    one trip to the server instead of one per statement, in the caller's transaction."""
+    parts = [s for s in statements if s is not None]
+    if not parts:
+        return 0
+    client = cursor.cursor  # the psycopg cursor behind Django's wrapper
+    cursor.execute(";\n".join(client.mogrify(sql, params) for sql, params in parts))
+    return int(cursor.rowcount)
 
 
 STEP_COLUMNS = (
@@ -99,10 +121,19 @@ def insert_events(cursor: Any, rows: list[tuple]) -> None:
     insert_rows(cursor, "workflows_runevent", EVENT_COLUMNS, rows)
 
 
+def events_statement(rows: list[tuple]) -> Statement | None:
+    return insert_statement("workflows_runevent", EVENT_COLUMNS, rows)
+
+
 def insert_wakes(cursor: Any, wakes: list[tuple[int, int, str]]) -> None:
     """Outbox rows waking a lane, from (org id, run id, lane) triples."""
-    insert_rows(
-        cursor,
+    statement = wakes_statement(wakes)
+    if statement is not None:
+        cursor.execute(*statement)
+
+
+def wakes_statement(wakes: list[tuple[int, int, str]]) -> Statement | None:
+    return insert_statement(
         "workflows_outbox",
         ("org_id", "topic", "payload", "created_at"),
         [(org, "lane.wake", Jsonb({"lane": lane, "run": run}), NOW) for org, run, lane in wakes],
