@@ -9,6 +9,7 @@ from workflows.models import ApiKey, Organisation
 from workflows.services.tenancy import api_key_create
 
 from .factories import OrganisationFactory
+from .processes import kill_tree
 
 
 @pytest.fixture
@@ -50,6 +51,4 @@ def procs():
     started: list = []
     yield started
     for process in started:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=10)
+        kill_tree(process)

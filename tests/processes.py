@@ -12,10 +12,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,6 +77,23 @@ def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: f
     return process.wait(timeout=timeout)
 
 
+def kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """Kill a process and every process it started (a supervisor's children would otherwise
+    outlive it, still connected to the test database)."""
+    if process.poll() is not None:
+        return
+    try:
+        children = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    process.kill()
+    for child in children:
+        with suppress(psutil.NoSuchProcess):
+            child.kill()
+    process.wait(timeout=10)
+    psutil.wait_procs(children, timeout=10)
+
+
 @contextmanager
 def running(*processes: subprocess.Popen[bytes]) -> Iterator[None]:
     """Kill whatever is still running when the block ends, pass or fail."""
@@ -83,6 +101,4 @@ def running(*processes: subprocess.Popen[bytes]) -> Iterator[None]:
         yield
     finally:
         for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
+            kill_tree(process)

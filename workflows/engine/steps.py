@@ -107,7 +107,7 @@ def promote_due_retries(*, lane: str, worker: str, limit: int = 500) -> int:
     """Retries of ``lane`` whose backoff has passed become ready; returns how many."""
     with connection.cursor() as cursor:
         cursor.execute(sql.PROMOTE_DUE_RETRIES, {"lane": lane, "n": limit, "worker": worker})
-        return cursor.rowcount
+        return int(cursor.rowcount)
 
 
 def next_after_org(claimed: list[ClaimedStep], after_org: int) -> int:
@@ -175,10 +175,11 @@ def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> boo
         return _settle_park(step, result, worker=worker)
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         run = lock_run(cursor, step.run_id)  # lock order everywhere: the run, then its steps
-        cursor.execute(
-            sql.SETTLE_DONE,
-            {"id": step.id, "attempt": step.attempt, "output": json_or_null(result.output)},
-        )
+        # Typed Any: psycopg adapts Jsonb, which the Django stubs do not list as a parameter.
+        done: dict[str, Any] = {
+            "id": step.id, "attempt": step.attempt, "output": json_or_null(result.output),
+        }  # fmt: skip
+        cursor.execute(sql.SETTLE_DONE, done)
         if cursor.fetchone() is None:
             logger.info("step %s attempt %s was fenced out; result dropped", step.id, step.attempt)
             return False
@@ -225,13 +226,11 @@ def _settle_park(step: ClaimedStep, result: StepResult, *, worker: str) -> bool:
     detail = {**park.detail, "on_deadline": park.on_deadline}
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         lock_run(cursor, step.run_id)  # the run, then its step: like every settle
-        cursor.execute(
-            sql.SETTLE_PARK,
-            {
-                "id": step.id, "attempt": step.attempt, "deadline": park.deadline_seconds,
-                "detail": json_or_null(detail), "output": json_or_null(result.output),
-            },
-        )  # fmt: skip
+        parked: dict[str, Any] = {
+            "id": step.id, "attempt": step.attempt, "deadline": park.deadline_seconds,
+            "detail": json_or_null(detail), "output": json_or_null(result.output),
+        }  # fmt: skip
+        cursor.execute(sql.SETTLE_PARK, parked)
         if cursor.fetchone() is None:
             return False
         insert_events(cursor, [_step_event(step, "step.waiting", worker, {
