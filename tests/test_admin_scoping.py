@@ -227,3 +227,23 @@ def test_a_staff_user_without_memberships_sees_no_objects(mine: Tenant) -> None:
     assert f"/run/{mine.run.pk}/change/" not in client.get(f"{ADMIN}/run/").content.decode()
     for name, url in object_urls(mine).items():
         assert client.get(url).status_code == 404, name
+
+
+def test_only_superusers_reach_users_and_groups_whatever_their_permissions() -> None:
+    staff = User.objects.create_user("mallory", password="pw-long-enough-1", is_staff=True)
+    staff.user_permissions.set(Permission.objects.filter(codename__endswith="_user"))
+    client = Client()
+    client.force_login(staff)
+    assert client.get("/admin/auth/user/").status_code == 403
+    assert client.get(f"/admin/auth/user/{staff.pk}/change/").status_code == 403
+    response = client.post(
+        f"/admin/auth/user/{staff.pk}/change/",
+        {"username": "mallory", "is_superuser": "on", "is_staff": "on", "is_active": "on",
+         "date_joined_0": "2026-01-01", "date_joined_1": "00:00:00"},
+    )  # fmt: skip
+    assert response.status_code == 403
+    staff.refresh_from_db()
+    assert not staff.is_superuser
+    root = User.objects.create_superuser("root", password="pw-long-enough-2")
+    client.force_login(root)
+    assert client.get("/admin/auth/user/").status_code == 200

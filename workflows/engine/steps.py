@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 from django.db import connection, transaction
+from psycopg.rows import dict_row
 
 from ..definitions.expressions import build_context
 from . import sql
@@ -25,6 +26,7 @@ from .faults import crash_point
 from .lanes import LanePolicy
 from .places import Entry, Place
 from .sql.rows import event_row, fetch_dicts, insert_events, insert_wakes, json_or_null
+from .transport import own_connection
 from .walk import CONTINUATION_TYPE, Walk, lock_run
 
 logger = logging.getLogger(__name__)
@@ -76,37 +78,89 @@ class ClaimedStep:
         return (self.wait_detail or {}).get("woken_with")
 
 
-def claim(*, policy: LanePolicy, worker: str, limit: int, after_org: int = 0) -> list[ClaimedStep]:
-    """Up to ``limit`` ready steps of the lane, fairly across organisations (sql.CLAIM)."""
+class PreparedClaims:
+    """A worker's claims, on a connection of their own, as server-side prepared statements.
+
+    The claim is planned once per connection instead of on every call: planning was about
+    half of a claim's cost (0.4 ms of 0.9 ms on a 2-core machine), and the claim loop is what
+    feeds a worker. The statements are the same as with Django's cursor; only their binding
+    differs. Rows come back as dicts, by column name. Autocommit: each claim commits alone.
+    """
+
+    def __init__(self) -> None:
+        self.conn: psycopg.Connection[dict[str, Any]] | None = None
+
+    def rows(self, statement: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.conn is None or self.conn.closed:
+            self.conn = own_connection(row_factory=dict_row)
+        try:
+            cursor = self.conn.execute(statement, params, prepare=True)
+            return cursor.fetchall() if cursor.description else []
+        except psycopg.Error:
+            self.close()
+            raise
+
+    def rowcount(self, statement: str, params: dict[str, Any]) -> int:
+        if self.conn is None or self.conn.closed:
+            self.conn = own_connection(row_factory=dict_row)
+        try:
+            return self.conn.execute(statement, params, prepare=True).rowcount
+        except psycopg.Error:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+
+
+def _rows(on: PreparedClaims | None, statement: str, params: dict[str, Any]) -> list[dict]:
+    if on is not None:
+        return on.rows(statement, params)
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return fetch_dicts(cursor)
+
+
+def claim(
+    *,
+    policy: LanePolicy,
+    worker: str,
+    limit: int,
+    after_org: int = 0,
+    on: PreparedClaims | None = None,
+) -> list[ClaimedStep]:
+    """Up to ``limit`` ready steps of the lane, fairly across organisations (sql.CLAIM), on
+    Django's connection or, for a worker, on its prepared-claims connection (``on``)."""
     if limit <= 0:
         return []
-    with connection.cursor() as cursor:
-        cursor.execute(
-            sql.CLAIM,
-            {
-                "lane": policy.name, "n": limit, "worker": worker,
-                "lease": policy.lease_seconds, "after_org": after_org,
-            },
-        )  # fmt: skip
-        return [ClaimedStep.from_row(row) for row in fetch_dicts(cursor)]
+    params = {
+        "lane": policy.name, "n": limit, "worker": worker, "lease": policy.lease_seconds,
+        "after_org": after_org,
+    }  # fmt: skip
+    return [ClaimedStep.from_row(row) for row in _rows(on, sql.CLAIM, params)]
 
 
-def claim_suspect(*, policy: LanePolicy, worker: str) -> ClaimedStep | None:
+def claim_suspect(
+    *, policy: LanePolicy, worker: str, on: PreparedClaims | None = None
+) -> ClaimedStep | None:
     """One step whose last attempt never settled, for a worker holding nothing else
     (sql.CLAIM_SUSPECT)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            sql.CLAIM_SUSPECT,
-            {"lane": policy.name, "worker": worker, "lease": policy.lease_seconds},
-        )
-        rows = fetch_dicts(cursor)
+    params = {"lane": policy.name, "worker": worker, "lease": policy.lease_seconds}
+    rows = _rows(on, sql.CLAIM_SUSPECT, params)
     return ClaimedStep.from_row(rows[0]) if rows else None
 
 
-def promote_due_retries(*, lane: str, worker: str, limit: int = 500) -> int:
+def promote_due_retries(
+    *, lane: str, worker: str, limit: int = 500, on: PreparedClaims | None = None
+) -> int:
     """Retries of ``lane`` whose backoff has passed become ready; returns how many."""
+    params: dict[str, Any] = {"lane": lane, "n": limit, "worker": worker}
+    if on is not None:
+        return on.rowcount(sql.PROMOTE_DUE_RETRIES, params)
     with connection.cursor() as cursor:
-        cursor.execute(sql.PROMOTE_DUE_RETRIES, {"lane": lane, "n": limit, "worker": worker})
+        cursor.execute(sql.PROMOTE_DUE_RETRIES, params)
         return int(cursor.rowcount)
 
 

@@ -39,14 +39,15 @@ def channel_for(lane: str) -> str:
     return f"waymark_lane_{lane}"
 
 
-def own_connection(*, autocommit: bool = True) -> psycopg.Connection:
-    """A psycopg connection outside Django's per-thread handling, with the same settings."""
+def own_connection(*, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A psycopg connection outside Django's per-thread handling, with the same settings
+    (``kwargs``: psycopg's, e.g. ``row_factory``)."""
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("server_side_binding", None)
     params.pop("context", None)
     params.pop("prepare_threshold", None)
-    return psycopg.connect(**params, autocommit=autocommit)
+    return psycopg.connect(**params, autocommit=autocommit, **kwargs)
 
 
 class PostgresNotifyTransport:

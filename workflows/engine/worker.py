@@ -29,6 +29,7 @@ from .faults import crash_point, heartbeats_paused
 from .lanes import LanePolicy, engine_setting
 from .steps import (
     ClaimedStep,
+    PreparedClaims,
     claim,
     claim_suspect,
     fail_step_and_run,
@@ -105,6 +106,7 @@ class Worker:
         self.completed = 0
         self.next_promotion = 0.0
         self.next_suspect_look = 0.0
+        self.claims = PreparedClaims()  # the claim loop's own connection
         # Executors past their timeout that never returned; past this many the process asks
         # to be replaced (``replace_requested``): a hung thread cannot be killed, only left.
         configured = engine_setting("WORKER_MAX_HUNG")
@@ -139,6 +141,7 @@ class Worker:
             self._claim_loop()
             self._drain()
         finally:
+            self.claims.close()
             self.halt.set()
             for _ in range(self.concurrency):
                 self.tasks.put(None)
@@ -166,7 +169,8 @@ class Worker:
             try:
                 promoted = self._promote_due_retries()
                 claimed = [] if self.suspects_only else claim(
-                    policy=self.policy, worker=self.name, limit=free, after_org=self.after_org
+                    policy=self.policy, worker=self.name, limit=free, after_org=self.after_org,
+                    on=self.claims,
                 )  # fmt: skip
                 alone = False
                 if not claimed and idle and self._suspects_due():
@@ -214,7 +218,7 @@ class Worker:
     def _claim_suspect(self) -> list[ClaimedStep]:
         """Holding nothing, take one suspect (its last attempt never settled) to run alone:
         if it kills this process, it costs no other step an attempt."""
-        suspect = claim_suspect(policy=self.policy, worker=self.name)
+        suspect = claim_suspect(policy=self.policy, worker=self.name, on=self.claims)
         if suspect is None:
             return []
         logger.warning("worker %s runs suspect step %s (attempt %s) alone", self.name,
@@ -228,7 +232,7 @@ class Worker:
         if now < self.next_promotion:
             return 0
         self.next_promotion = now + self.poll_seconds
-        return promote_due_retries(lane=self.policy.name, worker=self.name)
+        return promote_due_retries(lane=self.policy.name, worker=self.name, on=self.claims)
 
     def _drain(self) -> None:
         """Let running steps finish within the grace period, then release the rest."""
