@@ -349,20 +349,17 @@ RETURNING org_id, run_id, step_id, iteration, attempt
 """
 
 # The same, in the walk's batch (no results read back): the cancellations are logged here.
-CANCEL_LIVE_STEPS_LOGGED = """
-WITH ended AS (
-    UPDATE workflows_step
-       SET status = 'cancelled', owner = NULL, lease_until = NULL, wait_kind = '',
-           wake_at = NULL, finished_at = now()
-     WHERE run_id = %(run)s AND status IN ('ready', 'running', 'waiting')
- RETURNING org_id, run_id, step_id, iteration, attempt
-)
+CANCEL_LIVE_STEPS_LOGGED = (
+    "WITH ended AS ("
+    + CANCEL_LIVE_STEPS
+    + """)
 INSERT INTO workflows_runevent (org_id, run_id, kind, step_id, iteration, attempt, worker,
                                 detail, at)
 SELECT org_id, run_id, 'step.cancelled', step_id, iteration, attempt, %(worker)s,
        '{"reason": "the run ended"}'::jsonb, now()
   FROM ended
 """
+)
 
 # Pause: ready steps are parked (running ones finish; the claim parks any it meets later).
 PARK_READY_STEPS = """
