@@ -27,7 +27,7 @@ from .lanes import LanePolicy
 from .places import Entry, Place
 from .sql.rows import event_row, fetch_dicts, insert_events, insert_wakes, json_or_null
 from .transport import own_connection
-from .walk import CONTINUATION_TYPE, Walk, lock_run
+from .walk import CONTINUATION_TYPE, TakeNext, Walk, lock_run
 
 logger = logging.getLogger(__name__)
 
@@ -223,10 +223,26 @@ def run_context(step: ClaimedStep) -> tuple[dict[str, Any], dict[str, Any]]:
     return step_def, context
 
 
+@dataclass(frozen=True)
+class Settled:
+    """What a settle did, for the worker to act on."""
+
+    ok: bool  # False: this attempt was fenced out (taken over, cancelled): result dropped
+    next_step: ClaimedStep | None = None  # the run's next step, claimed for this worker
+
+
 def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> bool:
     """Record the result and walk on, in one transaction. False: this attempt was fenced out."""
+    return settle_and_take_next(step, result, worker=worker).ok
+
+
+def settle_and_take_next(
+    step: ClaimedStep, result: StepResult, *, worker: str, take: TakeNext | None = None
+) -> Settled:
+    """settle_success, and, with ``take``, the first step of the worker's lane that the walk
+    enters is claimed for it in the same transaction (see TakeNext)."""
     if result.park is not None:
-        return _settle_park(step, result, worker=worker)
+        return Settled(_settle_park(step, result, worker=worker))
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         run = lock_run(cursor, step.run_id)  # lock order everywhere: the run, then its steps
         # Typed Any: psycopg adapts Jsonb, which the Django stubs do not list as a parameter.
@@ -236,16 +252,31 @@ def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> boo
         cursor.execute(sql.SETTLE_DONE, done)
         if cursor.fetchone() is None:
             logger.info("step %s attempt %s was fenced out; result dropped", step.id, step.attempt)
-            return False
+            return Settled(False)
         crash_point("settle.after_step_update")
         # The locked run's version, not the claim's: a migration may have moved the run to
         # another version between the claim and this settle.
-        walk = Walk(cursor, run, definition_for(run.version_id), worker=worker)
+        walk = Walk(cursor, run, definition_for(run.version_id), worker=worker, take_next=take)
         walk.event("step.succeeded", step.step_id, iteration=step.iteration, attempt=step.attempt)
         if not walk.finished:
             walk.step_succeeded(step.step_id, result, step.place)
-        walk.flush()
-    return True
+        taken_id = walk.flush()
+    return Settled(True, _taken_step(walk, taken_id))
+
+
+def _taken_step(walk: Walk, step_pk: int | None) -> ClaimedStep | None:
+    """The step a walk wrote claimed for its worker, as a claim would have returned it."""
+    taken, run = walk.taken, walk.run
+    if taken is None or step_pk is None or walk.take_next is None:
+        return None
+    return ClaimedStep(
+        id=step_pk, org_id=run.org_id, run_id=run.id, step_id=taken.step_id,
+        iteration=taken.iteration, type=taken.type, lane=walk.take_next.lane, attempt=1,
+        attempts_used=1, max_attempts=taken.max_attempts, version_id=run.version_id,
+        run_input=run.input, run_vars=run.vars, run_outputs=run.outputs,
+        run_created_at=run.created_at, run_expired=run.expired,
+        fork_join_id=taken.place.fork_join, branch=taken.place.branch,
+    )  # fmt: skip
 
 
 def settle_failure(

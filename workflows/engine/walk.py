@@ -30,7 +30,7 @@ from .executors import StepContext, StepFailure, StepResult, executor_for
 from .forks import FORK_TYPE, Forks
 from .lanes import engine_setting, lane_policy
 from .places import TOP, Entry, Place
-from .sql import CANCEL_LIVE_STEPS_LOGGED, LIVE_STEPS, LOCK_RUN, UPDATE_RUN
+from .sql import CANCEL_LIVE_STEPS_LOGGED, LIVE_STEPS, LOCK_RUN, STEP_ID_OF, UPDATE_RUN
 from .sql.rows import (
     NOW,
     STEP_COLUMNS,
@@ -70,6 +70,27 @@ class RunState:
     created_at: datetime
 
 
+@dataclass(frozen=True)
+class TakeNext:
+    """A settling worker's offer to run the run's next step itself: the first step of its
+    lane the walk enters is written already claimed (running, attempt 1, leased to it), in
+    the settle's transaction, so a hop between steps costs that transaction, not a wake-up
+    through the relay and another claim."""
+
+    worker: str
+    lane: str
+    lease_seconds: float
+
+
+@dataclass(frozen=True)
+class Taken:
+    step_id: str
+    iteration: int
+    place: Place
+    type: str
+    max_attempts: int
+
+
 def lock_run(cursor: Any, run_id: int) -> RunState:
     """Lock the run (the first lock of every transition: the run, then its steps)."""
     cursor.execute(LOCK_RUN, {"id": run_id})
@@ -92,9 +113,17 @@ def next_step_ids(step: Mapping[str, Any], outcome: str | None) -> list[str]:
 
 class Walk:
     def __init__(
-        self, cursor: Any, run: RunState, definition: Mapping[str, Any], *, worker: str = ""
+        self,
+        cursor: Any,
+        run: RunState,
+        definition: Mapping[str, Any],
+        *,
+        worker: str = "",
+        take_next: TakeNext | None = None,
     ) -> None:
         self.cursor = cursor
+        self.take_next = take_next
+        self.taken: Taken | None = None
         self.run = run
         self.definition = definition
         self.steps = {step["id"]: step for step in definition["steps"]}
@@ -154,13 +183,17 @@ class Walk:
         wake_in: float | None = None,
         wait_detail: Any = None,
         place: Place = TOP,
+        owner: str | None = None,
+        lease_seconds: float | None = None,
     ) -> None:
         live = status in (StepStatus.READY, StepStatus.RUNNING, StepStatus.WAITING)
+        lease = NowPlus(lease_seconds) if lease_seconds is not None else None
         self.new_steps.append(
-            (self.run.org_id, self.run.id, step_id, iteration, step_type, lane, status, attempt,
-             0, 0, max_attempts, NOW if status == StepStatus.READY else None, wait_kind,
-             None if wake_in is None else NowPlus(wake_in), json_or_null(wait_detail),
-             json_or_null(output), error, None if live else NOW, place.fork_join, place.branch)
+            (self.run.org_id, self.run.id, step_id, iteration, step_type, lane, status, owner,
+             attempt, 0, 0, max_attempts, NOW if status == StepStatus.READY else lease,
+             wait_kind, None if wake_in is None else NowPlus(wake_in),
+             json_or_null(wait_detail), json_or_null(output), error, None if live else NOW,
+             place.fork_join, place.branch)
         )  # fmt: skip
 
     def insert_new_steps(self) -> None:
@@ -322,13 +355,15 @@ class Walk:
                 step.get("retry", {}).get("max_attempts")
                 or lane_policy(step_type.lane).max_attempts
             )
+            self.live_added += 1
+            if self._take(step_id, iteration, step_type.name, step_type.lane, max_attempts, place):
+                return
             self.add_step(
                 step_id, iteration, step_type.name, step_type.lane, StepStatus.READY,
                 max_attempts=max_attempts, place=place,
             )  # fmt: skip
             self.event("step.ready", step_id, iteration=iteration)
             self.wake_lanes.add(step_type.lane)
-            self.live_added += 1
             return
         self.inline_left -= 1
         ctx = StepContext(
@@ -366,6 +401,30 @@ class Walk:
         self.event("step.succeeded", step_id, iteration=iteration, attempt=1)
         self.step_succeeded(step_id, result, place)
 
+    def _take(
+        self,
+        step_id: str,
+        iteration: int,
+        type_name: str,
+        lane: str,
+        max_attempts: int,
+        place: Place,
+    ) -> bool:
+        """Write the step already claimed by the settling worker, when it offered to take the
+        next step of its lane (TakeNext) and has not taken one in this walk yet."""
+        offer = self.take_next
+        if offer is None or offer.lane != lane or self.taken is not None or self.paused:
+            return False
+        self.add_step(
+            step_id, iteration, type_name, lane, StepStatus.RUNNING, attempt=1,
+            max_attempts=max_attempts, place=place, owner=offer.worker,
+            lease_seconds=offer.lease_seconds,
+        )  # fmt: skip
+        self.event("step.ready", step_id, iteration=iteration)
+        self.event("step.claimed", step_id, iteration=iteration, attempt=1)
+        self.taken = Taken(step_id, iteration, place, type_name, max_attempts)
+        return True
+
     def _within_budget(self) -> bool:
         if self.run.expired:
             self.finish_run(RunStatus.FAILED, error="max_age_exceeded: the run is past its max age")
@@ -380,7 +439,7 @@ class Walk:
 
     # --- writing ----------------------------------------------------------------------------
 
-    def flush(self) -> None:
+    def flush(self) -> int | None:
         """Write everything this walk decided, in the caller's transaction, in one round trip:
         the run's update first (its row count proves the lock held), then the new steps, the
         ending of live steps when the run finished, the events, and the lanes' wake-ups."""
@@ -394,16 +453,22 @@ class Walk:
         wakes = [(self.run.org_id, self.run.id, lane) for lane in sorted(self.wake_lanes)]
         # Live steps end before this walk's events are written: a claim that holds one of
         # them commits first, and its event then precedes the run's end in the history too.
-        updated = run_batch(self.cursor, [
+        taken = None
+        if self.taken is not None and self.finish is None:
+            params = {"run": self.run.id, "step_id": self.taken.step_id,
+                      "iteration": self.taken.iteration}  # fmt: skip
+            taken = (STEP_ID_OF, params)
+        updated, rows = run_batch(self.cursor, [
             self._update_run() if self.dirty else None,
             insert_statement("workflows_step", STEP_COLUMNS, self.new_steps),
             ending,
             events_statement(self.events),
             wakes_statement(wakes),
-        ])  # fmt: skip
+        ], then=taken)  # fmt: skip
         self.new_steps = []
         if self.dirty and updated != 1:
             raise RuntimeError(f"run {self.run.id} changed under its lock")
+        return int(rows[0]["id"]) if rows else None
 
     def _update_run(self) -> Statement:
         status, output, error = self.finish or (self.run.status, None, "")

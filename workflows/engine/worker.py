@@ -30,6 +30,7 @@ from .lanes import LanePolicy, engine_setting
 from .steps import (
     ClaimedStep,
     PreparedClaims,
+    Settled,
     claim,
     claim_suspect,
     fail_step_and_run,
@@ -38,13 +39,14 @@ from .steps import (
     promote_due_retries,
     release,
     run_context,
+    settle_and_take_next,
     settle_continuation,
     settle_failure,
-    settle_success,
     step_context,
 )
 from .stop_signals import on_stop_signal
 from .transport import Transport, default_transport, own_connection
+from .walk import TakeNext
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +109,7 @@ class Worker:
         self.next_promotion = 0.0
         self.next_suspect_look = 0.0
         self.claims = PreparedClaims()  # the claim loop's own connection
+        self.take_next = TakeNext(self.name, policy.name, policy.lease_seconds)
         # Executors past their timeout that never returned; past this many the process asks
         # to be replaced (``replace_requested``): a hung thread cannot be killed, only left.
         configured = engine_setting("WORKER_MAX_HUNG")
@@ -257,53 +260,83 @@ class Worker:
     def _execute_loop(self) -> None:
         while not self.halt.is_set():
             attempt = self.tasks.get()
-            if attempt is None:
+            # A settle may hand back the run's next step, claimed for this worker in the same
+            # transaction: it runs here next, in the same slot, without a claim.
+            while attempt is not None:
+                attempt = self._execute_one(attempt)
+            if self.halt.is_set():
                 break
-            try:
-                self._execute(attempt)
-            except Exception:
-                logger.exception("step %s attempt %s: settle failed", *attempt.key)
-                connection.close()
-            finally:
-                with self.slot_free:
-                    self.inflight.pop(attempt.key, None)
-                    self.completed += 1
-                    self.slot_free.notify_all()
-                # A finished step usually made the next one ready: look again now.
-                self.wake.set()
         connection.close()
 
-    def _execute(self, attempt: Attempt) -> None:
+    def _execute_one(self, attempt: Attempt) -> Attempt | None:
+        taken = None
+        try:
+            taken = self._execute(attempt)
+        except Exception:
+            logger.exception("step %s attempt %s: settle failed", *attempt.key)
+            connection.close()
+        finally:
+            with self.slot_free:
+                self.inflight.pop(attempt.key, None)
+                self.completed += 1
+                self.slot_free.notify_all()
+            # A finished step usually made the next one ready: look again now.
+            self.wake.set()
+        return taken
+
+    def _adopt(self, step: ClaimedStep) -> Attempt | None:
+        """Take on the step a settle claimed for this worker; hand it straight back when the
+        worker is stopping (the drain may already have released what it held)."""
+        now = time.monotonic()
+        attempt = Attempt(step, deadline=now + self.policy.timeout_seconds, extended=now)
+        with self.lock:
+            stopping = self.stop.is_set()
+            if not stopping:
+                self.inflight[attempt.key] = attempt
+        if stopping:
+            release(held=[attempt.key], worker=self.name, lane=self.policy.name)
+            return None
+        return attempt
+
+    def _execute(self, attempt: Attempt) -> Attempt | None:
+        """Run one attempt and settle it; return the run's next step when the settle claimed
+        it for this worker."""
         step, lost = attempt.step, attempt.lost
         if lost.is_set():
-            return  # handed back on shutdown before it started
+            return None  # handed back on shutdown before it started
         if step.poisoned:
             self._fail(step, StepFailure(
                 f"attempts exhausted: {step.max_attempts} claim(s) never settled "
                 "(the step may kill its worker)",
                 retryable=False,
             ))  # fmt: skip
-            return
+            return None
         if step.run_expired:
             # No work for a run past its max age: the failed step makes the walk end the run.
             self._fail(step, StepFailure("max_age_exceeded: the run is past its max age",
                                          retryable=False))  # fmt: skip
-            return
+            return None
         if step.is_continuation:
             # Walk on from where an earlier walk stopped: no executor, just the settle.
             self._settle(step, lambda: settle_continuation(step, worker=self.name))
-            return
+            return None
         crash_point("worker.after_claim")
         result, failure = self._run_executor(attempt)
         if attempt.timed_out:
             failure = self._timeout_failure()  # whatever it returned, it was too late
         elif self._abandoned(step, lost):
-            return
+            return None
         if failure is not None:
             self._fail(step, failure)
         elif result is not None:
             done = result
-            self._settle(step, lambda: settle_success(step, done, worker=self.name))
+            take = None if self.stop.is_set() else self.take_next
+            settled = self._settle(
+                step, lambda: settle_and_take_next(step, done, worker=self.name, take=take)
+            )
+            if isinstance(settled, Settled) and settled.next_step is not None:
+                return self._adopt(settled.next_step)
+        return None
 
     def _run_executor(self, attempt: Attempt) -> tuple[StepResult | None, StepFailure | None]:
         step = attempt.step
@@ -323,7 +356,7 @@ class Worker:
             step, lambda: settle_failure(step, failure, worker=self.name, policy=self.policy)
         )
 
-    def _settle(self, step: ClaimedStep, write: Callable[[], bool]) -> None:
+    def _settle(self, step: ClaimedStep, write: Callable[[], object]) -> object:
         """Run a settle, retrying on a dropped connection or a deadlock with a fresh one.
 
         Safe to repeat: the settle is fenced, so a retry after a commit whose answer was lost
@@ -334,8 +367,7 @@ class Worker:
             # No health check up front (it would cost a round trip per step): a dead
             # connection fails the settle, which is then retried on a fresh one.
             try:
-                write()
-                return
+                return write()
             except (OperationalError, InterfaceError):
                 logger.warning("settle of step %s failed (try %s); retrying", step.id, attempt)
                 connection.close()
@@ -344,8 +376,9 @@ class Worker:
                 logger.exception("the walk failed for step %s attempt %s", step.id, step.attempt)
                 fail_step_and_run(step, f"engine_error: {type(exc).__name__}: {exc}",
                                   worker=self.name)  # fmt: skip
-                return
+                return None
         logger.error("gave up settling step %s; its lease will lapse and it will re-run", step.id)
+        return None
 
     def _timeout_failure(self) -> StepFailure:
         return StepFailure(f"timed out after {self.policy.timeout_seconds:g} s")

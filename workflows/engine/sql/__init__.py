@@ -320,6 +320,15 @@ UPDATE workflows_run
  WHERE id = %(id)s AND status = %(expected)s AND status IN ('running', 'paused')
 """
 
+# The id of the step the walk just wrote already claimed for the settling worker (unique
+# (run, step_id, iteration)); nothing if the same walk ended it again (its join completed).
+STEP_ID_OF = """
+SELECT id FROM workflows_step
+ WHERE run_id = %(run)s AND step_id = %(step_id)s AND iteration = %(iteration)s
+   AND status = 'running'
+"""
+
+
 LIVE_STEPS = """
 SELECT count(*) AS live FROM workflows_step
  WHERE run_id = %(run)s AND status IN ('ready', 'running', 'waiting')

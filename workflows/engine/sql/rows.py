@@ -78,22 +78,32 @@ def insert_statement(table: str, columns: Sequence[str], rows: list[tuple]) -> S
     return sql, params
 
 
-def run_batch(cursor: Any, statements: list[Statement | None]) -> int:
-    """Run several statements in one round trip; return the first one's row count.
+def run_batch(
+    cursor: Any, statements: list[Statement | None], *, then: Statement | None = None
+) -> tuple[int, list[dict[str, Any]]]:
+    """Run several statements in one round trip; return the first one's row count and the
+    rows of ``then``, a query run last (none when it is not given).
 
     Each is bound on the client exactly as a single execute would bind it (psycopg's
     ClientCursor.mogrify, which Django's PostgreSQL cursor is), then they are sent together:
     one trip to the server instead of one per statement, in the caller's transaction."""
     parts = [s for s in statements if s is not None]
+    if then is not None:
+        parts.append(then)
     if not parts:
-        return 0
+        return 0, []
     client = cursor.cursor  # the psycopg cursor behind Django's wrapper
     cursor.execute(";\n".join(client.mogrify(sql, params) for sql, params in parts))
-    return int(cursor.rowcount)
+    first = int(cursor.rowcount)
+    if then is None:
+        return first, []
+    while client.nextset():  # on to the last result: the query's
+        pass
+    return first, fetch_dicts(client)
 
 
 STEP_COLUMNS = (
-    "org_id", "run_id", "step_id", "iteration", "type", "lane", "status", "attempt",
+    "org_id", "run_id", "step_id", "iteration", "type", "lane", "status", "owner", "attempt",
     "release_count", "series_offset", "max_attempts", "lease_until", "wait_kind", "wake_at",
     "wait_detail", "output", "error", "finished_at", "fork_join_id", "branch",
 )  # fmt: skip

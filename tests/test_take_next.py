@@ -1,0 +1,92 @@
+"""A settle that claims the run's next step for the same worker, in the same transaction:
+a hop between io steps costs one transaction, not a wake-up through the relay and a claim."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from workflows.engine.executors import StepResult
+from workflows.engine.lanes import lane_policy
+from workflows.engine.steps import claim, settle_and_take_next
+from workflows.engine.walk import TakeNext
+from workflows.models import Outbox, Run, RunEvent, Step
+from workflows.services.automations import automation_publish_definition
+from workflows.services.control import run_act
+from workflows.services.runs import run_start
+
+from .processes import spawn_relay, spawn_worker, wait_for
+
+THREE: dict[str, Any] = {
+    "start": "a",
+    "steps": [
+        {"id": "a", "type": "noop", "next": "b"},
+        {"id": "b", "type": "noop", "next": "c"},
+        {"id": "c", "type": "probe", "next": "done"},
+        {"id": "done", "type": "end"},
+    ],
+}
+TAKE = TakeNext(worker="w", lane="io", lease_seconds=30)
+
+
+def start(org, key: str = "k") -> Run:
+    automation_publish_definition(org=org, slug="three", definition=THREE)
+    return Run.objects.get(pk=run_start(org=org, automation_slug="three", run_input={},
+                                        start_key=key).run_id)  # fmt: skip
+
+
+def wakes(run: Run) -> int:
+    return Outbox.objects.filter(topic="lane.wake", payload__run=run.pk).count()
+
+
+@pytest.mark.django_db
+def test_a_settle_takes_the_next_step_of_its_lane_already_claimed(org) -> None:
+    run = start(org)
+    (a,) = claim(policy=lane_policy("io"), worker="w", limit=1)
+
+    settled = settle_and_take_next(a, StepResult(output=1), worker="w", take=TAKE)
+
+    assert settled.ok
+    b = settled.next_step
+    assert b is not None and (b.step_id, b.attempt, b.type) == ("b", 1, "noop")
+    row = Step.objects.get(pk=b.id)
+    assert (row.status, row.owner, row.attempt) == ("running", "w", 1)
+    assert row.lease_until is not None
+    assert b.run_outputs["a"] == 1  # the run's data as this transaction left it
+    assert wakes(run) == 1  # the start's only: nobody else needs waking for b
+    kinds = list(RunEvent.objects.filter(run=run, step_id="b").values_list("kind", flat=True))
+    assert kinds == ["step.ready", "step.claimed"]
+    assert claim(policy=lane_policy("io"), worker="other", limit=5) == []
+
+    # It is fenced like any claim: its attempt-1 settle goes through, and walks on.
+    again = settle_and_take_next(b, StepResult(output=2), worker="w", take=TAKE)
+    assert again.ok and again.next_step is not None and again.next_step.step_id == "c"
+
+
+@pytest.mark.django_db
+def test_nothing_is_taken_for_a_paused_run_or_without_an_offer(org) -> None:
+    run = start(org)
+    (a,) = claim(policy=lane_policy("io"), worker="w", limit=1)
+    run_act(org=org, run_id=run.pk, action="pause", actor="t")
+
+    settled = settle_and_take_next(a, StepResult(output=1), worker="w", take=TAKE)
+    assert settled.ok and settled.next_step is None
+    assert not Step.objects.filter(run=run, step_id="b").exists()  # parked in a continuation
+
+    other = start(org, "k2")
+    (a2,) = claim(policy=lane_policy("io"), worker="w", limit=1)
+    assert a2.run_id == other.pk
+    plain = settle_and_take_next(a2, StepResult(output=1), worker="w")
+    assert plain.next_step is None
+    assert Step.objects.get(run=other, step_id="b").status == "ready"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_runs_a_chain_of_io_steps_from_one_wake_up(org, procs) -> None:
+    run = start(org)
+    procs.extend([spawn_relay(), spawn_worker(concurrency=2)])
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == "succeeded", what="the run")
+    assert wakes(run) == 1  # b and c were taken by the settles before them
+    pids = {(s.output or {})["pid"] for s in Step.objects.filter(run=run, step_id="c")}
+    assert len(pids) == 1
