@@ -109,7 +109,11 @@ class Worker:
         self.next_promotion = 0.0
         self.next_suspect_look = 0.0
         self.claims = PreparedClaims()  # the claim loop's own connection
-        self.take_next = TakeNext(self.name, policy.name, policy.lease_seconds)
+        # A settle may claim the run's next step for this worker (not for a suspects-only
+        # worker: its one slot is for suspects).
+        self.take_next = (
+            None if suspects_only else TakeNext(self.name, policy.name, policy.lease_seconds)
+        )
         # Executors past their timeout that never returned; past this many the process asks
         # to be replaced (``replace_requested``): a hung thread cannot be killed, only left.
         configured = engine_setting("WORKER_MAX_HUNG")
