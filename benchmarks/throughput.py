@@ -1,18 +1,20 @@
 """End-to-end engine throughput and fairness, on the embedded PostgreSQL by default.
 
-    .venv/bin/python benchmarks/throughput.py --runs 2000
+    .venv/bin/python benchmarks/throughput.py --runs 2000 [--shape mixed|three-io]
     .venv/bin/python benchmarks/throughput.py --fairness --backlog 100000
 
 Throughput: starts N runs of a 5-step automation (set -> noop -> branch -> noop -> end: three
-quick steps inline in the walk, two io steps through a worker) while a relay and one io worker
-run with the default `runengine` settings, and prints runs/s, steps/s, p50/p99 start-to-end
+quick steps inline in the walk, two io steps through a worker; or, with --shape three-io, the
+side-by-side harness's three no-op io steps) while a relay and the io worker processes run
+with the default `runengine` settings, and prints runs/s, steps/s, p50/p99 start-to-end
 latency and database commits per step (from pg_stat_database, so everything counts: starts,
 claims, settles, heartbeats, the relay, idle polls).
 
 Fairness: gives organisation "busy" a backlog of ready io steps, then starts a few runs for
 organisation "quiet" and prints how long those took while the backlog drains.
 
-It uses its own database (waymark_bench) and prints figures; it asserts nothing.
+It uses its own database (waymark_bench) and prints figures; it asserts nothing, but exits
+non-zero when runs do not finish, or do not succeed: a fast wrong engine never reads as fast.
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
+from workflows.engine.lanes import lane_policy  # noqa: E402
 from workflows.models import Organisation, Run  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
 from workflows.services.runs import run_start  # noqa: E402
 
-DEFINITION = {
+MIXED = {
     "start": "greet",
     "steps": [
         {"id": "greet", "type": "set", "values": {"greeting": "hi {{ input.n }}"}, "next": "a"},
@@ -53,8 +56,19 @@ DEFINITION = {
         {"id": "done", "type": "end", "output": {"greeting": "{{ vars.greeting }}"}},
     ],
 }  # fmt: skip
-STEPS_PER_RUN = 5
-IO_STEPS_PER_RUN = 2
+# The side-by-side harness's shape (../shared/bench): three no-op io steps.
+THREE_IO = {
+    "start": "a",
+    "steps": [
+        {"id": "a", "type": "noop", "next": "b"},
+        {"id": "b", "type": "noop", "next": "c"},
+        {"id": "c", "type": "noop", "next": "done"},
+        {"id": "done", "type": "end"},
+    ],
+}
+# name -> (definition, steps per run, io steps per run)
+SHAPES = {"mixed": (MIXED, 5, 2), "three-io": (THREE_IO, 4, 3)}
+DEFINITION, STEPS_PER_RUN, IO_STEPS_PER_RUN = SHAPES["mixed"]
 
 
 def commits() -> int:
@@ -71,6 +85,11 @@ def engine(*roles: list[str]) -> list[subprocess.Popen[bytes]]:
         subprocess.Popen([sys.executable, "manage.py", *role], cwd=ROOT, env=env)  # noqa: S603
         for role in roles
     ]
+
+
+def io_workers() -> list[list[str]]:
+    """What runengine starts for the io lane: WAYMARK_IO_PROCESSES worker processes."""
+    return [["worker", "--lane", "io"]] * lane_policy("io").processes
 
 
 def stop(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -132,7 +151,7 @@ def pct(values: list[float], q: float) -> float:
 
 def throughput(args: argparse.Namespace) -> None:
     org = setup("bench")
-    processes = engine(["relay"], ["worker", "--lane", "io"])
+    processes = engine(["relay"], *io_workers())
     time.sleep(3)  # let them start
     before, began = commits(), time.monotonic()
     ids = start_runs(org, args.runs, f"t{int(time.time())}", args.starters)
@@ -178,7 +197,7 @@ def fairness(args: argparse.Namespace) -> None:
              "version": automation.current_version_id, "n": args.backlog},
         )  # fmt: skip
     print(f"busy organisation: {args.backlog} ready io steps")
-    processes = engine(["relay"], ["worker", "--lane", "io"])
+    processes = engine(["relay"], *io_workers())
     time.sleep(3)
     ids = start_runs(quiet, args.quiet_runs, f"q{int(time.time())}", 1)
     wait_finished(ids, timeout=600)
@@ -202,11 +221,17 @@ def reset() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument(
+        "--shape", choices=sorted(SHAPES), default="mixed",
+        help="mixed: set, noop, branch, noop, end; three-io: the side-by-side harness's shape",
+    )  # fmt: skip
     parser.add_argument("--starters", type=int, default=4, help="threads starting runs")
     parser.add_argument("--fairness", action="store_true")
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--quiet-runs", type=int, default=10)
     args = parser.parse_args()
+    global DEFINITION, STEPS_PER_RUN, IO_STEPS_PER_RUN
+    DEFINITION, STEPS_PER_RUN, IO_STEPS_PER_RUN = SHAPES[args.shape]
     call_command("migrate", verbosity=0)
     reset()
     fairness(args) if args.fairness else throughput(args)

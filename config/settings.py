@@ -178,6 +178,7 @@ SPECTACULAR_SETTINGS = {
 # WAYMARK_IO_LEASE_SECONDS=10.
 LANE_DEFAULTS: dict[str, dict[str, float | int]] = {
     "io": {
+        "processes": 1,
         "concurrency": 16,
         "lease_seconds": 30.0,
         "timeout_seconds": 300.0,
@@ -186,6 +187,7 @@ LANE_DEFAULTS: dict[str, dict[str, float | int]] = {
         "backoff_cap_seconds": 60.0,
     },
     "slow": {
+        "processes": 1,
         "concurrency": 4,
         "lease_seconds": 120.0,
         "timeout_seconds": 900.0,
@@ -194,6 +196,7 @@ LANE_DEFAULTS: dict[str, dict[str, float | int]] = {
         "backoff_cap_seconds": 300.0,
     },
     "human": {
+        "processes": 1,
         "concurrency": 4,
         "lease_seconds": 60.0,
         "timeout_seconds": 300.0,

@@ -22,6 +22,7 @@ class LanePolicy:
     max_attempts: int
     backoff_base_seconds: float
     backoff_cap_seconds: float
+    processes: int = 1  # worker processes runengine starts for the lane
 
     def backoff(self, failed_attempts: int, rng: random.Random | None = None) -> float:
         """Exponential backoff with full jitter: uniform(0, min(cap, base * 2**(n-1)))."""

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from workflows.engine.lanes import WORKER_LANES
+from workflows.engine.lanes import WORKER_LANES, lane_policy
 from workflows.engine.supervisor import Child, Supervisor
 
 # Beyond the grace, how long a stopping worker gets to hand its remaining steps back before
@@ -41,10 +41,11 @@ class Command(BaseCommand):
             Child("sweep", [*manage, "sweep"]),
             *[
                 Child(
-                    f"worker-{lane}",
+                    f"worker-{lane}" + (f"-{number}" if number else ""),
                     [*manage, "worker", "--lane", lane, "--grace", str(opts["grace"])],
                 )
                 for lane in WORKER_LANES
+                for number in range(lane_policy(lane).processes)
             ],
             # One suspects-only worker per lane: a step whose last attempt never settled runs
             # alone there, so a poison step cannot take healthy steps down with it, and
