@@ -100,14 +100,16 @@ def run_start(
     _check_input(run_input)
     if start_key is not None:
         _check_start_key(start_key)
-    automation = automation_get(org=org, slug=automation_slug)
     digest = input_digest(run_input)
-    derived = start_key is None
-    key = f"{DERIVED_KEY_PREFIX}{automation.pk}:{digest}" if start_key is None else start_key
-    version = automation.current_version
-    if version is None:
-        raise NoPublishedVersion(slug=automation_slug)
-    result = _start(org, automation, version, key, derived, run_input, digest)
+    # One transaction for the lookup and the start: one commit per start, not two.
+    with transaction.atomic(durable=True):
+        automation = automation_get(org=org, slug=automation_slug)
+        derived = start_key is None
+        key = f"{DERIVED_KEY_PREFIX}{automation.pk}:{digest}" if start_key is None else start_key
+        version = automation.current_version
+        if version is None:
+            raise NoPublishedVersion(slug=automation_slug)
+        result = _start(org, automation, version, key, derived, run_input, digest)
     crash_point("run_start.after_commit")
     return result
 
@@ -123,7 +125,7 @@ def _start(
 ) -> StartResult:
     definition = version.definition
     max_steps, max_age = _limits(definition)
-    with transaction.atomic(durable=True), connection.cursor() as cursor:
+    with connection.cursor() as cursor:  # in run_start's transaction
         cursor.execute(
             sql.INSERT_RUN,
             {

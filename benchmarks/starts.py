@@ -1,0 +1,95 @@
+"""How fast runs start, through the service, from several threads (no engine running).
+
+    .venv/bin/python benchmarks/starts.py [--runs 4000] [--threads 8]
+
+Each start is `run_start` (the run, its first step, its events and its wake-up, one
+transaction) with its own start key. Prints starts/s and commits per start; asserts nothing,
+but exits non-zero when a start did not create its run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("WAYMARK_DB_NAME", "waymark_bench_starts")
+os.environ.setdefault("WAYMARK_LOG_LEVEL", "WARNING")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+
+from workflows.models import Organisation  # noqa: E402
+from workflows.services.automations import automation_publish_definition  # noqa: E402
+from workflows.services.runs import run_start  # noqa: E402
+
+THREE_IO = {
+    "start": "a",
+    "steps": [
+        {"id": "a", "type": "noop", "next": "b"},
+        {"id": "b", "type": "noop", "next": "c"},
+        {"id": "c", "type": "noop", "next": "done"},
+        {"id": "done", "type": "end"},
+    ],
+}
+
+
+def commits() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=4000)
+    parser.add_argument("--threads", type=int, default=8)
+    args = parser.parse_args()
+    call_command("migrate", verbosity=0)
+    org, _ = Organisation.objects.get_or_create(slug="starts", defaults={"name": "starts"})
+    automation_publish_definition(org=org, slug="three", definition=THREE_IO)
+    tag = f"s{int(time.time())}"
+    failures: list[str] = []
+    barrier = threading.Barrier(args.threads + 1)
+
+    def starter(offset: int) -> None:
+        barrier.wait()
+        for n in range(offset, args.runs, args.threads):
+            started = run_start(org=org, automation_slug="three", run_input={"n": n},
+                                start_key=f"{tag}-{n}")  # fmt: skip
+            if not started.created:
+                failures.append(f"{tag}-{n}")
+        connection.close()
+
+    threads = [threading.Thread(target=starter, args=(i,)) for i in range(args.threads)]
+    for thread in threads:
+        thread.start()
+    before = commits()
+    barrier.wait()
+    began = time.monotonic()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - began
+    spent = commits() - before
+    print(f"starts: {args.runs} in {elapsed:.2f}s with {args.threads} threads")
+    print(f"starts/s: {args.runs / elapsed:.0f}")
+    print(f"commits per start: {spent / args.runs:.2f}")
+    if failures:
+        raise SystemExit(f"{len(failures)} starts did not create their run")
+
+
+if __name__ == "__main__":
+    main()
