@@ -68,8 +68,8 @@ def test_a_template_rendering_a_nul_fails_the_run_not_the_request(api, org) -> N
     automation_publish_definition(org=org, slug="tnul", definition=definition)
     response = api.post("/api/v1/runs", {"automation": "tnul", "input": {}}, format="json")
     assert response.status_code == 201
-    body = response.json()
-    assert body["status"] == "failed"
+    assert response.json()["status"] == "failed"
+    body = api.get(response.json()["links"]["self"]).json()
     assert "cannot be stored" in body["error"]
 
 

@@ -6,6 +6,7 @@ Every refused request is checked to have written nothing (no run, step, event or
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -80,8 +81,28 @@ def counts() -> dict[str, int]:
     }
 
 
-def start(api: APIClient, body: dict[str, Any]) -> Any:
-    return api.post(RUNS, body, format="json")
+@dataclass
+class Started:
+    """A start's answer, and the run's detail read after it (GET): most tests here check
+    what the start did to the run."""
+
+    status_code: int
+    answer: dict[str, Any]
+    detail: dict[str, Any]
+
+    def json(self) -> dict[str, Any]:
+        return self.detail
+
+
+def start(api: APIClient, body: dict[str, Any]) -> Started:
+    response = api.post(RUNS, body, format="json")
+    answer = response.json()
+    if response.status_code not in (200, 201):
+        return Started(response.status_code, answer, answer)
+    assert set(answer) == {"id", "status", "created", "start_key", "links"}, answer
+    detail = api.get(answer["links"]["self"]).json()
+    assert (answer["id"], answer["status"]) == (detail["id"], detail["status"])
+    return Started(response.status_code, answer, detail)
 
 
 def kinds(body: dict[str, Any]) -> list[tuple[str, str]]:

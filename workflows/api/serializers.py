@@ -63,6 +63,22 @@ class RunLinksOut(serializers.Serializer):
     history = serializers.CharField(help_text="Every history event, paginated.")
 
 
+def run_links(run_id: int) -> dict[str, str]:
+    base = f"/api/v1/runs/{run_id}"
+    return {"self": base, "steps": f"{base}/steps", "history": f"{base}/history"}
+
+
+class RunStartedOut(serializers.Serializer):
+    """What a start answers: the run's id and status, and where to read the rest. Not its
+    whole detail: a start should cost a transaction, not a serialisation of its history."""
+
+    id = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=RunStatus.choices)
+    created = serializers.BooleanField(help_text="False: this start key already started it.")
+    start_key = serializers.CharField()
+    links = RunLinksOut()
+
+
 class RunOut(serializers.ModelSerializer):
     automation = serializers.CharField(source="automation.slug")
     version = serializers.IntegerField(source="version.number")
@@ -109,8 +125,7 @@ class RunDetailOut(RunOut):
 
     @extend_schema_field(RunLinksOut)
     def get_links(self, run: Run) -> dict[str, str]:
-        base = f"/api/v1/runs/{run.pk}"
-        return {"self": base, "steps": f"{base}/steps", "history": f"{base}/history"}
+        return run_links(run.pk)
 
 
 class AutomationListOut(serializers.Serializer):

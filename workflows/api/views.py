@@ -34,11 +34,13 @@ from .serializers import (
     RunFilterIn,
     RunOut,
     RunPageOut,
+    RunStartedOut,
     RunStartIn,
     StepOut,
     StepPageOut,
     VersionListOut,
     VersionOut,
+    run_links,
 )
 
 
@@ -134,8 +136,8 @@ class RunListView(APIView):
     @extend_schema(
         request=RunStartIn,
         responses={
-            201: RunDetailOut,
-            200: RunDetailOut,
+            201: RunStartedOut,
+            200: RunStartedOut,
             400: ErrorOut,
             401: ErrorOut,
             404: ErrorOut,
@@ -143,7 +145,8 @@ class RunListView(APIView):
             413: ErrorOut,
         },
         description="Start a run. The same start key returns the run it already started "
-        "(200); the same key with a different input is refused (409 start_key_conflict).",
+        "(200); the same key with a different input is refused (409 start_key_conflict). "
+        "The answer is the run's id, status and links; GET the run for its detail.",
     )
     def post(self, request: Request) -> Response:
         data = RunStartIn(data=request.data)
@@ -154,9 +157,12 @@ class RunListView(APIView):
             run_input=data.validated_data["input"],
             start_key=data.validated_data.get("start_key"),
         )
-        run = selectors.run_get(org=request_key(request).org, run_id=started.run_id)
+        answer = {
+            "id": started.run_id, "status": started.status, "created": started.created,
+            "start_key": started.start_key, "links": run_links(started.run_id),
+        }  # fmt: skip
         return Response(
-            RunDetailOut(run).data,
+            RunStartedOut(answer).data,
             status=status.HTTP_201_CREATED if started.created else status.HTTP_200_OK,
         )
 

@@ -30,6 +30,8 @@ DERIVED_KEY_PREFIX = "input:"  # keys the engine derives from the input; clients
 class StartResult:
     run_id: int
     created: bool
+    status: str  # the run's status as the start left it (a quick-only run may be finished)
+    start_key: str  # as given, or derived from the input
 
 
 def input_digest(run_input: Any) -> str:
@@ -145,7 +147,9 @@ def _start(
             # with another input, is a different start and must not return this run.
             if existing["input_digest"] != digest or existing["automation_id"] != automation.pk:
                 raise StartKeyConflict(start_key=key, run_id=existing["id"])
-            return StartResult(run_id=existing["id"], created=False)
+            return StartResult(
+                run_id=existing["id"], created=False, status=existing["status"], start_key=key
+            )
         run_id, created_at = row["id"], row["created_at"]
         state = RunState(
             id=run_id, org_id=org.pk, version_id=version.pk, status="running",
@@ -155,4 +159,5 @@ def _start(
         walk = Walk(cursor, state, definition)
         walk.start()
         walk.flush()
-    return StartResult(run_id=run_id, created=True)
+    status = walk.finish[0] if walk.finish is not None else state.status
+    return StartResult(run_id=run_id, created=True, status=status, start_key=key)

@@ -477,7 +477,7 @@ RETURNING id, created_at
 """
 
 EXISTING_RUN = """
-SELECT id, automation_id, input_digest FROM workflows_run
+SELECT id, automation_id, input_digest, status FROM workflows_run
  WHERE org_id = %(org)s AND start_key = %(key)s
 """
 
