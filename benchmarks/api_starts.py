@@ -1,0 +1,120 @@
+"""How fast runs start through the HTTP API, served as `runengine` serves it.
+
+    .venv/bin/python benchmarks/api_starts.py [--runs 2000] [--threads 8] [--web-workers 2]
+
+Starts gunicorn on a free local port (what `runengine` starts for the web role), creates an
+organisation, an API key and a three-io-step automation, then POSTs /api/v1/runs from
+several threads with keep-alive connections. No engine runs: this measures the start path
+alone. Prints starts/s; asserts nothing, but exits non-zero when a start is not a 201.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("WAYMARK_DB_NAME", "waymark_bench_api")
+os.environ.setdefault("WAYMARK_LOG_LEVEL", "WARNING")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+
+from workflows.models import Organisation  # noqa: E402
+from workflows.services.automations import automation_publish_definition  # noqa: E402
+from workflows.services.tenancy import api_key_create  # noqa: E402
+
+THREE_IO = {
+    "start": "a",
+    "steps": [
+        {"id": "a", "type": "noop", "next": "b"},
+        {"id": "b", "type": "noop", "next": "c"},
+        {"id": "c", "type": "noop", "next": "done"},
+        {"id": "done", "type": "end"},
+    ],
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def serve(port: int, workers: int) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "gunicorn", "config.wsgi:application",
+            "--bind", f"127.0.0.1:{port}", "--workers", str(workers)]  # fmt: skip
+    return subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ))  # noqa: S603
+
+
+def wait_until_up(port: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("the web server did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--web-workers", type=int, default=2)
+    args = parser.parse_args()
+    call_command("migrate", verbosity=0)
+    org, _ = Organisation.objects.get_or_create(slug="api-bench", defaults={"name": "api"})
+    automation_publish_definition(org=org, slug="three", definition=THREE_IO)
+    _, raw_key = api_key_create(org=org, name="bench")
+    port = free_port()
+    server = serve(port, args.web_workers)
+    bad: list[int] = []
+    try:
+        wait_until_up(port)
+        tag = f"a{int(time.time())}"
+        headers = {"Authorization": f"Bearer {raw_key}", "Content-Type": "application/json"}
+
+        def client(offset: int) -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            for n in range(offset, args.runs, args.threads):
+                body = json.dumps({"automation": "three", "start_key": f"{tag}-{n}"})
+                conn.request("POST", "/api/v1/runs", body=body, headers=headers)
+                response = conn.getresponse()
+                response.read()
+                if response.status != 201:
+                    bad.append(response.status)
+            conn.close()
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(args.threads)]
+        began = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed = time.monotonic() - began
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    print(f"API starts: {args.runs} in {elapsed:.2f}s, {args.threads} clients, "
+          f"{args.web_workers} web workers: {args.runs / elapsed:.0f} starts/s")  # fmt: skip
+    if bad:
+        raise SystemExit(f"{len(bad)} starts were not 201: {sorted(set(bad))}")
+
+
+if __name__ == "__main__":
+    main()
