@@ -15,6 +15,7 @@ exactly the branches of its own pass.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
@@ -130,7 +131,7 @@ class Forks:
                        attempt=row["attempt"], detail={"reason": "its join completed"})  # fmt: skip
         # Entries of the fork still queued in this walk are dropped the same way.
         ended = self._fork_tree(join_id)
-        walk.queue = type(walk.queue)(e for e in walk.queue if e.place.fork_join not in ended)
+        walk.queue = deque(e for e in walk.queue if e.place.fork_join not in ended)
 
     def _fork_tree(self, join_id: int) -> set[int]:
         """This join row and the join rows nested under it."""
