@@ -90,3 +90,31 @@ def test_a_worker_runs_a_chain_of_io_steps_from_one_wake_up(org, procs) -> None:
     assert wakes(run) == 1  # b and c were taken by the settles before them
     pids = {(s.output or {})["pid"] for s in Step.objects.filter(run=run, step_id="c")}
     assert len(pids) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_dies_running_a_step_it_took_leaves_it_to_another(org, procs) -> None:
+    # a settles and takes b in one transaction; b kills its worker. b's lease lapses and a
+    # second worker claims it as a suspect (alone): the run finishes once, b on attempt 2.
+    automation_publish_definition(org=org, slug="crash", definition={
+        "start": "a",
+        "steps": [
+            {"id": "a", "type": "probe", "next": "b"},
+            {"id": "b", "type": "probe", "crash_attempts": 1, "next": "done"},
+            {"id": "done", "type": "end"},
+        ],
+    })  # fmt: skip
+    run_id = run_start(org=org, automation_slug="crash", run_input={}, start_key="k").run_id
+    first = spawn_worker(concurrency=1)
+    procs.extend([spawn_relay(), first])
+    assert first.wait(timeout=120) == 137  # died on b, which it had taken itself
+    b = Step.objects.get(run_id=run_id, step_id="b")
+    assert (b.status, b.attempt) == ("running", 1)
+    assert f":{first.pid}:" in (b.owner or "")
+
+    procs.append(spawn_worker(concurrency=1))
+    wait_for(lambda: Run.objects.get(pk=run_id).status == "succeeded", timeout=120,
+             what="another worker to finish the run")  # fmt: skip
+    b.refresh_from_db()
+    assert (b.status, b.attempt) == ("done", 2)
+    assert RunEvent.objects.filter(run_id=run_id, kind="run.succeeded").count() == 1
