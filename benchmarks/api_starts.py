@@ -19,33 +19,15 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ.setdefault("WAYMARK_DB_NAME", "waymark_bench_api")
-os.environ.setdefault("WAYMARK_LOG_LEVEL", "WARNING")
+from common import ROOT, THREE_IO, setup
 
-import django  # noqa: E402
+setup("waymark_bench_api")
 
-django.setup()
-
-from django.core.management import call_command  # noqa: E402
 
 from workflows.models import Organisation  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
 from workflows.services.tenancy import api_key_create  # noqa: E402
-
-THREE_IO = {
-    "start": "a",
-    "steps": [
-        {"id": "a", "type": "noop", "next": "b"},
-        {"id": "b", "type": "noop", "next": "c"},
-        {"id": "c", "type": "noop", "next": "done"},
-        {"id": "done", "type": "end"},
-    ],
-}
 
 
 def free_port() -> int:
@@ -77,7 +59,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--web-workers", type=int, default=2)
     args = parser.parse_args()
-    call_command("migrate", verbosity=0)
     org, _ = Organisation.objects.get_or_create(slug="api-bench", defaults={"name": "api"})
     automation_publish_definition(org=org, slug="three", definition=THREE_IO)
     _, raw_key = api_key_create(org=org, name="bench")

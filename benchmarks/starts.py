@@ -10,47 +10,18 @@ but exits non-zero when a start did not create its run.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import threading
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ.setdefault("WAYMARK_DB_NAME", "waymark_bench_starts")
-os.environ.setdefault("WAYMARK_LOG_LEVEL", "WARNING")
+from common import THREE_IO, commits, setup
 
-import django  # noqa: E402
+setup("waymark_bench_starts")
 
-django.setup()
-
-from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from workflows.models import Organisation  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
 from workflows.services.runs import run_start  # noqa: E402
-
-THREE_IO = {
-    "start": "a",
-    "steps": [
-        {"id": "a", "type": "noop", "next": "b"},
-        {"id": "b", "type": "noop", "next": "c"},
-        {"id": "c", "type": "noop", "next": "done"},
-        {"id": "done", "type": "end"},
-    ],
-}
-
-
-def commits() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-        )
-        row = cursor.fetchone()
-    return int(row[0]) if row else 0
 
 
 def main() -> None:
@@ -58,7 +29,6 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=4000)
     parser.add_argument("--threads", type=int, default=8)
     args = parser.parse_args()
-    call_command("migrate", verbosity=0)
     org, _ = Organisation.objects.get_or_create(slug="starts", defaults={"name": "starts"})
     automation_publish_definition(org=org, slug="three", definition=THREE_IO)
     tag = f"s{int(time.time())}"

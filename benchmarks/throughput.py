@@ -25,19 +25,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ.setdefault("WAYMARK_DB_NAME", "waymark_bench")
-os.environ.setdefault("WAYMARK_LOG_LEVEL", "WARNING")
+from common import ROOT, THREE_IO, commits, setup
 
-import django  # noqa: E402
+setup("waymark_bench")
 
-django.setup()
-
-from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from workflows.engine.lanes import lane_policy  # noqa: E402
@@ -56,27 +48,9 @@ MIXED = {
         {"id": "done", "type": "end", "output": {"greeting": "{{ vars.greeting }}"}},
     ],
 }  # fmt: skip
-# The side-by-side harness's shape (../shared/bench): three no-op io steps.
-THREE_IO = {
-    "start": "a",
-    "steps": [
-        {"id": "a", "type": "noop", "next": "b"},
-        {"id": "b", "type": "noop", "next": "c"},
-        {"id": "c", "type": "noop", "next": "done"},
-        {"id": "done", "type": "end"},
-    ],
-}
 # name -> (definition, steps per run, io steps per run)
 SHAPES = {"mixed": (MIXED, 5, 2), "three-io": (THREE_IO, 4, 3)}
 DEFINITION, STEPS_PER_RUN, IO_STEPS_PER_RUN = SHAPES["mixed"]
-
-
-def commits() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-        )
-        return cursor.fetchone()[0]
 
 
 def engine(*roles: list[str]) -> list[subprocess.Popen[bytes]]:
@@ -182,8 +156,8 @@ WITH runs AS (
     RETURNING id
 )
 INSERT INTO workflows_step (org_id, run_id, step_id, iteration, type, lane, status, attempt,
-    release_count, max_attempts, lease_until, error, created_at)
-SELECT %(org)s, id, 'a', 1, 'noop', 'io', 'ready', 0, 0, 5, now(), '', now() FROM runs
+    release_count, series_offset, max_attempts, lease_until, wait_kind, error, created_at)
+SELECT %(org)s, id, 'a', 1, 'noop', 'io', 'ready', 0, 0, 0, 5, now(), '', '', now() FROM runs
 """
 
 
@@ -232,7 +206,6 @@ def main() -> None:
     args = parser.parse_args()
     global DEFINITION, STEPS_PER_RUN, IO_STEPS_PER_RUN
     DEFINITION, STEPS_PER_RUN, IO_STEPS_PER_RUN = SHAPES[args.shape]
-    call_command("migrate", verbosity=0)
     reset()
     fairness(args) if args.fairness else throughput(args)
 
