@@ -691,7 +691,7 @@ def test_released_claims_do_not_count_as_attempts(org: Organisation) -> None:
     run = start(org, io_definition(retry=1), {"name": "Ada"})
 
     (first,) = claim_io("w1")
-    assert release(held=[(first.id, first.attempt)], worker="w1", lane="io") == 1
+    assert release(held=[(first.id, first.attempt)], worker="w1") == 1
     row = Step.objects.get(pk=first.id)
     assert (row.status, row.owner, row.release_count) == ("ready", None, 1)
     assert RunEvent.objects.filter(run=run, kind="step.released", worker="w1").count() == 1
@@ -703,7 +703,7 @@ def test_released_claims_do_not_count_as_attempts(org: Organisation) -> None:
     assert second.attempts_used == 1
     assert second.poisoned is False
     # The old token can neither settle nor release again.
-    assert release(held=[(first.id, first.attempt)], worker="w1", lane="io") == 0
+    assert release(held=[(first.id, first.attempt)], worker="w1") == 0
     assert settle_success(first, StepResult(output={"echo": "old"}), worker="w1") is False
     assert settle_success(second, StepResult(output={"echo": "new"}), worker="w2") is True
     run.refresh_from_db()

@@ -15,7 +15,7 @@ def continue_walks(run: Run, *, max_rounds: int = 100) -> tuple[Run, int]:
         claimed = claim(policy=lane_policy("io"), worker="test-continuer", limit=10)
         continuations = [s for s in claimed if s.is_continuation and s.run_id == run.pk]
         others = [(s.id, s.attempt) for s in claimed if s not in continuations]
-        release(held=others, worker="test-continuer", lane="io")
+        release(held=others, worker="test-continuer")
         if not continuations:
             break
         for step in continuations:

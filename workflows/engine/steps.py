@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
@@ -91,20 +93,18 @@ class PreparedClaims:
         self.conn: psycopg.Connection[dict[str, Any]] | None = None
 
     def rows(self, statement: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        if self.conn is None or self.conn.closed:
-            self.conn = own_connection(row_factory=dict_row)
-        try:
-            cursor = self.conn.execute(statement, params, prepare=True)
-            return cursor.fetchall() if cursor.description else []
-        except psycopg.Error:
-            self.close()
-            raise
+        cursor = self._execute(statement, params)
+        return cursor.fetchall() if cursor.description else []
 
     def rowcount(self, statement: str, params: dict[str, Any]) -> int:
+        return self._execute(statement, params).rowcount
+
+    def _execute(self, statement: str, params: dict[str, Any]) -> psycopg.Cursor[dict[str, Any]]:
+        """Run a prepared statement; a failed connection is closed and opened anew next time."""
         if self.conn is None or self.conn.closed:
             self.conn = own_connection(row_factory=dict_row)
         try:
-            return self.conn.execute(statement, params, prepare=True).rowcount
+            return self.conn.execute(statement, params, prepare=True)
         except psycopg.Error:
             self.close()
             raise
@@ -223,6 +223,28 @@ def run_context(step: ClaimedStep) -> tuple[dict[str, Any], dict[str, Any]]:
     return step_def, context
 
 
+@contextmanager
+def _settling(
+    step: ClaimedStep,
+    statement: str,
+    params: dict[str, Any],
+    *,
+    worker: str,
+    take: TakeNext | None = None,
+) -> Iterator[Walk | None]:
+    """The start of every settle that walks on: lock the run (the one lock order: the run,
+    then its steps), make the step's fenced transition, and yield the walk over the locked
+    run's version, not the claim's (a migration may have moved the run in between). None:
+    this attempt was fenced out. The caller walks and flushes inside the transaction."""
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        run = lock_run(cursor, step.run_id)
+        cursor.execute(statement, params)
+        if cursor.fetchone() is None:
+            yield None
+            return
+        yield Walk(cursor, run, definition_for(run.version_id), worker=worker, take_next=take)
+
+
 @dataclass(frozen=True)
 class Settled:
     """What a settle did, for the worker to act on."""
@@ -243,20 +265,15 @@ def settle_and_take_next(
     enters is claimed for it in the same transaction (see TakeNext)."""
     if result.park is not None:
         return Settled(_settle_park(step, result, worker=worker))
-    with transaction.atomic(durable=True), connection.cursor() as cursor:
-        run = lock_run(cursor, step.run_id)  # lock order everywhere: the run, then its steps
-        # Typed Any: psycopg adapts Jsonb, which the Django stubs do not list as a parameter.
-        done: dict[str, Any] = {
-            "id": step.id, "attempt": step.attempt, "output": json_or_null(result.output),
-        }  # fmt: skip
-        cursor.execute(sql.SETTLE_DONE, done)
-        if cursor.fetchone() is None:
+    # Typed Any: psycopg adapts Jsonb, which the Django stubs do not list as a parameter.
+    done: dict[str, Any] = {
+        "id": step.id, "attempt": step.attempt, "output": json_or_null(result.output),
+    }  # fmt: skip
+    with _settling(step, sql.SETTLE_DONE, done, worker=worker, take=take) as walk:
+        if walk is None:
             logger.info("step %s attempt %s was fenced out; result dropped", step.id, step.attempt)
             return Settled(False)
         crash_point("settle.after_step_update")
-        # The locked run's version, not the claim's: a migration may have moved the run to
-        # another version between the claim and this settle.
-        walk = Walk(cursor, run, definition_for(run.version_id), worker=worker, take_next=take)
         walk.event("step.succeeded", step.step_id, iteration=step.iteration, attempt=step.attempt)
         if not walk.finished:
             walk.step_succeeded(step.step_id, result, step.place)
@@ -286,14 +303,10 @@ def settle_failure(
     error = str(failure)[:2000]
     if failure.retryable and step.attempts_used < step.max_attempts:
         return _schedule_retry(step, error, worker=worker, policy=policy)
-    with transaction.atomic(durable=True), connection.cursor() as cursor:
-        run = lock_run(cursor, step.run_id)
-        cursor.execute(sql.SETTLE_FAILED, {"id": step.id, "attempt": step.attempt, "error": error})
-        if cursor.fetchone() is None:
+    failed = {"id": step.id, "attempt": step.attempt, "error": error}
+    with _settling(step, sql.SETTLE_FAILED, failed, worker=worker) as walk:
+        if walk is None:
             return False
-        # The locked run's version, not the claim's: a migration may have moved the run to
-        # another version between the claim and this settle.
-        walk = Walk(cursor, run, definition_for(run.version_id), worker=worker)
         walk.event(
             "step.failed", step.step_id, iteration=step.iteration, attempt=step.attempt,
             detail={"error": error},
@@ -328,14 +341,10 @@ def _settle_park(step: ClaimedStep, result: StepResult, *, worker: str) -> bool:
 def settle_continuation(step: ClaimedStep, *, worker: str) -> bool:
     """Walk on from a continuation row's pending entries, in one transaction with its settle."""
     pending = list((step.wait_detail or {}).get("enter", []))
-    with transaction.atomic(durable=True), connection.cursor() as cursor:
-        run = lock_run(cursor, step.run_id)
-        cursor.execute(sql.SETTLE_DONE, {"id": step.id, "attempt": step.attempt, "output": None})
-        if cursor.fetchone() is None:
+    done = {"id": step.id, "attempt": step.attempt, "output": None}
+    with _settling(step, sql.SETTLE_DONE, done, worker=worker) as walk:
+        if walk is None:
             return False
-        # The locked run's version, not the claim's: a migration may have moved the run to
-        # another version between the claim and this settle.
-        walk = Walk(cursor, run, definition_for(run.version_id), worker=worker)
         walk.event("walk.continued", step.step_id, iteration=step.iteration,
                    attempt=step.attempt, detail={"enter": pending})  # fmt: skip
         if not walk.finished:
@@ -359,7 +368,7 @@ def _schedule_retry(step: ClaimedStep, error: str, *, worker: str, policy: LaneP
     return True
 
 
-def release(*, held: list[tuple[int, int]], worker: str, lane: str) -> int:
+def release(*, held: list[tuple[int, int]], worker: str) -> int:
     """Hand steps back at once (lease_until = now()) and wake the lane, so another worker
     takes them now instead of at its next poll."""
     if not held:

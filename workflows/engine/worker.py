@@ -256,7 +256,7 @@ class Worker:
                 attempt.lost.set()
             self.inflight.clear()
         if held:
-            count = release(held=held, worker=self.name, lane=self.policy.name)
+            count = release(held=held, worker=self.name)
             logger.info("worker %s released %s step(s) on shutdown", self.name, count)
 
     # --- executing --------------------------------------------------------------------------
@@ -298,7 +298,7 @@ class Worker:
             if not stopping:
                 self.inflight[attempt.key] = attempt
         if stopping:
-            release(held=[attempt.key], worker=self.name, lane=self.policy.name)
+            release(held=[attempt.key], worker=self.name)
             return None
         return attempt
 
