@@ -109,17 +109,10 @@ def fire_due_deadlines(*, limit: int = 500, by: str = "sweep") -> int:
     fired = 0
     for row in due:
         try:
+            # The outcome the step declared when it parked (read with the batch).
+            wake = Wake(outcome=row["on_deadline"], reason="deadline_passed", by=by)
             with transaction.atomic(durable=True):
-                fired += _fire_one(row["id"], by=by)
+                fired += wake_step(step_pk=row["id"], wake=wake, due_only=True)
         except Exception:
             logger.exception("firing the deadline of step %s failed", row["id"])
     return fired
-
-
-def _fire_one(step_pk: int, *, by: str) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(sql.STEP_WAIT_DETAIL, {"id": step_pk})
-        row = fetch_dict(cursor)
-    outcome = ((row or {}).get("detail") or {}).get("on_deadline")
-    wake = Wake(outcome=outcome, reason="deadline_passed", by=by)
-    return int(wake_step(step_pk=step_pk, wake=wake, due_only=True))

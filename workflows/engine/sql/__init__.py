@@ -247,14 +247,13 @@ SELECT org_id, run_id, 'step.retry_due', step_id, iteration, attempt, %(worker)s
 # each is then fired under its run's lock by a guarded transition (WAKE_*), so a deadline
 # racing a wake from outside has exactly one winner.
 DUE_DEADLINES = """
-SELECT id, run_id FROM workflows_step
+SELECT id, wait_detail ->> 'on_deadline' AS on_deadline FROM workflows_step
  WHERE status = 'waiting' AND wake_at <= now() AND wait_kind = 'external'
  ORDER BY wake_at
  LIMIT %(n)s
 """
 
 STEP_RUN = "SELECT run_id FROM workflows_step WHERE id = %(id)s"
-STEP_WAIT_DETAIL = "SELECT wait_detail::json AS detail FROM workflows_step WHERE id = %(id)s"
 
 # The one way a waiting step wakes (a signal consumed, a decision taken, a timer or a
 # deadline fired): guarded on its status and kind, so of two wakes (a signal and its

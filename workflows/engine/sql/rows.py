@@ -46,14 +46,18 @@ def json_or_null(value: Any) -> Jsonb | None:
     return None if value is None else Jsonb(value)
 
 
-def insert_rows(cursor: Any, table: str, columns: Sequence[str], rows: list[tuple]) -> None:
-    """One multi-row INSERT; NOW in a row becomes now(), NowPlus(s) now() + s seconds."""
-    statement = insert_statement(table, columns, rows)
+Statement = tuple[str, Any]
+
+
+def execute(cursor: Any, statement: Statement | None) -> None:
+    """Run one statement built here; None (nothing to insert) runs nothing."""
     if statement is not None:
         cursor.execute(*statement)
 
 
-Statement = tuple[str, Any]
+def insert_rows(cursor: Any, table: str, columns: Sequence[str], rows: list[tuple]) -> None:
+    """One multi-row INSERT; NOW in a row becomes now(), NowPlus(s) now() + s seconds."""
+    execute(cursor, insert_statement(table, columns, rows))
 
 
 def insert_statement(table: str, columns: Sequence[str], rows: list[tuple]) -> Statement | None:
@@ -128,7 +132,7 @@ def event_row(
 
 
 def insert_events(cursor: Any, rows: list[tuple]) -> None:
-    insert_rows(cursor, "workflows_runevent", EVENT_COLUMNS, rows)
+    execute(cursor, events_statement(rows))
 
 
 def events_statement(rows: list[tuple]) -> Statement | None:
@@ -137,9 +141,7 @@ def events_statement(rows: list[tuple]) -> Statement | None:
 
 def insert_wakes(cursor: Any, wakes: list[tuple[int, int, str]]) -> None:
     """Outbox rows waking a lane, from (org id, run id, lane) triples."""
-    statement = wakes_statement(wakes)
-    if statement is not None:
-        cursor.execute(*statement)
+    execute(cursor, wakes_statement(wakes))
 
 
 def wakes_statement(wakes: list[tuple[int, int, str]]) -> Statement | None:
