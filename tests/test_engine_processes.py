@@ -15,7 +15,7 @@ import time
 import pytest
 from django.db import connection
 
-from workflows.models import Outbox, Run, RunEvent, Step
+from workflows.models import IdleWorker, Outbox, Run, RunEvent, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
@@ -231,6 +231,8 @@ def test_process_killed_after_start_commit_is_still_woken_by_the_relay(org, proc
     procs.append(worker)
     wait_for(lambda: _listening("io"), what="the worker to LISTEN")
     wait_for(_claimed_and_idle, what="the worker's first (empty) claim")
+    # Unlisted as idle (as a busy worker is), the start's own notification does not reach it.
+    wait_for(lambda: IdleWorker.objects.filter(lane="io").delete()[0], what="an idle listing")
 
     crashed = _start_and_crash_after_commit(org.slug)
     assert crashed.returncode == 137 and b"survived" not in crashed.stdout

@@ -2,8 +2,11 @@
 
 The queue only *wakes* workers; it is never the record of work (the step rows are). A lost
 notification delays work by at most one poll interval; a duplicate one costs one empty claim.
-Notifications are sent only by the relay, outside the engine's hot write transactions: a
-NOTIFY inside a transaction serialises every commit behind a global lock.
+Notifications are sent by the relay, outside the engine's hot write transactions: a NOTIFY
+inside a transaction serialises every commit behind a global lock. The one exception is cheap
+by construction: a transaction that makes work for a lane with an *idle* worker notifies it
+directly (``rows.wakes_statement``), so an idle engine does not wait for the relay's next
+batch; a busy lane has no idle worker listed, and its writers notify nobody.
 
 Another transport (Redis, say) implements ``publish`` and ``subscribe`` the same way.
 """
@@ -18,6 +21,8 @@ from typing import Any, Protocol
 
 import psycopg
 from django.db import connection
+
+from .sql.rows import LANE_CHANNEL_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +41,7 @@ class Transport(Protocol):
 
 
 def channel_for(lane: str) -> str:
-    return f"waymark_lane_{lane}"
+    return f"{LANE_CHANNEL_PREFIX}{lane}"
 
 
 def own_connection(*, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from django.db import InterfaceError, OperationalError, connection
 
+from . import sql
 from .executors import StepFailure, StepResult, executor_for
 from .faults import crash_point, heartbeats_paused
 from .lanes import LanePolicy, engine_setting
@@ -108,6 +109,8 @@ class Worker:
         self.completed = 0
         self.next_promotion = 0.0
         self.next_suspect_look = 0.0
+        self.listed_idle = False  # in workflows_idleworker (see _list_idle)
+        self.idle_refresh_at = 0.0
         self.claims = PreparedClaims()  # the claim loop's own connection
         # A settle may claim the run's next step for this worker (not for a suspects-only
         # worker: its one slot is for suspects).
@@ -148,6 +151,7 @@ class Worker:
             self._claim_loop()
             self._drain()
         finally:
+            self._strike_off_idle()
             self.claims.close()
             self.halt.set()
             for _ in range(self.concurrency):
@@ -189,6 +193,7 @@ class Worker:
                 self.stop.wait(self.poll_seconds)
                 continue
             if claimed:
+                self._strike_off_idle()
                 self.after_org = next_after_org(claimed, self.after_org)
                 now = time.monotonic()
                 attempts = [
@@ -202,11 +207,45 @@ class Worker:
                 for attempt in attempts:
                     self.tasks.put(attempt)
             if not claimed and not promoted:
+                if idle and self._list_idle():
+                    continue  # claim once more: work made before the listing notified nobody
                 # Nothing to take: sleep until woken (a notification, a finished step, or
                 # shutdown) or until the poll interval has passed. A short batch is no reason
                 # to sleep: the fair share per organisation may have capped it while one
                 # organisation still has a backlog, so claim again at once.
                 self.wake.wait(self.poll_seconds)
+
+    def _list_idle(self) -> bool:
+        """List this worker as idle (sql.MARK_IDLE), so a transaction that makes work for
+        its lane notifies it at once instead of leaving that to the relay's next batch.
+        Refreshed once per poll interval while idle; a dead worker's listing lapses after
+        three. True when it was not listed before."""
+        now = time.monotonic()
+        if self.suspects_only or now < self.idle_refresh_at:
+            return False  # a suspects-only worker does not listen for work
+        ttl = 3 * self.poll_seconds
+        params = {"worker": self.name, "lane": self.policy.name, "ttl": ttl}
+        if not self._hint(sql.MARK_IDLE, params):
+            return False
+        newly, self.listed_idle = not self.listed_idle, True
+        self.idle_refresh_at = now + self.poll_seconds
+        return newly
+
+    def _strike_off_idle(self) -> None:
+        """Busy again: writers to this lane need not notify (a busy worker claims again after
+        every step it finishes)."""
+        if self.listed_idle and self._hint(sql.MARK_BUSY, {"worker": self.name}):
+            self.listed_idle, self.idle_refresh_at = False, 0.0
+
+    def _hint(self, statement: str, params: dict[str, object]) -> bool:
+        """Write the idle listing; it is only a hint (the relay wakes the lane anyway), so
+        a failure is logged and the claim loop goes on."""
+        try:
+            self.claims.rowcount(statement, params)
+        except Exception:
+            logger.warning("worker %s could not update its idle listing", self.name, exc_info=True)
+            return False
+        return True
 
     def _no_slot(self) -> bool:
         """No claim while every slot is taken, or while a suspect runs alone."""

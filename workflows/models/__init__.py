@@ -1,11 +1,12 @@
 from .automations import Automation, AutomationVersion
-from .runs import Outbox, Run, RunEvent, Step
+from .runs import IdleWorker, Outbox, Run, RunEvent, Step
 from .tenancy import ApiKey, Membership, Organisation
 
 __all__ = [
     "ApiKey",
     "Automation",
     "AutomationVersion",
+    "IdleWorker",
     "Membership",
     "Organisation",
     "Outbox",

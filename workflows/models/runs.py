@@ -172,3 +172,21 @@ class Outbox(models.Model):
 
     def __str__(self) -> str:
         return f"outbox {self.pk} {self.topic}"
+
+
+class IdleWorker(models.Model):
+    """A lane worker waiting for work, so a transaction that makes work for its lane wakes it
+    at once instead of leaving that to the relay's next batch (up to a poll interval later).
+
+    Only idle workers are listed, so a busy engine's writes notify nobody: a NOTIFY takes a
+    global lock at commit, harmless when the engine is idle, a bottleneck when it is not.
+    The table is UNLOGGED (migration 0010): a hint lost in a database crash costs nothing.
+    A row past ``idle_until`` is stale (its worker died) and is ignored.
+    """
+
+    worker = models.CharField(max_length=200, primary_key=True)
+    lane = models.CharField(max_length=32)
+    idle_until = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.worker} idle on {self.lane}"

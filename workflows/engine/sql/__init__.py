@@ -181,6 +181,17 @@ SELECT h.id, h.attempt, e.id IS NOT NULL AS extended,
   LEFT JOIN workflows_step s ON s.id = h.id
 """
 
+# Idle workers (workflows_idleworker): a worker waiting for work lists itself, so the next
+# transaction that makes work for its lane notifies it (rows.wakes_statement); a worker that
+# takes work again strikes itself off. Run on the worker's own autocommit connection.
+MARK_IDLE = """
+INSERT INTO workflows_idleworker (worker, lane, idle_until)
+VALUES (%(worker)s, %(lane)s, now() + make_interval(secs => %(ttl)s))
+ON CONFLICT (worker) DO UPDATE SET lane = EXCLUDED.lane, idle_until = EXCLUDED.idle_until
+"""
+
+MARK_BUSY = "DELETE FROM workflows_idleworker WHERE worker = %(worker)s"
+
 # Settle: only the newest attempt may write. No row: this attempt was fenced out.
 SETTLE_DONE = """
 UPDATE workflows_step

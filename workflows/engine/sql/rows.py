@@ -144,9 +144,27 @@ def insert_wakes(cursor: Any, wakes: list[tuple[int, int, str]]) -> None:
     execute(cursor, wakes_statement(wakes))
 
 
+# The lane channel the relay notifies (transport.channel_for) and idle workers listen on.
+LANE_CHANNEL_PREFIX = "waymark_lane_"
+
+
 def wakes_statement(wakes: list[tuple[int, int, str]]) -> Statement | None:
-    return insert_statement(
+    """The outbox rows for ``wakes``, in one statement that also notifies the lanes that have
+    an idle worker listed (sql.MARK_IDLE), so an idle engine starts the work at once; the
+    relay publishes the rows as well (a duplicate wake costs one empty claim). A busy lane
+    lists no idle worker, so its writers take no notification lock at commit."""
+    insert = insert_statement(
         "workflows_outbox",
         ("org_id", "topic", "payload", "created_at"),
         [(org, "lane.wake", Jsonb({"lane": lane, "run": run}), NOW) for org, run, lane in wakes],
     )
+    if insert is None:
+        return None
+    sql, params = insert
+    notify = f"""
+WITH woken AS ({sql} RETURNING payload->>'lane' AS lane)
+SELECT pg_notify('{LANE_CHANNEL_PREFIX}' || lane, '') FROM (
+    SELECT DISTINCT lane FROM workflows_idleworker
+     WHERE lane IN (SELECT lane FROM woken) AND idle_until > now()
+) idle"""  # noqa: S608 (constant SQL around a built INSERT)
+    return notify, params
