@@ -15,12 +15,18 @@ from ..definitions.fields import parse_duration
 from ..definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
 from ..definitions.validator import canonical_json
 from ..engine import sql
+from ..engine.definition_cache import definition_for
 from ..engine.faults import crash_point
 from ..engine.sql.rows import fetch_dict
 from ..engine.walk import RunState, Walk
-from ..errors import InvalidInput, NoPublishedVersion, PayloadTooLarge, StartKeyConflict
-from ..models import Automation, AutomationVersion, Organisation
-from ..selectors import automation_get
+from ..errors import (
+    InvalidInput,
+    NoPublishedVersion,
+    PayloadTooLarge,
+    StartKeyConflict,
+    UnknownAutomation,
+)
+from ..models import Organisation
 
 MAX_START_KEY = 255
 DERIVED_KEY_PREFIX = "input:"  # keys the engine derives from the input; clients cannot use it
@@ -105,33 +111,51 @@ def run_start(
     digest = input_digest(run_input)
     # One transaction for the lookup and the start: one commit per start, not two.
     with transaction.atomic(durable=True):
-        automation = automation_get(org=org, slug=automation_slug)
+        target = _target(org, automation_slug)
         derived = start_key is None
-        key = f"{DERIVED_KEY_PREFIX}{automation.pk}:{digest}" if start_key is None else start_key
-        version = automation.current_version
-        if version is None:
-            raise NoPublishedVersion(slug=automation_slug)
-        result = _start(org, automation, version, key, derived, run_input, digest)
+        key = f"{DERIVED_KEY_PREFIX}{target.automation_id}:{digest}" if derived else start_key
+        result = _start(org, target, key, derived, run_input, digest)
     crash_point("run_start.after_commit")
     return result
 
 
+@dataclass(frozen=True)
+class _Target:
+    automation_id: int
+    version_id: int
+    definition: dict[str, Any]
+
+
+def _target(org: Organisation, slug: str) -> _Target:
+    """The automation's current version, read in the start's transaction; its definition
+    comes from the process's cache (a published version never changes), so a start parses
+    no definition and builds no ORM query."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.START_TARGET, {"org": org.pk, "slug": slug})
+        row = fetch_dict(cursor)
+    if row is None:
+        raise UnknownAutomation(slug=slug)
+    if row["version_id"] is None:
+        raise NoPublishedVersion(slug=slug)
+    return _Target(row["automation_id"], row["version_id"], definition_for(row["version_id"]))
+
+
 def _start(
     org: Organisation,
-    automation: Automation,
-    version: AutomationVersion,
+    target: _Target,
     key: str,
     derived: bool,
     run_input: dict[str, Any],
     digest: str,
 ) -> StartResult:
-    definition = version.definition
+    definition = target.definition
     max_steps, max_age = _limits(definition)
     with connection.cursor() as cursor:  # in run_start's transaction
         cursor.execute(
             sql.INSERT_RUN,
             {
-                "org": org.pk, "automation": automation.pk, "version": version.pk, "key": key,
+                "org": org.pk, "automation": target.automation_id,
+                "version": target.version_id, "key": key,
                 "derived": derived, "digest": digest, "max_steps": max_steps, "max_age": max_age,
                 # psycopg adapts Jsonb; django-stubs allow only plain values as parameters.
                 "input": Jsonb(run_input),  # type: ignore[dict-item]
@@ -145,14 +169,17 @@ def _start(
             assert existing is not None
             # Start keys are unique per organisation: the same key for another automation, or
             # with another input, is a different start and must not return this run.
-            if existing["input_digest"] != digest or existing["automation_id"] != automation.pk:
+            if (
+                existing["input_digest"] != digest
+                or existing["automation_id"] != target.automation_id
+            ):
                 raise StartKeyConflict(start_key=key, run_id=existing["id"])
             return StartResult(
                 run_id=existing["id"], created=False, status=existing["status"], start_key=key
             )
         run_id, created_at = row["id"], row["created_at"]
         state = RunState(
-            id=run_id, org_id=org.pk, version_id=version.pk, status="running",
+            id=run_id, org_id=org.pk, version_id=target.version_id, status="running",
             input=json.loads(canonical_json(run_input)), vars={}, outputs={}, entered={},
             steps_executed=0, max_steps=max_steps, expired=False, created_at=created_at,
         )  # fmt: skip

@@ -475,6 +475,13 @@ SELECT id FROM workflows_step
 
 # --- runs: starting ---------------------------------------------------------------------------
 
+# What a start of (organisation, slug) runs: the automation and its current version (its
+# definition comes from the process's cache of published versions).
+START_TARGET = """
+SELECT id AS automation_id, current_version_id AS version_id FROM workflows_automation
+ WHERE org_id = %(org)s AND slug = %(slug)s
+"""
+
 INSERT_RUN = """
 INSERT INTO workflows_run
     (org_id, automation_id, version_id, start_key, start_key_derived, input, input_digest,
