@@ -115,6 +115,13 @@ _DB_OPTIONS.setdefault("keepalives", 1)
 _DB_OPTIONS.setdefault("keepalives_idle", env.int("WAYMARK_DB_KEEPALIVES_IDLE", default=30))
 _DB_OPTIONS.setdefault("keepalives_interval", 10)
 _DB_OPTIONS.setdefault("keepalives_count", 3)
+# The engine's hot statements (the settle's run lock and batch, rows.run_batch) are
+# server-side prepared; Django turns psycopg's preparation off (prepare_threshold None),
+# which would refuse even an explicit prepare=True. Django's own cursors bind on the client
+# and never prepare, so this changes nothing else. Behind a transaction-mode pooler
+# (PgBouncer), it needs max_prepared_statements (1.21+), or WAYMARK_DB_PREPARE=0.
+if env.bool("WAYMARK_DB_PREPARE", default=True):
+    _DB_OPTIONS.setdefault("prepare_threshold", 5)
 if DATABASES["default"]["ENGINE"] not in (
     "config.embedded_db",
     "django.db.backends.postgresql",

@@ -27,7 +27,14 @@ from .executors import StepContext, StepFailure, StepResult
 from .faults import crash_point
 from .lanes import LanePolicy
 from .places import Entry, Place
-from .sql.rows import event_row, fetch_dicts, insert_events, insert_wakes, json_or_null
+from .sql.rows import (
+    event_row,
+    fetch_dicts,
+    insert_events,
+    insert_wakes,
+    json_or_null,
+    query_prepared,
+)
 from .transport import own_connection
 from .walk import CONTINUATION_TYPE, TakeNext, Walk, lock_run
 
@@ -238,8 +245,7 @@ def _settling(
     this attempt was fenced out. The caller walks and flushes inside the transaction."""
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         run = lock_run(cursor, step.run_id)
-        cursor.execute(statement, params)
-        if cursor.fetchone() is None:
+        if not query_prepared(cursor, statement, params):
             yield None
             return
         yield Walk(cursor, run, definition_for(run.version_id), worker=worker, take_next=take)

@@ -42,6 +42,7 @@ from .sql.rows import (
     insert_rows,
     insert_statement,
     json_or_null,
+    query_prepared,
     run_batch,
     wakes_statement,
 )
@@ -93,11 +94,10 @@ class Taken:
 
 def lock_run(cursor: Any, run_id: int) -> RunState:
     """Lock the run (the first lock of every transition: the run, then its steps)."""
-    cursor.execute(LOCK_RUN, {"id": run_id})
-    row = fetch_dict(cursor)
-    if row is None:
+    rows = query_prepared(cursor, LOCK_RUN, {"id": run_id})
+    if not rows:
         raise LookupError(f"run {run_id} does not exist")
-    return RunState(**row)
+    return RunState(**rows[0])
 
 
 def next_step_ids(step: Mapping[str, Any], outcome: str | None) -> list[str]:

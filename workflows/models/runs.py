@@ -15,9 +15,14 @@ from ..states import RunStatus, StepStatus, WaitKind
 
 
 class Run(models.Model):
-    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT)
+    # No index of their own for org (every index below leads with it) or version (versions
+    # are never deleted): each index is written on every start and every run update that
+    # cannot be HOT, so one that no query needs is pure cost.
+    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT, db_index=False)
     automation = models.ForeignKey("workflows.Automation", on_delete=models.PROTECT)
-    version = models.ForeignKey("workflows.AutomationVersion", on_delete=models.PROTECT)
+    version = models.ForeignKey(
+        "workflows.AutomationVersion", on_delete=models.PROTECT, db_index=False
+    )
     start_key = models.CharField(max_length=255)
     start_key_derived = models.BooleanField(default=False)
     input = models.JSONField(default=dict)
@@ -57,10 +62,17 @@ class Run(models.Model):
         return f"run {self.pk}"
 
 
+# The organisation of a step, an event or an outbox row is its run's, copied by the engine;
+# the database checks the run reference, not the organisation one: that check share-locks
+# the organisation's row for every row written (about 36 per run), so all of an
+# organisation's concurrent transactions meet on one row (MultiXacts). Deleting an
+# organisation is still refused while it has any (PROTECT is enforced by Django).
 class Step(models.Model):
     # No single-column indexes: (run, step_id, iteration) leads with the run, and every hot
     # query reaches steps through the run or the lane indexes below.
-    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT, db_index=False)
+    org = models.ForeignKey(
+        "workflows.Organisation", on_delete=models.PROTECT, db_index=False, db_constraint=False
+    )
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     step_id = models.CharField(max_length=63)
     iteration = models.PositiveIntegerField(default=1)
@@ -133,7 +145,9 @@ class Step(models.Model):
 class RunEvent(models.Model):
     """One transition of a run, append-only. Ordered by id within a run."""
 
-    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT, db_index=False)
+    org = models.ForeignKey(
+        "workflows.Organisation", on_delete=models.PROTECT, db_index=False, db_constraint=False
+    )
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False)
     kind = models.CharField(max_length=40)
     step_id = models.CharField(max_length=63, blank=True, default="")
@@ -158,7 +172,10 @@ class Outbox(models.Model):
     treat every message as possibly duplicated, since a relay can die between the two.
     """
 
-    org = models.ForeignKey("workflows.Organisation", on_delete=models.PROTECT)
+    # Read by id only (the relay's batch, the cleanup by sent_at): no index on org.
+    org = models.ForeignKey(
+        "workflows.Organisation", on_delete=models.PROTECT, db_index=False, db_constraint=False
+    )
     topic = models.CharField(max_length=63)
     payload = models.JSONField()
     created_at = models.DateTimeField(db_default=Now())

@@ -17,7 +17,7 @@ from ..definitions.validator import canonical_json
 from ..engine import sql
 from ..engine.definition_cache import definition_for
 from ..engine.faults import crash_point
-from ..engine.sql.rows import fetch_dict
+from ..engine.sql.rows import fetch_dict, query_prepared
 from ..engine.walk import RunState, Walk
 from ..errors import (
     InvalidInput,
@@ -131,8 +131,8 @@ def _target(org: Organisation, slug: str) -> _Target:
     comes from the process's cache (a published version never changes), so a start parses
     no definition and builds no ORM query."""
     with connection.cursor() as cursor:
-        cursor.execute(sql.START_TARGET, {"org": org.pk, "slug": slug})
-        row = fetch_dict(cursor)
+        rows = query_prepared(cursor, sql.START_TARGET, {"org": org.pk, "slug": slug})
+    row = rows[0] if rows else None
     if row is None:
         raise UnknownAutomation(slug=slug)
     if row["version_id"] is None:
@@ -151,18 +151,17 @@ def _start(
     definition = target.definition
     max_steps, max_age = _limits(definition)
     with connection.cursor() as cursor:  # in run_start's transaction
-        cursor.execute(
+        inserted = query_prepared(
+            cursor,
             sql.INSERT_RUN,
             {
                 "org": org.pk, "automation": target.automation_id,
                 "version": target.version_id, "key": key,
                 "derived": derived, "digest": digest, "max_steps": max_steps, "max_age": max_age,
-                # psycopg adapts Jsonb; django-stubs allow only plain values as parameters.
-                "input": Jsonb(run_input),  # type: ignore[dict-item]
+                "input": Jsonb(run_input),
             },
         )  # fmt: skip
-        row = fetch_dict(cursor)
-        if row is None:
+        if not inserted:
             # This key already started a run (maybe a concurrent duplicate that just won).
             cursor.execute(sql.EXISTING_RUN, {"org": org.pk, "key": key})
             existing = fetch_dict(cursor)
@@ -177,7 +176,7 @@ def _start(
             return StartResult(
                 run_id=existing["id"], created=False, status=existing["status"], start_key=key
             )
-        run_id, created_at = row["id"], row["created_at"]
+        run_id, created_at = inserted[0]["id"], inserted[0]["created_at"]
         state = RunState(
             id=run_id, org_id=org.pk, version_id=target.version_id, status="running",
             input=json.loads(canonical_json(run_input)), vars={}, outputs={}, entered={},

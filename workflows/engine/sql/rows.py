@@ -7,9 +7,11 @@ positionally: adding a column to a statement cannot shift another field.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
 
@@ -88,22 +90,55 @@ def run_batch(
     """Run several statements in one round trip; return the first one's row count and the
     rows of ``then``, a query run last (none when it is not given).
 
-    Each is bound on the client exactly as a single execute would bind it (psycopg's
-    ClientCursor.mogrify, which Django's PostgreSQL cursor is), then they are sent together:
-    one trip to the server instead of one per statement, in the caller's transaction."""
+    They are sent in one pipeline (psycopg's pipeline mode: one trip to the server, one
+    sync), each as a server-side prepared statement, in the caller's transaction on the
+    connection behind ``cursor``. Prepared, because the engine sends the same few statements
+    all day: planning them each time was about 40 % of the database's time per step
+    (pg_stat_statements, docs/operations.md)."""
     parts = [s for s in statements if s is not None]
     if then is not None:
         parts.append(then)
     if not parts:
         return 0, []
-    client = cursor.cursor  # the psycopg cursor behind Django's wrapper
-    cursor.execute(";\n".join(client.mogrify(sql, params) for sql, params in parts))
-    first = int(cursor.rowcount)
-    if then is None:
-        return first, []
-    while client.nextset():  # on to the last result: the query's
-        pass
-    return first, fetch_dicts(client)
+    conn = _psycopg_connection(cursor)
+    with _database_errors(cursor), conn.pipeline():
+        cursors = [_execute_prepared(conn, sql, params) for sql, params in parts]
+    first = int(cursors[0].rowcount)
+    rows = fetch_dicts(cursors[-1]) if then is not None else []
+    for each in cursors:
+        each.close()
+    return first, rows
+
+
+def query_prepared(cursor: Any, sql: str, params: Any) -> list[dict[str, Any]]:
+    """One statement as a server-side prepared statement, in the caller's transaction on the
+    connection behind ``cursor``; its rows by column name (none for a command)."""
+    conn = _psycopg_connection(cursor)
+    with _database_errors(cursor):
+        prepared = _execute_prepared(conn, sql, params)
+        rows = fetch_dicts(prepared) if prepared.description else []
+    prepared.close()
+    return rows
+
+
+def _execute_prepared(conn: psycopg.Connection[Any], sql: str, params: Any) -> psycopg.Cursor[Any]:
+    # A plain psycopg cursor binds on the server (Django's binds on the client, which cannot
+    # be prepared); prepare=True since Django turns automatic preparation off.
+    prepared = psycopg.Cursor(conn)
+    prepared.execute(sql, params, prepare=True)
+    return prepared
+
+
+def _psycopg_connection(cursor: Any) -> psycopg.Connection[Any]:
+    """The psycopg connection behind a Django cursor (or a psycopg cursor)."""
+    return getattr(cursor, "cursor", cursor).connection
+
+
+def _database_errors(cursor: Any) -> Any:
+    """Django's translation of driver errors (OperationalError and the rest), as its own
+    cursors give them, so callers catch one kind whichever cursor ran the statement."""
+    db = getattr(cursor, "db", None)
+    return db.wrap_database_errors if db is not None else nullcontext()
 
 
 STEP_COLUMNS = (
