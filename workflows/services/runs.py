@@ -113,7 +113,7 @@ def run_start(
     with transaction.atomic(durable=True):
         target = _target(org, automation_slug)
         derived = start_key is None
-        key = f"{DERIVED_KEY_PREFIX}{target.automation_id}:{digest}" if derived else start_key
+        key = start_key or f"{DERIVED_KEY_PREFIX}{target.automation_id}:{digest}"
         result = _start(org, target, key, derived, run_input, digest)
     crash_point("run_start.after_commit")
     return result

@@ -131,7 +131,8 @@ def _execute_prepared(conn: psycopg.Connection[Any], sql: str, params: Any) -> p
 
 def _psycopg_connection(cursor: Any) -> psycopg.Connection[Any]:
     """The psycopg connection behind a Django cursor (or a psycopg cursor)."""
-    return getattr(cursor, "cursor", cursor).connection
+    conn: psycopg.Connection[Any] = getattr(cursor, "cursor", cursor).connection
+    return conn
 
 
 def _database_errors(cursor: Any) -> Any:
