@@ -11,6 +11,7 @@ import secrets
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
@@ -30,10 +31,33 @@ def _local_secret_key() -> str:
     return path.read_text().strip()
 
 
+# Production (WAYMARK_PRODUCTION=1): the secret key must be given (a key generated per host
+# would break sessions behind a load balancer), and cookies, redirects and HSTS default to
+# HTTPS-only. docs/operations.md, "Production", has the checklist; `check --deploy` is clean.
+PRODUCTION = env.bool("WAYMARK_PRODUCTION", default=False)
+if PRODUCTION and not env.str("WAYMARK_SECRET_KEY", default=""):
+    raise ImproperlyConfigured(
+        "WAYMARK_PRODUCTION is set but WAYMARK_SECRET_KEY is not: set one secret key, the same "
+        "on every host (for example: python -c 'import secrets; print(secrets.token_urlsafe(50))')"
+    )
 SECRET_KEY = env.str("WAYMARK_SECRET_KEY", default="") or _local_secret_key()
 DEBUG = env.bool("WAYMARK_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("WAYMARK_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("WAYMARK_CSRF_TRUSTED_ORIGINS", default=[])
+
+# HTTPS. Off by default (a local install serves plain http on 127.0.0.1), on in production.
+SESSION_COOKIE_SECURE = env.bool("WAYMARK_SECURE_COOKIES", default=PRODUCTION)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = env.bool("WAYMARK_SSL_REDIRECT", default=PRODUCTION)
+# Health checks come from load balancers over plain http: never redirect them.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^livez$"]
+SECURE_HSTS_SECONDS = env.int("WAYMARK_HSTS_SECONDS", default=31_536_000 if PRODUCTION else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("WAYMARK_HSTS_INCLUDE_SUBDOMAINS", default=PRODUCTION)
+SECURE_HSTS_PRELOAD = env.bool("WAYMARK_HSTS_PRELOAD", default=PRODUCTION)
+# Behind a proxy that terminates TLS: "HTTP_X_FORWARDED_PROTO,https" (the header the proxy
+# sets, and its value for https). Only set it when the proxy overwrites that header.
+_proxy_header = env.list("WAYMARK_PROXY_SSL_HEADER", default=[])
+SECURE_PROXY_SSL_HEADER = (_proxy_header[0], _proxy_header[1]) if len(_proxy_header) == 2 else None
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -44,6 +68,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "axes",
     "workflows",
     "timers",
     "effects",
@@ -59,7 +84,25 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its lockout response.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# --- Sign-in ----------------------------------------------------------------------------------
+# django-axes: after WAYMARK_LOGIN_FAILURES failed admin sign-ins for one user name from one
+# address, that pair is locked out for WAYMARK_LOGIN_COOLOFF_MINUTES (429, even with the
+# right password); a success resets the count. Attempts are kept in the database.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env.int("WAYMARK_LOGIN_FAILURES", default=5)
+AXES_COOLOFF_TIME = env.float("WAYMARK_LOGIN_COOLOFF_MINUTES", default=15.0) / 60
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "admin/locked_out.html"
+AXES_VERBOSE = False
+AXES_IPWARE_PROXY_COUNT = env.int("WAYMARK_NUM_PROXIES", default=0) or None
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -149,6 +192,11 @@ WHITENOISE_USE_FINDERS = True
 # Request bodies larger than this are refused with 413 payload_too_large.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("WAYMARK_MAX_REQUEST_BYTES", default=1_048_576)
 
+# --- Cache (rate limits) --------------------------------------------------------------------
+# Throttle counts must be shared by every web process: the database by default (the table
+# comes with migration workflows 0012), Redis with WAYMARK_CACHE_URL=redis://host:6379/1.
+CACHES = {"default": env.cache_url("WAYMARK_CACHE_URL", default="dbcache://waymark_cache")}
+
 # --- API ------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["workflows.api.auth.ApiKeyAuthentication"],
@@ -160,6 +208,20 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.CursorPagination",
     "PAGE_SIZE": 50,
+    # Rate limits (429 with Retry-After, code "throttled"; docs/api.md). Per API key, every
+    # request; per organisation, run starts (a quota); per client address, failed
+    # authentications (checked before the key is looked at, so guessing keys is slow).
+    "DEFAULT_THROTTLE_CLASSES": [
+        "workflows.api.throttles.ApiKeyThrottle",
+        "workflows.api.throttles.RunStartThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "api_key": env.str("WAYMARK_RATE_PER_KEY", default="300/s"),
+        "run_starts": env.str("WAYMARK_QUOTA_STARTS_PER_MINUTE", default="6000") + "/min",
+        "auth_failures": env.str("WAYMARK_RATE_AUTH_FAILURES", default="20/min"),
+    },
+    # Client addresses come from REMOTE_ADDR, or, behind N trusted proxies, X-Forwarded-For.
+    "NUM_PROXIES": env.int("WAYMARK_NUM_PROXIES", default=0) or None,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Waymark API",
@@ -258,6 +320,11 @@ WAYMARK = {
     # make a worker hand its other steps back and exit to be replaced. 0: a quarter of its
     # slots, at least one.
     "WORKER_MAX_HUNG": env.int("WAYMARK_WORKER_MAX_HUNG", default=0),
+    # Per-organisation quotas (an organisation's own fields override them; 0: no limit).
+    # Reached: 409 quota_exceeded (automations, versions) or 429 (running runs).
+    "QUOTA_AUTOMATIONS": env.int("WAYMARK_QUOTA_AUTOMATIONS", default=200),
+    "QUOTA_VERSIONS": env.int("WAYMARK_QUOTA_VERSIONS", default=1_000),
+    "QUOTA_RUNNING_RUNS": env.int("WAYMARK_QUOTA_RUNNING_RUNS", default=100_000),
     # How long a stopping worker lets running steps finish before releasing them.
     "SHUTDOWN_GRACE_SECONDS": env.float("WAYMARK_SHUTDOWN_GRACE_SECONDS", default=10.0),
 }

@@ -12,3 +12,10 @@ WAYMARK = {**WAYMARK, "ENABLE_PROBE_STEPS": True}
 # A walk's time budget is tested on its own (tests/test_bounded_work.py); elsewhere a loaded
 # machine must not turn an inline walk into a continuation in the middle of a test.
 WAYMARK["WALK_INLINE_MS"] = 60_000.0
+
+# Rate limits and quotas are tested on their own (tests/test_limits.py), with small values;
+# elsewhere hundreds of requests and failed keys from 127.0.0.1 must not trip them.
+REST_FRAMEWORK = {
+    **REST_FRAMEWORK,  # noqa: F405
+    "DEFAULT_THROTTLE_RATES": {"api_key": None, "run_starts": None, "auth_failures": None},
+}

@@ -147,3 +147,35 @@ class NothingToRetry(RunStateConflict):
 
     def __init__(self, run_id: int) -> None:
         super().__init__(run_id=run_id, status="failed", action="retry")
+
+
+# --- keys and quotas (hostile tenants) --------------------------------------------------------
+
+
+class ApiKeyExpired(AuthenticationFailed):
+    code = "api_key_expired"
+    default_detail = "This API key has expired; create a new one."
+
+
+class ReadOnlyKey(WaymarkError):
+    code = "read_only_key"
+    status = 403
+    default_detail = "This API key is read-only: it cannot change anything."
+
+
+class QuotaExceeded(Conflict):
+    """A count an organisation may not exceed (automations, versions)."""
+
+    code = "quota_exceeded"
+    default_detail = "The organisation's quota of {limit} {what} is reached."
+
+
+class RunningRunsQuota(QuotaExceeded):
+    """Too many runs still running: refused for now, accepted again as runs finish."""
+
+    status = 429
+    retry_after_seconds = 30
+    default_detail = (
+        "The organisation already has {limit} running runs, its quota; try again once some "
+        "have finished."
+    )

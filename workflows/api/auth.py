@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rest_framework import authentication, permissions
+from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
-from ..errors import AuthenticationFailed
+from ..errors import AuthenticationFailed, ReadOnlyKey
 from ..models import ApiKey
 from ..services.tenancy import api_key_authenticate
+from .throttles import FailedAuthThrottle
 
 
 class OrganisationPrincipal:
@@ -39,9 +40,21 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if not header:
             return None
         scheme, _, raw = header.partition(" ")
-        if scheme != self.keyword or not raw.strip():
-            raise AuthenticationFailed()
-        key = api_key_authenticate(raw.strip())
+        # Guessing keys is slow: an address with too many recent failures is refused before
+        # its key is even looked at (429 with Retry-After), whatever key it presents.
+        failures = FailedAuthThrottle()
+        wait = failures.blocked_for(request)
+        if wait is not None:
+            raise exceptions.Throttled(
+                wait=wait, detail="Too many failed authentications from this address."
+            )
+        try:
+            if scheme.lower() != self.keyword.lower() or not raw.strip():
+                raise AuthenticationFailed()
+            key = api_key_authenticate(raw.strip())
+        except AuthenticationFailed:
+            failures.record(request)
+            raise
         return OrganisationPrincipal(key), key
 
     def authenticate_header(self, request: Request) -> str:
@@ -57,6 +70,11 @@ def request_key(request: Request) -> ApiKey:
 
 
 class IsOrganisationKey(permissions.BasePermission):
+    """An API key authenticated the request, and may do what it asks: a read-only key only
+    reads (checked on every request, so making a key read-only takes effect at once)."""
+
     def has_permission(self, request: Request, view: Any) -> bool:
-        request_key(request)  # raises unless an API key authenticated the request
+        key = request_key(request)  # raises unless an API key authenticated the request
+        if key.read_only and request.method not in permissions.SAFE_METHODS:
+            raise ReadOnlyKey()
         return True

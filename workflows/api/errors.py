@@ -46,6 +46,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         ours = Response(exc.as_dict(), status=exc.status)
         if exc.status == 401:
             ours["WWW-Authenticate"] = "Bearer"
+        retry_after = getattr(exc, "retry_after_seconds", None)
+        if retry_after is not None:
+            ours["Retry-After"] = str(retry_after)
         return ours
     if isinstance(exc, SuspiciousOperation) and not isinstance(exc, RequestDataTooBig):
         return Response(

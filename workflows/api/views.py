@@ -133,6 +133,9 @@ class RunPagination(CursorPagination):
 
 
 class RunListView(APIView):
+    # Starts (POST) count against the organisation's starts-per-minute quota (api/throttles).
+    throttle_scope = "run_starts"
+
     @extend_schema(
         request=RunStartIn,
         responses={

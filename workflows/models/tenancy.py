@@ -12,6 +12,7 @@ import secrets
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 KEY_PREFIX = "wmk"
 
@@ -20,6 +21,11 @@ class Organisation(models.Model):
     slug = models.SlugField(max_length=63, unique=True)
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Quotas of this organisation; empty: the defaults in settings (WAYMARK_QUOTA_*), 0: none.
+    quota_automations = models.PositiveIntegerField(null=True, blank=True)
+    quota_versions = models.PositiveIntegerField(null=True, blank=True)
+    quota_running_runs = models.PositiveIntegerField(null=True, blank=True)
+    quota_starts_per_minute = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["slug"]
@@ -66,6 +72,9 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # A read-only key may read everything of its organisation and change nothing.
+    read_only = models.BooleanField(default=False)
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -77,6 +86,10 @@ class ApiKey(models.Model):
     @property
     def is_revoked(self) -> bool:
         return self.revoked_at is not None
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
 
     def matches(self, raw_key: str) -> bool:
         return secrets.compare_digest(self.key_hash, hash_key(raw_key))

@@ -16,6 +16,7 @@ from ..errors import (
     VersionPublished,
 )
 from ..models import Automation, AutomationVersion, Organisation
+from . import quotas
 
 
 def _validated(definition: Any, *, for_publish: bool = False) -> str:
@@ -30,6 +31,8 @@ def _validated(definition: Any, *, for_publish: bool = False) -> str:
 def automation_create(*, org: Organisation, slug: str, name: str = "") -> Automation:
     try:
         with transaction.atomic():
+            quotas.lock_organisation(org)
+            quotas.check_automations(org)
             return Automation.objects.create(org=org, slug=slug, name=name or slug)
     except IntegrityError as exc:
         raise AutomationExists(slug=slug) from exc
@@ -39,6 +42,8 @@ def version_create_draft(*, automation: Automation, definition: Any) -> Automati
     """Add the next-numbered draft version. Numbers are dense and never reused."""
     digest = _validated(definition)
     with transaction.atomic():
+        quotas.lock_organisation(automation.org)
+        quotas.check_versions(automation.org)
         # Lock the automation row so two concurrent drafts cannot take the same number.
         Automation.objects.select_for_update().filter(pk=automation.pk).get()
         latest = automation.versions.aggregate(n=Max("number"))["n"] or 0
@@ -94,9 +99,12 @@ def automation_publish_definition(
     Used by the demo bootstrap and ``manage.py publish_automation``: publishing the same
     definition twice returns the current version instead of making an identical new one.
     """
-    automation, _ = Automation.objects.get_or_create(
-        org=org, slug=slug, defaults={"name": name or slug}
-    )
+    automation = Automation.objects.filter(org=org, slug=slug).first()
+    if automation is None:
+        try:
+            automation = automation_create(org=org, slug=slug, name=name)
+        except AutomationExists:  # created by a concurrent call meanwhile
+            automation = Automation.objects.get(org=org, slug=slug)
     current = automation.current_version
     if current is not None and current.digest == definition_digest(definition):
         return current

@@ -27,6 +27,7 @@ from ..errors import (
     UnknownAutomation,
 )
 from ..models import Organisation
+from . import quotas
 
 MAX_START_KEY = 255
 DERIVED_KEY_PREFIX = "input:"  # keys the engine derives from the input; clients cannot use it
@@ -109,6 +110,7 @@ def run_start(
     if start_key is not None:
         _check_start_key(start_key)
     digest = input_digest(run_input)
+    quotas.check_running_runs(org)
     # One transaction for the lookup and the start: one commit per start, not two.
     with transaction.atomic(durable=True):
         target = _target(org, automation_slug)

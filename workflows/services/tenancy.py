@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from ..errors import ApiKeyRevoked, InvalidApiKey, NotFound
+from ..errors import ApiKeyExpired, ApiKeyRevoked, InvalidApiKey, NotFound
 from ..models import ApiKey, Organisation
 from ..models.tenancy import KEY_PREFIX, hash_key, new_raw_key
 
@@ -18,10 +18,19 @@ def organisation_ensure(*, slug: str, name: str = "") -> Organisation:
     return org
 
 
-def api_key_create(*, org: Organisation, name: str) -> tuple[ApiKey, str]:
+def api_key_create(
+    *,
+    org: Organisation,
+    name: str,
+    read_only: bool = False,
+    expires_at: datetime | None = None,
+) -> tuple[ApiKey, str]:
     """Create a key and return it with its secret; the secret is never stored or shown again."""
     prefix, raw = new_raw_key()
-    key = ApiKey.objects.create(org=org, name=name, prefix=prefix, key_hash=hash_key(raw))
+    key = ApiKey.objects.create(
+        org=org, name=name, prefix=prefix, key_hash=hash_key(raw), read_only=read_only,
+        expires_at=expires_at,
+    )  # fmt: skip
     return key, raw
 
 
@@ -47,6 +56,8 @@ def api_key_authenticate(raw: str) -> ApiKey:
         raise InvalidApiKey()
     if key.is_revoked:
         raise ApiKeyRevoked()
+    if key.is_expired:
+        raise ApiKeyExpired()
     _touch(key)
     return key
 

@@ -482,6 +482,14 @@ SELECT id AS automation_id, current_version_id AS version_id FROM workflows_auto
  WHERE org_id = %(org)s AND slug = %(slug)s
 """
 
+# An organisation's running runs, counted no further than its quota (services/quotas.py):
+# the cost is bounded by the quota, not by how many runs the organisation has.
+RUNNING_RUNS_UP_TO = """
+SELECT count(*) FROM (
+    SELECT 1 FROM workflows_run WHERE org_id = %(org)s AND status = 'running' LIMIT %(limit)s
+) running
+"""
+
 INSERT_RUN = """
 INSERT INTO workflows_run
     (org_id, automation_id, version_id, start_key, start_key_derived, input, input_digest,
