@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
 from workflows.demo.bootstrap import DEMO_ORG, bootstrap_demo
+from workflows.errors import WaymarkError
 from workflows.models import ApiKey, AutomationVersion, Organisation
 from workflows.services.tenancy import api_key_authenticate
 
@@ -67,7 +68,8 @@ def test_bootstrap_demo_is_idempotent(settings, tmp_path: Path) -> None:
     settings.DATA_DIR = tmp_path
     first = bootstrap_demo()
     second = bootstrap_demo()
-    assert (first.admin_password, first.api_key) == (second.admin_password, second.api_key)
+    assert first.admin_password and first.api_key  # made, so shown once...
+    assert (second.admin_password, second.api_key) == (None, None)  # ...and not again
     assert first.version.pk == second.version.pk
     assert Organisation.objects.filter(slug=DEMO_ORG).count() == 1
     assert ApiKey.objects.count() == 1
@@ -75,7 +77,32 @@ def test_bootstrap_demo_is_idempotent(settings, tmp_path: Path) -> None:
     user = get_user_model().objects.get(username="admin")
     assert user.is_superuser and user.check_password(first.admin_password)
     assert api_key_authenticate(first.api_key).org.slug == DEMO_ORG
+    saved = json.loads((tmp_path / "demo-credentials.json").read_text())
+    assert (saved["admin_password"], saved["api_key"]) == (first.admin_password, first.api_key)
     assert (tmp_path / "demo-credentials.json").stat().st_mode & 0o077 == 0
+
+
+def test_bootstrap_demo_leaves_an_existing_admin_as_it_is(settings, tmp_path: Path) -> None:
+    settings.DATA_DIR = tmp_path
+    bootstrap_demo()
+    user = get_user_model().objects.get(username="admin")
+    user.set_password("changed-in-the-Admin-42")
+    user.is_superuser = False
+    user.save()
+    again = bootstrap_demo(admin_password="another-Strong-pass-9")
+    user.refresh_from_db()
+    assert again.admin_password is None
+    assert user.check_password("changed-in-the-Admin-42") and not user.is_superuser
+
+
+def test_bootstrap_demo_validates_a_given_password(settings, tmp_path: Path, monkeypatch) -> None:
+    settings.DATA_DIR = tmp_path
+    with pytest.raises(WaymarkError, match="too short"):
+        bootstrap_demo(admin_password="a")
+    assert not get_user_model().objects.filter(username="admin").exists()
+    monkeypatch.setenv("WAYMARK_ADMIN_PASSWORD", "a")
+    with pytest.raises(CommandError, match="invalid_admin_password"):
+        _call("bootstrap_demo")
 
 
 def test_bootstrap_demo_replaces_a_revoked_key(settings, tmp_path: Path) -> None:

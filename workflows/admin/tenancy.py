@@ -6,16 +6,26 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 
 from ..models import ApiKey, Membership, Organisation
 from ..services.tenancy import api_key_create, api_key_revoke
 from .scoping import OrgScopedMixin, OrgScopedRelatedFilter
+
+QUOTA_FIELDS = [
+    "quota_automations", "quota_versions", "quota_running_runs", "quota_starts_per_minute",
+]  # fmt: skip
 
 
 @admin.register(Organisation)
 class OrganisationAdmin(OrgScopedMixin, admin.ModelAdmin):
     list_display = ["slug", "name", "created_at"]
     search_fields = ["slug", "name"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # An organisation's members may rename it, never raise its own quotas.
+        fixed = list(super().get_readonly_fields(request, obj))
+        return fixed if request.user.is_superuser else [*fixed, *QUOTA_FIELDS]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         # A new organisation has no members: only a superuser could ever see it.
@@ -47,16 +57,30 @@ class ApiKeyAdmin(OrgScopedMixin, admin.ModelAdmin):
     list_display = ["name", "org", "prefix", "created_at", "last_used_at", "revoked_at"]
     list_filter = [("org", OrgScopedRelatedFilter)]
     readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
-    fields = ["org", "name", *readonly_fields]
+    fields = ["org", "name", "read_only", "expires_at", *readonly_fields]
     actions = ["revoke"]
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return obj is None and super().has_change_permission(request, obj)
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
-        key, raw = api_key_create(org=obj.org, name=obj.name)
+        key, raw = api_key_create(
+            org=obj.org, name=obj.name, read_only=obj.read_only, expires_at=obj.expires_at
+        )
         obj.pk, obj.prefix = key.pk, key.prefix
-        messages.warning(request, f"Copy this key now; it is not shown again: {raw}")
+        request._waymark_new_key = raw  # type: ignore[attr-defined]  # for response_add only
+
+    def response_add(self, request: HttpRequest, obj: ApiKey, post_url_continue: Any = None) -> Any:
+        """Show the new key once, on this page: not in a message, which would carry it in a
+        (signed, not encrypted) cookie, and not after a redirect."""
+        raw = getattr(request, "_waymark_new_key", None)
+        if raw is None:
+            return super().response_add(request, obj, post_url_continue)
+        context = {**self.admin_site.each_context(request), "key": obj, "raw_key": raw,
+                   "opts": self.opts, "title": "API key created"}  # fmt: skip
+        response = TemplateResponse(request, "admin/workflows/apikey/created.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
 
     @admin.action(description="Revoke selected keys", permissions=["delete"])
     def revoke(self, request: HttpRequest, queryset: Any) -> None:

@@ -1,8 +1,10 @@
 """The demo set-up behind ``./waymark run``: idempotent, safe to run on every start.
 
-Credentials for the demo live in ``.data/demo-credentials.json`` (git-ignored, mode 600) so a
-second run prints the same admin password and API key instead of minting new ones. This is a
-local convenience: real API keys are shown once and only their hash is stored.
+The admin user and the demo API key are made once. Their secrets are printed when they are
+made, and kept in ``.data/demo-credentials.json`` (git-ignored, mode 600) for this machine's
+convenience; later starts only say where they are. An existing user is never changed: a
+password changed in the admin keeps working, and a superuser demoted stays demoted.
+A given WAYMARK_ADMIN_PASSWORD must pass the password validators.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from ..errors import WaymarkError
 from ..models import ApiKey, AutomationVersion
 from ..services.automations import automation_publish_definition
 from ..services.tenancy import api_key_create, organisation_ensure
@@ -28,9 +33,15 @@ DEFINITION_FILE = Path(__file__).with_name("follow-up.json")
 @dataclass
 class DemoSetup:
     admin_user: str
-    admin_password: str
-    api_key: str
+    admin_password: str | None  # None: not made by this call (see credentials_file)
+    api_key: str | None  # None: not made by this call
     version: AutomationVersion
+    credentials_file: Path
+
+
+class DemoPasswordRejected(WaymarkError):
+    code = "invalid_admin_password"
+    default_detail = "WAYMARK_ADMIN_PASSWORD is refused: {reasons}"
 
 
 def _credentials_file() -> Path:
@@ -61,23 +72,34 @@ def bootstrap_demo(*, admin_user: str = "admin", admin_password: str | None = No
     saved = _load()
     with transaction.atomic():
         org = organisation_ensure(slug=DEMO_ORG, name="Demo organisation")
-        password = admin_password or saved.get("admin_password") or secrets.token_urlsafe(12)
-        user, created = get_user_model().objects.get_or_create(
-            username=admin_user, defaults={"is_staff": True, "is_superuser": True}
-        )
-        if created or admin_password or not user.check_password(password):
-            user.is_staff = user.is_superuser = True
-            user.set_password(password)
-            user.save()
-        raw_key = saved.get("api_key")
-        if not _key_still_valid(raw_key):
+        password = _make_admin(admin_user, admin_password)
+        raw_key = None
+        if not _key_still_valid(saved.get("api_key")):
             _, raw_key = api_key_create(org=org, name="demo")
-        assert raw_key is not None
     version = automation_publish_definition(
         org=org,
         slug=DEMO_AUTOMATION,
         definition=json.loads(DEFINITION_FILE.read_text()),
         name="Demo follow-up",
     )
-    _save({"admin_user": admin_user, "admin_password": password, "api_key": raw_key})
-    return DemoSetup(admin_user, password, raw_key, version)
+    if password is not None or raw_key is not None:
+        made = {"admin_user": admin_user, "admin_password": password, "api_key": raw_key}
+        _save({**saved, **{name: value for name, value in made.items() if value is not None}})
+    return DemoSetup(admin_user, password, raw_key, version, _credentials_file())
+
+
+def _make_admin(username: str, given: str | None) -> str | None:
+    """Create the demo superuser with the given (validated) or a generated password, and
+    return that password; None when the user exists already (it is left as it is)."""
+    users = get_user_model()
+    if users.objects.filter(username=username).exists():
+        return None
+    user = users(username=username, is_staff=True, is_superuser=True)
+    password = given or secrets.token_urlsafe(12)
+    try:
+        validate_password(password, user)
+    except ValidationError as exc:
+        raise DemoPasswordRejected(reasons=" ".join(exc.messages)) from exc
+    user.set_password(password)
+    user.save()
+    return password

@@ -1,9 +1,10 @@
 import os
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from workflows.demo.bootstrap import bootstrap_demo
+from workflows.errors import WaymarkError
 
 
 class Command(BaseCommand):
@@ -13,9 +14,16 @@ class Command(BaseCommand):
         parser.add_argument("--admin-user", default="admin")
 
     def handle(self, *args: Any, admin_user: str, **options: Any) -> None:
-        demo = bootstrap_demo(
-            admin_user=admin_user, admin_password=os.environ.get("WAYMARK_ADMIN_PASSWORD")
-        )
+        try:
+            demo = bootstrap_demo(
+                admin_user=admin_user, admin_password=os.environ.get("WAYMARK_ADMIN_PASSWORD")
+            )
+        except WaymarkError as exc:
+            raise CommandError(f"{exc.code}: {exc.detail}") from exc
+        # Secrets are printed once, when they are made; afterwards, where they are kept.
+        kept = f"(kept in {demo.credentials_file})"
+        password = demo.admin_password or f"unchanged {kept}"
+        api_key = demo.api_key or f"unchanged {kept}"
         host = os.environ.get("WAYMARK_HOST", "127.0.0.1")
         port = os.environ.get("WAYMARK_PORT", "8000")
         self.stdout.write(
@@ -24,9 +32,9 @@ class Command(BaseCommand):
                     "Waymark demo is ready",
                     f"  admin:      http://{host}:{port}/admin/",
                     f"  user:       {demo.admin_user}",
-                    f"  password:   {demo.admin_password}",
+                    f"  password:   {password}",
                     f"  API:        http://{host}:{port}/api/v1/  (schema: /api/v1/schema/)",
-                    f"  API key:    {demo.api_key}",
+                    f"  API key:    {api_key}",
                     f"  automation: {demo.version.automation.slug} v{demo.version.number}",
                     "",
                 ]

@@ -1,6 +1,8 @@
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from workflows.errors import WaymarkError
 from workflows.selectors import organisation_get
@@ -13,12 +15,31 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--org", required=True, help="organisation slug")
         parser.add_argument("--name", default="cli")
+        parser.add_argument("--read-only", action="store_true", help="it can read, not change")
+        parser.add_argument(
+            "--expires-in-days", type=float, default=None, help="refused after this many days"
+        )
 
-    def handle(self, *args: Any, org: str, name: str, **options: Any) -> None:
+    def handle(
+        self,
+        *args: Any,
+        org: str,
+        name: str,
+        read_only: bool,
+        expires_in_days: float | None,
+        **options: Any,
+    ) -> None:
+        if expires_in_days is not None and expires_in_days <= 0:
+            raise CommandError("invalid_input: --expires-in-days must be positive")
+        expires_at = None
+        if expires_in_days is not None:
+            expires_at = timezone.now() + timedelta(days=expires_in_days)
         try:
             organisation = organisation_get(slug=org)
         except WaymarkError as exc:
             raise CommandError(f"{exc.code}: {exc.detail}") from exc
-        key, raw = api_key_create(org=organisation, name=name)
+        key, raw = api_key_create(
+            org=organisation, name=name, read_only=read_only, expires_at=expires_at
+        )
         self.stderr.write(f"API key {key.prefix} for {organisation.slug}; it is not shown again:")
         self.stdout.write(raw)

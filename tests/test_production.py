@@ -1,0 +1,109 @@
+"""Production settings and secrets: `check --deploy` is clean with the documented variables,
+production refuses to start without a secret key, and new API keys are shown once, never in a
+cookie."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
+from django.test import Client
+from rest_framework.test import APIClient
+
+from workflows.models import ApiKey, Membership, Organisation
+
+from .processes import ROOT
+
+# What docs/operations.md, "Production", tells an operator to set.
+PRODUCTION_ENV = {
+    "WAYMARK_PRODUCTION": "1",
+    "WAYMARK_SECRET_KEY": secrets.token_urlsafe(50),
+    "WAYMARK_ALLOWED_HOSTS": "waymark.example.com",
+    "WAYMARK_CSRF_TRUSTED_ORIGINS": "https://waymark.example.com",
+    "WAYMARK_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO,https",
+}
+
+
+def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    # The machine's environment without any WAYMARK_ setting but where the data lives.
+    base = {key: value for key, value in os.environ.items()
+            if not key.startswith("WAYMARK_") or key == "WAYMARK_DATA_DIR"}  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env={**base, **env},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_check_deploy_is_clean_with_the_production_variables() -> None:
+    clean = manage("check", "--deploy", "--fail-level", "WARNING", **PRODUCTION_ENV)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "no issues" in clean.stdout
+    # Without them the same check warns (the test would otherwise prove nothing).
+    local = manage("check", "--deploy", "--fail-level", "WARNING")
+    assert local.returncode != 0
+    assert "security.W004" in local.stderr + local.stdout  # no HSTS
+
+
+def test_production_refuses_to_start_without_a_secret_key() -> None:
+    env = {**PRODUCTION_ENV}
+    del env["WAYMARK_SECRET_KEY"]
+    refused = manage("check", **env)
+    assert refused.returncode != 0
+    assert "WAYMARK_SECRET_KEY is not" in refused.stderr
+
+
+@pytest.mark.django_db
+def test_an_admin_created_key_is_shown_once_on_a_page_not_in_a_cookie() -> None:
+    org = Organisation.objects.create(slug="acme", name="Acme")
+    boss = User.objects.create_superuser("boss", "boss@example.com", "x-Pass-1234")
+    browser = Client()
+    browser.force_login(boss)
+    page = browser.post(
+        "/admin/workflows/apikey/add/",
+        {"org": org.pk, "name": "ci", "read_only": "on", "expires_at_0": "", "expires_at_1": ""},
+    )
+    assert page.status_code == 200, page.content[:500]
+    assert "no-store" in page["Cache-Control"]
+    key = ApiKey.objects.get(org=org, name="ci")
+    raw = page.context["raw_key"]
+    assert raw.startswith(f"wmk_{key.prefix}_") and raw.encode() in page.content
+    assert key.read_only and raw not in key.key_hash
+    assert "messages" not in page.cookies  # the key never travels in the messages cookie
+    reader = APIClient()
+    reader.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert reader.get("/api/v1/runs").status_code == 200
+    assert browser.get("/admin/workflows/apikey/").content.count(raw.encode()) == 0
+
+
+@pytest.mark.django_db
+def test_organisation_members_cannot_raise_their_own_quotas() -> None:
+    org = Organisation.objects.create(slug="acme", name="Acme")
+    staff = User.objects.create_user("ann", password="x-Pass-1234", is_staff=True)
+    staff.user_permissions.add(
+        *Permission.objects.filter(codename__in=["change_organisation", "view_organisation"])
+    )
+    Membership.objects.create(user=staff, org=org)
+    browser = Client()
+    browser.force_login(staff)
+    browser.post(
+        f"/admin/workflows/organisation/{org.pk}/change/",
+        {"slug": "acme", "name": "Acme Ltd", "quota_running_runs": "999999999"},
+    )
+    org.refresh_from_db()
+    assert org.quota_running_runs is None
+
+
+def test_create_api_key_makes_read_only_expiring_keys(db) -> None:
+    Organisation.objects.create(slug="cli-org", name="Cli")
+    out, err = StringIO(), StringIO()
+    call_command("create_api_key", "--org", "cli-org", "--read-only", "--expires-in-days", "7",
+                 stdout=out, stderr=err)  # fmt: skip
+    key = ApiKey.objects.get(org__slug="cli-org")
+    assert key.read_only and key.expires_at is not None
+    assert out.getvalue().strip().startswith(f"wmk_{key.prefix}_")
