@@ -10,10 +10,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.core.cache import caches
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from config.pg_cache import PostgresDatabaseCache
 from workflows.api.throttles import WindowThrottle
 from workflows.errors import QuotaExceeded
 from workflows.models import ApiKey, Automation
@@ -202,3 +205,16 @@ def test_admin_sign_in_locks_out_after_repeated_failures(django_user_model) -> N
     elsewhere = Client(REMOTE_ADDR="192.0.2.99")
     signed_in = elsewhere.post("/admin/login/", {"username": "boss", "password": "right-Pass-123"})
     assert signed_in.status_code == 302
+
+
+def test_the_database_cache_sets_by_upsert_and_expires() -> None:
+    cache = caches["default"]
+    assert isinstance(cache, PostgresDatabaseCache)
+    cache.set("count", 1, 60)
+    cache.set("count", 2, 60)  # the same row, replaced
+    assert cache.get("count") == 2
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM waymark_cache WHERE cache_key LIKE %s", ["%count"])
+        assert cursor.fetchone()[0] == 1
+    cache.set("gone", 1, 0)  # a timeout of 0 expires at once, as in Django's backends
+    assert cache.get("gone") is None
