@@ -199,6 +199,8 @@ CACHES = {"default": env.cache_url("WAYMARK_CACHE_URL", default="dbcache://wayma
 
 # --- API ------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
+if CACHES["default"]["BACKEND"] == "django.core.cache.backends.db.DatabaseCache":
+    CACHES["default"]["BACKEND"] = "config.pg_cache.PostgresDatabaseCache"  # one upsert per set
     "DEFAULT_AUTHENTICATION_CLASSES": ["workflows.api.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["workflows.api.auth.IsOrganisationKey"],
     "DEFAULT_PARSER_CLASSES": ["workflows.api.parsers.SafeJSONParser"],
