@@ -322,9 +322,14 @@ class Worker:
             with self.slot_free:
                 self.inflight.pop(attempt.key, None)
                 self.completed += 1
-                self.slot_free.notify_all()
-            # A finished step usually made the next one ready: look again now.
-            self.wake.set()
+                if taken is None:
+                    self.slot_free.notify_all()
+            if taken is None:
+                # A slot is free, and the finished step may have made work ready: look now.
+                # Not when the settle handed this slot the run's next step: nothing was freed,
+                # and the claim would mostly come back empty (a commit for nothing); other
+                # work the walk made ready is woken through the outbox.
+                self.wake.set()
         return taken
 
     def _adopt(self, step: ClaimedStep) -> Attempt | None:
