@@ -37,7 +37,7 @@ class PostgresDatabaseCache(DatabaseCache):
         )
         pickled = base64.b64encode(pickle.dumps(value, self.pickle_protocol)).decode("latin1")
         connection = connections[router.db_for_write(self.cache_model_class)]
-        table = connection.ops.quote_name(self._table)
+        table = connection.ops.quote_name(self._table)  # type: ignore[attr-defined]
         with connection.cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {table} (cache_key, value, expires) VALUES (%s, %s, %s) "  # noqa: S608

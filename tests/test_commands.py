@@ -110,5 +110,5 @@ def test_bootstrap_demo_replaces_a_revoked_key(settings, tmp_path: Path) -> None
     first = bootstrap_demo()
     ApiKey.objects.update(revoked_at="2026-01-01T00:00:00Z")
     second = bootstrap_demo()
-    assert second.api_key != first.api_key
+    assert second.api_key is not None and second.api_key != first.api_key
     assert api_key_authenticate(second.api_key).org.slug == DEMO_ORG

@@ -50,15 +50,17 @@ def test_a_claim_racing_a_settle_on_the_same_run_does_not_deadlock(org, monkeypa
     run_locked = threading.Event()
     b_done = threading.Event()
     a_done = threading.Event()
-    real_lock_run = engine_steps.lock_run
+    real_queries = engine_steps.queries_prepared
 
-    def slow_lock_run(cursor: Any, run: int) -> Any:
-        state = real_lock_run(cursor, run)
+    def lock_then_wait(cursor: Any, statements: list) -> Any:
+        # The settle sends the run lock and its transition together; here they are split so
+        # that A holds the run's lock until B's claim has returned (or 10 s).
+        (locked,) = real_queries(cursor, statements[:1])
         run_locked.set()
-        b_done.wait(10)  # A holds the run's lock until B's claim has returned (or 10 s)
-        return state
+        b_done.wait(10)
+        return [locked, *real_queries(cursor, statements[1:])]
 
-    monkeypatch.setattr(engine_steps, "lock_run", slow_lock_run)
+    monkeypatch.setattr(engine_steps, "queries_prepared", lock_then_wait)
     results: dict[str, Any] = {}
 
     def settle_a() -> None:

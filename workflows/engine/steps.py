@@ -33,10 +33,10 @@ from .sql.rows import (
     insert_events,
     insert_wakes,
     json_or_null,
-    query_prepared,
+    queries_prepared,
 )
 from .transport import own_connection
-from .walk import CONTINUATION_TYPE, TakeNext, Walk, lock_run
+from .walk import CONTINUATION_TYPE, RunState, TakeNext, Walk, lock_run
 
 logger = logging.getLogger(__name__)
 
@@ -244,8 +244,15 @@ def _settling(
     run's version, not the claim's (a migration may have moved the run in between). None:
     this attempt was fenced out. The caller walks and flushes inside the transaction."""
     with transaction.atomic(durable=True), connection.cursor() as cursor:
-        run = lock_run(cursor, step.run_id)
-        if not query_prepared(cursor, statement, params):
+        # The lock and the transition in one round trip (with the BEGIN): the transition
+        # does not need the lock's answer, only to come after it.
+        locked, transitioned = queries_prepared(
+            cursor, [(sql.LOCK_RUN, {"id": step.run_id}), (statement, params)]
+        )
+        if not locked:
+            raise LookupError(f"run {step.run_id} does not exist")
+        run = RunState(**locked[0])
+        if not transitioned:
             yield None
             return
         yield Walk(cursor, run, definition_for(run.version_id), worker=worker, take_next=take)

@@ -113,12 +113,21 @@ def run_batch(
 def query_prepared(cursor: Any, sql: str, params: Any) -> list[dict[str, Any]]:
     """One statement as a server-side prepared statement, in the caller's transaction on the
     connection behind ``cursor``; its rows by column name (none for a command)."""
-    conn = _psycopg_connection(cursor)
-    with _database_errors(cursor):
-        prepared = _execute_prepared(conn, sql, params)
-        rows = fetch_dicts(prepared) if prepared.description else []
-    prepared.close()
+    (rows,) = queries_prepared(cursor, [(sql, params)])
     return rows
+
+
+def queries_prepared(cursor: Any, statements: list[Statement]) -> list[list[dict[str, Any]]]:
+    """Several statements, prepared, in one pipeline (one round trip, which also carries the
+    transaction's BEGIN when they open it); the rows of each, by column name. For statements
+    that do not need each other's results: they run in order, each seeing the ones before."""
+    conn = _psycopg_connection(cursor)
+    with _database_errors(cursor), conn.pipeline():
+        cursors = [_execute_prepared(conn, sql, params) for sql, params in statements]
+    results = [fetch_dicts(each) if each.description else [] for each in cursors]
+    for each in cursors:
+        each.close()
+    return results
 
 
 def _execute_prepared(conn: psycopg.Connection[Any], sql: str, params: Any) -> psycopg.Cursor[Any]:
