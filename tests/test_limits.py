@@ -38,6 +38,7 @@ pytestmark = pytest.mark.django_db
 def pinned_clock(monkeypatch) -> None:
     monkeypatch.setattr(WindowThrottle, "timer", staticmethod(lambda: 960_000_030.0))
     quotas.forget_running_counts()
+    caches["default"].clear()
 
 
 @pytest.fixture
