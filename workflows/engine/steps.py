@@ -230,6 +230,20 @@ def run_context(step: ClaimedStep) -> tuple[dict[str, Any], dict[str, Any]]:
     return step_def, context
 
 
+_joining = threading.local()
+
+
+@contextmanager
+def settles_join_this_transaction() -> Iterator[None]:
+    """Inside, a settle joins the caller's transaction instead of opening its own (a group
+    settle, group_settle.py). Outside, every settle is a durable transaction of its own."""
+    _joining.active = True
+    try:
+        yield
+    finally:
+        _joining.active = False
+
+
 @contextmanager
 def _settling(
     step: ClaimedStep,
@@ -243,7 +257,9 @@ def _settling(
     then its steps), make the step's fenced transition, and yield the walk over the locked
     run's version, not the claim's (a migration may have moved the run in between). None:
     this attempt was fenced out. The caller walks and flushes inside the transaction."""
-    with transaction.atomic(durable=True), connection.cursor() as cursor:
+    joining = getattr(_joining, "active", False)
+    atomic = transaction.atomic(savepoint=False) if joining else transaction.atomic(durable=True)
+    with atomic, connection.cursor() as cursor:
         # The lock and the transition in one round trip (with the BEGIN): the transition
         # does not need the lock's answer, only to come after it.
         locked, transitioned = queries_prepared(

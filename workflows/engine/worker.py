@@ -27,6 +27,7 @@ from django.db import InterfaceError, OperationalError, connection
 from . import sql
 from .executors import StepFailure, StepResult, executor_for
 from .faults import crash_point, heartbeats_paused
+from .group_settle import GroupSettler
 from .lanes import LanePolicy, engine_setting
 from .steps import (
     ClaimedStep,
@@ -117,6 +118,10 @@ class Worker:
         self.take_next = (
             None if suspects_only else TakeNext(self.name, policy.name, policy.lease_seconds)
         )
+        # Successful steps that finish together commit together (group_settle.py); a
+        # suspects-only worker runs one step at a time and has nothing to group.
+        grouped = engine_setting("GROUP_SETTLES") and not suspects_only
+        self.settler = GroupSettler(self.name) if grouped else None
         # Executors past their timeout that never returned; past this many the process asks
         # to be replaced (``replace_requested``): a hung thread cannot be killed, only left.
         configured = engine_setting("WORKER_MAX_HUNG")
@@ -135,6 +140,14 @@ class Worker:
             for i in range(self.concurrency)
         ]
         threads.append(threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True))
+        if self.settler is not None:
+            # A few settlers: each commits what is waiting when it is free, so settles run in
+            # parallel on the database and still group while the others are busy.
+            threads += [
+                threading.Thread(target=self.settler.run, args=(self.halt,),
+                                 name=f"settler-{i}", daemon=True)
+                for i in range(engine_setting("GROUP_SETTLERS"))
+            ]  # fmt: skip
         if not self.suspects_only:  # suspects come from lapsed leases, not wake-ups: it polls
             threads.append(
                 threading.Thread(
@@ -377,14 +390,19 @@ class Worker:
         if failure is not None:
             self._fail(step, failure)
         elif result is not None:
-            done = result
-            take = None if self.stop.is_set() else self.take_next
-            settled = self._settle(
-                step, lambda: settle_and_take_next(step, done, worker=self.name, take=take)
-            )
+            settled = self._settle(step, self._success(step, result))
             if isinstance(settled, Settled) and settled.next_step is not None:
                 return self._adopt(settled.next_step)
         return None
+
+    def _success(self, step: ClaimedStep, result: StepResult) -> Callable[[], Settled]:
+        """The settle of a successful attempt: through the group settler, unless it parks
+        (a park is its own kind of settle) or the worker settles alone."""
+        take = None if self.stop.is_set() else self.take_next
+        settler = self.settler
+        if settler is not None and result.park is None:
+            return lambda: settler.settle(step, result, take)
+        return lambda: settle_and_take_next(step, result, worker=self.name, take=take)
 
     def _run_executor(self, attempt: Attempt) -> tuple[StepResult | None, StepFailure | None]:
         step = attempt.step
