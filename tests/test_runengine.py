@@ -78,3 +78,20 @@ def test_stopping_runengine_hands_running_steps_back(org, procs) -> None:
     step = Step.objects.get(run_id=run_id)
     assert (step.status, step.release_count, step.attempt) == ("ready", 1, 1)
     assert RunEvent.objects.filter(run_id=run_id, kind="step.released").count() == 1
+
+
+def test_a_misconfigured_child_stops_the_supervisor_instead_of_restarting() -> None:
+    import sys
+    import time
+
+    from workflows.engine.supervisor import EXIT_CONFIG, Child, Supervisor
+
+    sleeper = Child("sleeper", [sys.executable, "-c", "import time; time.sleep(120)"])
+    broken = Child("broken", [sys.executable, "-c", f"raise SystemExit({EXIT_CONFIG})"])
+    supervisor = Supervisor([sleeper, broken], grace_seconds=10)
+    started = time.monotonic()
+    failure = supervisor.run()  # returns on its own: nothing sends a signal here
+    assert failure is not None and failure.startswith("broken exited with 78")
+    assert broken.restarts == 0
+    assert sleeper.process is not None and sleeper.process.poll() is not None
+    assert time.monotonic() - started < 120, "the sleeper was stopped, not waited for"

@@ -179,3 +179,22 @@ class RunningRunsQuota(QuotaExceeded):
         "The organisation already has {limit} running runs, its quota; try again once some "
         "have finished."
     )
+
+
+class InvalidQuery(WaymarkError):
+    """A query parameter the endpoint does not take (a typo such as ``?stauts=``), or a
+    ``limit`` that is not a positive whole number."""
+
+    code = "invalid_query"
+    default_detail = "{reason}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "parameter": self.extra["parameter"]}
+
+
+class InvalidFilter(InvalidInput):
+    """A filter's value the endpoint cannot use (``?status=done``). Keeps ``invalid_input``,
+    the code such a value always had; ``parameter`` names the filter."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "parameter": self.extra["parameter"]}

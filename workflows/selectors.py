@@ -35,15 +35,9 @@ def version_get(*, automation: Automation, number: int) -> AutomationVersion:
         raise UnknownVersion(slug=automation.slug, number=number) from exc
 
 
-def run_list(
-    *, org: Organisation, status: str | None = None, automation: str | None = None
-) -> QuerySet[Run]:
-    runs = Run.objects.filter(org=org).select_related("automation", "version")
-    if status:
-        runs = runs.filter(status=status)
-    if automation:
-        runs = runs.filter(automation__slug=automation)
-    return runs.order_by("-id")
+def run_list(*, org: Organisation) -> QuerySet[Run]:
+    """The organisation's runs, newest first; the API filters them (api/filters.py)."""
+    return Run.objects.filter(org=org).select_related("automation", "version").order_by("-id")
 
 
 def run_get(*, org: Organisation, run_id: int) -> Run:

@@ -40,22 +40,27 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if not header:
             return None
         scheme, _, raw = header.partition(" ")
-        # Guessing keys is slow: an address with too many recent failures is refused before
-        # its key is even looked at (429 with Retry-After), whatever key it presents.
+        try:
+            if scheme.lower() != self.keyword.lower() or not raw.strip():
+                raise AuthenticationFailed()
+            key = api_key_authenticate(raw.strip())
+        except AuthenticationFailed:
+            self._count_failure(request)
+            raise
+        return OrganisationPrincipal(key), key
+
+    @staticmethod
+    def _count_failure(request: Request) -> None:
+        """Guessing keys is slow: past WAYMARK_RATE_AUTH_FAILURES failures, an address gets 429
+        (with Retry-After) instead of 401 until the window ends, so it learns nothing more.
+        Only failures are counted and checked: a valid key costs no lookup here."""
         failures = FailedAuthThrottle()
         wait = failures.blocked_for(request)
         if wait is not None:
             raise exceptions.Throttled(
                 wait=wait, detail="Too many failed authentications from this address."
             )
-        try:
-            if scheme.lower() != self.keyword.lower() or not raw.strip():
-                raise AuthenticationFailed()
-            key = api_key_authenticate(raw.strip())
-        except AuthenticationFailed:
-            failures.record(request)
-            raise
-        return OrganisationPrincipal(key), key
+        failures.record(request)
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword

@@ -40,7 +40,7 @@ def add_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]
     result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
     reference = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
     for path, operations in result.get("paths", {}).items():
-        if path.endswith("/schema/"):
+        if path.endswith("/schema/") or path == "/api/v1/":  # public, nothing to refuse
             continue
         for operation in operations.values():
             responses = operation.setdefault("responses", {})

@@ -52,9 +52,12 @@ class RunStartIn(serializers.Serializer):
 
 
 class RunEventOut(serializers.ModelSerializer):
+    # No `worker`: it names the engine's host and process id (host:pid:lane), which tenants
+    # have no use for and should not learn; the admin shows it. An action's `detail.by`
+    # names the API key that asked.
     class Meta:
         model = RunEvent
-        fields = ["id", "kind", "step_id", "iteration", "attempt", "worker", "detail", "at"]
+        fields = ["id", "kind", "step_id", "iteration", "attempt", "detail", "at"]
 
 
 class RunLinksOut(serializers.Serializer):
@@ -93,11 +96,12 @@ class RunOut(serializers.ModelSerializer):
 
 
 class StepOut(serializers.ModelSerializer):
+    # No `owner` either: it is the claiming worker's host:pid:lane (see RunEventOut).
     class Meta:
         model = Step
         fields = [
             "step_id", "iteration", "type", "lane", "status", "attempt", "max_attempts",
-            "owner", "lease_until", "wait_kind", "wake_at", "wait_detail", "output", "error",
+            "lease_until", "wait_kind", "wake_at", "wait_detail", "output", "error",
             "created_at", "finished_at",
         ]  # fmt: skip
 
@@ -128,12 +132,11 @@ class RunDetailOut(RunOut):
         return run_links(run.pk)
 
 
-class AutomationListOut(serializers.Serializer):
-    results = AutomationOut(many=True)
-
-
-class VersionListOut(serializers.Serializer):
-    results = VersionOut(many=True)
+class ApiRootOut(serializers.Serializer):
+    automations = serializers.URLField()
+    runs = serializers.URLField()
+    schema = serializers.URLField(help_text="The OpenAPI schema.")
+    docs = serializers.URLField(help_text="The schema as a browsable page.")
 
 
 class ErrorOut(serializers.Serializer):
@@ -144,33 +147,6 @@ class ErrorOut(serializers.Serializer):
     errors = serializers.JSONField(  # type: ignore[assignment]
         required=False, help_text="Per-field or per-step problems."
     )
-
-
-class RunFilterIn(serializers.Serializer):
-    status = serializers.ChoiceField(
-        choices=RunStatus.values,
-        required=False,
-        error_messages={"invalid_choice": f"must be one of {', '.join(RunStatus.values)}"},
-    )
-    automation = serializers.SlugField(max_length=63, required=False)
-
-
-class RunPageOut(serializers.Serializer):
-    next = serializers.URLField(allow_null=True)
-    previous = serializers.URLField(allow_null=True)
-    results = RunOut(many=True)
-
-
-class StepPageOut(serializers.Serializer):
-    next = serializers.URLField(allow_null=True)
-    previous = serializers.URLField(allow_null=True)
-    results = StepOut(many=True)
-
-
-class RunEventPageOut(serializers.Serializer):
-    next = serializers.URLField(allow_null=True)
-    previous = serializers.URLField(allow_null=True)
-    results = RunEventOut(many=True)
 
 
 class RunActionOut(serializers.Serializer):

@@ -5,7 +5,7 @@
   or the organisation's own ``quota_starts_per_minute``); only views that declare
   ``throttle_scope = "run_starts"``, only on POST.
 - ``FailedAuthThrottle``: failed authentications per client address (WAYMARK_RATE_AUTH_FAILURES),
-  checked by the authentication class before it looks at the key, counted when it fails.
+  counted and checked by the authentication class when a key fails: past the rate, 429.
 
 Each counts in fixed windows (one counter per window in the cache) rather than DRF's default
 list of every request's time, which a high rate would make a large value read and written on

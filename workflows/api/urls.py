@@ -1,35 +1,44 @@
-from django.urls import path
-from drf_spectacular.views import SpectacularAPIView
+"""The API's routes. Each answers with and without a trailing slash: DRF clients add one,
+others do not, and a redirect would lose a POST body. Only the bare form is in the schema."""
+
+from typing import Any
+
+from django.urls import URLPattern, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.views import APIView
 
 from . import views
 
 app_name = "api"
 
 
+def route(pattern: str, view: type[APIView], name: str) -> list[URLPattern]:
+    return [
+        path(pattern, view.as_view(), name=name),
+        path(f"{pattern}/", view.as_view(schema=None)),
+    ]
+
+
+PUBLIC: dict[str, Any] = {"authentication_classes": [], "permission_classes": []}
+
 urlpatterns = [
-    path(
-        "schema/",
-        SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
-        name="schema",
-    ),
-    path("automations", views.AutomationListView.as_view(), name="automations"),
-    path("automations/<slug:slug>", views.AutomationDetailView.as_view(), name="automation"),
-    path("automations/<slug:slug>/versions", views.VersionListView.as_view(), name="versions"),
-    path(
-        "automations/<slug:slug>/versions/<int:number>",
-        views.VersionDetailView.as_view(),
-        name="version",
-    ),
-    path(
+    path("", views.ApiRootView.as_view(), name="root"),
+    path("schema/", SpectacularAPIView.as_view(**PUBLIC), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema", **PUBLIC), name="docs"),
+    *route("automations", views.AutomationListView, "automations"),
+    *route("automations/<slug:slug>", views.AutomationDetailView, "automation"),
+    *route("automations/<slug:slug>/versions", views.VersionListView, "versions"),
+    *route("automations/<slug:slug>/versions/<int:number>", views.VersionDetailView, "version"),
+    *route(
         "automations/<slug:slug>/versions/<int:number>/publish",
-        views.VersionPublishView.as_view(),
-        name="version-publish",
+        views.VersionPublishView,
+        "version-publish",
     ),
-    path("runs", views.RunListView.as_view(), name="runs"),
-    path("runs/<int:run_id>", views.RunDetailView.as_view(), name="run"),
-    path("runs/<int:run_id>/steps", views.RunStepListView.as_view(), name="run-steps"),
-    path("runs/<int:run_id>/history", views.RunHistoryView.as_view(), name="run-history"),
+    *route("runs", views.RunListView, "runs"),
+    *route("runs/<int:run_id>", views.RunDetailView, "run"),
+    *route("runs/<int:run_id>/steps", views.RunStepListView, "run-steps"),
+    *route("runs/<int:run_id>/history", views.RunHistoryView, "run-history"),
     # One operation per route; the view answers 404 for an action it does not know.
-    path("runs/<int:run_id>/<slug:action>", views.RunActionView.as_view(), name="run-act"),
-    path("runs/bulk/<slug:action>", views.RunBulkActionView.as_view(), name="runs-bulk"),
+    *route("runs/<int:run_id>/<slug:action>", views.RunActionView, "run-act"),
+    *route("runs/bulk/<slug:action>", views.RunBulkActionView, "runs-bulk"),
 ]

@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from django.db.models import QuerySet
+from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import NotFound
+from rest_framework.generics import GenericAPIView
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import selectors
-from ..errors import InvalidInput
+from ..errors import InvalidInput, InvalidQuery
+from ..models import Automation, AutomationVersion, Run, RunEvent, Step
 from ..services import automations as services
 from ..services import control
 from ..services.runs import run_start
-from ..states import RunStatus
 from .auth import request_key
+from .filters import RunFilter
 from .serializers import (
+    ApiRootOut,
     AutomationIn,
-    AutomationListOut,
     AutomationOut,
     DefinitionIn,
     ErrorOut,
@@ -30,25 +35,118 @@ from .serializers import (
     RunBulkOut,
     RunDetailOut,
     RunEventOut,
-    RunEventPageOut,
-    RunFilterIn,
     RunOut,
-    RunPageOut,
     RunStartedOut,
     RunStartIn,
     StepOut,
-    StepPageOut,
-    VersionListOut,
     VersionOut,
     run_links,
 )
 
+_LIMIT = re.compile(r"[0-9]{1,9}")
+_ID_POSITION = re.compile(r"-?[0-9]{1,19}")
+_SLUG_POSITION = re.compile(r"[-a-zA-Z0-9_]{1,63}")
 
-class AutomationListView(APIView):
-    @extend_schema(operation_id="automations_list", responses=AutomationListOut)
+
+class CursorPage(CursorPagination):
+    """Every list: newest first unless said otherwise, ``limit`` a page, ``next``/``previous``
+    links. A ``limit`` that is not a positive whole number is refused, not ignored; one above
+    ``max_page_size`` is cut to it."""
+
+    ordering: Any = "-id"
+    page_size = 50
+    max_page_size = 200
+    page_size_query_param = "limit"
+    # What a cursor's position may be: a value of the ordering field (an id, a number).
+    position_pattern = _ID_POSITION
+
+    def get_page_size(self, request: Request) -> int:
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None:
+            return self.page_size
+        if not _LIMIT.fullmatch(raw) or int(raw) < 1:
+            raise InvalidQuery(
+                parameter="limit",
+                reason=f"limit must be a whole number from 1 to {self.max_page_size}.",
+            )
+        return min(int(raw), self.max_page_size)
+
+    def decode_cursor(self, request: Request) -> Any:
+        # A cursor we did not hand out is bad input, not a 404 and never a 500.
+        bad = InvalidInput(reason="cursor is not valid; follow the next/previous links")
+        try:
+            cursor = super().decode_cursor(request)
+        except NotFound as exc:
+            raise bad from exc
+        position = None if cursor is None else cursor.position
+        if position is not None and not self.position_pattern.fullmatch(str(position)):
+            raise bad
+        return cursor
+
+
+class OldestFirstPage(CursorPage):
+    ordering = "id"
+    page_size = 100
+    max_page_size = 1000
+
+
+class AutomationPage(CursorPage):
+    ordering = "slug"  # unique in the organisation
+    position_pattern = _SLUG_POSITION
+
+
+class VersionPage(CursorPage):
+    ordering = "-number"  # unique in the automation
+
+
+class ListEndpoint(GenericAPIView[Any]):
+    """A GET that lists: ``get_queryset()`` filtered (unknown parameters refused, see
+    filters.py) and one cursor page of it, in the envelope ``{next, previous, results}``."""
+
+    model: type[Automation | AutomationVersion | Run | RunEvent | Step]
+
+    def list_page(self) -> Response:
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
+
+    def get_queryset(self) -> QuerySet[Any]:
+        if getattr(self, "swagger_fake_view", False):  # drf-spectacular reading the types
+            return self.model.objects.none()
+        return self.scoped_queryset()
+
+    def scoped_queryset(self) -> QuerySet[Any]:
+        raise NotImplementedError
+
+
+class ApiRootView(APIView):
+    """Where everything is. Public, like the schema: it names what every installation has
+    and nothing of any organisation, so a client can check it reaches Waymark before it
+    holds a key."""
+
+    authentication_classes = []
+    permission_classes = []
+    LINKS = {"automations": "api:automations", "runs": "api:runs", "schema": "api:schema",
+             "docs": "api:docs"}  # fmt: skip
+
+    @extend_schema(operation_id="api_root", responses=ApiRootOut, auth=[])
     def get(self, request: Request) -> Response:
-        items = selectors.automation_list(org=request_key(request).org)
-        return Response({"results": AutomationOut(items, many=True).data})
+        links = {
+            name: request.build_absolute_uri(reverse(route)) for name, route in self.LINKS.items()
+        }
+        return Response(ApiRootOut(links).data)
+
+
+class AutomationListView(ListEndpoint):
+    model = Automation
+    serializer_class = AutomationOut
+    pagination_class = AutomationPage
+
+    def scoped_queryset(self) -> QuerySet[Automation]:
+        return selectors.automation_list(org=request_key(self.request).org)
+
+    @extend_schema(operation_id="automations_list", responses=AutomationOut(many=True))
+    def get(self, request: Request) -> Response:
+        return self.list_page()
 
     @extend_schema(request=AutomationIn, responses={201: AutomationOut})
     def post(self, request: Request) -> Response:
@@ -65,12 +163,19 @@ class AutomationDetailView(APIView):
         return Response(AutomationOut(automation).data)
 
 
-class VersionListView(APIView):
-    @extend_schema(operation_id="automations_versions_list", responses=VersionListOut)
+class VersionListView(ListEndpoint):
+    model = AutomationVersion
+    serializer_class = VersionOut
+    pagination_class = VersionPage
+
+    def scoped_queryset(self) -> QuerySet[AutomationVersion]:
+        org = request_key(self.request).org
+        automation = selectors.automation_get(org=org, slug=self.kwargs["slug"])
+        return automation.versions.select_related("automation")
+
+    @extend_schema(operation_id="automations_versions_list", responses=VersionOut(many=True))
     def get(self, request: Request, slug: str) -> Response:
-        automation = selectors.automation_get(org=request_key(request).org, slug=slug)
-        versions = automation.versions.select_related("automation")
-        return Response({"results": VersionOut(versions, many=True).data})
+        return self.list_page()
 
     @extend_schema(request=DefinitionIn, responses={201: VersionOut})
     def post(self, request: Request, slug: str) -> Response:
@@ -111,30 +216,17 @@ class VersionPublishView(APIView):
         return Response(VersionOut(services.version_publish(version=version)).data)
 
 
-class RunPagination(CursorPagination):
-    ordering = "-id"
-    page_size = 50
-    max_page_size = 200
-    page_size_query_param = "limit"
+class RunListView(ListEndpoint):
+    model = Run
+    serializer_class = RunOut
+    pagination_class = CursorPage
+    filterset_class = RunFilter
 
-    def decode_cursor(self, request: Request) -> Any:
-        # A cursor we did not hand out is bad input, not a 404 and never a 500.
-        bad = InvalidInput(reason="cursor is not valid; follow the next/previous links")
-        try:
-            cursor = super().decode_cursor(request)
-        except NotFound as exc:
-            raise bad from exc
-        if cursor is not None and cursor.position is not None:
-            try:
-                int(cursor.position)
-            except ValueError as exc:
-                raise bad from exc
-        return cursor
-
-
-class RunListView(APIView):
     # Starts (POST) count against the organisation's starts-per-minute quota (api/throttles).
     throttle_scope = "run_starts"
+
+    def scoped_queryset(self) -> QuerySet[Run]:
+        return selectors.run_list(org=request_key(self.request).org)
 
     @extend_schema(
         request=RunStartIn,
@@ -170,23 +262,13 @@ class RunListView(APIView):
         )
 
     @extend_schema(
-        parameters=[
-            OpenApiParameter("status", str, enum=[s.value for s in RunStatus]),
-            OpenApiParameter("automation", str),
-            OpenApiParameter("limit", int),
-        ],
         operation_id="runs_list",
-        responses=RunPageOut,
+        responses=RunOut(many=True),
+        description="Runs, newest first. `start_key` finds the run a start key started "
+        "(exact match). An unknown parameter is refused (400 `invalid_query`).",
     )
     def get(self, request: Request) -> Response:
-        filters = RunFilterIn(data=request.query_params)
-        if not filters.is_valid():
-            field, messages = next(iter(filters.errors.items()))
-            raise InvalidInput(reason=f"{field}: {messages[0]}")
-        runs = selectors.run_list(org=request_key(request).org, **filters.validated_data)
-        paginator = RunPagination()
-        page = paginator.paginate_queryset(runs, request, view=self)
-        return paginator.get_paginated_response(RunOut(page, many=True).data)
+        return self.list_page()
 
 
 class RunDetailView(APIView):
@@ -197,36 +279,32 @@ class RunDetailView(APIView):
         )
 
 
-class OldestFirstPagination(RunPagination):
-    ordering = "id"
-    page_size = 100
-    max_page_size = 1000
+class RunStepListView(ListEndpoint):
+    model = Step
+    serializer_class = StepOut
+    pagination_class = OldestFirstPage
 
+    def scoped_queryset(self) -> QuerySet[Step]:
+        org = request_key(self.request).org
+        return selectors.run_steps(org=org, run_id=self.kwargs["run_id"])
 
-class RunStepListView(APIView):
-    @extend_schema(
-        operation_id="runs_steps_list",
-        parameters=[OpenApiParameter("limit", int)],
-        responses=StepPageOut,
-    )
+    @extend_schema(operation_id="runs_steps_list", responses=StepOut(many=True))
     def get(self, request: Request, run_id: int) -> Response:
-        steps = selectors.run_steps(org=request_key(request).org, run_id=run_id)
-        paginator = OldestFirstPagination()
-        page = paginator.paginate_queryset(steps, request, view=self)
-        return paginator.get_paginated_response(StepOut(page, many=True).data)
+        return self.list_page()
 
 
-class RunHistoryView(APIView):
-    @extend_schema(
-        operation_id="runs_history_list",
-        parameters=[OpenApiParameter("limit", int)],
-        responses=RunEventPageOut,
-    )
+class RunHistoryView(ListEndpoint):
+    model = RunEvent
+    serializer_class = RunEventOut
+    pagination_class = OldestFirstPage
+
+    def scoped_queryset(self) -> QuerySet[RunEvent]:
+        org = request_key(self.request).org
+        return selectors.run_history(org=org, run_id=self.kwargs["run_id"])
+
+    @extend_schema(operation_id="runs_history_list", responses=RunEventOut(many=True))
     def get(self, request: Request, run_id: int) -> Response:
-        events = selectors.run_history(org=request_key(request).org, run_id=run_id)
-        paginator = OldestFirstPagination()
-        page = paginator.paginate_queryset(events, request, view=self)
-        return paginator.get_paginated_response(RunEventOut(page, many=True).data)
+        return self.list_page()
 
 
 ACTION_PARAMETER = OpenApiParameter(

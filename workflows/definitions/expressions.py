@@ -13,13 +13,20 @@ expressions (``"input.tier == 'gold'"``). Both run in a sandbox built on
 * an undefined name or key raises instead of rendering as an empty string;
 * the rendered output is capped (``MAX_OUTPUT_BYTES``), and the cheap ways of building huge
   values inside a template (``'x' * 10**9``, ``10 ** 100000000``, ``'%999999999s'``,
-  ``'x'.ljust(10**9)``, ``'x'|center(10**9)`` ...) are refused before they allocate.
+  ``'x'.ljust(10**9)``, ``'x'|center(10**9)`` ...) are refused before they allocate;
+* only data becomes text: a method, a macro or a generator is never rendered (its repr
+  carries a heap address); filters that return generators give lists.
 
-Every failure while rendering or evaluating becomes an :class:`ExpressionError`, whatever the
-underlying exception was, so the engine can fail the step with a readable message.
+Every failure while rendering or evaluating becomes an :class:`ExpressionError` with a stable
+``code``, whatever the underlying exception was, so the engine can fail the step with a
+readable message that carries no Python internals.
 
-The sandbox is not a CPU limit: a template may still loop over large input data. Bounding
-wall-clock time is the job of whoever runs the step.
+The sandbox is not a budget. The budget is :mod:`workflows.definitions.sandbox`: the public
+``render_template``, ``render_value`` and ``evaluate_condition`` render in this process only
+templates whose parsed tree proves them cheap, and every other one in a rendering process
+under hard CPU-time, memory and wall-clock limits (``template_limit``). The ``*_here``
+functions render in the current process with no budget: the rendering processes use them.
+``check_template`` and ``check_condition`` parse under size, token and depth limits.
 """
 
 from __future__ import annotations
@@ -28,12 +35,20 @@ import functools
 import json
 import re
 import string
-from collections.abc import Callable, Iterable, Mapping
+import sys
+from collections.abc import (
+    Callable,
+    ItemsView,
+    Iterable,
+    Iterator,
+    KeysView,
+    Mapping,
+    ValuesView,
+)
 from datetime import date, datetime
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError, meta, nodes
-from jinja2.parser import Parser
+from jinja2 import StrictUndefined, TemplateSyntaxError, Undefined, UndefinedError, meta, nodes
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
@@ -65,17 +80,31 @@ _COMPILE_CACHE_SIZE = 2048
 _PADDING_METHODS = frozenset({"center", "ljust", "rjust", "zfill"})
 _PRINTF_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?[a-zA-Z%]")
 _FORBIDDEN_NODES = (nodes.Extends, nodes.Include, nodes.Import, nodes.FromImport)
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_PLAIN = str | int | float | bool | None
 
 
 class ExpressionError(Exception):
-    """A template or condition could not be rendered or evaluated."""
+    """A template or condition could not be rendered or evaluated.
+
+    ``code`` is stable (see docs/definitions.md); the text is ``"<code>: <message>"``, the
+    form the step's and the run's ``error`` show. It never carries Python's own wording where
+    that names interpreter internals (a ``sys.`` function, a heap address).
+    """
+
+    def __init__(self, message: str, *, code: str = "render_failed") -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
 
 
 # --- size guards ----------------------------------------------------------------------------
 
 
 def _too_large(size: int) -> ExpressionError:
-    return ExpressionError(f"the result would be larger than {MAX_OUTPUT_BYTES} bytes ({size})")
+    return ExpressionError(
+        f"the result would be larger than {MAX_OUTPUT_BYTES} bytes ({size})", code="too_large"
+    )
 
 
 def _check_size(size: object) -> None:
@@ -85,7 +114,7 @@ def _check_size(size: object) -> None:
 
 def _check_width_digits(digits: str | None) -> None:
     if digits and digits != "*" and (len(digits) > 9 or int(digits) > MAX_OUTPUT_BYTES):
-        raise ExpressionError(f"a format width of {digits[:12]} is too large")
+        raise ExpressionError(f"a format width of {digits[:12]} is too large", code="too_large")
 
 
 def _check_printf(fmt: str, values: object) -> None:
@@ -126,7 +155,9 @@ def _check_binop(operator: str, left: object, right: object) -> None:
             and right > 0
             and left.bit_length() * right > 8 * MAX_OUTPUT_BYTES
         ):
-            raise ExpressionError(f"the number {left} ** {right} is too large")
+            raise ExpressionError(
+                f"the number {left} ** {right} is too large", code="number_too_large"
+            )
     elif operator == "%" and isinstance(left, str):
         _check_printf(left, right)
 
@@ -182,31 +213,139 @@ def _guard_filters(filters: dict[str, Callable[..., Any]]) -> None:
     filters.update(center=safe_center, indent=safe_indent, format=safe_format)
 
 
+# --- values that must never become text -----------------------------------------------------
+
+
+class Method:
+    """A method read from the data (``input.s.upper``), callable only through the sandbox.
+
+    As text it would be its repr, with a heap address (``<built-in method upper of str
+    object at 0x7f…>``), so every way to text (``{{ }}``, ``~``, ``|string``, ``%``,
+    ``format``) refuses it with a clear error instead.
+    """
+
+    __slots__ = ("_func", "_name")
+
+    def __init__(self, func: Callable[..., Any], name: str) -> None:
+        self._func = func
+        self._name = name
+
+    def unwrap(self) -> Callable[..., Any]:
+        return self._func
+
+    def refusal(self) -> ExpressionError:
+        return ExpressionError(
+            f'"{self._name}" is a method, it cannot be rendered: call it, as in {self._name}()',
+            code="not_renderable",
+        )
+
+    def __str__(self) -> str:
+        raise self.refusal()
+
+    def __repr__(self) -> str:
+        raise self.refusal()
+
+    def __format__(self, spec: str) -> str:
+        raise self.refusal()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.refusal()  # only the sandbox's call() calls the method, unwrapped
+
+
+def _wrap_callable(value: Any, name: object) -> Any:
+    if callable(value) and not isinstance(value, Undefined | Method):
+        return Method(value, str(name))
+    return value
+
+
+def _materialising(func: Callable[..., Any]) -> Callable[..., Any]:
+    """map, select, unique, batch, reverse … return generators, whose text is
+    ``<generator object … at 0x…>``: give their items as a list, which renders as data."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = func(*args, **kwargs)
+        return list(result) if isinstance(result, Iterator) else result
+
+    return wrapper
+
+
+def _not_renderable(value: Any) -> ExpressionError | None:
+    if isinstance(value, Method):
+        return value.refusal()
+    if isinstance(value, Iterator):
+        return ExpressionError("a generator cannot be rendered: add |list", code="not_renderable")
+    if callable(value):
+        return ExpressionError(
+            "a macro or function cannot be rendered: call it", code="not_renderable"
+        )
+    return None
+
+
+def _finalize(value: Any) -> Any:
+    """Every ``{{ }}`` value passes here before it becomes text: data renders; a method, a
+    macro or a generator, alone or inside a list or object, is refused (its repr would show
+    a heap address). Undefined values raise their own error when rendered."""
+    stack, seen = [value], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, _PLAIN | Undefined) or seen > MAX_OUTPUT_BYTES:
+            continue  # more items than output bytes: the budget refuses the render anyway
+        if isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset | KeysView | ValuesView | ItemsView):
+            stack.extend(item)
+        else:
+            problem = _not_renderable(item)
+            if problem is not None:
+                raise problem
+    return value
+
+
 class _Sandbox(ImmutableSandboxedEnvironment):
     """The one environment every template and condition runs in."""
 
     intercepted_binops = frozenset({"*", "**", "%"})
 
     def __init__(self) -> None:
-        super().__init__(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
+        super().__init__(
+            undefined=StrictUndefined,
+            autoescape=False,
+            keep_trailing_newline=True,
+            finalize=_finalize,
+        )
         # No globals: range, dict, cycler, joiner, namespace and lipsum are all gone.
         self.globals.clear()
         _guard_filters(self.filters)
+        for name, func in list(self.filters.items()):
+            self.filters[name] = _materialising(func)
 
     def getattr(self, obj: Any, attribute: str) -> Any:
+        if isinstance(obj, Method):
+            raise obj.refusal()
         # Plain data first: `input.items` is the key "items", not the dict method.
         if isinstance(obj, dict):
             try:
                 return obj[attribute]
             except (KeyError, TypeError):
                 pass
-        return super().getattr(obj, attribute)
+        return _wrap_callable(super().getattr(obj, attribute), attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        if isinstance(obj, Method):
+            raise obj.refusal()
+        # `input.s['upper']` falls back to the attribute, so it is wrapped the same way.
+        return _wrap_callable(super().getitem(obj, argument), argument)
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
         _check_binop(operator, left, right)
         return super().call_binop(context, operator, left, right)
 
     def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(obj, Method):
+            obj = obj.unwrap()
         _check_call(obj, args, kwargs)
         return super().call(context, obj, *args, **kwargs)
 
@@ -247,27 +386,55 @@ def _unknown_names(names: Iterable[str]) -> str | None:
     return f'uses unknown name "{unknown[0]}" (available: {available})'
 
 
+_SCOPING_NODES = (
+    nodes.For, nodes.Assign, nodes.AssignBlock, nodes.Macro, nodes.CallBlock, nodes.With,
+    nodes.Scope, nodes.OverlayScope, nodes.Block, nodes.FilterBlock,
+)  # fmt: skip
+
+
+def _tree_problem(tree: nodes.Node, names: Iterable[str]) -> str | None:
+    """What compiling would refuse, read from the parsed tree (compiling costs a millisecond
+    or more per template, and a definition may hold thousands)."""
+    if next(tree.find_all(_FORBIDDEN_NODES), None) is not None:
+        return "cannot extend, include or import other templates"
+    problem = _unknown_names(names)
+    if problem:
+        return problem
+    for node in (tree, *tree.find_all((nodes.Filter, nodes.Test))):
+        if not isinstance(node, nodes.Filter | nodes.Test):
+            continue
+        is_filter = isinstance(node, nodes.Filter)
+        if node.name not in (_ENV.filters if is_filter else _ENV.tests):
+            return f"No {'filter' if is_filter else 'test'} named {node.name!r}."
+    return None
+
+
 def check_template(text: object) -> str | None:
-    """None when ``text`` is a usable template, else a short message saying why not."""
+    """None when ``text`` is a usable template, else a short message saying why not.
+
+    Parses under the limits of :mod:`workflows.definitions.sandbox` (bytes, tokens, depth);
+    a message about a limit names it."""
     if not isinstance(text, str):
         return "must be a string"
     if not is_template(text):
         return None
     try:
-        tree = _ENV.parse(text)
-        if next(tree.find_all(_FORBIDDEN_NODES), None) is not None:
-            return "cannot extend, include or import other templates"
-        problem = _unknown_names(meta.find_undeclared_variables(tree))
-        if problem:
-            return problem
-        _compile_template(text)
+        tree = _sandbox.parse_template(text)
+        if next(tree.find_all(_SCOPING_NODES), None) is None:
+            names: Iterable[str] = (n.name for n in tree.find_all(nodes.Name) if n.ctx == "load")
+        else:
+            names = meta.find_undeclared_variables(tree)
+        return _tree_problem(tree, names)
+    except _sandbox.AlreadyReported:
+        return None
+    except _sandbox.TemplateTooLarge as exc:
+        return str(exc)
     except TemplateSyntaxError as exc:
         return _syntax_message(exc, text)
     except RecursionError:
         return "is nested too deeply"
     except Exception as exc:
-        return f"cannot be compiled: {exc}"
-    return None
+        return f"cannot be compiled: {_error_for(exc).message}"
 
 
 def check_condition(expr: object) -> str | None:
@@ -279,22 +446,20 @@ def check_condition(expr: object) -> str | None:
     if expr.lstrip().startswith(("{{", "{%")):
         return "must be a bare expression such as input.total > 100, without {{ }}"
     try:
-        parser = Parser(_ENV, expr, state="variable")
-        tree = parser.parse_expression()
-        if not parser.stream.eos:
-            return f"has unexpected text after the expression: {parser.stream.current.value!r}"
-        names = (node.name for node in tree.find_all(nodes.Name) if node.ctx == "load")
-        problem = _unknown_names(names)
-        if problem:
-            return problem
-        _compile_condition(expr)
+        tree = _sandbox.parse_condition(expr)
+        found = (tree, *tree.find_all(nodes.Name))  # find_all skips the root: `x` alone
+        names = (node.name for node in found if isinstance(node, nodes.Name) and node.ctx == "load")
+        return _tree_problem(tree, names)
+    except _sandbox.AlreadyReported:
+        return None
+    except _sandbox.TemplateTooLarge as exc:
+        return str(exc)
     except TemplateSyntaxError as exc:
         return _syntax_message(exc, expr)
     except RecursionError:
         return "is nested too deeply"
     except Exception as exc:
-        return f"cannot be compiled: {exc}"
-    return None
+        return f"cannot be compiled: {_error_for(exc).message}"
 
 
 def check_templates_in(value: Any, field_path: str, report: StepReport) -> None:
@@ -336,24 +501,47 @@ class _Budget:
             self._exceeded()
 
     def _exceeded(self) -> None:
-        raise ExpressionError(f"the rendered output is larger than {self.max_bytes} bytes")
+        raise ExpressionError(
+            f"the rendered output is larger than {self.max_bytes} bytes", code="too_large"
+        )
 
 
-def _describe(exc: Exception) -> str:
+def _clean(exc: BaseException) -> str:
+    """Python's message, first line only, without heap addresses, bounded."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return _ADDRESS.sub("", text)[:200]
+
+
+def _error_for(exc: Exception) -> ExpressionError:
+    """A stable code and a clean message for whatever rendering raised."""
     if isinstance(exc, SecurityError):
-        return f"not allowed: {exc}"
+        return ExpressionError(_clean(exc), code="not_allowed")
     if isinstance(exc, UndefinedError):
-        return f"undefined value: {exc.message}"
+        return ExpressionError(exc.message or "undefined", code="undefined_value")
     if isinstance(exc, TemplateSyntaxError):
-        return f"invalid syntax: {exc.message}"
+        return ExpressionError(exc.message or "invalid syntax", code="invalid_syntax")
     if isinstance(exc, RecursionError):
-        return "recursion too deep"
-    return f"{type(exc).__name__}: {exc}"
+        return ExpressionError("recursion too deep", code="too_deep")
+    if isinstance(exc, ValueError) and "int_max_str_digits" in str(exc):
+        # Python's text names sys.set_int_max_str_digits(): an interpreter knob, not ours.
+        limit = sys.get_int_max_str_digits()
+        return ExpressionError(
+            f"number too large to render (more than {limit} digits)", code="number_too_large"
+        )
+    if isinstance(exc, OverflowError):
+        return ExpressionError("number too large", code="number_too_large")
+    if isinstance(exc, ZeroDivisionError):
+        return ExpressionError("division by zero", code="division_by_zero")
+    if isinstance(exc, TypeError | ValueError | LookupError | AttributeError):
+        return ExpressionError(_clean(exc), code="invalid_operation")
+    return ExpressionError(f"could not be rendered ({type(exc).__name__})")
 
 
 def _render(text: str, context: Mapping[str, Any], budget: _Budget) -> str:
     if not isinstance(text, str):
-        raise ExpressionError(f"a template must be a string, not {type(text).__name__}")
+        raise ExpressionError(
+            f"a template must be a string, not {type(text).__name__}", code="invalid_template"
+        )
     if not is_template(text):
         budget.take(text)
         return text
@@ -363,30 +551,55 @@ def _render(text: str, context: Mapping[str, Any], budget: _Budget) -> str:
         for chunk in template.generate(dict(context)):
             budget.take(chunk)
             if has_unstorable(chunk):
-                raise ExpressionError(f"the rendered text {UNSTORABLE_REASON}")
+                raise ExpressionError(f"the rendered text {UNSTORABLE_REASON}", code="unstorable")
             parts.append(chunk)
     except ExpressionError:
         raise
     except Exception as exc:
-        raise ExpressionError(_describe(exc)) from exc
+        raise _error_for(exc) from exc
     return "".join(parts)
 
 
 def render_template(
     text: str, context: Mapping[str, Any], *, max_bytes: int = MAX_OUTPUT_BYTES
 ) -> str:
-    """Renders one template string; raises ExpressionError on any failure."""
-    return _render(text, context, _Budget(max_bytes))
+    """Renders one template string under the budget (see :mod:`.sandbox`); raises
+    ExpressionError on any failure, with code ``template_limit`` past a limit."""
+    return str(_sandbox.render("template", text, context, max_bytes))
 
 
 def render_value(
     value: Any, context: Mapping[str, Any], *, max_bytes: int = MAX_OUTPUT_BYTES
 ) -> Any:
-    """Renders every string inside ``value`` (dict values and list items, recursively).
+    """Renders every string inside ``value`` (dict values and list items, recursively),
+    under the budget (see :mod:`.sandbox`).
 
     Keys, numbers, booleans and null are kept as they are. ``max_bytes`` bounds the total
     output of all the strings together.
     """
+    return _sandbox.render("value", value, context, max_bytes)
+
+
+def evaluate_condition(expr: str, context: Mapping[str, Any]) -> bool:
+    """Evaluates a condition to a bool under the budget (see :mod:`.sandbox`); raises
+    ExpressionError on any failure.
+
+    An undefined name or key raises (use ``is defined`` to test for optional data).
+    """
+    return bool(_sandbox.render("condition", expr, context, MAX_OUTPUT_BYTES))
+
+
+def render_template_here(
+    text: str, context: Mapping[str, Any], *, max_bytes: int = MAX_OUTPUT_BYTES
+) -> str:
+    """render_template in this process, without a CPU or memory budget."""
+    return _render(text, context, _Budget(max_bytes))
+
+
+def render_value_here(
+    value: Any, context: Mapping[str, Any], *, max_bytes: int = MAX_OUTPUT_BYTES
+) -> Any:
+    """render_value in this process, without a CPU or memory budget."""
     budget = _Budget(max_bytes)
 
     def walk(item: Any, depth: int) -> Any:
@@ -394,7 +607,9 @@ def render_value(
             return _render(item, context, budget)
         if isinstance(item, Mapping | list | tuple):
             if depth >= MAX_NESTING:
-                raise ExpressionError(f"the value nests deeper than {MAX_NESTING} levels")
+                raise ExpressionError(
+                    f"the value nests deeper than {MAX_NESTING} levels", code="too_deep"
+                )
             if isinstance(item, Mapping):
                 return {key: walk(child, depth + 1) for key, child in item.items()}
             return [walk(child, depth + 1) for child in item]
@@ -403,20 +618,19 @@ def render_value(
     return walk(value, 0)
 
 
-def evaluate_condition(expr: str, context: Mapping[str, Any]) -> bool:
-    """Evaluates a condition to a bool; raises ExpressionError on any failure.
-
-    An undefined name or key raises (use ``is defined`` to test for optional data).
-    """
+def evaluate_condition_here(expr: str, context: Mapping[str, Any]) -> bool:
+    """evaluate_condition in this process, without a CPU or memory budget."""
     if not isinstance(expr, str):
-        raise ExpressionError(f"a condition must be a string, not {type(expr).__name__}")
+        raise ExpressionError(
+            f"a condition must be a string, not {type(expr).__name__}", code="invalid_template"
+        )
     try:
         compiled = _compile_condition(expr)
         return bool(compiled(dict(context)))
     except ExpressionError:
         raise
     except Exception as exc:
-        raise ExpressionError(_describe(exc)) from exc
+        raise _error_for(exc) from exc
 
 
 # --- context --------------------------------------------------------------------------------
@@ -458,3 +672,7 @@ def build_context(
             "started_at": _plain(started_at),
         },
     }
+
+
+# The budget: imported last, since it imports this module (and is only used at call time).
+from workflows.definitions import sandbox as _sandbox  # noqa: E402

@@ -20,6 +20,7 @@ from typing import Any
 
 from workflows.definitions.fields import is_int, show, type_label
 from workflows.definitions.registry import Registry, StepReport, StepType
+from workflows.definitions.sandbox import LIMIT_MARK, template_limits
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,13 @@ class IssueReport(StepReport):
         super().__init__(step_id)
         self.step_ids = frozenset(step_ids)
         self.step_types = dict(step_types or {})  # step id -> its type name, when valid
+
+    def issue(self, code: str, field_path: str, message: str) -> None:
+        # A template or condition over a limit (its message names the limit) gets its own
+        # code, whichever check reported it.
+        if code in ("malformed_template", "malformed_condition") and LIMIT_MARK in message:
+            code = "template_too_large"
+        super().issue(code, field_path, message)
 
 
 @dataclass
@@ -87,9 +95,23 @@ class StepChecks:
         self.check_retry(index, sid, step, step_type)
         edges = self.check_next(index, sid, step, step_type)
         edges.extend(self.check_on_failure(index, sid, step, step_type))
-        if step_type is not None:
+        if step_type is not None and self.check_condition_count(index, sid, step):
             edges.extend(self.run_type_checks(index, sid, step, step_type))
         return step_type, edges
+
+    def check_condition_count(self, index: int, sid: str | None, step: dict[Any, Any]) -> bool:
+        """A step's conditions (the cases of ``when``) are capped before any is parsed: each
+        one is parsed when the definition is checked and may be evaluated on every pass.
+        False (the step type's own checks are skipped) when there are too many."""
+        cases = step.get("when")
+        limit = template_limits().max_branch_conditions
+        if isinstance(cases, list) and len(cases) > limit:
+            self.at_step(
+                "too_many_conditions", sid, index, "when",
+                f"has {len(cases)} conditions {LIMIT_MARK}MAX_BRANCH_CONDITIONS: {limit})",
+            )  # fmt: skip
+            return False
+        return True
 
     def check_type(self, index: int, sid: str | None, step: dict[Any, Any]) -> StepType | None:
         if "type" not in step:

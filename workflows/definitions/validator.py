@@ -41,6 +41,7 @@ from workflows.definitions.fields import (
 from workflows.definitions.graph import shortest_cycle, strongly_connected_components
 from workflows.definitions.registry import Registry, StepType
 from workflows.definitions.registry import registry as default_registry
+from workflows.definitions.sandbox import definition_budget, template_limits
 from workflows.definitions.step_checks import Edge, StepChecks
 from workflows.definitions.storable import UNSTORABLE_REASON, unstorable_path
 
@@ -81,6 +82,8 @@ ISSUE_CODES = (
     "malformed_condition",
     "step_type_not_available",
     "invalid_limits",
+    "template_too_large",
+    "too_many_conditions",
 )
 
 
@@ -437,7 +440,9 @@ def validate_definition(
     """
     max_bytes, max_steps = _configured_limits(max_bytes, max_steps)
     reg = registry if registry is not None else default_registry
-    return _Validation(definition, reg, max_bytes, max_steps).run()
+    # All the templates and conditions of one definition share one parse budget (tokens).
+    with definition_budget(template_limits().max_definition_template_tokens):
+        return _Validation(definition, reg, max_bytes, max_steps).run()
 
 
 def _unavailable_types(definition: object, registry: Registry) -> list[DefinitionIssue]:

@@ -2,8 +2,9 @@
 
 Each role (web, relay, sweep, one worker per lane) runs as its own child process, so a crash
 or a kill in one never takes another down. A child that dies is restarted after a short
-backoff; SIGTERM or SIGINT stops every child with SIGTERM, waits for the grace period, then
-kills what is left.
+backoff, unless it exits with ``EXIT_CONFIG`` (78, sysexits' EX_CONFIG): restarting a
+misconfigured child cannot help, so the supervisor stops every child and reports it. SIGTERM
+or SIGINT stops every child with SIGTERM, waits for the grace period, then kills what is left.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from .stop_signals import on_stop_signal
 
 logger = logging.getLogger(__name__)
 
+EXIT_CONFIG = 78
+
 
 @dataclass
 class Child:
@@ -28,9 +31,11 @@ class Child:
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = field(default=0.0)
+    # Descriptors the child inherits (the web's listening socket).
+    pass_fds: Sequence[int] = ()
 
     def start(self) -> None:
-        self.process = subprocess.Popen(list(self.argv))  # noqa: S603 (our own argv)
+        self.process = subprocess.Popen(list(self.argv), pass_fds=tuple(self.pass_fds))  # noqa: S603
         self.started_at = time.monotonic()
         logger.info("started %s (pid %s)", self.name, self.process.pid)
 
@@ -40,8 +45,11 @@ class Supervisor:
         self.children = children
         self.grace_seconds = grace_seconds
         self.stopping = threading.Event()
+        self.failure: str | None = None
 
-    def run(self) -> None:
+    def run(self) -> str | None:
+        """Supervise until stopped; returns why it stopped on its own (a misconfigured
+        child), or None after SIGTERM or SIGINT."""
         with on_stop_signal(self.stopping.set):
             try:
                 for child in self.children:
@@ -50,6 +58,7 @@ class Supervisor:
                     self._restart_dead()
             finally:
                 self._stop_all()
+        return self.failure
 
     def _restart_dead(self) -> None:
         for child in self.children:
@@ -57,6 +66,10 @@ class Supervisor:
             code = child.process.poll()
             if code is None:
                 continue
+            if code == EXIT_CONFIG:
+                self.failure = f"{child.name} exited with {code} (misconfigured); stopping"
+                self.stopping.set()
+                return
             # Back off when a child keeps dying at start-up, so a broken child cannot spin.
             delay = min(30.0, 0.5 * 2 ** min(child.restarts, 6))
             if time.monotonic() - child.started_at > 60:

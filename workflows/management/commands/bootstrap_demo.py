@@ -29,7 +29,7 @@ class Command(BaseCommand):
         self.stdout.write(
             "\n".join(
                 [
-                    "Waymark demo is ready",
+                    "Waymark demo data is set up",
                     f"  admin:      http://{host}:{port}/admin/",
                     f"  user:       {demo.admin_user}",
                     f"  password:   {password}",

@@ -20,9 +20,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, org: str, slug: str, file: Path, name: str, **opts: Any) -> None:
         try:
-            definition = json.loads(file.read_text())
+            content = json.loads(file.read_text())
         except (OSError, ValueError) as exc:
             raise CommandError(f"unreadable_definition: {file}: {exc}") from exc
+        definition = _definition_in(content, file)
         try:
             version = automation_publish_definition(
                 org=organisation_get(slug=org), slug=slug, definition=definition, name=name
@@ -33,3 +34,17 @@ class Command(BaseCommand):
         except WaymarkError as exc:
             raise CommandError(f"{exc.code}: {exc.detail}") from exc
         self.stdout.write(f"{slug} v{version.number} published ({version.digest[:12]})")
+
+
+def _definition_in(content: Any, file: Path) -> dict[str, Any]:
+    """The definition a file holds: bare (``{"start": …, "steps": […]}``), or wrapped as the
+    API's request body (``{"definition": {…}}``), so one file serves both."""
+    if isinstance(content, dict) and "definition" in content:
+        if set(content) == {"definition"} and isinstance(content["definition"], dict):
+            return content["definition"]
+    elif isinstance(content, dict):
+        return content
+    raise CommandError(
+        f"not_a_definition: {file} must hold a definition object "
+        '({"start": ..., "steps": [...]}) or the API\'s body {"definition": {...}}, nothing else'
+    )
