@@ -22,6 +22,7 @@ import pytest
 from pytest_django.fixtures import Settings
 from rest_framework.test import APIClient
 
+from workflows import steptypes
 from workflows.definitions import sandbox
 from workflows.definitions.expressions import (
     ExpressionError,
@@ -33,6 +34,7 @@ from workflows.definitions.expressions import (
     render_value,
 )
 from workflows.definitions.validator import validate_definition
+from workflows.engine.executors import StepFailure
 from workflows.models import Run
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
@@ -387,3 +389,24 @@ def test_a_start_whose_inline_set_step_is_a_bomb_fails_and_the_api_answers(
     )
     response = api.post("/api/v1/runs", {"automation": "ok", "input": BOMB_INPUT}, format="json")
     assert (response.status_code, response.json()["status"]) == (201, "succeeded")
+
+
+# --- a busy pool is not the template's fault -------------------------------------------------
+
+
+def test_no_free_renderer_is_a_retryable_failure(settings: Settings) -> None:
+    settings.WAYMARK = {**settings.WAYMARK, "TEMPLATE_PROCESSES": 1,
+                        "TEMPLATE_WAIT_SECONDS": 0.2, "TEMPLATE_CPU_SECONDS": 0.2}  # fmt: skip
+    pool = sandbox._pool()
+    limits = sandbox.template_limits()
+    held = pool._checkout(limits, time.monotonic() + 60)  # another tenant's bomb, say
+    try:
+        costly = "{% for x in input.l %}{{ x }}{% endfor %}"
+        error, _ = bounded(lambda: render_template(costly, context(l=[1, 2])))
+        assert (error.code, error.retryable) == ("renderer_busy", True)
+        with pytest.raises(StepFailure) as failure:
+            steptypes.render({"v": costly}, context(l=[1, 2]))
+        assert failure.value.retryable  # the step is retried, not failed for good
+    finally:
+        pool._checkin(held, True)
+    assert render_template(costly, context(l=[1, 2])) == "12"  # and renders once one is free

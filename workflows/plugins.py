@@ -88,4 +88,4 @@ def render(value: object, context: dict[str, object]) -> object:
     try:
         return render_value(value, context)
     except ExpressionError as exc:
-        raise StepFailure(f"template error: {exc}", retryable=False) from exc
+        raise StepFailure(f"template error: {exc}", retryable=exc.retryable) from exc

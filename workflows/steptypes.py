@@ -37,8 +37,9 @@ def render(value: Any, context: Mapping[str, Any]) -> Any:
     try:
         return render_value(value, context)
     except ExpressionError as exc:
-        # A template that fails on this run's data fails the same way on every retry.
-        raise StepFailure(f"template error: {exc}", retryable=False) from exc
+        # A template that fails on this run's data fails the same way on every retry; only
+        # a busy renderer (not the template's doing) is worth retrying.
+        raise StepFailure(f"template error: {exc}", retryable=exc.retryable) from exc
 
 
 VALUE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -157,7 +158,7 @@ def run_branch(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepCon
             if evaluate_condition(case["if"], context):
                 return StepResult(output={"outcome": outcome}, outcome=outcome)
         except ExpressionError as exc:
-            raise StepFailure(f"condition {outcome!r}: {exc}", retryable=False) from exc
+            raise StepFailure(f"condition {outcome!r}: {exc}", retryable=exc.retryable) from exc
     return StepResult(output={"outcome": "default"}, outcome="default")
 
 

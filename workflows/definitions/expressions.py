@@ -92,10 +92,15 @@ class ExpressionError(Exception):
     that names interpreter internals (a ``sys.`` function, a heap address).
     """
 
-    def __init__(self, message: str, *, code: str = "render_failed") -> None:
+    def __init__(
+        self, message: str, *, code: str = "render_failed", retryable: bool = False
+    ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        # True when the template itself is not at fault (no renderer was free): a retry of
+        # the step may render it. Anything the template did fails the same way every time.
+        self.retryable = retryable
 
 
 # --- size guards ----------------------------------------------------------------------------

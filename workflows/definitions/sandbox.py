@@ -870,8 +870,10 @@ class RenderPool:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise _limit_error(
-                        f"no template renderer was free within {limits.wait_seconds:g} s"
+                    raise ExpressionError(
+                        f"no template renderer was free within {limits.wait_seconds:g} s",
+                        code="renderer_busy",
+                        retryable=True,
                     )
                 self.lock.wait(left)
         try:
