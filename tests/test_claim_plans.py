@@ -77,6 +77,12 @@ CLAIM = {"lane": "io", "n": 16, "worker": "w", "lease": 30, "after_org": 0}
 PROMOTE = {"lane": "io", "n": 500, "worker": "w"}
 
 
+def step_indexes() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_index WHERE indrelid = 'workflows_step'::regclass")
+        return int(cursor.fetchone()[0])
+
+
 def claim_buffers() -> tuple[int, int]:
     return buffers(sql.CLAIM, CLAIM, "step_claimable")
 
@@ -106,8 +112,9 @@ def test_not_yet_due_work_costs_the_claim_and_the_retry_promotion_nothing(org) -
     # Finding and locking the claimable work reads exactly the same pages.
     assert backlog_claim_scans == claim_scans, report
     # Updating the claimed row adds entries to the table's indexes, now 400,000 rows tall
-    # instead of 200,000: a page where an index gained a level, never a page per row.
-    assert backlog_claim_total <= claim_total + 2, report
+    # instead of 200,000: at most a page for each index that gained a level, never a page
+    # per row.
+    assert backlog_claim_total <= claim_total + step_indexes(), report
     # The promotion reads the due end of an index over the waiting rows, which was empty:
     # only its height grows.
     assert backlog_promote_scans <= promote_scans + 2, report
