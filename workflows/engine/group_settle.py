@@ -28,7 +28,7 @@ from .walk import TakeNext
 
 logger = logging.getLogger(__name__)
 
-MAX_GROUP = 32
+MAX_GROUP = 6
 
 
 @dataclass
@@ -42,8 +42,9 @@ class _Request:
 
 
 class GroupSettler:
-    def __init__(self, worker: str) -> None:
+    def __init__(self, worker: str, max_group: int = MAX_GROUP) -> None:
         self.worker = worker
+        self.max_group = max_group
         self.requests: queue.Queue[_Request] = queue.Queue()
         self.groups = 0  # transactions committed with more than one settle (for tests)
 
@@ -66,7 +67,7 @@ class GroupSettler:
             except queue.Empty:
                 continue
             batch = [first]
-            while len(batch) < MAX_GROUP:
+            while len(batch) < self.max_group:
                 try:
                     batch.append(self.requests.get_nowait())
                 except queue.Empty:

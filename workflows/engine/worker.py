@@ -53,6 +53,7 @@ from .walk import TakeNext
 logger = logging.getLogger(__name__)
 
 SETTLE_TRIES = 3
+IDLE_SECOND_LOOK_SECONDS = 0.02  # after listing itself idle (see _claim_loop)
 EXIT_REPLACE_ME = 75  # EX_TEMPFAIL: hung executors; start a fresh process in this one's place
 
 
@@ -111,6 +112,7 @@ class Worker:
         self.next_promotion = 0.0
         self.next_suspect_look = 0.0
         self.listed_idle = False  # in workflows_idleworker (see _list_idle)
+        self.second_look_at = 0.0  # when to claim again after listing (0: no second look)
         self.idle_refresh_at = 0.0
         self.claims = PreparedClaims()  # the claim loop's own connection
         # A settle may claim the run's next step for this worker (not for a suspects-only
@@ -121,7 +123,7 @@ class Worker:
         # Successful steps that finish together commit together (group_settle.py); a
         # suspects-only worker runs one step at a time and has nothing to group.
         grouped = engine_setting("GROUP_SETTLES") and not suspects_only
-        self.settler = GroupSettler(self.name) if grouped else None
+        self.settler = GroupSettler(self.name, engine_setting("GROUP_MAX")) if grouped else None
         # Executors past their timeout that never returned; past this many the process asks
         # to be replaced (``replace_requested``): a hung thread cannot be killed, only left.
         configured = engine_setting("WORKER_MAX_HUNG")
@@ -221,12 +223,22 @@ class Worker:
                     self.tasks.put(attempt)
             if not claimed and not promoted:
                 if idle and self._list_idle():
-                    continue  # claim once more: work made before the listing notified nobody
+                    # Claim once more now, and once more shortly: a transaction that looked
+                    # for idle workers just before the listing committed notified nobody,
+                    # and may commit only after the next claim.
+                    self.second_look_at = time.monotonic() + IDLE_SECOND_LOOK_SECONDS
+                    continue
                 # Nothing to take: sleep until woken (a notification, a finished step, or
                 # shutdown) or until the poll interval has passed. A short batch is no reason
                 # to sleep: the fair share per organisation may have capped it while one
                 # organisation still has a backlog, so claim again at once.
-                self.wake.wait(self.poll_seconds)
+                self.wake.wait(self._sleep_seconds())
+
+    def _sleep_seconds(self) -> float:
+        if not self.second_look_at:
+            return self.poll_seconds
+        left, self.second_look_at = self.second_look_at - time.monotonic(), 0.0
+        return max(0.0, left)
 
     def _list_idle(self) -> bool:
         """List this worker as idle (sql.MARK_IDLE), so a transaction that makes work for
