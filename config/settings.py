@@ -352,9 +352,9 @@ WAYMARK = {
     # Successful steps that finish together in one worker commit in one transaction.
     "GROUP_SETTLES": env.bool("WAYMARK_GROUP_SETTLES", default=True),
     # Settler threads per worker (each commits one group at a time).
-    "GROUP_SETTLERS": env.int("WAYMARK_GROUP_SETTLERS", default=3),
+    "GROUP_SETTLERS": env.int("WAYMARK_GROUP_SETTLERS", default=6),
     # The most settles one group commits together.
-    "GROUP_MAX": env.int("WAYMARK_GROUP_MAX", default=6),
+    "GROUP_MAX": env.int("WAYMARK_GROUP_MAX", default=3),
     # Per-organisation quotas (an organisation's own fields override them; 0: no limit).
     # Reached: 409 quota_exceeded (automations, versions) or 429 (running runs).
     "QUOTA_AUTOMATIONS": env.int("WAYMARK_QUOTA_AUTOMATIONS", default=200),

@@ -53,8 +53,8 @@ def test_a_claim_racing_a_settle_on_the_same_run_does_not_deadlock(org, monkeypa
     real_queries = engine_steps.queries_prepared
 
     def lock_then_wait(cursor: Any, statements: list) -> Any:
-        # The settle sends the run lock and its transition together; here they are split so
-        # that A holds the run's lock until B's claim has returned (or 10 s).
+        # Between the settle's run lock and its transition, A holds the run's lock until B's
+        # claim has returned (or 10 s).
         (locked,) = real_queries(cursor, statements[:1])
         run_locked.set()
         b_done.wait(10)

@@ -28,7 +28,7 @@ from .walk import TakeNext
 
 logger = logging.getLogger(__name__)
 
-MAX_GROUP = 6
+MAX_GROUP = 3
 
 
 @dataclass

@@ -260,8 +260,8 @@ def _settling(
     joining = getattr(_joining, "active", False)
     atomic = transaction.atomic(savepoint=False) if joining else transaction.atomic(durable=True)
     with atomic, connection.cursor() as cursor:
-        # The lock and the transition in one round trip (with the BEGIN): the transition
-        # does not need the lock's answer, only to come after it.
+        # The run lock first (the one lock order: the run, then its steps), then the
+        # transition.
         locked, transitioned = queries_prepared(
             cursor, [(sql.LOCK_RUN, {"id": step.run_id}), (statement, params)]
         )

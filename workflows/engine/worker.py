@@ -148,7 +148,7 @@ class Worker:
             threads += [
                 threading.Thread(target=self.settler.run, args=(self.halt,),
                                  name=f"settler-{i}", daemon=True)
-                for i in range(engine_setting("GROUP_SETTLERS"))
+                for i in range(min(engine_setting("GROUP_SETTLERS"), self.concurrency))
             ]  # fmt: skip
         if not self.suspects_only:  # suspects come from lapsed leases, not wake-ups: it polls
             threads.append(
