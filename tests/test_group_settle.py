@@ -47,7 +47,7 @@ def test_a_busy_worker_commits_steps_in_groups_and_each_settles_once(org) -> Non
         run_start(org=org, automation_slug="three", run_input={"n": n}, start_key=f"g{n}").run_id
         for n in range(150)
     ]
-    worker = spawn_worker(concurrency=16)
+    worker = spawn_worker(concurrency=16, WAYMARK_GROUP_SETTLES="1")
     with running(worker):
         wait_for(
             lambda: not Run.objects.filter(pk__in=ids, status="running").exists(),
