@@ -423,23 +423,14 @@ def check_template(text: object) -> str | None:
         return "must be a string"
     if not is_template(text):
         return None
-    try:
+
+    def parsed() -> tuple[nodes.Node, Iterable[str]]:
         tree = _sandbox.parse_template(text)
         if next(tree.find_all(_SCOPING_NODES), None) is None:
-            names: Iterable[str] = (n.name for n in tree.find_all(nodes.Name) if n.ctx == "load")
-        else:
-            names = meta.find_undeclared_variables(tree)
-        return _tree_problem(tree, names)
-    except _sandbox.AlreadyReported:
-        return None
-    except _sandbox.TemplateTooLarge as exc:
-        return str(exc)
-    except TemplateSyntaxError as exc:
-        return _syntax_message(exc, text)
-    except RecursionError:
-        return "is nested too deeply"
-    except Exception as exc:
-        return f"cannot be compiled: {_error_for(exc).message}"
+            return tree, (n.name for n in tree.find_all(nodes.Name) if n.ctx == "load")
+        return tree, meta.find_undeclared_variables(tree)
+
+    return _parse_problem(text, parsed)
 
 
 def check_condition(expr: object) -> str | None:
@@ -450,17 +441,28 @@ def check_condition(expr: object) -> str | None:
         return "is empty"
     if expr.lstrip().startswith(("{{", "{%")):
         return "must be a bare expression such as input.total > 100, without {{ }}"
-    try:
+
+    def parsed() -> tuple[nodes.Node, Iterable[str]]:
         tree = _sandbox.parse_condition(expr)
         found = (tree, *tree.find_all(nodes.Name))  # find_all skips the root: `x` alone
         names = (node.name for node in found if isinstance(node, nodes.Name) and node.ctx == "load")
+        return tree, names
+
+    return _parse_problem(expr, parsed)
+
+
+def _parse_problem(text: str, parsed: Callable[[], tuple[nodes.Node, Iterable[str]]]) -> str | None:
+    """What is wrong with a template or condition, as check_template and check_condition
+    report it: parsed under the limits, then its names and filters checked."""
+    try:
+        tree, names = parsed()
         return _tree_problem(tree, names)
     except _sandbox.AlreadyReported:
         return None
     except _sandbox.TemplateTooLarge as exc:
         return str(exc)
     except TemplateSyntaxError as exc:
-        return _syntax_message(exc, expr)
+        return _syntax_message(exc, text)
     except RecursionError:
         return "is nested too deeply"
     except Exception as exc:
