@@ -221,3 +221,19 @@ def test_the_database_cache_sets_by_upsert_and_expires() -> None:
         assert cursor.fetchone()[0] == 1
     cache.set("gone", 1, 0)  # a timeout of 0 expires at once, as in Django's backends
     assert cache.get("gone") is None
+
+
+def test_key_use_is_recorded_at_most_every_five_minutes(org) -> None:
+    key, raw = api_key_create(org=org, name="k")
+    client = client_with(raw)
+    assert client.get("/api/v1/runs").status_code == 200
+    key.refresh_from_db()
+    first = key.last_used_at
+    assert first is not None
+    assert client.get("/api/v1/runs").status_code == 200
+    key.refresh_from_db()
+    assert key.last_used_at == first  # recent: not written again
+    ApiKey.objects.filter(pk=key.pk).update(last_used_at=first - timedelta(minutes=10))
+    assert client.get("/api/v1/runs").status_code == 200
+    key.refresh_from_db()
+    assert key.last_used_at is not None and key.last_used_at > first - timedelta(minutes=1)

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from ..errors import ApiKeyExpired, ApiKeyRevoked, InvalidApiKey, NotFound
 from ..models import ApiKey, Organisation
@@ -51,20 +52,28 @@ def api_key_authenticate(raw: str) -> ApiKey:
     parts = raw.split("_", 2)
     if len(parts) != 3 or parts[0] != KEY_PREFIX:
         raise InvalidApiKey()
-    key = ApiKey.objects.select_related("org").filter(prefix=parts[1]).first()
-    if key is None or not key.matches(raw):
+    try:
+        key = ApiKey.objects.select_related("org").get(prefix=parts[1])
+    except ApiKey.DoesNotExist:
+        raise InvalidApiKey() from None
+    if not key.matches(raw):
         raise InvalidApiKey()
     if key.is_revoked:
         raise ApiKeyRevoked()
     if key.is_expired:
         raise ApiKeyExpired()
-    _touch(key)
+    if key.last_used_at is None or key.last_used_at < timezone.now() - TOUCH_EVERY:
+        _touch(key)
     return key
 
 
+TOUCH_EVERY = timedelta(minutes=5)
+
+
 def _touch(key: ApiKey) -> None:
-    """Record use at most every few minutes, so authentication stays a read on the hot path."""
-    stale = Now() - timedelta(minutes=5)
+    """Record use at most every few minutes (the caller checks the row it read, so most
+    requests write nothing; the guard here keeps concurrent requests from writing twice)."""
+    stale = Now() - TOUCH_EVERY
     ApiKey.objects.filter(pk=key.pk).filter(
         Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale)
     ).update(last_used_at=Now())
