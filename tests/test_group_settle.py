@@ -102,3 +102,31 @@ def test_steps_of_one_run_can_share_a_group(org) -> None:
     assert [r.error for r in requests] == [None, None]
     assert settler.groups == 1
     assert Run.objects.get(pk=run_id).status == "succeeded"
+
+
+def test_a_worker_killed_mid_group_loses_no_step_and_settles_none_twice(org) -> None:
+    automation_publish_definition(org=org, slug="three", definition=THREE_IO)
+    ids = [
+        run_start(org=org, automation_slug="three", run_input={"n": n}, start_key=f"k{n}").run_id
+        for n in range(120)
+    ]
+    first = spawn_worker(concurrency=16, WAYMARK_GROUP_SETTLES="1")
+    with running(first):
+        wait_for(
+            lambda: Run.objects.filter(pk__in=ids, status="succeeded").count() >= 20,
+            timeout=300,
+            what="some runs to finish",
+        )
+        first.kill()  # SIGKILL, mid-drain: groups in flight are lost or committed, never half
+        first.wait(timeout=30)
+    second = spawn_worker(concurrency=16, WAYMARK_GROUP_SETTLES="1")
+    with running(second):
+        wait_for(
+            lambda: not Run.objects.filter(pk__in=ids, status="running").exists(),
+            timeout=300,
+            what="every run to finish after the kill",
+        )
+    assert set(Run.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"succeeded"}
+    for step_id in "abc":
+        settled = RunEvent.objects.filter(run_id__in=ids, kind="step.succeeded", step_id=step_id)
+        assert settled.count() == 120  # once per run: a lost group re-runs, a committed one not
