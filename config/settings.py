@@ -413,4 +413,6 @@ WAYMARK_WEB = {
     "MAX_REQUEST_LINE_BYTES": env.int("WAYMARK_WEB_MAX_REQUEST_LINE_BYTES", default=8190),
     "MAX_HEADER_BYTES": env.int("WAYMARK_WEB_MAX_HEADER_BYTES", default=65_536),
     "MAX_BODY_BYTES": env.int("WAYMARK_WEB_MAX_BODY_BYTES", default=10_485_760),
+    # One INFO line per request (logger waymark.access): address, method, path, status, time.
+    "ACCESS_LOG": env.bool("WAYMARK_WEB_ACCESS_LOG", default=True),
 }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import logging
 import math
 import os
 import signal
@@ -182,6 +183,30 @@ def web_settings() -> dict[str, Any]:
     return dict(settings.WAYMARK_WEB)
 
 
+access_log = logging.getLogger("waymark.access")
+
+
+def logged(application: Any) -> Any:
+    """The application, with one INFO line per request on ``waymark.access``: client
+    address, method, path, status and time to the answer's start. Never the query string
+    or a header: they may carry a key, a cursor or a person's data."""
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        began = time.monotonic()
+
+        def start(status: str, headers: Any, exc_info: Any = None) -> Any:
+            access_log.info(
+                "%s %s %s %s %.1f ms", environ.get("REMOTE_ADDR", "-"),
+                environ.get("REQUEST_METHOD", "-"), environ.get("PATH_INFO", "-"),
+                status.split(" ", 1)[0], (time.monotonic() - began) * 1000,
+            )  # fmt: skip
+            return start_response(status, headers, exc_info)
+
+        return application(environ, start)
+
+    return app
+
+
 def make_server(listener: socket.socket, application: Any) -> Server:
     web = web_settings()
     adj = Adjustments(
@@ -214,6 +239,8 @@ def serve(fd: int, grace: float) -> None:
     except OSError as error:
         print(f"web: no listening socket on fd {fd}: {error}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
+    if web_settings()["ACCESS_LOG"]:
+        application = logged(application)
     server = make_server(listener, application)
     stopping: list[int] = []
 

@@ -44,7 +44,7 @@ def start_web(procs, tmp_path: Path, **env: str) -> int:
         engine = subprocess.Popen(
             [sys.executable, "manage.py", "runengine", "--web-only", "--port", str(port),
              "--grace", "1"],
-            cwd=ROOT, env=engine_env(**env), stdout=sink,
+            cwd=ROOT, env=engine_env(**env), stdout=sink, stderr=subprocess.STDOUT,
         )  # fmt: skip
     procs.append(engine)
     wait_for(lambda: b"ready" in out.read_bytes() or engine.poll() is not None,
@@ -154,3 +154,16 @@ def test_a_taken_port_stops_runengine_with_one_line(procs) -> None:
     assert b"ready" not in out
     lines = err.decode().strip().splitlines()
     assert len(lines) == 1 and f"127.0.0.1:{port} is already in use" in lines[0], err
+
+
+def test_each_request_is_logged_without_its_query_string(procs, tmp_path: Path) -> None:
+    port = start_web(procs, tmp_path, WAYMARK_LOG_LEVEL="INFO")
+    status, _ = get(port, "/livez?token=secret-value")
+    assert status == 200
+    out = tmp_path / f"web-{port}.out"
+    line = wait_for(
+        lambda: next((x for x in out.read_text().splitlines() if "GET /livez 200" in x), None),
+        what="the access log line",
+    )
+    assert "waymark.access" in line and "127.0.0.1" in line
+    assert "secret-value" not in out.read_text()
