@@ -50,17 +50,15 @@ def test_a_claim_racing_a_settle_on_the_same_run_does_not_deadlock(org, monkeypa
     run_locked = threading.Event()
     b_done = threading.Event()
     a_done = threading.Event()
-    real_queries = engine_steps.queries_prepared
+    real_lock_run = engine_steps.lock_run
 
-    def lock_then_wait(cursor: Any, statements: list) -> Any:
-        # Between the settle's run lock and its transition, A holds the run's lock until B's
-        # claim has returned (or 10 s).
-        (locked,) = real_queries(cursor, statements[:1])
+    def slow_lock_run(cursor: Any, run: int) -> Any:
+        state = real_lock_run(cursor, run)
         run_locked.set()
-        b_done.wait(10)
-        return [locked, *real_queries(cursor, statements[1:])]
+        b_done.wait(10)  # A holds the run's lock until B's claim has returned (or 10 s)
+        return state
 
-    monkeypatch.setattr(engine_steps, "queries_prepared", lock_then_wait)
+    monkeypatch.setattr(engine_steps, "lock_run", slow_lock_run)
     results: dict[str, Any] = {}
 
     def settle_a() -> None:

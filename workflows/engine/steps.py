@@ -33,10 +33,10 @@ from .sql.rows import (
     insert_events,
     insert_wakes,
     json_or_null,
-    queries_prepared,
+    query_prepared,
 )
 from .transport import own_connection
-from .walk import CONTINUATION_TYPE, RunState, TakeNext, Walk, lock_run
+from .walk import CONTINUATION_TYPE, TakeNext, Walk, lock_run
 
 logger = logging.getLogger(__name__)
 
@@ -260,15 +260,8 @@ def _settling(
     joining = getattr(_joining, "active", False)
     atomic = transaction.atomic(savepoint=False) if joining else transaction.atomic(durable=True)
     with atomic, connection.cursor() as cursor:
-        # The run lock first (the one lock order: the run, then its steps), then the
-        # transition.
-        locked, transitioned = queries_prepared(
-            cursor, [(sql.LOCK_RUN, {"id": step.run_id}), (statement, params)]
-        )
-        if not locked:
-            raise LookupError(f"run {step.run_id} does not exist")
-        run = RunState(**locked[0])
-        if not transitioned:
+        run = lock_run(cursor, step.run_id)
+        if not query_prepared(cursor, statement, params):
             yield None
             return
         yield Walk(cursor, run, definition_for(run.version_id), worker=worker, take_next=take)

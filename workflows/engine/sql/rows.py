@@ -112,24 +112,18 @@ def run_batch(
 
 def query_prepared(cursor: Any, sql: str, params: Any) -> list[dict[str, Any]]:
     """One statement as a server-side prepared statement, in the caller's transaction on the
-    connection behind ``cursor``; its rows by column name (none for a command)."""
-    (rows,) = queries_prepared(cursor, [(sql, params)])
-    return rows
+    connection behind ``cursor``; its rows by column name (none for a command).
 
-
-def queries_prepared(cursor: Any, statements: list[Statement]) -> list[list[dict[str, Any]]]:
-    """Several statements, each prepared, in order; the rows of each, by column name.
-
-    Not pipelined: sending the settle's run lock and transition as one pipeline saved a
-    round trip but cost the drained rate 17 % (psycopg's pipeline does more Python work per
-    statement, and a busy worker's settling threads share one interpreter)."""
+    Sent on its own, not pipelined with the statement after it: pipelining the settle's run
+    lock with its transition saved a round trip but cost the drained rate 17 % (psycopg's
+    pipeline does more Python work per statement, and a busy worker's settling threads share
+    one interpreter)."""
     conn = _psycopg_connection(cursor)
     with _database_errors(cursor):
-        cursors = [_execute_prepared(conn, sql, params) for sql, params in statements]
-    results = [fetch_dicts(each) if each.description else [] for each in cursors]
-    for each in cursors:
-        each.close()
-    return results
+        prepared = _execute_prepared(conn, sql, params)
+        rows = fetch_dicts(prepared) if prepared.description else []
+    prepared.close()
+    return rows
 
 
 def _execute_prepared(conn: psycopg.Connection[Any], sql: str, params: Any) -> psycopg.Cursor[Any]:
