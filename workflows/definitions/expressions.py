@@ -552,10 +552,16 @@ def _render(text: str, context: Mapping[str, Any], budget: _Budget) -> str:
     if not is_template(text):
         budget.take(text)
         return text
+    return collect_rendered(lambda: _compile_template(text).generate(dict(context)), budget)
+
+
+def collect_rendered(chunks: Callable[[], Iterable[str]], budget: _Budget) -> str:
+    """The text a renderer yields (``chunks`` makes it: compiling, or walking the tree on
+    the fast path), taken chunk by chunk against the output budget, refused if unstorable;
+    any other failure becomes an ExpressionError with its stable code."""
     parts: list[str] = []
     try:
-        template = _compile_template(text)
-        for chunk in template.generate(dict(context)):
+        for chunk in chunks():
             budget.take(chunk)
             if has_unstorable(chunk):
                 raise ExpressionError(f"the rendered text {UNSTORABLE_REASON}", code="unstorable")

@@ -60,7 +60,6 @@ from jinja2.parser import Parser
 
 from workflows.definitions import expressions as _expr
 from workflows.definitions.expressions import ExpressionError
-from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
 
 __all__ = [
     "LIMIT_MARK",
@@ -521,18 +520,7 @@ def _generate(body: list[nodes.Node], ctx: Mapping[str, Any]) -> Iterator[str]:
 
 
 def _render_fast(tree: nodes.Template, context: Mapping[str, Any], budget: Any) -> str:
-    parts: list[str] = []
-    try:
-        for chunk in _generate(tree.body, context):
-            budget.take(chunk)
-            if has_unstorable(chunk):
-                raise ExpressionError(f"the rendered text {UNSTORABLE_REASON}", code="unstorable")
-            parts.append(chunk)
-    except ExpressionError:
-        raise
-    except Exception as exc:
-        raise _expr._error_for(exc) from exc
-    return "".join(parts)
+    return _expr.collect_rendered(lambda: _generate(tree.body, context), budget)
 
 
 def _fast_value(value: Any, depth: int, trees: dict[str, nodes.Template]) -> bool:
