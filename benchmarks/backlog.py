@@ -20,10 +20,9 @@ import argparse
 import json
 import subprocess
 import sys
-import threading
 import time
 
-from common import ROOT, THREE_IO, setup
+from common import ROOT, THREE_IO, setup, start_runs
 
 setup("waymark_backlog")
 
@@ -33,7 +32,6 @@ from workflows.engine import sql  # noqa: E402
 from workflows.engine.lanes import lane_policy  # noqa: E402
 from workflows.models import Organisation  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
-from workflows.services.runs import run_start  # noqa: E402
 
 CLAIM = {"lane": "io", "n": 16, "worker": "bench", "lease": 30, "after_org": 0}
 
@@ -64,20 +62,6 @@ def reset() -> None:
         )
 
 
-def start_runs(org: Organisation, count: int, tag: str, threads: int = 8) -> None:
-    def starter(offset: int) -> None:
-        for n in range(offset, count, threads):
-            run_start(org=org, automation_slug="three", run_input={"n": n},
-                      start_key=f"{tag}-{n}")  # fmt: skip
-        connection.close()
-
-    workers = [threading.Thread(target=starter, args=(i,)) for i in range(threads)]
-    for thread in workers:
-        thread.start()
-    for thread in workers:
-        thread.join()
-
-
 def claim_figures() -> tuple[int, float]:
     """Buffers touched and execution time of one claim of 16 (rolled back), caches warm."""
     with connection.cursor() as cursor:
@@ -96,7 +80,7 @@ def claim_figures() -> tuple[int, float]:
 
 
 def drain(org: Organisation, runs: int, tag: str) -> dict[str, float]:
-    start_runs(org, runs, tag)
+    start_runs(org, "three", runs, tag, threads=8)
     buffers, claim_ms = claim_figures()
     roles = [["relay"]] + [["worker", "--lane", "io"]] * lane_policy("io").processes
     processes = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +51,31 @@ def commits() -> int:
         )
         row = cursor.fetchone()
     return int(row[0]) if row else 0
+
+
+def start_runs(org: Any, slug: str, count: int, tag: str, threads: int) -> list[int]:
+    """Start ``count`` runs of automation ``slug`` (start keys ``tag-n``) from ``threads``
+    threads through the service; their ids. Call after ``setup``."""
+    from django.db import connection
+
+    from workflows.services.runs import run_start
+
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    def starter(offset: int) -> None:
+        mine = [
+            run_start(org=org, automation_slug=slug, run_input={"n": n},
+                      start_key=f"{tag}-{n}").run_id
+            for n in range(offset, count, threads)
+        ]  # fmt: skip
+        with lock:
+            ids.extend(mine)
+        connection.close()
+
+    workers = [threading.Thread(target=starter, args=(i,)) for i in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    return ids

@@ -23,10 +23,9 @@ import argparse
 import os
 import subprocess
 import sys
-import threading
 import time
 
-from common import ROOT, THREE_IO, commits, setup
+from common import ROOT, THREE_IO, commits, setup, start_runs
 
 setup("waymark_bench")
 
@@ -35,7 +34,6 @@ from django.db import connection  # noqa: E402
 from workflows.engine.lanes import lane_policy  # noqa: E402
 from workflows.models import Organisation, Run  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
-from workflows.services.runs import run_start  # noqa: E402
 
 MIXED = {
     "start": "greet",
@@ -79,29 +77,6 @@ def setup(slug: str) -> Organisation:
     return org
 
 
-def start_runs(org: Organisation, count: int, tag: str, threads: int) -> list[int]:
-    ids: list[int] = []
-    lock = threading.Lock()
-
-    def starter(offset: int) -> None:
-        mine = []
-        for n in range(offset, count, threads):
-            started = run_start(
-                org=org, automation_slug="bench", run_input={"n": n}, start_key=f"{tag}-{n}"
-            )
-            mine.append(started.run_id)
-        with lock:
-            ids.extend(mine)
-        connection.close()
-
-    workers = [threading.Thread(target=starter, args=(i,)) for i in range(threads)]
-    for thread in workers:
-        thread.start()
-    for thread in workers:
-        thread.join()
-    return ids
-
-
 def wait_finished(ids: list[int], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -128,7 +103,7 @@ def throughput(args: argparse.Namespace) -> None:
     processes = engine(["relay"], *io_workers())
     time.sleep(3)  # let them start
     before, began = commits(), time.monotonic()
-    ids = start_runs(org, args.runs, f"t{int(time.time())}", args.starters)
+    ids = start_runs(org, "bench", args.runs, f"t{int(time.time())}", args.starters)
     wait_finished(ids, timeout=600)
     elapsed = time.monotonic() - began
     used = commits() - before
@@ -173,7 +148,7 @@ def fairness(args: argparse.Namespace) -> None:
     print(f"busy organisation: {args.backlog} ready io steps")
     processes = engine(["relay"], *io_workers())
     time.sleep(3)
-    ids = start_runs(quiet, args.quiet_runs, f"q{int(time.time())}", 1)
+    ids = start_runs(quiet, "bench", args.quiet_runs, f"q{int(time.time())}", 1)
     wait_finished(ids, timeout=600)
     lat = latencies(ids)
     remaining = Run.objects.filter(org=busy, status="running").count() if args.backlog else 0
