@@ -41,12 +41,17 @@ def settle_transactions(step_ids: list[int]) -> int:
         return int(cursor.fetchone()[0])
 
 
-def test_a_busy_worker_commits_steps_in_groups_and_each_settles_once(org) -> None:
+def start_three_io_runs(org, count: int, tag: str) -> list[int]:
     automation_publish_definition(org=org, slug="three", definition=THREE_IO)
-    ids = [
-        run_start(org=org, automation_slug="three", run_input={"n": n}, start_key=f"g{n}").run_id
-        for n in range(150)
-    ]
+    return [
+        run_start(org=org, automation_slug="three", run_input={"n": n},
+                  start_key=f"{tag}{n}").run_id
+        for n in range(count)
+    ]  # fmt: skip
+
+
+def finish_with_a_grouping_worker(ids: list[int]) -> None:
+    """A worker with group settles on runs until every one of ``ids`` has finished."""
     worker = spawn_worker(concurrency=16, WAYMARK_GROUP_SETTLES="1")
     with running(worker):
         wait_for(
@@ -54,6 +59,11 @@ def test_a_busy_worker_commits_steps_in_groups_and_each_settles_once(org) -> Non
             timeout=300,
             what="every run to finish",
         )
+
+
+def test_a_busy_worker_commits_steps_in_groups_and_each_settles_once(org) -> None:
+    ids = start_three_io_runs(org, 150, "g")
+    finish_with_a_grouping_worker(ids)
     assert set(Run.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"succeeded"}
     io_steps = Step.objects.filter(run_id__in=ids, type="noop")
     assert io_steps.count() == 450 and set(io_steps.values_list("attempt", flat=True)) == {1}
@@ -105,11 +115,7 @@ def test_steps_of_one_run_can_share_a_group(org) -> None:
 
 
 def test_a_worker_killed_mid_group_loses_no_step_and_settles_none_twice(org) -> None:
-    automation_publish_definition(org=org, slug="three", definition=THREE_IO)
-    ids = [
-        run_start(org=org, automation_slug="three", run_input={"n": n}, start_key=f"k{n}").run_id
-        for n in range(120)
-    ]
+    ids = start_three_io_runs(org, 120, "k")
     first = spawn_worker(concurrency=16, WAYMARK_GROUP_SETTLES="1")
     with running(first):
         wait_for(
@@ -119,13 +125,7 @@ def test_a_worker_killed_mid_group_loses_no_step_and_settles_none_twice(org) -> 
         )
         first.kill()  # SIGKILL, mid-drain: groups in flight are lost or committed, never half
         first.wait(timeout=30)
-    second = spawn_worker(concurrency=16, WAYMARK_GROUP_SETTLES="1")
-    with running(second):
-        wait_for(
-            lambda: not Run.objects.filter(pk__in=ids, status="running").exists(),
-            timeout=300,
-            what="every run to finish after the kill",
-        )
+    finish_with_a_grouping_worker(ids)  # another worker, after the first one's leases lapse
     assert set(Run.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"succeeded"}
     for step_id in "abc":
         settled = RunEvent.objects.filter(run_id__in=ids, kind="step.succeeded", step_id=step_id)
