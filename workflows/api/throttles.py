@@ -52,7 +52,7 @@ class WindowThrottle(SimpleRateThrottle):
         if count >= self.limit:
             self._wait = self._until_next(window)
             return False
-        self.cache.set(f"{self.key}:{window}", count + 1, self.period + 1)
+        self._count_one(window, count)
         return True
 
     def wait(self) -> float | None:
@@ -73,6 +73,9 @@ class WindowThrottle(SimpleRateThrottle):
         if self.key is None or not self.limit:
             return
         window, count = self._count()
+        self._count_one(window, count)
+
+    def _count_one(self, window: int, count: int) -> None:
         self.cache.set(f"{self.key}:{window}", count + 1, self.period + 1)
 
     def _count(self) -> tuple[int, int]:
