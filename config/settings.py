@@ -368,6 +368,32 @@ WAYMARK = {
 }
 
 
+# --- Effects (effects/) ------------------------------------------------------------------
+EFFECTS = {
+    # Keys that encrypt connection secrets at rest (Fernet keys, comma-separated): the first
+    # encrypts, every one decrypts, so a key is rotated by putting a new one first and
+    # running `manage.py rotate_connection_secrets`. Empty: one key derived from SECRET_KEY.
+    "SECRET_KEYS": env.list("WAYMARK_EFFECTS_SECRET_KEYS", default=[]),
+    # An effect's own lease: the call's timeout plus this margin. A lapsed lease makes the
+    # effect outcome_unknown (the call may have been made).
+    "LEASE_MARGIN_SECONDS": env.float("WAYMARK_EFFECTS_LEASE_MARGIN_SECONDS", default=10.0),
+    # A connection at its concurrency cap, an open circuit or another attempt's live effect:
+    # the step waits this long (at least) before it looks again; it costs no attempt.
+    "DEFER_SECONDS": env.float("WAYMARK_EFFECTS_DEFER_SECONDS", default=2.0),
+    # The circuit breaker: this many consecutive failures open it for the cool-down; then
+    # one probe call decides (success closes it, failure opens it again).
+    "CIRCUIT_FAILURES": env.int("WAYMARK_EFFECTS_CIRCUIT_FAILURES", default=5),
+    "CIRCUIT_COOLDOWN_SECONDS": env.float("WAYMARK_EFFECTS_CIRCUIT_COOLDOWN_SECONDS", default=30.0),
+    # A step parked on a broken connection or an exhausted model budget waits this long for
+    # a repair before it fails.
+    "PARK_SECONDS": env.float("WAYMARK_EFFECTS_PARK_SECONDS", default=7 * 86_400),
+    # Email: Django's backend (SMTP unless set otherwise).
+    "EMAIL_BACKEND": env.str(
+        "WAYMARK_EFFECTS_EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend"
+    ),
+}
+
+
 def _routine_security_event(record: logging.LogRecord) -> bool:
     """A log filter: a routine refusal as one WARNING line, where Django logs an ERROR with a
     traceback (for every request a scanner sends). A function here, not in an app module:

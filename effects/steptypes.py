@@ -1,7 +1,10 @@
-"""Effect step types: http, email, slack_message and model.
+"""Effect step types: http, email, slack_message, model and crm_upsert.
 
-Each does work outside the walk (lane "io", or "slow" for model) and finishes with the
-outcome "ok" or "failed". Registered from ``EffectsConfig.ready()``.
+Each does work outside the walk (lane "io", or "slow" for model) through the effect ledger
+(``effects/ledger.py``) and finishes with the outcome "ok"; a step that contacts a person
+(email, slack_message) finishes with "suppressed" instead when the address is on the
+organisation's suppression list at send time (nothing is sent). Registered from
+``EffectsConfig.ready()``.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from workflows.plugins import (
+    RetryPolicy,
     StepReport,
     StepType,
     check_choice,
@@ -24,7 +28,17 @@ from workflows.plugins import (
     register_step_type,
 )
 
+from .perform import executor_for_provider
+
 EFFECT_OUTCOMES = frozenset({"ok", "failed"})
+CONTACT_OUTCOMES = frozenset({"ok", "failed", "suppressed"})
+# Provider failures that no retry fixes: a refused request, a refused address, revoked
+# credentials (those park the step instead), an unknown connection.
+NOT_RETRYABLE = frozenset({"bad_request", "egress_refused", "auth", "unknown_connection"})
+EFFECT_RETRY = RetryPolicy(non_retryable=NOT_RETRYABLE)
+# Model calls cost money on every attempt: few retries, long backoff.
+MODEL_RETRY = RetryPolicy(max_attempts=2, base_seconds=5.0, cap_seconds=300.0,
+                          non_retryable=NOT_RETRYABLE)  # fmt: skip
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 CONNECTION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
@@ -33,6 +47,10 @@ MAX_MODEL_TOKENS = 100_000
 
 def effect_outcomes(step: Mapping[str, Any]) -> frozenset[str]:
     return EFFECT_OUTCOMES
+
+
+def contact_outcomes(step: Mapping[str, Any]) -> frozenset[str]:
+    return CONTACT_OUTCOMES
 
 
 def _check_connection(step: Mapping[str, Any], report: StepReport) -> None:
@@ -80,7 +98,10 @@ HTTP = StepType(
     name="http",
     lane="io",
     validate=validate_http,
+    execute=executor_for_provider("http"),
+    built=True,
     outcomes=effect_outcomes,
+    retry=EFFECT_RETRY,
     app="effects",
 )
 
@@ -95,8 +116,21 @@ def validate_email(step: Mapping[str, Any], report: StepReport) -> None:
     _check_connection(step, report)
 
 
+def validate_email_connection(step: Mapping[str, Any], report: StepReport) -> None:
+    validate_email(step, report)
+    if "connection" not in step:
+        report.issue("missing_field", "connection", "is required (the mail server to send through)")
+
+
 EMAIL = StepType(
-    name="email", lane="io", validate=validate_email, outcomes=effect_outcomes, app="effects"
+    name="email",
+    lane="io",
+    validate=validate_email_connection,
+    execute=executor_for_provider("email", channel="email"),
+    built=True,
+    outcomes=contact_outcomes,
+    retry=EFFECT_RETRY,
+    app="effects",
 )
 
 
@@ -108,13 +142,18 @@ def validate_slack_message(step: Mapping[str, Any], report: StepReport) -> None:
     check_template_field(step, "channel", report)
     check_template_field(step, "text", report)
     _check_connection(step, report)
+    if "connection" not in step:
+        report.issue("missing_field", "connection", "is required (the Slack workspace to post to)")
 
 
 SLACK_MESSAGE = StepType(
     name="slack_message",
     lane="io",
     validate=validate_slack_message,
-    outcomes=effect_outcomes,
+    execute=executor_for_provider("slack_message", channel="slack"),
+    built=True,
+    outcomes=contact_outcomes,
+    retry=EFFECT_RETRY,
     app="effects",
 )
 
@@ -131,13 +170,47 @@ def validate_model(step: Mapping[str, Any], report: StepReport) -> None:
     _check_connection(step, report)
     if "prompt" in step and isinstance(step["prompt"], str) and not step["prompt"].strip():
         report.issue("invalid_field", "prompt", "must not be empty")
+    if "connection" not in step:
+        report.issue("missing_field", "connection", "is required (the model endpoint to ask)")
 
 
 MODEL = StepType(
-    name="model", lane="slow", validate=validate_model, outcomes=effect_outcomes, app="effects"
+    name="model",
+    lane="slow",
+    validate=validate_model,
+    execute=executor_for_provider("model"),
+    built=True,
+    outcomes=effect_outcomes,
+    retry=MODEL_RETRY,
+    app="effects",
 )
 
-STEP_TYPES = (HTTP, EMAIL, SLACK_MESSAGE, MODEL)
+# --- crm_upsert -----------------------------------------------------------------------------
+
+
+def validate_crm_upsert(step: Mapping[str, Any], report: StepReport) -> None:
+    check_fields(step, report, ("object", "external_id", "fields", "connection"))
+    check_string(step, "object", report, max_length=100, pattern=CONNECTION_NAME_RE,
+                 hint=": an object name is letters, digits, _ . or -")  # fmt: skip
+    check_template_field(step, "external_id", report)
+    check_template_value(step, "fields", report, required=False)
+    if "connection" not in step:
+        report.issue("missing_field", "connection", "is required (the CRM to write to)")
+    _check_connection(step, report)
+
+
+CRM_UPSERT = StepType(
+    name="crm_upsert",
+    lane="io",
+    validate=validate_crm_upsert,
+    execute=executor_for_provider("crm_upsert"),
+    built=True,
+    outcomes=effect_outcomes,
+    retry=EFFECT_RETRY,
+    app="effects",
+)
+
+STEP_TYPES = (HTTP, EMAIL, SLACK_MESSAGE, MODEL, CRM_UPSERT)
 
 
 def register_step_types() -> None:

@@ -11,6 +11,10 @@ from workflows.services.tenancy import api_key_create
 from .factories import OrganisationFactory
 from .processes import kill_tree
 
+# The local stub servers (Slack, SMTP, an HTTP provider, a model API), for any test that
+# asks for one by name.
+from .stubs.fixtures import model_stub, provider_stub, slack_stub, smtp_stub  # noqa: F401
+
 
 @pytest.fixture
 def org(db: None) -> Organisation:

@@ -50,14 +50,23 @@ from .definitions.fields import (
     check_template_field,
     check_template_value,
 )
-from .definitions.registry import INLINE, WORKER_LANES, StepReport, StepType, registry
-from .engine.executors import Park, StepContext, StepFailure, StepResult
+from .definitions.registry import (
+    INLINE,
+    WORKER_LANES,
+    RetryPolicy,
+    StepReport,
+    StepType,
+    registry,
+)
+from .engine.executors import Park, StepContext, StepDeferred, StepFailure, StepResult
 
 __all__ = [
     "INLINE",
     "WORKER_LANES",
     "Park",
+    "RetryPolicy",
     "StepContext",
+    "StepDeferred",
     "StepFailure",
     "StepReport",
     "StepResult",

@@ -45,6 +45,21 @@ Execute = Callable[[Mapping[str, Any], Mapping[str, Any], Any], Any]
 
 
 @dataclass(frozen=True)
+class RetryPolicy:
+    """How a step type retries its own failures, beside its lane's defaults.
+
+    Backoff is exponential with full jitter, uniform(0, min(cap, base * 2**(n-1))), kept as
+    the step's durable ``wake_at`` (no worker sleeps through it); a failure's own
+    ``retry_after`` (a provider's Retry-After) wins over it. A failure whose ``error_class``
+    is in ``non_retryable`` is not retried at all. None fields take the lane's value."""
+
+    max_attempts: int | None = None
+    base_seconds: float | None = None
+    cap_seconds: float | None = None
+    non_retryable: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class StepType:
     """One kind of step.
 
@@ -60,6 +75,7 @@ class StepType:
     built     False while the engine cannot execute it yet (no ``execute``): definitions
               using it validate, but publishing them is refused.
     app       the Django app label that registered it (for docs and error messages).
+    retry     its RetryPolicy; None: the lane's.
     """
 
     name: str
@@ -71,6 +87,7 @@ class StepType:
     terminal: bool = False
     built: bool = False
     app: str = ""
+    retry: RetryPolicy | None = None
     references: Callable[[Mapping[str, Any]], dict[str, str]] = field(
         default=lambda step: {}, compare=False
     )

@@ -32,6 +32,9 @@ class Park:
     deadline_seconds: float
     on_deadline: str | None = None
     detail: Mapping[str, Any] = field(default_factory=dict)
+    # True when the park is not the step's doing (a broken connection, an exhausted budget):
+    # the attempt that parked does not count against max_attempts.
+    refund_attempt: bool = False
 
 
 @dataclass
@@ -44,11 +47,35 @@ class StepResult:
 
 
 class StepFailure(Exception):
-    """The step did not succeed. ``retryable=False`` skips the remaining attempts."""
+    """The step did not succeed. ``retryable=False`` skips the remaining attempts.
 
-    def __init__(self, message: str, *, retryable: bool = True) -> None:
+    ``retry_after`` (seconds) replaces the backoff before the next attempt (a provider's
+    Retry-After wins over the schedule); ``error_class`` names the kind of failure
+    ("rate_limited", "unavailable", "auth", ...) for the step type's retry policy."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = True,
+        retry_after: float | None = None,
+        error_class: str = "",
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.retry_after = retry_after
+        self.error_class = error_class
+
+
+class StepDeferred(Exception):
+    """Not now, and not the step's fault: run it again after ``seconds`` without counting
+    this attempt (a connection at its concurrency cap, an open circuit breaker, an effect
+    another attempt still holds). The wait is durable (the step's ``wake_at``)."""
+
+    def __init__(self, seconds: float, reason: str) -> None:
+        super().__init__(reason)
+        self.seconds = max(0.0, seconds)
+        self.reason = reason
 
 
 @dataclass(frozen=True)

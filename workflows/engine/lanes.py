@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 
-from ..definitions.registry import INLINE, WORKER_LANES
+from ..definitions.registry import INLINE, WORKER_LANES, RetryPolicy
 
 __all__ = ["INLINE", "WORKER_LANES", "LanePolicy", "engine_setting", "lane_policy"]
 
@@ -24,10 +24,19 @@ class LanePolicy:
     backoff_cap_seconds: float
     processes: int = 1  # worker processes runengine starts for the lane
 
-    def backoff(self, failed_attempts: int, rng: random.Random | None = None) -> float:
-        """Exponential backoff with full jitter: uniform(0, min(cap, base * 2**(n-1)))."""
+    def backoff(
+        self,
+        failed_attempts: int,
+        rng: random.Random | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> float:
+        """Exponential backoff with full jitter: uniform(0, min(cap, base * 2**(n-1))), with
+        the step type's base and cap (``retry``) where it sets them."""
+        base = retry.base_seconds if retry and retry.base_seconds is not None else None
+        cap = retry.cap_seconds if retry and retry.cap_seconds is not None else None
         ceiling = min(
-            self.backoff_cap_seconds, self.backoff_base_seconds * 2 ** (failed_attempts - 1)
+            cap if cap is not None else self.backoff_cap_seconds,
+            (base if base is not None else self.backoff_base_seconds) * 2 ** (failed_attempts - 1),
         )
         return (rng or random).uniform(0, ceiling)
 

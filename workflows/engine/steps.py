@@ -21,9 +21,10 @@ from django.db import connection, transaction
 from psycopg.rows import dict_row
 
 from ..definitions.expressions import build_context
+from ..definitions.registry import registry
 from . import sql
 from .definition_cache import definition_for
-from .executors import StepContext, StepFailure, StepResult
+from .executors import StepContext, StepDeferred, StepFailure, StepResult
 from .faults import crash_point
 from .lanes import LanePolicy
 from .places import Entry, Place
@@ -323,8 +324,17 @@ def settle_failure(
 ) -> bool:
     """Schedule a retry while attempts remain; otherwise fail the step and walk on."""
     error = str(failure)[:2000]
-    if failure.retryable and step.attempts_used < step.max_attempts:
-        return _schedule_retry(step, error, worker=worker, policy=policy)
+    step_type = registry.get(step.type)
+    retry = step_type.retry if step_type is not None else None
+    retryable = failure.retryable and not (
+        retry is not None and failure.error_class in retry.non_retryable
+    )
+    if retryable and step.attempts_used < step.max_attempts:
+        # A provider's Retry-After wins over the schedule.
+        delay = failure.retry_after
+        if delay is None:
+            delay = policy.backoff(step.attempts_used, retry=retry)
+        return _schedule_retry(step, error, worker=worker, delay=delay)
     failed = {"id": step.id, "attempt": step.attempt, "error": error}
     with _settling(step, sql.SETTLE_FAILED, failed, worker=worker) as walk:
         if walk is None:
@@ -349,6 +359,7 @@ def _settle_park(step: ClaimedStep, result: StepResult, *, worker: str) -> bool:
         parked: dict[str, Any] = {
             "id": step.id, "attempt": step.attempt, "deadline": park.deadline_seconds,
             "detail": json_or_null(detail), "output": json_or_null(result.output),
+            "refund": park.refund_attempt,
         }  # fmt: skip
         cursor.execute(sql.SETTLE_PARK, parked)
         if cursor.fetchone() is None:
@@ -376,17 +387,26 @@ def settle_continuation(step: ClaimedStep, *, worker: str) -> bool:
     return True
 
 
-def _schedule_retry(step: ClaimedStep, error: str, *, worker: str, policy: LanePolicy) -> bool:
-    delay = policy.backoff(step.attempts_used)
+def settle_deferred(step: ClaimedStep, deferred: StepDeferred, *, worker: str) -> bool:
+    """Run the step again after ``deferred.seconds``; this attempt does not count."""
+    return _schedule_retry(
+        step, deferred.reason[:2000], worker=worker, delay=deferred.seconds, refund=True
+    )
+
+
+def _schedule_retry(
+    step: ClaimedStep, error: str, *, worker: str, delay: float, refund: bool = False
+) -> bool:
+    params: dict[str, Any] = {
+        "id": step.id, "attempt": step.attempt, "error": error, "delay": delay, "refund": refund,
+    }  # fmt: skip
     with transaction.atomic(durable=True), connection.cursor() as cursor:
-        cursor.execute(
-            sql.SETTLE_RETRY,
-            {"id": step.id, "attempt": step.attempt, "error": error, "delay": delay},
-        )
+        cursor.execute(sql.SETTLE_RETRY, params)
         if cursor.fetchone() is None:
             return False
         detail = {"error": error, "delay_seconds": round(delay, 3)}
-        insert_events(cursor, [_step_event(step, "step.retry_scheduled", worker, detail)])
+        kind = "step.deferred" if refund else "step.retry_scheduled"
+        insert_events(cursor, [_step_event(step, kind, worker, detail)])
     return True
 
 

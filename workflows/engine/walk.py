@@ -351,8 +351,10 @@ class Walk:
             self.forks.fork(step, iteration, place)
             return
         if step_type.lane != "inline":
+            type_policy = step_type.retry.max_attempts if step_type.retry else None
             max_attempts = (
                 step.get("retry", {}).get("max_attempts")
+                or type_policy
                 or lane_policy(step_type.lane).max_attempts
             )
             self.live_added += 1

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from django.db import InterfaceError, OperationalError, connection
 
 from . import sql
-from .executors import StepFailure, StepResult, executor_for
+from .executors import StepDeferred, StepFailure, StepResult, executor_for
 from .faults import crash_point, heartbeats_paused
 from .group_settle import GroupSettler
 from .lanes import LanePolicy, engine_setting
@@ -43,6 +43,7 @@ from .steps import (
     run_context,
     settle_and_take_next,
     settle_continuation,
+    settle_deferred,
     settle_failure,
     step_context,
 )
@@ -399,7 +400,10 @@ class Worker:
             failure = self._timeout_failure()  # whatever it returned, it was too late
         elif self._abandoned(step, lost):
             return None
-        if failure is not None:
+        if isinstance(failure, StepDeferred):
+            deferred = failure
+            self._settle(step, lambda: settle_deferred(step, deferred, worker=self.name))
+        elif failure is not None:
             self._fail(step, failure)
         elif result is not None:
             settled = self._settle(step, self._success(step, result))
@@ -416,14 +420,16 @@ class Worker:
             return lambda: settler.settle(step, result, take)
         return lambda: settle_and_take_next(step, result, worker=self.name, take=take)
 
-    def _run_executor(self, attempt: Attempt) -> tuple[StepResult | None, StepFailure | None]:
+    def _run_executor(
+        self, attempt: Attempt
+    ) -> tuple[StepResult | None, StepFailure | StepDeferred | None]:
         step = attempt.step
         ctx = step_context(step, deadline=attempt.deadline, lost=attempt.lost)
         assert not connection.in_atomic_block, "executors never run inside a transaction"
         try:
             step_def, context = run_context(step)
             return executor_for(step.type)(step_def, context, ctx), None
-        except StepFailure as failure:
+        except (StepFailure, StepDeferred) as failure:
             return None, failure
         except Exception as exc:  # a bug or an outage in the step: retry it, never crash
             logger.exception("step %s attempt %s raised", step.id, step.attempt)

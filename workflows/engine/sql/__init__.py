@@ -211,10 +211,13 @@ RETURNING run_id
 
 # A failed attempt with attempts left waits out a jittered backoff, outside the claimable
 # index (PROMOTE_DUE_RETRIES makes it ready again once due).
+# A deferral (``refund``: not the step's fault) does not count the attempt against
+# max_attempts, like a hand-back on shutdown.
 SETTLE_RETRY = """
 UPDATE workflows_step
    SET status = 'waiting', error = %(error)s, owner = NULL, lease_until = NULL,
-       wait_kind = 'retry', wake_at = now() + make_interval(secs => %(delay)s)
+       wait_kind = 'retry', wake_at = now() + make_interval(secs => %(delay)s),
+       release_count = release_count + CASE WHEN %(refund)s THEN 1 ELSE 0 END
  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
 RETURNING run_id
 """
@@ -225,7 +228,8 @@ SETTLE_PARK = """
 UPDATE workflows_step
    SET status = 'waiting', owner = NULL, lease_until = NULL, wait_kind = 'external',
        wake_at = now() + make_interval(secs => %(deadline)s), wait_detail = %(detail)s,
-       output = %(output)s
+       output = %(output)s,
+       release_count = release_count + CASE WHEN %(refund)s THEN 1 ELSE 0 END
  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
 RETURNING run_id
 """

@@ -1,0 +1,299 @@
+"""The outbound-address guard for the ``http`` effect step.
+
+The http step fetches URLs built from run data, so a run could aim it at the engine's own
+network: loopback services, private hosts, or the cloud metadata endpoint that hands out
+credentials. Every TCP connection the step's client makes (the first request and every
+redirect hop) therefore resolves the host here, refuses when any resolved address is not
+public (unless the organisation's allowlist permits it), and then connects to the vetted
+address itself, so a second DNS answer can never replace the one that was checked.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+import ssl
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TypeAlias
+
+import httpcore
+import httpx
+
+IPAddress: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+METADATA_REASON = "link-local/metadata address"
+
+# Cloud metadata endpoints, named first so the reason says "metadata" even where the
+# address also sits in a broader range (fd00:ec2::254 is unique-local, 100.100.100.200 is
+# in the carrier-grade NAT block).
+_METADATA = frozenset(
+    ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")
+)
+
+# Checked in order; the first match names the reason. Explicit rather than relying on
+# is_private/is_global alone, whose ranges differ between Python patch releases.
+_REFUSED: tuple[tuple[IPNetwork, str], ...] = tuple(
+    (ipaddress.ip_network(net), reason)
+    for net, reason in (
+        # Linux connects 0.0.0.0 to the local host, so "this network" is as bad as loopback.
+        ("0.0.0.0/8", "unspecified address"),
+        ("::/128", "unspecified address"),
+        ("127.0.0.0/8", "loopback address"),
+        ("::1/128", "loopback address"),
+        ("169.254.0.0/16", METADATA_REASON),
+        ("fe80::/10", METADATA_REASON),
+        ("10.0.0.0/8", "private address"),
+        ("172.16.0.0/12", "private address"),
+        ("192.168.0.0/16", "private address"),
+        ("fc00::/7", "unique-local (private) address"),
+        ("fec0::/10", "site-local (private) address"),
+        ("100.64.0.0/10", "carrier-grade NAT address"),
+        # RFC 8215 local-use NAT64: where the IPv4 part sits depends on the local prefix
+        # length, so it cannot be unwrapped; it is private by definition.
+        ("64:ff9b:1::/48", "local-use NAT64 address"),
+        ("224.0.0.0/4", "multicast address"),
+        ("ff00::/8", "multicast address"),
+        ("192.0.2.0/24", "documentation address"),
+        ("198.51.100.0/24", "documentation address"),
+        ("203.0.113.0/24", "documentation address"),
+        ("2001:db8::/32", "documentation address"),
+        ("3fff::/20", "documentation address"),
+        ("198.18.0.0/15", "benchmarking address"),
+        ("2001:2::/48", "benchmarking address"),
+        # IETF protocol assignments (NAT64 discovery, DS-Lite, dummy addresses); Python
+        # 3.11 counts parts of it as global. Its two anycast services are no http target.
+        ("192.0.0.0/24", "IETF protocol-assignment address"),
+        ("240.0.0.0/4", "reserved address"),  # includes the broadcast 255.255.255.255
+    )
+)
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+# One DNS label: letters, digits and inner hyphens (host names arrive IDNA-encoded).
+_LABEL_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+
+
+class EgressRefused(Exception):
+    """The http step may not connect to this address (a step failure, not a retry)."""
+
+    code = "egress_refused"
+
+    def __init__(self, host: str, address: str, reason: str) -> None:
+        self.host = host
+        self.address = address
+        self.reason = reason
+        super().__init__(
+            f"refused {address} for host {host!r}: {reason} "
+            "(allowlist it for this organisation to permit)"
+        )
+
+
+@dataclass(frozen=True)
+class Allowlist:
+    """What one organisation's http steps may reach beyond public addresses."""
+
+    hosts: frozenset[str] = frozenset()  # exact names, or ".suffix" for any subdomain
+    networks: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def parse(cls, entries: Iterable[str]) -> Allowlist:
+        """Build from stored entries: host names, ".suffix", addresses and CIDRs."""
+        hosts: set[str] = set()
+        networks: list[IPNetwork] = []
+        for raw in entries:
+            parsed = _parse_entry(raw)
+            if isinstance(parsed, str):
+                hosts.add(parsed)
+            else:
+                networks.append(parsed)
+        return cls(hosts=frozenset(hosts), networks=tuple(networks))
+
+    def permits_host(self, host: str) -> bool:
+        # A trailing dot names the same DNS host, so "db.corp." matches "db.corp".
+        name = host.lower().rstrip(".")
+        if name in self.hosts:
+            return True
+        return any(entry.startswith(".") and name.endswith(entry) for entry in self.hosts)
+
+    def permits_address(self, address: IPAddress) -> bool:
+        # Membership across families is simply False, so mixed lists need no filtering.
+        return any(address in network for network in self.networks)
+
+
+def _parse_entry(raw: str) -> str | IPNetwork:
+    entry = raw.strip().lower()
+    if not entry:
+        raise ValueError("empty allowlist entry")
+    if "://" in entry:
+        raise ValueError(f"{raw!r}: give the host name alone, not a URL")
+    if "%" in entry:
+        # ip_network accepts "fe80::1%eth0" but matching ignores the zone; say so instead.
+        raise ValueError(f"{raw!r}: addresses with a zone (%...) are not supported")
+    if "/" in entry:
+        return _parse_network(entry)
+    try:
+        return ipaddress.ip_network(entry)  # a bare address: its /32 or /128
+    except ValueError:
+        pass
+    if entry.startswith("*."):
+        raise ValueError(f"{raw!r}: write {entry[1:]!r} to allow every subdomain")
+    name = entry.rstrip(".")
+    labels = name.removeprefix(".").split(".")
+    if len(name) > 253 or not all(_LABEL_RE.fullmatch(label) for label in labels):
+        raise ValueError(
+            f"{raw!r} is not a host name, '.suffix', IP address or CIDR network "
+            "(use the xn-- form for international names, and no scheme, port or path)"
+        )
+    if labels[-1].isdigit():
+        # "10.1.2" or "999.1.1.1": a mistyped address, not a name DNS could hold.
+        raise ValueError(f"{raw!r} is neither a valid IP address nor a host name")
+    return name
+
+
+def _parse_network(entry: str) -> IPNetwork:
+    try:
+        return ipaddress.ip_network(entry)
+    except ValueError as exc:
+        # Name the usual mistake (host bits set) instead of the bare library message.
+        try:
+            fixed = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(f"{entry!r} is not a valid CIDR network: {exc}") from None
+        raise ValueError(f"{entry!r} has host bits set; did you mean {fixed}?") from None
+
+
+def refusal_reason(address: IPAddress) -> str | None:
+    """Why the http step may not connect to ``address``, or None when it is public."""
+    if address in _METADATA:
+        return METADATA_REASON
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = _embedded_ipv4(address)
+        if embedded is not None:
+            # The socket reaches the IPv4 address inside, so judge that address.
+            form, inner = embedded
+            reason = refusal_reason(inner)
+            return None if reason is None else f"{reason} (the {form} form of {inner})"
+    for network, reason in _REFUSED:
+        if address in network:
+            return reason
+    if address.is_reserved:
+        return "reserved address"
+    if not address.is_global:
+        return "special-purpose (non-global) address"
+    return None
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> tuple[str, ipaddress.IPv4Address] | None:
+    if address.ipv4_mapped is not None:
+        return "IPv4-mapped", address.ipv4_mapped
+    if address.sixtofour is not None:
+        return "6to4", address.sixtofour
+    if address in _NAT64:
+        return "NAT64", ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+class _GuardedBackend(httpcore.SyncBackend):
+    """httpcore's network backend, but every TCP connect is resolved and vetted here."""
+
+    def __init__(self, allow: Allowlist) -> None:
+        self._allow = allow
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        addresses = self._vetted(host, _resolve(host, port))
+        last_error: httpcore.ConnectError | None = None
+        for address in addresses:
+            # An IP literal: the parent's create_connection does no DNS lookup for it.
+            try:
+                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+            except httpcore.ConnectError as exc:
+                # Refused or unreachable fails fast; try the next vetted address as
+                # create_connection would. A timeout propagates so the caller's bound holds.
+                last_error = exc
+        assert last_error is not None  # _resolve never returns an empty list
+        raise last_error
+
+    def _vetted(self, host: str, addresses: list[str]) -> list[str]:
+        # Refuse if ANY answer is refused: otherwise a name answering with one public and
+        # one private address would reach the private one whenever it came first.
+        if self._allow.permits_host(host):
+            return addresses
+        for text in addresses:
+            address = ipaddress.ip_address(text)
+            reason = refusal_reason(address)
+            if reason is not None and not self._allow.permits_address(address):
+                raise EgressRefused(host, text, reason)
+        return addresses
+
+
+def _resolve(host: str, port: int) -> list[str]:
+    """The host's addresses (an IP literal resolves to itself), in the resolver's order."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
+    # dict.fromkeys drops duplicates but keeps the order. IPv6 answers may carry a zone
+    # ("fe80::1%eth0"), which ip_address accepts and the connect needs.
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    if not addresses:
+        raise httpcore.ConnectError(f"no addresses for {host!r}")
+    return addresses
+
+
+class _GuardedTransport(httpx.HTTPTransport):
+    """httpx's transport with its connection pool rebuilt on the guarded backend.
+
+    httpx 0.28 has no public parameter for httpcore's network_backend, so the pool the
+    parent built is replaced; the check below makes an httpx that renames ``_pool`` fail
+    here, loudly, rather than send unguarded requests.
+    """
+
+    def __init__(self, allow: Allowlist, ssl_context: ssl.SSLContext) -> None:
+        super().__init__(verify=ssl_context, trust_env=False)
+        if not isinstance(getattr(self, "_pool", None), httpcore.ConnectionPool):
+            raise RuntimeError("this httpx version cannot take the egress guard")
+        limits = httpx.Limits()
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=ssl_context,  # TLS still verifies (and sends SNI for) the host name
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=_GuardedBackend(allow),
+        )
+
+
+def egress_client(
+    *,
+    allow: Allowlist,
+    timeout: httpx.Timeout | float,
+    max_redirects: int = 5,
+    headers: Mapping[str, str] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+) -> httpx.Client:
+    """An httpx client whose every connection, redirects included, passes the guard.
+
+    ``ssl_context`` defaults to httpx's (certifi) trust store; pass one to trust a private
+    CA. Certificate and host name verification are never switched off here.
+    """
+    if ssl_context is None:
+        ssl_context = httpx.create_ssl_context(trust_env=False)
+    return httpx.Client(
+        transport=_GuardedTransport(allow, ssl_context),  # one transport for every URL and hop
+        timeout=timeout,
+        follow_redirects=True,
+        max_redirects=max_redirects,
+        headers=headers,
+        # No proxy from the environment: the explicit transport already rules that out in
+        # httpx 0.28; saying so here keeps it true if that ever changes.
+        trust_env=False,
+    )

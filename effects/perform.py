@@ -1,0 +1,119 @@
+"""What an effect step does when it runs: find its connection, render its request, check
+consent, and make the call through the ledger (``ledger.run_effect``).
+
+One function per provider-backed step type, made by ``executor_for_provider``; the
+providers are named in ``PROVIDERS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.db import connection as db
+
+from workflows.engine.executors import StepContext, StepFailure, StepResult
+from workflows.engine.sql.rows import fetch_dict
+
+from . import sql
+from .egress import Allowlist
+from .ledger import Call, run_effect
+from .models import Connection, EgressAllow
+from .providers.base import ConnectionInfo, Provider
+from .providers.crm import CrmUpsertProvider
+from .providers.email import EmailProvider
+from .providers.http import HttpProvider
+from .providers.model import ModelProvider
+from .providers.slack import SlackMessageProvider
+from .secrets import SecretUnreadable, decrypt
+
+PROVIDERS: dict[str, Provider] = {
+    provider.name: provider
+    for provider in (
+        HttpProvider(),
+        EmailProvider(),
+        CrmUpsertProvider(),
+        SlackMessageProvider(),
+        ModelProvider(),
+    )
+}
+
+SUPPRESSED = "suppressed"
+
+
+def register_provider(provider: Provider) -> None:
+    PROVIDERS[provider.name] = provider
+
+
+def executor_for_provider(
+    name: str, *, channel: str | None = None
+) -> Callable[[Mapping[str, Any], Mapping[str, Any], StepContext], StepResult]:
+    """The execute function of a step type backed by provider ``name``; ``channel`` names
+    the suppression list its recipients are checked against (it contacts a person)."""
+
+    def execute(
+        step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
+    ) -> StepResult:
+        _refuse_if_failed_by_a_person(ctx)
+        provider = PROVIDERS[name]
+        conn = load_connection(ctx.org_id, step.get("connection"), provider)
+        request = provider.prepare(step, context, conn)
+        if channel is not None and request.recipient is not None:
+            reason = suppression(ctx.org_id, channel, request.recipient)
+            if reason is not None:
+                # Checked now, when it would be sent, not when the run started: never sent.
+                output = {"suppressed": True, "to": request.recipient, "reason": reason}
+                return StepResult(output=output, outcome=SUPPRESSED)
+        return run_effect(Call(ctx, provider, conn, request))
+
+    return execute
+
+
+def _refuse_if_failed_by_a_person(ctx: StepContext) -> None:
+    """Woken because a person failed this step's effect in review (effects/resolve.py)."""
+    woken = ctx.woken_with or {}
+    if woken.get("resolution") == "fail" and woken.get("effect") == ctx.effect_key:
+        reason = woken.get("reason") or "no reason given"
+        raise StepFailure(f"effect failed by a person: {reason}", retryable=False,
+                          error_class="resolved_failed")  # fmt: skip
+
+
+def load_connection(org_id: int, name: str | None, provider: Provider) -> ConnectionInfo | None:
+    """The organisation's connection called ``name``, its secret decrypted for this call."""
+    if not name:
+        if provider.needs_connection:
+            raise StepFailure(f"a {provider.name} step needs a connection", retryable=False,
+                              error_class="unknown_connection")  # fmt: skip
+        return ConnectionInfo(None, "", provider.name, "", {}, "", allow=_allowlist(org_id))
+    row = Connection.objects.filter(org_id=org_id, name=name).first()
+    if row is None:
+        raise StepFailure(f"unknown connection {name!r}: create it, then retry the run",
+                          retryable=False, error_class="unknown_connection")  # fmt: skip
+    if row.provider != provider.name:
+        raise StepFailure(
+            f"connection {name!r} is for {row.provider}, not {provider.name}",
+            retryable=False, error_class="unknown_connection",
+        )  # fmt: skip
+    try:
+        secret = decrypt(row.secret_encrypted)
+    except SecretUnreadable as exc:
+        raise StepFailure(str(exc), retryable=False, error_class="auth") from None
+    return ConnectionInfo(
+        id=row.pk, name=row.name, provider=row.provider, base_url=row.base_url,
+        options=row.options or {}, secret=secret, timeout_seconds=row.timeout_seconds,
+        allow=_allowlist(org_id),
+    )  # fmt: skip
+
+
+def _allowlist(org_id: int) -> Allowlist:
+    entries = EgressAllow.objects.filter(org_id=org_id).values_list("entry", flat=True)
+    return Allowlist.parse(entries)
+
+
+def suppression(org_id: int, channel: str, address: str) -> str | None:
+    """Why ``address`` must not be contacted on ``channel``, or None when it may be."""
+    with db.cursor() as cursor:
+        params: dict[str, Any] = {"org_id": org_id, "channel": channel, "address": address.lower()}
+        cursor.execute(sql.SUPPRESSED, params)
+        row = fetch_dict(cursor)
+    return None if row is None else (row["reason"] or "suppressed")

@@ -1,0 +1,159 @@
+"""What a provider is, and the ways a call to one can end.
+
+A provider turns a step's rendered request into one outside call, keyed by the effect key.
+It declares what makes a repeat safe:
+
+- ``idempotency_keys``: the provider honours the key (an ``Idempotency-Key`` header, an
+  upsert by external id), so a repeat with the same key returns the first result; for
+  ``key_retention_seconds`` (None: for ever);
+- ``can_lookup``: it can be asked whether the effect under a key was made (``lookup``);
+- ``repeatable``: the call makes nothing outside (a model completion): an unknown outcome is
+  simply asked again, at the cost of the budget it reserved.
+
+A call ends with an ``Answer`` (the effect is made), or raises one of the ``CallError``
+kinds below, each saying whether anything may have been made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, ClassVar
+
+from ..egress import Allowlist
+
+
+@dataclass(frozen=True)
+class ConnectionInfo:
+    """A connection as a call sees it: the secret decrypted, for this call only."""
+
+    id: int | None
+    name: str
+    provider: str
+    base_url: str
+    options: Mapping[str, Any]
+    secret: str = field(repr=False)  # never in a repr, a log line or an error
+    timeout_seconds: float = 30.0
+    allow: Allowlist = field(default_factory=Allowlist)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A rendered request. ``summary`` is what the ledger stores (no secrets); ``recipient``
+    is the person it contacts, for the consent check (None: it contacts nobody)."""
+
+    payload: Mapping[str, Any]
+    summary: Mapping[str, Any]
+    recipient: str | None = None
+    reserve: Decimal = Decimal(0)  # a model call's allowed cost, reserved before it
+
+
+@dataclass(frozen=True)
+class Answer:
+    result: Any  # what the step outputs, kept in the ledger for every retry
+    response: Mapping[str, Any] | None = None  # what the provider said (for people)
+    cost: Decimal | None = None
+
+
+class CallError(Exception):
+    """A call that did not produce an answer. ``made`` is "no" (the provider refused or was
+    never reached: calling again is safe) or "unknown" (it may have acted)."""
+
+    made: ClassVar[str] = "unknown"
+    error_class: ClassVar[str] = "unknown"
+    retryable: ClassVar[bool] = True
+    counts_against_circuit: ClassVar[bool] = False
+
+    def __init__(self, message: str, response: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.response = dict(response) if response else None
+
+
+class Ambiguous(CallError):
+    """Timed out after sending, the connection dropped, a 5xx, an answer that cannot be
+    read: the provider may have acted."""
+
+    error_class = "unavailable"
+    counts_against_circuit = True
+
+
+class Unreachable(CallError):
+    """The request never left (no connection could be opened): nothing was made."""
+
+    made = "no"
+    error_class = "unavailable"
+    counts_against_circuit = True
+
+
+class Refused(CallError):
+    """The provider said no (a 4xx): nothing was made, and asking again will not help."""
+
+    made = "no"
+    error_class = "bad_request"
+    retryable = False
+
+
+class RateLimited(CallError):
+    """429: nothing was made; ask again after ``retry_after`` seconds (Retry-After)."""
+
+    made = "no"
+    error_class = "rate_limited"
+
+    def __init__(
+        self, message: str, retry_after: float | None, response: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(message, response)
+        self.retry_after = retry_after
+
+
+class KeyInUse(CallError):
+    """409 for the key: the provider is still working on a request with it. Ask again
+    later with the same key (the outcome is unknown until then)."""
+
+    error_class = "key_in_use"
+
+
+class AuthFailed(CallError):
+    """401/403, a revoked token: nothing was made, and no retry will change that until a
+    person repairs the connection."""
+
+    made = "no"
+    error_class = "auth"
+    retryable = False
+
+
+class Provider:
+    name: ClassVar[str]
+    idempotency_keys: ClassVar[bool] = False
+    key_retention_seconds: ClassVar[float | None] = None
+    can_lookup: ClassVar[bool] = False
+    repeatable: ClassVar[bool] = False
+    needs_connection: ClassVar[bool] = True
+
+    def prepare(
+        self, step: Mapping[str, Any], context: Mapping[str, Any], conn: ConnectionInfo | None
+    ) -> Request:
+        raise NotImplementedError
+
+    def call(self, request: Request, key: str, conn: ConnectionInfo | None) -> Answer:
+        raise NotImplementedError
+
+    def lookup(self, request: Request, key: str, conn: ConnectionInfo | None) -> Answer | None:
+        """The effect made under ``key``, or None when the provider has none."""
+        raise NotImplementedError
+
+    def probe(self, conn: ConnectionInfo) -> None:
+        """Check the connection's credentials without acting (raise AuthFailed or another
+        CallError); the health check of a connection."""
+        raise NotImplementedError
+
+    def supports_key(self, conn: ConnectionInfo | None) -> bool:
+        """Whether a repeat with the same key is safe on this connection."""
+        return self.idempotency_keys
+
+    def supports_lookup(self, conn: ConnectionInfo | None) -> bool:
+        return self.can_lookup
+
+    def retention(self, conn: ConnectionInfo | None) -> float | None:
+        return self.key_retention_seconds

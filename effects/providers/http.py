@@ -1,0 +1,186 @@
+"""The ``http`` provider: any method, templated URL, headers and body, through the egress
+guard. The effect key goes out as an ``Idempotency-Key`` header.
+
+Connection options (all optional; a step without a connection calls a public URL with no
+credentials and no idempotency):
+- ``idempotency_keys`` (bool): the endpoint honours Idempotency-Key, so a repeat with the
+  same key is safe; ``key_retention_seconds``: for how long it remembers a key;
+- ``lookup_url``: a URL with ``{key}`` that answers 200 with the effect made under the key
+  (a non-empty JSON object, list, or ``{"items": [...]}``) or 404 / an empty list;
+- ``auth_header`` (default ``Authorization``) and ``auth_scheme`` (default ``Bearer``) for
+  the secret.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from workflows.plugins import render
+
+from ..egress import Allowlist, EgressRefused, egress_client
+from .base import (
+    Ambiguous,
+    Answer,
+    AuthFailed,
+    CallError,
+    ConnectionInfo,
+    KeyInUse,
+    Provider,
+    RateLimited,
+    Refused,
+    Request,
+    Unreachable,
+)
+
+MAX_BODY_KEPT = 16_384  # characters of a provider's answer kept in the ledger
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """Retry-After as seconds: a number of seconds or an HTTP date; None when absent/bad."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def response_body(response: httpx.Response) -> Any:
+    """The answer's JSON, or its text (cut) when it is not JSON."""
+    try:
+        return response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return response.text[:MAX_BODY_KEPT]
+
+
+def summary(response: httpx.Response) -> dict[str, Any]:
+    return {"status": response.status_code, "body": response_body(response)}
+
+
+def raise_for_status(response: httpx.Response, *, keyed: bool) -> None:
+    """Classify a non-2xx answer: what it says about whether anything was made."""
+    status, said = response.status_code, summary(response)
+    if status < 300:
+        return
+    if status in (401, 403):
+        raise AuthFailed(f"the provider refused the credentials ({status})", said)
+    if status == 429:
+        after = retry_after_seconds(response.headers.get("retry-after"))
+        raise RateLimited(f"rate limited (429, Retry-After {after})", after, said)
+    if status == 409 and keyed:
+        raise KeyInUse("the provider is still working on a request with this key (409)", said)
+    if status == 408 or status >= 500:
+        raise Ambiguous(f"the provider failed ({status}): it may have acted", said)
+    raise Refused(f"the provider refused the request ({status})", said)
+
+
+def transport_error(exc: httpx.HTTPError) -> CallError:
+    """A transport failure: never sent (nothing made) or cut off mid-way (unknown)."""
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return Unreachable(f"could not connect: {exc}")
+    if isinstance(exc, httpx.TimeoutException):
+        return Ambiguous(f"no answer in time ({type(exc).__name__}): it may have acted")
+    return Ambiguous(f"{type(exc).__name__}: {exc}")
+
+
+class EgressDenied(Refused):
+    error_class = "egress_refused"
+
+
+def client(conn: ConnectionInfo | None, timeout: float) -> httpx.Client:
+    return egress_client(allow=conn.allow if conn else Allowlist(), timeout=timeout)
+
+
+def send(conn: ConnectionInfo | None, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    """One request through the egress guard, with the connection's timeout; transport
+    failures become CallErrors."""
+    timeout = conn.timeout_seconds if conn else 30.0
+    try:
+        with client(conn, timeout) as http:
+            return http.request(method, url, **kwargs)
+    except EgressRefused as exc:
+        raise EgressDenied(str(exc)) from exc
+    except httpx.HTTPError as exc:
+        raise transport_error(exc) from exc
+
+
+def auth_headers(conn: ConnectionInfo | None) -> dict[str, str]:
+    if conn is None or not conn.secret:
+        return {}
+    name = str(conn.options.get("auth_header", "Authorization"))
+    scheme = str(conn.options.get("auth_scheme", "Bearer"))
+    return {name: f"{scheme} {conn.secret}".strip()}
+
+
+class HttpProvider(Provider):
+    name = "http"
+    needs_connection = False
+
+    def prepare(
+        self, step: Mapping[str, Any], context: Mapping[str, Any], conn: ConnectionInfo | None
+    ) -> Request:
+        spec = step["request"]
+        method = spec.get("method", "POST")
+        url = str(render(spec["url"], dict(context)))
+        rendered = render(spec.get("headers", {}), dict(context))
+        headers = {str(k): str(v) for k, v in dict(rendered).items()}  # type: ignore[call-overload]
+        body = render(spec["body"], dict(context)) if "body" in spec else None
+        payload = {"method": method, "url": url, "headers": headers, "body": body}
+        # The summary keeps what was asked, minus header values that may carry secrets.
+        shown = {"method": method, "url": url, "headers": sorted(headers), "body": body}
+        return Request(payload=payload, summary=shown)
+
+    def call(self, request: Request, key: str, conn: ConnectionInfo | None) -> Answer:
+        p = request.payload
+        headers = {**p["headers"], **auth_headers(conn), "Idempotency-Key": key}
+        body = p["body"]
+        kwargs: dict[str, Any] = {"headers": headers}
+        if body is not None:
+            kwargs["json"] = body
+        response = send(conn, p["method"], p["url"], **kwargs)
+        raise_for_status(response, keyed=self.supports_key(conn))
+        said = summary(response)
+        return Answer(result=said, response=said)
+
+    def lookup(self, request: Request, key: str, conn: ConnectionInfo | None) -> Answer | None:
+        template = str((conn.options if conn else {}).get("lookup_url", ""))
+        response = send(conn, "GET", template.replace("{key}", quote(key, safe="")),
+                        headers=auth_headers(conn))  # fmt: skip
+        if response.status_code == 404:
+            return None
+        raise_for_status(response, keyed=False)
+        body = response_body(response)
+        found = body.get("items", body) if isinstance(body, dict) else body
+        if isinstance(found, list):
+            found = found[0] if found else None
+        if not found:
+            return None
+        return Answer(result={"status": 200, "body": found, "reconciled": True})
+
+    def probe(self, conn: ConnectionInfo) -> None:
+        url = str(conn.options.get("health_url") or conn.base_url)
+        if not url:
+            return
+        raise_for_status(send(conn, "GET", url, headers=auth_headers(conn)), keyed=False)
+
+    def supports_key(self, conn: ConnectionInfo | None) -> bool:
+        return bool(conn and conn.options.get("idempotency_keys"))
+
+    def supports_lookup(self, conn: ConnectionInfo | None) -> bool:
+        return bool(conn and conn.options.get("lookup_url"))
+
+    def retention(self, conn: ConnectionInfo | None) -> float | None:
+        seconds = conn.options.get("key_retention_seconds") if conn else None
+        return float(seconds) if seconds is not None else 86_400.0

@@ -1,0 +1,142 @@
+"""What people do to effects and connections, and how parked steps go on after.
+
+- A ``needs_review`` effect is resolved by a person: marked done with a result, retried
+  with the same key, or failed (and its step with it). Each resolution is recorded in the
+  run's history, and wakes the step parked on the effect in the same transaction.
+- A broken connection is repaired (a new secret, or a health probe that passes): every step
+  parked on it wakes and runs again from the same step.
+- A raised model budget wakes the steps parked on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from workflows.engine.sql.rows import event_row, fetch_dict, fetch_dicts, insert_events
+from workflows.engine.sql.rows import json_or_null as _json
+from workflows.engine.waits import Wake, wake_step
+
+from . import sql
+from .models import Connection, Effect
+from .providers.base import AuthFailed, CallError
+from .states import ConnectionStatus, EffectState, sources
+
+
+class ResolveError(Exception):
+    """A resolution that cannot be made (stable ``code`` for API and admin messages)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+DONE, RETRY, FAIL = "done", "retry", "fail"
+ACTIONS = (DONE, RETRY, FAIL)
+
+
+def resolve_effect(effect_id: int, action: str, *, by: str, result: Any = None,
+                   reason: str = "") -> None:  # fmt: skip
+    """Resolve a needs_review effect; its parked step wakes in the same transaction."""
+    if action not in ACTIONS:
+        raise ResolveError("invalid_action", f"action must be one of {', '.join(ACTIONS)}")
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        effect = _locked_effect(cursor, effect_id)
+        if effect["state"] != EffectState.NEEDS_REVIEW:
+            raise ResolveError("not_in_review", f"effect is {effect['state']}, not needs_review")
+        params: dict[str, Any] = {"id": effect_id, "by": by}
+        if action == DONE:
+            params |= {"result": _json(result), "sources": sources(EffectState.SETTLED)}
+            cursor.execute(sql.SETTLE_FOUND, params)
+        else:
+            # "retry": nothing is known to be made, on a person's word: the step's next
+            # attempt calls again under the same key. "fail": the step fails with it.
+            why = {RETRY: "a person chose to call again with the same key",
+                   FAIL: f"failed by a person: {reason or 'no reason given'}"}[action]  # fmt: skip
+            params |= {"error": why, "sources": sources(EffectState.FAILED)}
+            cursor.execute(sql.FAIL_REVIEWED, params)
+        detail = {"key": effect["key"], "action": action, "by": by, "reason": reason}
+        insert_events(cursor, [event_row(effect["org_id"], effect["run_id"], "effect.resolved",
+                                         effect["step_id"], iteration=effect["iteration"],
+                                         worker=by, detail=detail)])  # fmt: skip
+        payload = {"resolution": action, "effect": effect["key"], "reason": reason}
+        _wake_parked(
+            cursor, effect["org_id"], f"effect:{effect_id}", payload, "effect_resolved", by
+        )
+
+
+def _locked_effect(cursor: Any, effect_id: int) -> dict[str, Any]:
+    cursor.execute(
+        "SELECT id, org_id, run_id, step_id, iteration, key, state FROM effects_effect "
+        "WHERE id = %(id)s FOR UPDATE",
+        {"id": effect_id},
+    )
+    effect = fetch_dict(cursor)
+    if effect is None:
+        raise ResolveError("not_found", "no such effect")
+    return effect
+
+
+def repair_connection(conn: Connection, *, by: str) -> int:
+    """Mark the connection working again and wake the steps parked on it; how many woke."""
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        changed = Connection.objects.filter(pk=conn.pk).update(
+            status=ConnectionStatus.OK, broken_reason="", broken_at=None,
+            circuit="closed", consecutive_failures=0, circuit_until=None,
+            updated_at=timezone.now(),
+        )  # fmt: skip
+        if not changed:
+            return 0
+        payload = {"connection": conn.name, "repaired_by": by}
+        return _wake_parked(cursor, conn.org_id, f"connection:{conn.pk}", payload,
+                            "connection_repaired", by)  # fmt: skip
+
+
+def probe_connection(conn: Connection, *, by: str) -> str:
+    """Check the connection's credentials at its provider now: "ok" (repaired if it was
+    broken), "broken" (marked so, with the reason), or the failure that left it as it was."""
+    from .perform import PROVIDERS, load_connection
+
+    provider = PROVIDERS.get(conn.provider)
+    if provider is None:
+        return f"unknown provider {conn.provider!r}"
+    info = load_connection(conn.org_id, conn.name, provider)
+    assert info is not None
+    try:
+        provider.probe(info)
+    except AuthFailed as exc:
+        Connection.objects.filter(pk=conn.pk).update(
+            status=ConnectionStatus.BROKEN, broken_reason=f"reconnect {conn.name}: {exc}"[:500],
+            broken_at=timezone.now(), checked_at=timezone.now(),
+        )  # fmt: skip
+        return "broken"
+    except CallError as exc:
+        Connection.objects.filter(pk=conn.pk).update(checked_at=timezone.now())
+        return f"failed: {exc}"
+    Connection.objects.filter(pk=conn.pk).update(checked_at=timezone.now())
+    if conn.status == ConnectionStatus.BROKEN:
+        repair_connection(conn, by=by)
+    return "ok"
+
+
+def budget_raised(org_id: int, *, by: str) -> int:
+    """Wake the steps parked on the organisation's exhausted model budget (they reserve
+    again, and park again if it is still short)."""
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        return _wake_parked(cursor, org_id, f"budget:{org_id}", {"budget": "raised"},
+                            "budget_raised", by)  # fmt: skip
+
+
+def _wake_parked(cursor: Any, org_id: int, parked_on: str, payload: dict[str, Any],
+                 reason: str, by: str) -> int:  # fmt: skip
+    cursor.execute(sql.PARKED_ON, {"org_id": org_id, "parked_on": parked_on})
+    woken = 0
+    for row in fetch_dicts(cursor):
+        woken += wake_step(step_pk=row["id"], wake=Wake(payload=payload, reason=reason, by=by))
+    return woken
+
+
+def effect_row(effect_id: int) -> Effect | None:
+    return Effect.objects.filter(pk=effect_id).first()

@@ -1,0 +1,206 @@
+"""Every SQL statement of the effect ledger and the connections' gates, kept together.
+
+Each state change is a guarded UPDATE whose WHERE clause names the allowed source states
+(``effects/states.py``) and, for an attempt's own writes, its owner token; callers check the
+row count. Time is the database's now(). JSON columns are selected cast to ``json`` (Django's
+psycopg setup leaves ``jsonb`` as text). Lock order: a connection's row, then an effect's.
+"""
+
+from __future__ import annotations
+
+# The connection a call goes through, locked for the gate (its concurrency cap and its
+# circuit breaker are decided under this lock, so two workers cannot both take the last
+# slot or both be the half-open probe).
+LOCK_CONNECTION = """
+SELECT c.id, c.status, c.broken_reason, c.circuit, c.circuit_until,
+       c.circuit_until > now() AS circuit_waiting,
+       GREATEST(0, EXTRACT(EPOCH FROM c.circuit_until - now()))::float AS circuit_seconds,
+       c.consecutive_failures, c.max_concurrency,
+       (SELECT count(*) FROM effects_effect e
+         WHERE e.connection_id = c.id AND e.state = 'in_flight'
+           AND e.lease_until > now()) AS in_flight,
+       (SELECT GREATEST(0, EXTRACT(EPOCH FROM min(e.lease_until) - now()))::float
+          FROM effects_effect e
+         WHERE e.connection_id = c.id AND e.state = 'in_flight'
+           AND e.lease_until > now()) AS first_free_seconds
+  FROM effects_connection c
+ WHERE c.id = %(connection_id)s
+   FOR NO KEY UPDATE
+"""
+
+# The circuit's cool-down has passed: this call is the one probe (half-open).
+CIRCUIT_PROBE = """
+UPDATE effects_connection
+   SET circuit = 'half_open', circuit_until = now() + make_interval(secs => %(lease)s)
+ WHERE id = %(connection_id)s
+"""
+
+# After a call: a success closes the circuit; a failure that says the provider is unwell
+# counts, and opens it at the threshold (at once when it was the half-open probe).
+CIRCUIT_SUCCESS = """
+UPDATE effects_connection
+   SET circuit = 'closed', circuit_until = NULL, consecutive_failures = 0
+ WHERE id = %(connection_id)s AND (circuit <> 'closed' OR consecutive_failures > 0)
+"""
+
+CIRCUIT_FAILURE = """
+UPDATE effects_connection
+   SET consecutive_failures = consecutive_failures + 1,
+       circuit = CASE WHEN circuit = 'half_open'
+                        OR consecutive_failures + 1 >= %(threshold)s
+                      THEN 'open' ELSE circuit END,
+       circuit_until = CASE WHEN circuit = 'half_open'
+                              OR consecutive_failures + 1 >= %(threshold)s
+                            THEN now() + make_interval(secs => %(cooldown)s)
+                            ELSE circuit_until END
+ WHERE id = %(connection_id)s
+RETURNING circuit
+"""
+
+# An authorisation failure: nothing retries against the connection until it is repaired.
+CONNECTION_BROKEN = """
+UPDATE effects_connection
+   SET status = 'broken', broken_reason = %(reason)s, broken_at = now(), updated_at = now()
+ WHERE id = %(connection_id)s AND status = 'ok'
+"""
+
+_EFFECT_COLUMNS = """
+       id, org_id, run_id, step_id, iteration, key, provider, connection_id, state, token,
+       owner, step_attempt, lease_until, lease_until <= now() AS lease_lapsed,
+       GREATEST(0, EXTRACT(EPOCH FROM lease_until - now()))::float AS lease_seconds_left,
+       calls, first_attempt_at,
+       EXTRACT(EPOCH FROM now() - first_attempt_at)::float AS age_seconds,
+       result::json AS result, last_response::json AS last_response, error, reserved_cost
+"""
+
+# The effect under a key, locked: what the attempt does next depends on its state.
+LOCK_EFFECT = (
+    "SELECT"
+    + _EFFECT_COLUMNS
+    + """
+  FROM effects_effect
+ WHERE org_id = %(org_id)s AND key = %(key)s
+   FOR UPDATE
+"""
+)
+
+# The first attempt at an effect: claimed in flight, under its own lease, before the call.
+INSERT_IN_FLIGHT = (
+    """
+INSERT INTO effects_effect
+    (org_id, run_id, step_id, iteration, key, provider, connection_id, state, token, owner,
+     step_attempt, lease_until, calls, first_attempt_at, last_attempt_at, request,
+     reserved_cost, error, resolved_by, created_at, updated_at)
+VALUES (%(org_id)s, %(run_id)s, %(step_id)s, %(iteration)s, %(key)s, %(provider)s,
+        %(connection_id)s, 'in_flight', %(token)s, %(owner)s, %(step_attempt)s,
+        now() + make_interval(secs => %(lease)s), 1, now(), now(), %(request)s,
+        %(reserved_cost)s, '', '', now(), now())
+ON CONFLICT (org_id, key) DO NOTHING
+RETURNING"""
+    + _EFFECT_COLUMNS
+)
+
+# A later call under the same key (after a refusal, a reconciliation that found nothing,
+# a lapse with a provider that honours the key, or a person's "retry with the same key").
+BEGIN_AGAIN = (
+    """
+UPDATE effects_effect
+   SET state = 'in_flight', token = %(token)s, owner = %(owner)s,
+       step_attempt = %(step_attempt)s, lease_until = now() + make_interval(secs => %(lease)s),
+       calls = calls + 1, last_attempt_at = now(), request = %(request)s,
+       reserved_cost = %(reserved_cost)s, updated_at = now()
+ WHERE id = %(id)s AND state = ANY(%(sources)s)
+RETURNING"""
+    + _EFFECT_COLUMNS
+)
+
+# The provider answered: the effect is made, and its answer is kept for every retry.
+# Accepted from the attempt's own token, or after its lease lapsed (outcome_unknown): the
+# answer is a fact either way, and it settles the uncertainty.
+SETTLE = """
+UPDATE effects_effect
+   SET state = 'settled', result = %(result)s, last_response = %(response)s,
+       cost = %(cost)s, reserved_cost = 0, lease_until = NULL, updated_at = now()
+ WHERE id = %(id)s AND token = %(token)s AND state = ANY(%(sources)s)
+RETURNING id
+"""
+
+# Reconciled, or resolved by a person: settled with what was found (no token: nobody owns
+# the call any more).
+SETTLE_FOUND = """
+UPDATE effects_effect
+   SET state = 'settled', result = %(result)s, reserved_cost = 0, lease_until = NULL,
+       resolved_by = %(by)s, updated_at = now()
+ WHERE id = %(id)s AND state = ANY(%(sources)s)
+RETURNING id
+"""
+
+# The call's attempt ends without an answer that settles it: outcome_unknown (it may have
+# been made) or failed (the provider refused: nothing was made).
+END_ATTEMPT = """
+UPDATE effects_effect
+   SET state = %(state)s, error = %(error)s, last_response = %(response)s,
+       lease_until = NULL, updated_at = now(),
+       reserved_cost = CASE WHEN %(state)s = 'failed' THEN 0 ELSE reserved_cost END
+ WHERE id = %(id)s AND token = %(token)s AND state = ANY(%(sources)s)
+RETURNING id
+"""
+
+# Another attempt's lease lapsed while its call may have been under way.
+LAPSED_TO_UNKNOWN = """
+UPDATE effects_effect
+   SET state = 'outcome_unknown', lease_until = NULL, updated_at = now(),
+       error = 'the attempt holding this effect stopped before it recorded an answer '
+               '(its lease lapsed): the call may have been made'
+ WHERE id = %(id)s AND state = 'in_flight' AND lease_until <= now()
+RETURNING id
+"""
+
+# Nobody can tell whether the call was made, and repeating it is not safe: a person decides.
+TO_REVIEW = """
+UPDATE effects_effect
+   SET state = 'needs_review', error = %(error)s, updated_at = now()
+ WHERE id = %(id)s AND state = ANY(%(sources)s)
+RETURNING id
+"""
+
+# A person fails the effect (and so its step).
+FAIL_REVIEWED = """
+UPDATE effects_effect
+   SET state = 'failed', error = %(error)s, resolved_by = %(by)s, reserved_cost = 0,
+       updated_at = now()
+ WHERE id = %(id)s AND state = ANY(%(sources)s)
+RETURNING id
+"""
+
+# Model budgets: reserve the step's allowed cost before the call, only while the limit holds;
+# settle the real cost after (releasing the reservation).
+RESERVE_BUDGET = """
+UPDATE effects_modelbudget
+   SET reserved = reserved + %(amount)s, updated_at = now()
+ WHERE org_id = %(org_id)s AND spent + reserved + %(amount)s <= "limit"
+RETURNING id
+"""
+
+HAS_BUDGET = "SELECT id FROM effects_modelbudget WHERE org_id = %(org_id)s"
+
+SETTLE_BUDGET = """
+UPDATE effects_modelbudget
+   SET reserved = GREATEST(0, reserved - %(reserved)s), spent = spent + %(spent)s,
+       updated_at = now()
+ WHERE org_id = %(org_id)s
+"""
+
+# Steps parked on a connection (broken) or a budget (exhausted), to wake when repaired.
+PARKED_ON = """
+SELECT id FROM workflows_step
+ WHERE org_id = %(org_id)s AND status = 'waiting' AND wait_kind = 'external'
+   AND wait_detail->>'parked_on' = %(parked_on)s
+ ORDER BY id
+"""
+
+SUPPRESSED = """
+SELECT reason FROM effects_suppression
+ WHERE org_id = %(org_id)s AND address = %(address)s AND channel IN (%(channel)s, 'any')
+ LIMIT 1
+"""

@@ -1,0 +1,125 @@
+"""The effect ledger under SIGKILL: a worker process dies (a) before the call, (b) while the
+provider holds the request, (c) after the provider answered and before the answer was
+recorded. A second worker then finishes the run.
+
+For every point and three kinds of provider, what the provider saw:
+- one that honours Idempotency-Key: exactly one item created;
+- one without keys but with a lookup by key: exactly one;
+- one with neither: the effect ends needs_review, and the provider saw at most one call.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from effects.models import Effect
+from effects.resolve import resolve_effect
+from workflows.models import Run, RunEvent, Step
+
+from .effect_setup import connect, one_step, post_item, start
+from .processes import running, spawn_worker, stop, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {
+    "WAYMARK_EFFECTS_LEASE_MARGIN_SECONDS": "1",
+    "WAYMARK_EFFECTS_DEFER_SECONDS": "0.2",
+    "WAYMARK_WORKER_POLL_SECONDS": "0.1",
+}
+KINDS = {
+    "idempotent": {"idempotency_keys": True},
+    "lookup": {"lookup_url": "LOOKUP"},
+    "neither": {},
+}
+
+
+def effect_of(run_id: int) -> Effect | None:
+    return Effect.objects.filter(run_id=run_id).first()
+
+
+def run_status(run_id: int) -> str | None:
+    status = Run.objects.get(pk=run_id).status
+    return status if status != "running" else None
+
+
+def parked_for_review(run_id: int) -> Effect | None:
+    step = Step.objects.get(run_id=run_id, step_id="send")
+    effect = effect_of(run_id)
+    if step.status == "waiting" and effect is not None and effect.state == "needs_review":
+        return effect
+    return None
+
+
+def set_up(org, stub, kind: str) -> int:
+    stub.idempotent = kind == "idempotent"
+    stub.lookup = kind == "lookup"
+    options = {k: (f"{stub.url}/items?key={{key}}" if v == "LOOKUP" else v)
+               for k, v in KINDS[kind].items()}  # fmt: skip
+    connect(org, base_url=stub.url, options=options, timeout_seconds=3)
+    return start(org, one_step(post_item(stub.url)))
+
+
+def crash_worker(point: str, stub, run_id: int):
+    """Worker A, killed at ``point``; returns once it is dead."""
+    if point == "while_held":
+        stub.hold()
+        a = spawn_worker(concurrency=1, **FAST)
+        with running(a):
+            assert stub.wait_arrived(1, timeout=30), "the call never reached the provider"
+            a.send_signal(signal.SIGKILL)
+            a.wait(timeout=10)
+        stub.release()  # the provider finishes the work its client no longer waits for
+        wait_for(lambda: stub.created, what="the held request to create its item")
+        return
+    crash_at = {"before_call": "effect.before_call", "after_answer": "effect.after_answer"}[point]
+    a = spawn_worker(concurrency=1, WAYMARK_CRASH_AT=crash_at, **FAST)
+    with running(a):
+        assert a.wait(timeout=60) == 137, "worker A should have died at the crash point"
+
+
+@pytest.mark.parametrize("kind", ["idempotent", "lookup"])
+@pytest.mark.parametrize("point", ["before_call", "while_held", "after_answer"])
+def test_a_killed_worker_never_makes_a_second_effect(org, provider_stub, kind, point):
+    run_id = set_up(org, provider_stub, kind)
+    crash_worker(point, provider_stub, run_id)
+    made_before = len(provider_stub.created)
+    assert made_before == (0 if point == "before_call" else 1)
+    effect = effect_of(run_id)
+    assert effect is not None and effect.state == "in_flight"  # nobody recorded an answer
+
+    b = spawn_worker(concurrency=2, **FAST)
+    with running(b):
+        status = wait_for(lambda: run_status(run_id), timeout=60, what="the run to end")
+        stop(b)
+    assert status == "succeeded"
+    assert len(provider_stub.created) == 1, provider_stub.created
+    effect.refresh_from_db()
+    assert effect.state == "settled"
+    run = Run.objects.get(pk=run_id)
+    assert run.output == provider_stub.created[0]["id"]
+    # The uncertainty was seen and reconciled, not ignored.
+    kinds = set(RunEvent.objects.filter(run_id=run_id).values_list("kind", flat=True))
+    assert {"effect.outcome_unknown", "effect.reconciled"} <= kinds
+
+
+@pytest.mark.parametrize("point", ["before_call", "while_held", "after_answer"])
+def test_without_keys_or_lookup_the_effect_waits_for_a_person(org, provider_stub, point):
+    run_id = set_up(org, provider_stub, "neither")
+    crash_worker(point, provider_stub, run_id)
+    b = spawn_worker(concurrency=2, **FAST)
+    with running(b):
+        effect = wait_for(lambda: parked_for_review(run_id), timeout=60,
+                          what="the effect to need review")  # fmt: skip
+        calls = provider_stub.count("POST", "/items")
+        assert calls == (0 if point == "before_call" else 1)
+        assert effect.first_attempt_at is not None and effect.calls == 1
+        # A person who checked at the provider marks it done: the run goes on with that.
+        resolve_effect(effect.pk, "done", by="sam", result={"body": {"id": "checked-by-sam"}})
+        status = wait_for(lambda: run_status(run_id), timeout=60, what="the run to end")
+        stop(b)
+    assert status == "succeeded"
+    assert provider_stub.count("POST", "/items") == calls  # nobody called it again
+    assert Run.objects.get(pk=run_id).output == "checked-by-sam"
+    assert RunEvent.objects.filter(run_id=run_id, kind="effect.resolved").count() == 1
