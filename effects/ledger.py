@@ -157,7 +157,7 @@ def _begin(cursor: Any, call: Call, effect: dict[str, Any] | None) -> dict[str, 
         # Another attempt claimed the key between our read and our write (a unique-key
         # conflict or a state change): look again later rather than guess.
         raise StepDeferred(effects_setting("DEFER_SECONDS"), f"effect {call.key} was taken")
-    _reserve_budget(cursor, call)
+    _reserve_budget(cursor, call, held=effect["reserved_cost"] if effect else Decimal(0))
     return begun
 
 
@@ -189,10 +189,14 @@ def _gate(cursor: Any, call: Call) -> None:
         cursor.execute(sql.CIRCUIT_PROBE, {"connection_id": call.conn.id, "lease": call.lease})
 
 
-def _reserve_budget(cursor: Any, call: Call) -> None:
-    amount = call.request.reserve
-    if amount <= 0:
+def _reserve_budget(cursor: Any, call: Call, held: Decimal) -> None:
+    """Reserve the call's allowed cost against the organisation's model budget. ``held`` is
+    what the effect already holds (an unknown outcome keeps its reservation): only the
+    difference is reserved again. A budgeted provider's call with nothing to reserve still
+    needs budget left."""
+    if not call.provider.budgeted and call.request.reserve <= 0:
         return
+    amount = max(Decimal(0), call.request.reserve - held)
     params = {"org_id": call.ctx.org_id, "amount": amount}
     cursor.execute(sql.RESERVE_BUDGET, params)
     if cursor.fetchone() is not None:
@@ -205,7 +209,7 @@ def _reserve_budget(cursor: Any, call: Call) -> None:
         deadline_seconds=effects_setting("PARK_SECONDS"), refund_attempt=True,
         detail={"parked_on": f"budget:{call.ctx.org_id}",
                 "reason": "the organisation's model budget is exhausted: raise it to go on",
-                "reserve": str(amount)},
+                "reserve": str(call.request.reserve)},
     ))  # fmt: skip
 
 
@@ -241,10 +245,26 @@ def _reconcile(call: Call, effect: dict[str, Any]) -> dict[str, Any]:
 def _lookup(call: Call) -> Answer | None:
     try:
         return call.provider.lookup(call.request, call.key, call.conn)
+    except AuthFailed as exc:
+        # The credentials cannot even read: the connection is broken, the step parks.
+        _mark_broken(call, exc)
+        raise _step_failure(call, exc) from exc
     except CallError as exc:
-        # Cannot tell yet: the effect stays outcome_unknown and the step tries again later.
-        raise StepFailure(f"reconciling effect {call.key}: {exc}",
+        # Cannot tell yet: the effect stays outcome_unknown and the step tries again later
+        # (after the provider's Retry-After, when it gave one).
+        retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
+        raise StepFailure(f"reconciling effect {call.key}: {exc}", retry_after=retry_after,
                           error_class=exc.error_class) from exc  # fmt: skip
+
+
+def _mark_broken(call: Call, exc: AuthFailed) -> None:
+    if call.conn is None or call.conn.id is None:
+        return
+    reason = f"reconnect {call.conn.name}: {exc}"[:500]
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        cursor.execute(sql.CONNECTION_BROKEN, {"connection_id": call.conn.id, "reason": reason})
+        _event(cursor, call.ctx, "connection.broken", {"connection": call.conn.name,
+                                                        "reason": reason})  # fmt: skip
 
 
 def _begin_again(call: Call, effect: dict[str, Any], why: str) -> dict[str, Any]:
@@ -337,12 +357,7 @@ def _record_failure(call: Call, effect: dict[str, Any], exc: CallError) -> None:
         if state == EffectState.FAILED:
             _release_budget(cursor, call, effect["reserved_cost"], spent=None)
         conn_id = call.conn.id if call.conn else None
-        if conn_id is not None and isinstance(exc, AuthFailed):
-            reason = f"reconnect {call.conn.name if call.conn else ''}: {exc}"[:500]
-            cursor.execute(sql.CONNECTION_BROKEN, {"connection_id": conn_id, "reason": reason})
-            name = call.conn.name if call.conn else ""
-            _event(cursor, call.ctx, "connection.broken", {"connection": name, "reason": reason})
-        elif conn_id is not None and exc.counts_against_circuit:
+        if conn_id is not None and exc.counts_against_circuit:
             cursor.execute(sql.CIRCUIT_FAILURE, {
                 "connection_id": conn_id, "threshold": effects_setting("CIRCUIT_FAILURES"),
                 "cooldown": effects_setting("CIRCUIT_COOLDOWN_SECONDS"),
@@ -350,6 +365,8 @@ def _record_failure(call: Call, effect: dict[str, Any], exc: CallError) -> None:
         kind = "effect.failed" if state == EffectState.FAILED else "effect.outcome_unknown"
         _event(cursor, call.ctx, kind, {"key": call.key, "error": str(exc)[:500],
                                        "class": exc.error_class})  # fmt: skip
+    if isinstance(exc, AuthFailed):
+        _mark_broken(call, exc)
 
 
 def _step_failure(call: Call, exc: CallError) -> Exception:

@@ -179,6 +179,8 @@ RESERVE_BUDGET = """
 UPDATE effects_modelbudget
    SET reserved = reserved + %(amount)s, updated_at = now()
  WHERE org_id = %(org_id)s AND spent + reserved + %(amount)s <= "limit"
+   -- nothing to reserve (a call with no stated budget): some budget must still be left
+   AND (%(amount)s > 0 OR spent + reserved < "limit")
 RETURNING id
 """
 

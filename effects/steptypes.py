@@ -43,6 +43,7 @@ HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 CONNECTION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
 MAX_MODEL_TOKENS = 100_000
+MAX_MODEL_BUDGET = 100_000
 
 
 def effect_outcomes(step: Mapping[str, Any]) -> frozenset[str]:
@@ -166,7 +167,9 @@ def validate_model(step: Mapping[str, Any], report: StepReport) -> None:
     check_template_field(step, "prompt", report)
     check_string(step, "model", report, required=False, max_length=200)
     check_int(step, "max_tokens", report, minimum=1, maximum=MAX_MODEL_TOKENS)
-    check_number(step, "budget", report, minimum=0)
+    budget = check_number(step, "budget", report, minimum=0)
+    if budget is not None and budget > MAX_MODEL_BUDGET:
+        report.error("budget", f"must be at most {MAX_MODEL_BUDGET:,} (the most one call may cost)")
     _check_connection(step, report)
     if "prompt" in step and isinstance(step["prompt"], str) and not step["prompt"].strip():
         report.issue("invalid_field", "prompt", "must not be empty")

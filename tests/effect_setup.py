@@ -3,11 +3,17 @@ effect step."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+from django.db.models.functions import Now
 
 from effects.models import Connection, EgressAllow
 from effects.secrets import encrypt
-from workflows.models import Organisation
+from workflows.engine.lanes import lane_policy
+from workflows.engine.steps import claim, promote_due_retries
+from workflows.engine.worker import Attempt, Worker
+from workflows.models import Organisation, RunEvent, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
@@ -59,3 +65,30 @@ def start(org: Organisation, definition: dict[str, Any], *, key: str = "k1",
     started = run_start(org=org, automation_slug=slug, run_input=run_input or {"n": 1},
                         start_key=key)  # fmt: skip
     return started.run_id
+
+
+def drive(*, lane: str = "io", rounds: int = 50, fast_forward: bool = True) -> int:
+    """Run the lane's ready steps in this process through a real Worker's code path (claim,
+    execute, settle), round after round, until none is ready; return how many ran. With
+    ``fast_forward``, steps waiting out a retry or a deferral are made due at once (their
+    recorded delay is what the tests assert, not the wait)."""
+    worker = Worker(lane_policy(lane), concurrency=1, name="test-worker")
+    ran = 0
+    for _ in range(rounds):
+        if fast_forward:
+            Step.objects.filter(status="waiting", wait_kind="retry").update(wake_at=Now())
+        promote_due_retries(lane=lane, worker=worker.name)
+        claimed = claim(policy=worker.policy, worker=worker.name, limit=10)
+        if not claimed:
+            break
+        for step in claimed:
+            attempt: Attempt | None = Attempt(step, deadline=time.monotonic() + 60,
+                                              extended=time.monotonic())  # fmt: skip
+            while attempt is not None:
+                attempt = worker._execute(attempt)
+                ran += 1
+    return ran
+
+
+def events(run_id: int, kind: str) -> list[RunEvent]:
+    return list(RunEvent.objects.filter(run_id=run_id, kind=kind).order_by("id"))

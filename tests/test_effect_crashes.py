@@ -19,20 +19,26 @@ from effects.resolve import resolve_effect
 from workflows.models import Run, RunEvent, Step
 
 from .effect_setup import connect, one_step, post_item, start
-from .processes import running, spawn_worker, stop, wait_for
+from .processes import running, spawn, stop, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FAST = {
+FAST: dict[str, str] = {
     "WAYMARK_EFFECTS_LEASE_MARGIN_SECONDS": "1",
     "WAYMARK_EFFECTS_DEFER_SECONDS": "0.2",
     "WAYMARK_WORKER_POLL_SECONDS": "0.1",
 }
-KINDS = {
+KINDS: dict[str, dict[str, object]] = {
     "idempotent": {"idempotency_keys": True},
     "lookup": {"lookup_url": "LOOKUP"},
     "neither": {},
 }
+
+
+def worker(concurrency: int, **env: str):
+    """An io worker with short effect leases and quick looks."""
+    return spawn("worker", "--lane", "io", "--concurrency", str(concurrency), "--grace", "5",
+                 **{**FAST, **env})  # fmt: skip
 
 
 def effect_of(run_id: int) -> Effect | None:
@@ -65,7 +71,7 @@ def crash_worker(point: str, stub, run_id: int):
     """Worker A, killed at ``point``; returns once it is dead."""
     if point == "while_held":
         stub.hold()
-        a = spawn_worker(concurrency=1, **FAST)
+        a = worker(1)
         with running(a):
             assert stub.wait_arrived(1, timeout=30), "the call never reached the provider"
             a.send_signal(signal.SIGKILL)
@@ -74,7 +80,7 @@ def crash_worker(point: str, stub, run_id: int):
         wait_for(lambda: stub.created, what="the held request to create its item")
         return
     crash_at = {"before_call": "effect.before_call", "after_answer": "effect.after_answer"}[point]
-    a = spawn_worker(concurrency=1, WAYMARK_CRASH_AT=crash_at, **FAST)
+    a = worker(1, WAYMARK_CRASH_AT=crash_at)
     with running(a):
         assert a.wait(timeout=60) == 137, "worker A should have died at the crash point"
 
@@ -89,7 +95,7 @@ def test_a_killed_worker_never_makes_a_second_effect(org, provider_stub, kind, p
     effect = effect_of(run_id)
     assert effect is not None and effect.state == "in_flight"  # nobody recorded an answer
 
-    b = spawn_worker(concurrency=2, **FAST)
+    b = worker(2)
     with running(b):
         status = wait_for(lambda: run_status(run_id), timeout=60, what="the run to end")
         stop(b)
@@ -108,7 +114,7 @@ def test_a_killed_worker_never_makes_a_second_effect(org, provider_stub, kind, p
 def test_without_keys_or_lookup_the_effect_waits_for_a_person(org, provider_stub, point):
     run_id = set_up(org, provider_stub, "neither")
     crash_worker(point, provider_stub, run_id)
-    b = spawn_worker(concurrency=2, **FAST)
+    b = worker(2)
     with running(b):
         effect = wait_for(lambda: parked_for_review(run_id), timeout=60,
                           what="the effect to need review")  # fmt: skip

@@ -129,6 +129,7 @@ class Provider:
     key_retention_seconds: ClassVar[float | None] = None
     can_lookup: ClassVar[bool] = False
     repeatable: ClassVar[bool] = False
+    budgeted: ClassVar[bool] = False  # its calls spend the organisation's model budget
     needs_connection: ClassVar[bool] = True
 
     def prepare(

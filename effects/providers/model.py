@@ -86,6 +86,7 @@ def read_completion(body: Any) -> tuple[str, dict[str, int], str | None]:
 class ModelProvider(Provider):
     name = "model"
     repeatable = True  # a completion makes nothing outside: an unknown outcome is asked again
+    budgeted = True
 
     def prepare(
         self, step: Mapping[str, Any], context: Mapping[str, Any], conn: ConnectionInfo | None

@@ -73,7 +73,7 @@ def slack_error(exc: SlackApiError) -> CallError:
     data = response.data if isinstance(response.data, dict) else {}
     error = str(data.get("error") or "")
     said = {"status": status, "error": error or None}
-    if False:
+    if status == 429 or error in RATE_ERRORS:
         headers = {str(k).lower(): v for k, v in (response.headers or {}).items()}
         after = retry_after_seconds(_header(headers.get("retry-after")))
         return RateLimited(f"Slack rate limited the call ({status}, Retry-After {after})",

@@ -1,0 +1,278 @@
+"""Effects against local stub servers, run in this process through a real worker's code path:
+rate limits, failing providers, revoked credentials, suppressed addresses, concurrency caps,
+circuit breakers, model budgets, egress refusals and bad provider answers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import datetime
+from decimal import Decimal
+
+import pytest
+
+from effects.models import Connection, Effect, ModelBudget, Suppression
+from effects.resolve import budget_raised, repair_connection
+from effects.secrets import encrypt
+from workflows.models import Run, Step
+
+from .effect_setup import connect, drive, events, one_step, post_item, start
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def info(row: object) -> dict:
+    """The JSON detail of an event, a waiting step or an effect's last answer."""
+    for name in ("detail", "wait_detail", "last_response"):
+        value = getattr(row, name, None)
+        if value is not None:
+            assert isinstance(value, dict)
+            return value
+    raise AssertionError(f"{row} has no detail")
+
+
+def moment(value: datetime | None) -> datetime:
+    assert value is not None
+    return value
+
+
+def run_of(run_id: int) -> Run:
+    return Run.objects.get(pk=run_id)
+
+
+def send_step(run_id: int) -> Step:
+    return Step.objects.get(run_id=run_id, step_id="send")
+
+
+# --- rate limits and retries -------------------------------------------------------------------
+
+
+def test_retry_after_wins_over_the_backoff_schedule(org, provider_stub):
+    connect(org, base_url=provider_stub.url)
+    provider_stub.rate_limit_next(1, retry_after=42)
+    run_id = start(org, one_step(post_item(provider_stub.url)))
+    drive(fast_forward=False)
+    step = send_step(run_id)
+    assert (step.status, step.wait_kind) == ("waiting", "retry")
+    [retry] = events(run_id, "step.retry_scheduled")
+    assert info(retry)["delay_seconds"] == 42  # the provider's word, not the jittered backoff
+    assert 41 <= (moment(step.wake_at) - step.created_at).total_seconds() <= 60
+    effect = Effect.objects.get(run_id=run_id)
+    assert effect.state == "failed"  # 429: nothing was made, so calling again is safe
+    drive()
+    assert run_of(run_id).status == "succeeded"
+    assert len(provider_stub.created) == 1
+
+
+def test_a_failing_provider_is_retried_with_full_jitter_and_one_effect(
+    org, provider_stub, settings
+):
+    """Twenty runs against a provider that answers 503 to its first 60 requests (the breaker
+    is set out of the way here; its own test is below). The retries spread out (full
+    jitter), and every run ends with exactly one item at the provider."""
+    settings.EFFECTS = {**settings.EFFECTS, "CIRCUIT_FAILURES": 10_000}
+    provider_stub.idempotent = True  # a 503 is ambiguous: the key makes the repeat safe
+    connect(org, base_url=provider_stub.url, options={"idempotency_keys": True},
+            max_concurrency=100)  # fmt: skip
+    provider_stub.fail_next(60, status=503)
+    runs = [start(org, one_step(post_item(provider_stub.url), retry=100), key=f"r{i}",
+                  run_input={"n": i}) for i in range(20)]  # fmt: skip
+    drive(rounds=200)
+    assert [run_of(r).status for r in runs] == ["succeeded"] * 20
+    assert len(provider_stub.created) == 20
+    assert len({item["key"] for item in provider_stub.created}) == 20
+    delays = [info(e)["delay_seconds"] for r in runs for e in events(r, "step.retry_scheduled")]
+    assert len(delays) == 60
+    # Full jitter: uniform over [0, min(cap, base * 2**(n-1))]: spread, not bunched.
+    assert len(set(delays)) > 50
+    assert statistics.pstdev(delays) > 0.05
+    assert min(delays) >= 0 and max(delays) <= 60
+
+
+# --- credentials --------------------------------------------------------------------------------
+
+
+def test_a_revoked_token_parks_the_run_until_the_connection_is_repaired(org, provider_stub):
+    provider_stub.require_token("tok-1")
+    conn = connect(org, base_url=provider_stub.url, secret="tok-1")
+    first = start(org, one_step(post_item(provider_stub.url)), key="a")
+    provider_stub.revoke_token("tok-1")
+    drive()
+    step = send_step(first)
+    assert (step.status, step.wait_kind) == ("waiting", "external")
+    assert info(step)["parked_on"] == f"connection:{conn.pk}"
+    assert "reconnect" in info(step)["reason"]
+    conn.refresh_from_db()
+    assert conn.status == "broken" and "reconnect" in conn.broken_reason
+    assert step.attempt - step.release_count == 0  # the park cost no attempt
+    # Another run reaching the broken connection parks without calling the provider.
+    calls = provider_stub.count("POST", "/items")
+    second = start(org, one_step(post_item(provider_stub.url)), key="b")
+    drive()
+    assert provider_stub.count("POST", "/items") == calls
+    assert send_step(second).status == "waiting"
+    # Repaired with a new token: both resume from the same step and finish.
+    provider_stub.require_token("tok-2")
+    Connection.objects.filter(pk=conn.pk).update(secret_encrypted=encrypt("tok-2"))
+    assert repair_connection(conn, by="sam") == 2
+    drive()
+    assert [run_of(r).status for r in (first, second)] == ["succeeded", "succeeded"]
+    assert len(provider_stub.created) == 2
+    assert "tok-1" not in str(list(Effect.objects.values()))  # no secret in the ledger
+
+
+# --- consent ------------------------------------------------------------------------------------
+
+
+def email_step(to: str) -> dict:
+    return {"type": "email", "connection": "mail", "to": to, "subject": "Hi",
+            "body": "Hello {{ input.name }}"}  # fmt: skip
+
+
+def test_a_suppressed_address_is_never_sent_to_and_the_run_goes_on(org, smtp_stub):
+    connect(org, provider="email", name="mail",
+            options={"host": smtp_stub.host, "port": smtp_stub.port})  # fmt: skip
+    definition = one_step(email_step("{{ input.to }}"), output="{{ steps.send.output }}")
+    definition["steps"][0]["next"] = {"ok": "done", "suppressed": "done"}
+    sent = start(org, definition, key="maya-ok", run_input={"to": "Maya@Example.com",
+                                                            "name": "Maya"})  # fmt: skip
+    drive()
+    assert run_of(sent).status == "succeeded"
+    [message] = smtp_stub.messages
+    effect = Effect.objects.get(run_id=sent)
+    assert effect.key in message.headers["x-waymark-effect-key"]
+    assert effect.key.replace("/", ".") in message.message_id
+    # She unsubscribes after the run was enrolled: checked when the email would be sent.
+    gone = start(org, definition, key="maya-2", run_input={"to": "maya@example.com",
+                                                           "name": "Maya"})  # fmt: skip
+    Suppression.objects.create(org=org, channel="email", address="MAYA@example.com",
+                               reason="unsubscribed")  # fmt: skip
+    drive()
+    assert len(smtp_stub.messages) == 1  # never sent
+    step = send_step(gone)
+    assert step.output == {"suppressed": True, "to": "maya@example.com",
+                           "reason": "unsubscribed"}  # fmt: skip
+    assert run_of(gone).status == "succeeded"
+    assert not Effect.objects.filter(run_id=gone).exists()
+
+
+# --- connection gates -----------------------------------------------------------------------------
+
+
+def test_the_concurrency_cap_defers_without_spending_attempts(org, provider_stub):
+    conn = connect(org, base_url=provider_stub.url, max_concurrency=1)
+    runs = [start(org, one_step(post_item(provider_stub.url)), key=f"c{i}") for i in range(2)]
+    # One call is in flight (as if on another worker): its effect holds a live lease.
+    Effect.objects.create(
+        org=org, run_id=runs[0], step_id="elsewhere", iteration=1, key="x/elsewhere/1",
+        provider="http", connection=conn, state="in_flight", token="t",
+        lease_until="2999-01-01T00:00:00Z",
+    )  # fmt: skip
+    drive(rounds=1, fast_forward=False)
+    assert provider_stub.count("POST") == 0
+    for run_id in runs:
+        step = send_step(run_id)
+        assert (step.status, step.wait_kind) == ("waiting", "retry")
+        assert step.attempt == step.release_count  # deferred: no attempt spent
+        [deferred] = events(run_id, "step.deferred")
+        assert "concurrency cap" in info(deferred)["error"]
+    Effect.objects.filter(key="x/elsewhere/1").delete()
+    drive()
+    assert [run_of(r).status for r in runs] == ["succeeded", "succeeded"]
+
+
+def test_the_circuit_opens_after_repeated_failures_and_half_opens_to_probe(org, provider_stub):
+    conn = connect(org, base_url=provider_stub.url, max_concurrency=100)
+    provider_stub.fail_next(5, status=503)
+    provider_stub.idempotent = True
+    Connection.objects.filter(pk=conn.pk).update(options={"idempotency_keys": True})
+    runs = [start(org, one_step(post_item(provider_stub.url), retry=50), key=f"b{i}")
+            for i in range(8)]  # fmt: skip
+    drive(rounds=3, fast_forward=False)
+    conn.refresh_from_db()
+    assert conn.circuit == "open" and conn.consecutive_failures == 5
+    assert provider_stub.count("POST") == 5  # the other three never called
+    # The provider has recovered (its 5 failures are spent) and the cool-down passes.
+    Connection.objects.filter(pk=conn.pk).update(circuit_until=None)
+    drive()
+    assert [run_of(r).status for r in runs] == ["succeeded"] * 8
+    conn.refresh_from_db()
+    assert (conn.circuit, conn.consecutive_failures) == ("closed", 0)
+
+
+# --- model budgets --------------------------------------------------------------------------------
+
+
+def model_step(budget: str = "0.5") -> dict:
+    return {"type": "model", "connection": "llm", "prompt": "Summarise {{ input.n }}",
+            "max_tokens": 50, "budget": float(budget)}  # fmt: skip
+
+
+def test_a_model_step_reserves_its_budget_and_parks_when_it_is_spent(org, model_stub):
+    prices = {"price_prompt_per_1k": "1", "price_completion_per_1k": "2"}
+    connect(org, provider="model", name="llm", base_url=f"{model_stub.url}/v1",
+            options={"model": "stub-1", **prices})  # fmt: skip
+    ModelBudget.objects.create(org=org, limit=Decimal("0.51"))
+    first = start(org, one_step(model_step(), output="{{ steps.send.output.text }}"), key="m1")
+    drive(lane="slow")
+    assert run_of(first).status == "succeeded"
+    budget = ModelBudget.objects.get(org=org)
+    effect = Effect.objects.get(run_id=first)
+    assert effect.cost is not None and effect.cost > 0
+    assert (budget.reserved, budget.spent) == (Decimal(0), effect.cost)
+    # The next call may cost up to 0.5 and only 0.51 - spent is left: it parks, uncalled.
+    calls = model_stub.count("POST")
+    second = start(org, one_step(model_step(), output="{{ steps.send.output.text }}"), key="m2")
+    drive(lane="slow")
+    step = send_step(second)
+    assert step.status == "waiting" and "budget" in info(step)["reason"]
+    assert model_stub.count("POST") == calls
+    ModelBudget.objects.filter(org=org).update(limit=Decimal("5"))
+    assert budget_raised(org.pk, by="sam") == 1
+    drive(lane="slow")
+    assert run_of(second).status == "succeeded"
+
+
+# --- egress and bad input ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url", ["http://169.254.169.254/latest/meta-data/", "http://10.0.0.8/", "http://localhost:1/"]
+)
+def test_http_steps_cannot_reach_private_addresses(org, url):
+    step = {"type": "http", "request": {"method": "GET", "url": "{{ input.url }}"}}
+    run_id = start(org, one_step(step), run_input={"url": url})
+    drive()
+    run = run_of(run_id)
+    assert run.status == "failed"
+    failed = send_step(run_id)
+    assert "refused" in failed.error and failed.attempt == 1  # not retried
+
+
+def test_bad_answers_and_bad_input_fail_clearly_never_crash(org, provider_stub):
+    connect(org, base_url=provider_stub.url, options={"idempotency_keys": True})
+    provider_stub.idempotent = True
+    # A 400 is the provider refusing: failed for good, with its answer recorded.
+    provider_stub.fail_next(1, status=400)
+    refused = start(org, one_step(post_item(provider_stub.url)), key="r400")
+    # An unknown connection, and a template that fails on this run's data.
+    unknown = start(org, one_step({**post_item(provider_stub.url), "connection": "nope"}),
+                    key="unknown", slug="unknown")  # fmt: skip
+    bad_template = {"type": "http", "connection": "api",
+                    "request": {"method": "POST", "url": provider_stub.url + "/items",
+                                "body": {"x": "{{ input.n.missing.deeper }}"}}}  # fmt: skip
+    broken = start(org, one_step(bad_template), key="tpl", slug="tpl")
+    drive()
+    assert run_of(refused).status == "failed"
+    assert "refused the request (400)" in send_step(refused).error
+    assert info(Effect.objects.get(run_id=refused))["status"] == 400
+    assert run_of(unknown).status == "failed"
+    assert "unknown connection 'nope'" in send_step(unknown).error
+    assert run_of(broken).status == "failed"
+    assert "template error" in send_step(broken).error
+    # A 200 whose body is not JSON: the answer is kept as text, the run goes on.
+    provider_stub.malformed_next(1)
+    status_only = one_step(post_item(provider_stub.url), output="{{ steps.send.output.status }}")
+    odd = start(org, status_only, key="odd")
+    drive()
+    assert run_of(odd).status == "succeeded"
