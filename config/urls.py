@@ -6,6 +6,7 @@ from .health import healthz, livez
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("workflows.api.urls")),
+    path("api/v1/", include("effects.urls")),  # connections, suppressions, effects
     path("healthz", healthz),
     path("livez", livez),
 ]

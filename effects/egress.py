@@ -210,7 +210,7 @@ class _GuardedBackend(httpcore.SyncBackend):
         local_address: str | None = None,
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.NetworkStream:
-        addresses = self._vetted(host, _resolve(host, port))
+        addresses = vet_host(host, port, self._allow)
         last_error: httpcore.ConnectError | None = None
         for address in addresses:
             # An IP literal: the parent's create_connection does no DNS lookup for it.
@@ -223,17 +223,24 @@ class _GuardedBackend(httpcore.SyncBackend):
         assert last_error is not None  # _resolve never returns an empty list
         raise last_error
 
-    def _vetted(self, host: str, addresses: list[str]) -> list[str]:
-        # Refuse if ANY answer is refused: otherwise a name answering with one public and
-        # one private address would reach the private one whenever it came first.
-        if self._allow.permits_host(host):
-            return addresses
-        for text in addresses:
-            address = ipaddress.ip_address(text)
-            reason = refusal_reason(address)
-            if reason is not None and not self._allow.permits_address(address):
-                raise EgressRefused(host, text, reason)
+
+def vet_host(host: str, port: int, allow: Allowlist) -> list[str]:
+    """The host's addresses, resolved once, when none of them is refused for ``allow``;
+    raises EgressRefused (or httpcore.ConnectError when the name does not resolve). Clients
+    that cannot connect to the vetted address themselves (slack-sdk's urllib, smtplib) call
+    this before connecting: that leaves them a DNS-rebinding window the httpx client has not.
+    """
+    addresses = _resolve(host, port)
+    # Refuse if ANY answer is refused: otherwise a name answering with one public and one
+    # private address would reach the private one whenever it came first.
+    if allow.permits_host(host):
         return addresses
+    for text in addresses:
+        address = ipaddress.ip_address(text)
+        reason = refusal_reason(address)
+        if reason is not None and not allow.permits_address(address):
+            raise EgressRefused(host, text, reason)
+    return addresses
 
 
 def _resolve(host: str, port: int) -> list[str]:

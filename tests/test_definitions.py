@@ -131,10 +131,11 @@ def test_every_step_type_is_registered_with_its_lane_and_flags() -> None:
         "join": ("inline", False, False, True, "workflows"),
         "wait": ("inline", True, False, False, "timers"),
         "wait_until": ("inline", True, False, False, "timers"),
-        "http": ("io", False, False, False, "effects"),
-        "email": ("io", False, False, False, "effects"),
-        "slack_message": ("io", False, False, False, "effects"),
-        "model": ("slow", False, False, False, "effects"),
+        "http": ("io", False, False, True, "effects"),
+        "email": ("io", False, False, True, "effects"),
+        "slack_message": ("io", False, False, True, "effects"),
+        "model": ("slow", False, False, True, "effects"),
+        "crm_upsert": ("io", False, False, True, "effects"),
         "approval": ("human", True, False, False, "approvals"),
     }
     # `probe` is a test-only type, registered when WAYMARK_ENABLE_PROBE_STEPS is set.
@@ -164,8 +165,10 @@ def test_outcomes_of_each_type() -> None:
     assert outcomes("branch", {"when": "nonsense"}) == {"default"}
     assert outcomes("wait_signal", {}) == {"received", "timed_out"}
     assert outcomes("approval", {}) == {"approved", "rejected", "timed_out"}
-    for effect in ("http", "email", "slack_message", "model"):
+    for effect in ("http", "model", "crm_upsert"):
         assert outcomes(effect, {}) == {"ok", "failed"}
+    for contact in ("email", "slack_message"):  # they contact a person
+        assert outcomes(contact, {}) == {"ok", "failed", "suppressed"}
     for plain in ("set", "end", "noop", "parallel", "join", "wait", "wait_until"):
         assert outcomes(plain, {}) is None
 
@@ -228,6 +231,7 @@ def test_a_definition_using_every_step_type_is_valid() -> None:
                 "to": "{{ input.email }}",
                 "subject": "Hi",
                 "body": "Dear {{ input.name }},\n",
+                "connection": "mail",
                 "next": "chat",
             },
             {
@@ -235,6 +239,7 @@ def test_a_definition_using_every_step_type_is_valid() -> None:
                 "type": "slack_message",
                 "channel": "#ops",
                 "text": "done",
+                "connection": "slack",
                 "next": "ask",
             },
             {
@@ -253,6 +258,16 @@ def test_a_definition_using_every_step_type_is_valid() -> None:
                 "model": "small",
                 "max_tokens": 500,
                 "budget": 0.25,
+                "connection": "llm",
+                "next": "crm",
+            },
+            {
+                "id": "crm",
+                "type": "crm_upsert",
+                "connection": "crm",
+                "object": "contacts",
+                "external_id": "{{ input.email }}",
+                "fields": {"summary": "{{ steps.think.output.text }}"},
                 "next": "done",
             },
             {"id": "done", "type": "end", "output": {"summary": "{{ steps.think.output }}"}},
@@ -571,10 +586,18 @@ def test_invalid_limits() -> None:
 
 
 def test_step_type_not_available_when_publishing() -> None:
+    unbuilt = example()
+    thank = step(unbuilt, "thank")
+    thank.clear()
+    thank.update({
+        "id": "thank", "type": "approval", "approvers": ["a@example.com"], "message": "ok?",
+        "deadline": "1d", "next": {"approved": "done", "rejected": "done", "timed_out": "done"},
+    })  # fmt: skip
     with pytest.raises(InvalidDefinition) as caught:
-        ensure_valid(example(), for_publish=True)
+        ensure_valid(unbuilt, for_publish=True)
     assert triples(caught.value.issues) == [("step_type_not_available", "thank", "type")]
-    assert '"http"' in caught.value.issues[0].message
+    assert '"approval"' in caught.value.issues[0].message
+    ensure_valid(example(), for_publish=True)  # http is built
 
     built_only = example()
     route = step(built_only, "route")
@@ -951,12 +974,14 @@ def test_effect_and_approval_fields() -> None:
         {"type": "http", "request": {"url": "https://a.example", "headers": {"X": "{{ x }}"}}}
     ) == [("malformed_template", "x", "request.headers.X")]
     assert single({"type": "email", "to": "a@example.com", "subject": "s"}) == [
-        ("missing_field", "x", "body")
+        ("missing_field", "x", "body"),
+        ("missing_field", "x", "connection"),  # the mail server to send through
     ]
-    assert single({"type": "slack_message", "channel": "#a", "text": 5}) == [
+    assert single({"type": "slack_message", "channel": "#a", "text": 5, "connection": "s"}) == [
         ("invalid_field", "x", "text")
     ]
-    assert single({"type": "model", "prompt": "p", "max_tokens": 100_001, "budget": -1}) == [
+    model = {"type": "model", "prompt": "p", "max_tokens": 100_001, "budget": -1, "connection": "m"}
+    assert single(model) == [
         ("invalid_field", "x", "max_tokens"),
         ("invalid_field", "x", "budget"),
     ]

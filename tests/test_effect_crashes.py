@@ -129,3 +129,36 @@ def test_without_keys_or_lookup_the_effect_waits_for_a_person(org, provider_stub
     assert provider_stub.count("POST", "/items") == calls  # nobody called it again
     assert Run.objects.get(pk=run_id).output == "checked-by-sam"
     assert RunEvent.objects.filter(run_id=run_id, kind="effect.resolved").count() == 1
+
+
+def test_a_slow_provider_holds_a_step_not_the_worker(org, provider_stub):
+    """While the provider holds one request, the worker's heartbeats and its other steps go
+    on; the call is abandoned at the connection's timeout and recorded outcome_unknown,
+    then repeated under the same key once the provider is back."""
+    provider_stub.idempotent = True
+    connect(org, base_url=provider_stub.url, options={"idempotency_keys": True},
+            timeout_seconds=4)  # fmt: skip
+    held = start(org, one_step(post_item(provider_stub.url), retry=10), key="held")
+    provider_stub.hold()  # only POST /items waits here; /echo answers at once
+    b = worker(2, WAYMARK_IO_LEASE_SECONDS="1")
+    with running(b):
+        assert provider_stub.wait_arrived(1, timeout=30)
+        first_lease = Step.objects.get(run_id=held, step_id="send").lease_until
+        echo = {"type": "http", "connection": "api",
+                "request": {"method": "POST", "url": f"{provider_stub.url}/echo"}}  # fmt: skip
+        other = start(org, one_step(echo, output="{{ steps.send.output.status }}"),
+                      key="other", slug="other")  # fmt: skip
+        assert wait_for(lambda: run_status(other), what="the other run") == "succeeded"
+        # Heartbeats went on for the held step (1 s leases, renewed every third of one).
+        wait_for(lambda: Step.objects.get(run_id=held, step_id="send").lease_until != first_lease,
+                 what="the held step's lease to be extended")  # fmt: skip
+        # Abandoned at its 4 s timeout: the effect's outcome is unknown, not failed.
+        wait_for(lambda: RunEvent.objects.filter(run_id=held, kind="effect.outcome_unknown"),
+                 what="the abandoned call to be recorded")  # fmt: skip
+        provider_stub.release()
+        status = wait_for(lambda: run_status(held), timeout=60, what="the held run to end")
+        stop(b)
+    assert status == "succeeded"
+    assert len(provider_stub.created) == 1  # the held request made it; the repeat found it
+    effect = effect_of(held)
+    assert effect is not None and effect.state == "settled" and effect.calls >= 2

@@ -276,3 +276,31 @@ def test_bad_answers_and_bad_input_fail_clearly_never_crash(org, provider_stub):
     odd = start(org, status_only, key="odd")
     drive()
     assert run_of(odd).status == "succeeded"
+
+
+def test_a_mapped_failed_outcome_is_the_path_of_a_step_that_failed_for_good(org, provider_stub):
+    connect(org, base_url=provider_stub.url)
+    provider_stub.fail_next(1, status=422)
+    definition = one_step(post_item(provider_stub.url), output="sent")
+    definition["steps"][0]["next"] = {"ok": "done", "failed": "fallback"}
+    definition["steps"].append({"id": "fallback", "type": "end", "output": "fell back"})
+    run_id = start(org, definition)
+    drive()
+    run = run_of(run_id)
+    assert (run.status, run.output) == ("succeeded", "fell back")
+    assert "(422)" in send_step(run_id).error
+
+
+def test_a_crm_upsert_whose_answer_was_lost_is_repeated_into_one_record(org, provider_stub):
+    connect(org, provider="crm_upsert", name="crm", base_url=provider_stub.url)
+    provider_stub.drop_next(1)  # the record is written, then the connection drops
+    step = {"type": "crm_upsert", "connection": "crm", "object": "contacts",
+            "external_id": "{{ input.email }}", "fields": {"name": "{{ input.name }}"}}  # fmt: skip
+    run_id = start(org, one_step(step, output="{{ steps.send.output.body.id }}"),
+                   run_input={"email": "maya@example.com", "name": "Maya"})  # fmt: skip
+    drive()
+    run = run_of(run_id)
+    assert (run.status, run.output) == ("succeeded", "maya@example.com")
+    assert provider_stub.contacts == {"maya@example.com": {"name": "Maya"}}
+    assert provider_stub.count("PUT", "/contacts/") == 2  # the lost answer, then the repeat
+    assert [e.kind for e in events(run_id, "effect.outcome_unknown")] == ["effect.outcome_unknown"]

@@ -17,11 +17,13 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+import httpcore
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
 from workflows.plugins import StepFailure, render
 
+from ..egress import EgressRefused, vet_host
 from .base import (
     Ambiguous,
     Answer,
@@ -33,6 +35,7 @@ from .base import (
     Request,
     Unreachable,
 )
+from .http import EgressDenied
 
 KEY_HEADER = "X-Waymark-Effect-Key"
 
@@ -66,6 +69,18 @@ def smtp_error(exc: Exception) -> CallError:
     if isinstance(exc, smtplib.SMTPServerDisconnected | socket.timeout | OSError):
         return Ambiguous(f"the mail server connection ended without an answer: {exc}")
     return Ambiguous(f"{type(exc).__name__}: {exc}")
+
+
+def _vet_mail_server(conn: ConnectionInfo) -> None:
+    """The mail server is an outside address like any other: the egress guard applies (an
+    organisation allowlists its internal relay)."""
+    host, port = str(conn.options.get("host", "localhost")), int(conn.options.get("port", 25))
+    try:
+        vet_host(host, port, conn.allow)
+    except EgressRefused as exc:
+        raise EgressDenied(str(exc)) from exc
+    except httpcore.ConnectError as exc:
+        raise Unreachable(str(exc)) from exc
 
 
 class EmailProvider(Provider):
@@ -102,6 +117,8 @@ class EmailProvider(Provider):
 
     def _backend(self, conn: ConnectionInfo | None) -> Any:
         options = conn.options if conn else {}
+        if conn is not None:
+            _vet_mail_server(conn)
         return get_connection(
             settings.EFFECTS["EMAIL_BACKEND"], fail_silently=False,
             host=options.get("host", "localhost"), port=int(options.get("port", 25)),

@@ -144,7 +144,8 @@ class HttpProvider(Provider):
 
     def call(self, request: Request, key: str, conn: ConnectionInfo | None) -> Answer:
         p = request.payload
-        headers = {**p["headers"], **auth_headers(conn), "Idempotency-Key": key}
+        # The effect key, unless the step sends a key of its own (its provider's format).
+        headers = {"Idempotency-Key": key, **p["headers"], **auth_headers(conn)}
         body = p["body"]
         kwargs: dict[str, Any] = {"headers": headers}
         if body is not None:

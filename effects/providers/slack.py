@@ -19,7 +19,6 @@ The lookup needs the ``channels:history`` (or ``groups:history``) scope, and a c
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import socket
 import ssl
 import urllib.error
@@ -27,13 +26,14 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpcore
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web import SlackResponse
 
 from workflows.plugins import StepFailure, render
 
-from ..egress import EgressRefused, refusal_reason
+from ..egress import EgressRefused, vet_host
 from .base import (
     Ambiguous,
     Answer,
@@ -117,19 +117,13 @@ def vet_base_url(conn: ConnectionInfo) -> str:
     host = parts.hostname
     if parts.scheme not in ("http", "https") or not host:
         raise Refused(f"the Slack base URL {base_url!r} is not an http(s) URL")
-    if conn.allow.permits_host(host):
-        return base_url
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as exc:
-        raise Unreachable(f"cannot resolve {host!r}: {exc}") from exc
-    for info in infos:
-        text = str(info[4][0])
-        address = ipaddress.ip_address(text)
-        reason = refusal_reason(address)
-        if reason is not None and not conn.allow.permits_address(address):
-            raise EgressDenied(str(EgressRefused(host, text, reason)))
+        vet_host(host, port, conn.allow)
+    except EgressRefused as exc:
+        raise EgressDenied(str(exc)) from exc
+    except httpcore.ConnectError as exc:
+        raise Unreachable(str(exc)) from exc
     return base_url
 
 

@@ -5,6 +5,7 @@ Stripe), looks them up by key, upserts contacts by external id, and echoes anyth
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote
 
 from .base import HttpStub, Request, Response
 
@@ -36,7 +37,8 @@ class ProviderStub(HttpStub):
         if path == "/items" and method == "GET":
             return self._find(request)
         if path.startswith("/contacts/") and method == "PUT":
-            return self._upsert(path.removeprefix("/contacts/"), request.body)
+            # A real server decodes the path: the external id "a@b" arrives as "a%40b".
+            return self._upsert(unquote(path.removeprefix("/contacts/")), request.body)
         if path == "/echo" or path.startswith("/echo/"):
             return Response(
                 200,

@@ -100,6 +100,9 @@ def lock_run(cursor: Any, run_id: int) -> RunState:
     return RunState(**rows[0])
 
 
+FAILED_OUTCOME = "failed"  # an outcome a mapped `next` may follow when the step fails for good
+
+
 def next_step_ids(step: Mapping[str, Any], outcome: str | None) -> list[str]:
     target = step.get("next")
     if target is None:
@@ -264,11 +267,16 @@ class Walk:
         """A step failed for good: follow its declared failure path, or fail the run (which
         ends every sibling branch too)."""
         self.dirty = True
-        target = self.steps[step_id].get("on_failure")
+        step = self.steps[step_id]
+        target = step.get("on_failure")
+        mapped = step.get("next")
         if self.run.expired:
             self._within_budget()  # a run past its max age ends as such, whatever failed
         elif target:
             self.enter([target], place)
+        elif isinstance(mapped, dict) and mapped.get(FAILED_OUTCOME):
+            # The step's outcomes include "failed" and its `next` maps it: a declared path.
+            self.go_on([mapped[FAILED_OUTCOME]], place)
         else:
             self.finish_run(RunStatus.FAILED, error=f"step {step_id!r} failed: {error}")
 

@@ -1,0 +1,715 @@
+"""The effects API: connections, suppressions and the effect ledger, scoped to the key's
+organisation (``/api/v1/connections``, ``/suppressions``, ``/effects``; routes in
+``effects/urls.py``).
+
+It follows the workflows API (``workflows/api/``): every query is filtered by the API key's
+organisation, so another organisation's object is a 404 like a missing one; read-only keys
+read and get 403 ``read_only_key`` on writes (the default permission class); every error is
+JSON with a stable code; lists are cursor-paginated with strict filters.
+
+A connection's secret is write-only: it is encrypted on the way in (``effects/secrets.py``)
+and no answer ever carries it, or its ciphertext; ``has_secret`` says whether one is set.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import django_filters
+from django import forms
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema, extend_schema_field
+from rest_framework import serializers, status
+from rest_framework.generics import GenericAPIView
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from workflows.api.auth import request_key
+from workflows.api.serializers import ErrorOut
+from workflows.api.views import CursorPage
+from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
+from workflows.engine.executors import StepFailure
+from workflows.errors import Conflict, NotFound, WaymarkError
+from workflows.models import Organisation
+
+from .models import Connection, Effect, Suppression
+from .resolve import (
+    ACTIONS,
+    DONE,
+    ResolveError,
+    probe_connection,
+    repair_connection,
+    resolve_effect,
+)
+from .secrets import encrypt
+from .states import CircuitState, ConnectionStatus, EffectState
+
+# The names a step's ``connection`` field may take (effects/steptypes.py checks the same).
+CONNECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+MAX_JSON_DEPTH = 32
+MAX_SECRET_CHARS = 8_192
+MAX_REASON_CHARS = 500
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+class UnknownConnection(NotFound):
+    code = "unknown_connection"
+    default_detail = 'No connection "{name}" in this organisation.'
+
+
+class UnknownSuppression(NotFound):
+    code = "unknown_suppression"
+    default_detail = "No suppression {suppression_id} in this organisation."
+
+
+class UnknownEffect(NotFound):
+    code = "unknown_effect"
+    default_detail = "No effect {effect_id} in this organisation."
+
+
+class AlreadyExists(Conflict):
+    """The name (a connection) or the channel and address (a suppression) is taken in this
+    organisation; ``id`` or ``name`` says which object holds it."""
+
+    code = "already_exists"
+    default_detail = "{what} already exists in this organisation."
+
+    def as_dict(self) -> dict[str, Any]:
+        held = {k: v for k, v in self.extra.items() if k in ("id", "name")}
+        return {**super().as_dict(), **held}
+
+
+class ResolveRefused(WaymarkError):
+    """A ``ResolveError`` from ``effects.resolve``, with its own code: 409 when the effect is
+    not (or no longer) in review, 400 for a request it cannot take, 404 when it is gone."""
+
+    STATUS = {"invalid_action": 400, "not_found": 404}
+
+    def __init__(self, error: ResolveError) -> None:
+        super().__init__(str(error))
+        self.code = error.code
+        self.status = self.STATUS.get(error.code, 409)
+
+
+# --- shared validation ------------------------------------------------------------------------
+
+
+def json_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be stored in a JSON column, or None: too deep, NaN or Infinity
+    (which Python's json reads but PostgreSQL refuses), NUL characters or lone surrogates."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if isinstance(item, float) and not math.isfinite(item):
+            return "holds NaN or Infinity, which JSON cannot carry"
+        if isinstance(item, dict):
+            stack.extend((child, level + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, level + 1) for child in item)
+    if deepest > MAX_JSON_DEPTH:
+        return f"nests deeper than {MAX_JSON_DEPTH} levels"
+    where = unstorable_path(value)
+    if where is not None:
+        return f"{where} {UNSTORABLE_REASON}" if where != "(the value)" else UNSTORABLE_REASON
+    return None
+
+
+def storable_text(value: str) -> None:
+    """A field validator: text PostgreSQL can store (DRF already refuses NUL characters)."""
+    if has_unstorable(value):
+        raise serializers.ValidationError(UNSTORABLE_REASON)
+
+
+def provider_names() -> list[str]:
+    from .perform import PROVIDERS  # registered at start-up; read at each request
+
+    return sorted(PROVIDERS)
+
+
+class StrictInput(serializers.Serializer):
+    """Refuses fields it does not take (a misspelt ``max_concurency`` would otherwise be
+    ignored, and the client would believe it was set)."""
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(
+            self.initial_data, dict) else []  # fmt: skip
+        if unknown:
+            raise serializers.ValidationError(
+                {name: [self.unknown_message(name)] for name in unknown}
+            )
+        return attrs
+
+    def unknown_message(self, name: str) -> str:
+        return f"Unknown field; this takes: {', '.join(self.fields)}."
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError(
+                {"non_field_errors": ["The body must be a JSON object."]}
+            )
+        return super().to_internal_value(data)
+
+
+# --- enums: each a named schema component of its own -------------------------------------------
+# Inline enums are named by drf-spectacular after the property (``status``, ``action``), and
+# would collide with the workflows API's (renaming its ``ActionEnum``); these never do.
+
+
+def _enum(name: str, values: list[str]) -> Any:
+    return extend_schema_field({"type": "string", "enum": values}, component_name=name)
+
+
+@_enum("ConnectionStatusEnum", ConnectionStatus.values)
+class ConnectionStatusField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=ConnectionStatus.choices, **kwargs)
+
+
+@_enum("CircuitStateEnum", CircuitState.values)
+class CircuitStateField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=CircuitState.choices, **kwargs)
+
+
+@_enum("EffectStateEnum", EffectState.values)
+class EffectStateField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=EffectState.choices, **kwargs)
+
+
+@_enum("SuppressionChannelEnum", [value for value, _ in Suppression.CHANNELS])
+class ChannelField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any) -> None:
+        message: dict[str, Any] = {"invalid_choice": "Must be one of email, slack, any."}
+        super().__init__(choices=Suppression.CHANNELS, error_messages=message, **kwargs)
+
+
+@_enum("ResolveActionEnum", list(ACTIONS))
+class ResolveActionField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any) -> None:
+        message: dict[str, Any] = {"invalid_choice": f"Must be one of {', '.join(ACTIONS)}."}
+        super().__init__(choices=[(a, a) for a in ACTIONS], error_messages=message, **kwargs)
+
+
+# --- connections ------------------------------------------------------------------------------
+
+
+class ConnectionOut(serializers.ModelSerializer[Connection]):
+    """A connection as every answer shows it: never its secret, nor the secret encrypted."""
+
+    has_secret = serializers.SerializerMethodField(help_text="A secret is set (never shown).")
+    status = ConnectionStatusField(
+        help_text="`broken`: an authorisation failure; steps that reach it park until it is "
+        "repaired (a new secret, a check that passes, or `repair`).",
+    )
+    circuit = CircuitStateField()
+
+    class Meta:
+        model = Connection
+        fields = [
+            "name", "provider", "base_url", "options", "has_secret", "status", "broken_reason",
+            "broken_at", "checked_at", "circuit", "circuit_until", "consecutive_failures",
+            "max_concurrency", "timeout_seconds", "created_at", "updated_at",
+        ]  # fmt: skip
+
+    def get_has_secret(self, conn: Connection) -> bool:
+        return bool(conn.secret_encrypted)
+
+
+class ConnectionSettingsIn(StrictInput):
+    """What may change on a connection (PATCH): every field optional."""
+
+    base_url = serializers.CharField(
+        max_length=500, allow_blank=True, required=False, validators=[storable_text]
+    )
+    options = serializers.JSONField(
+        required=False, help_text="Provider options that are not secret: a JSON object."
+    )
+    secret = serializers.CharField(
+        write_only=True,
+        required=False,
+        allow_blank=False,
+        trim_whitespace=False,
+        max_length=MAX_SECRET_CHARS,
+        validators=[storable_text],
+        help_text="Write-only: a token, password or API key, stored encrypted and never "
+        "returned. Setting one on a broken connection repairs it.",
+    )
+    max_concurrency = serializers.IntegerField(
+        min_value=1, max_value=10_000, required=False,
+        help_text="At most this many calls in flight at once, for all the organisation's runs.",
+    )  # fmt: skip
+    timeout_seconds = serializers.FloatField(min_value=0.1, max_value=3600, required=False)
+
+    def validate_options(self, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("Must be a JSON object.")
+        problem = json_problem(value)
+        if problem is not None:
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate_timeout_seconds(self, value: float) -> float:
+        if not math.isfinite(value):
+            raise serializers.ValidationError("Must be a finite number of seconds.")
+        return value
+
+
+class ConnectionPatchIn(ConnectionSettingsIn):
+    def unknown_message(self, name: str) -> str:
+        if name in ("name", "provider"):
+            return "Cannot be changed: create a new connection (steps name it)."
+        return super().unknown_message(name)
+
+
+class ConnectionIn(ConnectionSettingsIn):
+    name = serializers.CharField(
+        max_length=100,
+        trim_whitespace=False,
+        help_text="How steps name it (`connection`): letters, digits, `_`, `.`, `-`.",
+    )
+    provider = serializers.CharField(max_length=20, help_text="One of the installed providers "
+                                     "(`http`, `email`, `crm_upsert`, …).")  # fmt: skip
+
+    def validate_name(self, value: str) -> str:
+        if not CONNECTION_NAME.fullmatch(value):
+            raise serializers.ValidationError(
+                "Must start with a letter or digit and hold only letters, digits, _ . and -."
+            )
+        return value
+
+    def validate_provider(self, value: str) -> str:
+        names = provider_names()
+        if value not in names:
+            raise serializers.ValidationError(
+                f"Unknown provider {value!r}; one of: {', '.join(names)}."
+            )
+        return value
+
+
+class ConnectionCheckOut(serializers.Serializer):
+    name = serializers.CharField()
+    result = serializers.CharField(
+        help_text='"ok" (and repaired if it was broken), "broken" (marked so, with the '
+        'reason), or "failed: …" (the check could not tell; the connection is left as it was).'
+    )
+    # Plain text here: the status enum is named once, on ConnectionOut (schema enum names).
+    status = serializers.CharField(help_text="`ok` or `broken`, after the check.")
+    broken_reason = serializers.CharField()
+    checked_at = serializers.DateTimeField(allow_null=True)
+
+
+class ConnectionRepairOut(serializers.Serializer):
+    name = serializers.CharField()
+    status = serializers.CharField(help_text="`ok`.")
+    woken = serializers.IntegerField(help_text="Steps parked on the connection that woke.")
+
+
+class ConnectionPage(CursorPage):
+    ordering = "name"  # unique in the organisation
+    position_pattern = CONNECTION_NAME
+
+
+class ConnectionFilter(django_filters.FilterSet):
+    status = django_filters.ChoiceFilter(
+        choices=ConnectionStatus.choices,
+        error_messages={"invalid_choice": f"must be one of {', '.join(ConnectionStatus.values)}"},
+        help_text="Only connections in this status (`broken`: waiting for a repair).",
+    )
+
+    class Meta:
+        model = Connection
+        fields = ["status"]
+
+
+def _actor(request: Request) -> str:
+    return f"api_key:{request_key(request).prefix}"
+
+
+def _org(request: Request) -> Organisation:
+    return request_key(request).org
+
+
+def connection_get(org: Organisation, name: str) -> Connection:
+    conn = Connection.objects.filter(org=org, name=name).first()
+    if conn is None:
+        raise UnknownConnection(name=name)
+    return conn
+
+
+class ScopedList(GenericAPIView[Any]):
+    """A GET that lists the organisation's rows, filtered strictly and cursor-paginated in
+    the envelope ``{next, previous, results}`` (as workflows/api/views.py ListEndpoint)."""
+
+    model: type[Connection | Suppression | Effect]
+
+    def list_page(self) -> Response:
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
+
+    def get_queryset(self) -> QuerySet[Any]:
+        if getattr(self, "swagger_fake_view", False):  # drf-spectacular reading the types
+            return self.model.objects.none()
+        return self.model.objects.filter(org=_org(self.request))
+
+
+class ConnectionListView(ScopedList):
+    model = Connection
+    serializer_class = ConnectionOut
+    pagination_class = ConnectionPage
+    filterset_class = ConnectionFilter
+
+    @extend_schema(
+        operation_id="connections_list",
+        responses=ConnectionOut(many=True),
+        description="The organisation's connections, by name. Never their secrets.",
+    )
+    def get(self, request: Request) -> Response:
+        return self.list_page()
+
+    @extend_schema(
+        operation_id="connections_create",
+        request=ConnectionIn,
+        responses={201: ConnectionOut, 400: ErrorOut, 409: ErrorOut},
+        description="Create a connection. `secret` is write-only: the answer says "
+        "`has_secret`. A name already taken is 409 `already_exists`; an unknown provider "
+        "is 400 `invalid_input`.",
+    )
+    def post(self, request: Request) -> Response:
+        data = ConnectionIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = dict(data.validated_data)
+        secret = fields.pop("secret", "")
+        conn = Connection(org=_org(request), secret_encrypted=encrypt(secret), **fields)
+        try:
+            with transaction.atomic():
+                conn.save()
+        except IntegrityError as exc:
+            raise AlreadyExists(what=f'A connection "{conn.name}"', name=conn.name) from exc
+        return Response(ConnectionOut(conn).data, status=status.HTTP_201_CREATED)
+
+
+class ConnectionDetailView(APIView):
+    @extend_schema(operation_id="connections_read", responses={200: ConnectionOut, 404: ErrorOut})
+    def get(self, request: Request, name: str) -> Response:
+        return Response(ConnectionOut(connection_get(_org(request), name)).data)
+
+    @extend_schema(
+        operation_id="connections_update",
+        request=ConnectionPatchIn,
+        responses={200: ConnectionOut, 400: ErrorOut, 404: ErrorOut},
+        description="Change a connection's settings; `name` and `provider` are fixed. A new "
+        "`secret` replaces the old one (write-only) and, on a broken connection, repairs it: "
+        "the steps parked on it wake.",
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        conn = connection_get(_org(request), name)
+        data = ConnectionPatchIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = dict(data.validated_data)
+        new_secret = fields.pop("secret", None)
+        for field, value in fields.items():
+            setattr(conn, field, value)
+        changed = list(fields)
+        if new_secret is not None:
+            conn.secret_encrypted = encrypt(new_secret)
+            changed.append("secret_encrypted")
+        if changed:
+            conn.save(update_fields=[*changed, "updated_at"])
+        if new_secret is not None and conn.status == ConnectionStatus.BROKEN:
+            repair_connection(conn, by=_actor(request))
+            conn.refresh_from_db()
+        return Response(ConnectionOut(conn).data)
+
+    @extend_schema(
+        operation_id="connections_delete",
+        responses={204: None, 404: ErrorOut},
+        description="Delete a connection; its secret goes with it. Steps that name it fail "
+        "with `unknown_connection` until one with that name exists again.",
+    )
+    def delete(self, request: Request, name: str) -> Response:
+        connection_get(_org(request), name).delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ConnectionCheckView(APIView):
+    @extend_schema(
+        operation_id="connections_check",
+        request=None,
+        responses={200: ConnectionCheckOut, 404: ErrorOut},
+        description="Check the connection's credentials at its provider now, without acting. "
+        "A check that passes repairs a broken connection; an authorisation failure marks it "
+        "broken.",
+    )
+    def post(self, request: Request, name: str) -> Response:
+        conn = connection_get(_org(request), name)
+        try:
+            result = probe_connection(conn, by=_actor(request))
+        except StepFailure as exc:  # the secret cannot be decrypted with the configured keys
+            result = f"failed: {exc}"
+        conn.refresh_from_db()
+        answer = {"name": conn.name, "result": result, "status": conn.status,
+                  "broken_reason": conn.broken_reason, "checked_at": conn.checked_at}  # fmt: skip
+        return Response(ConnectionCheckOut(answer).data)
+
+
+class ConnectionRepairView(APIView):
+    @extend_schema(
+        operation_id="connections_repair",
+        request=None,
+        responses={200: ConnectionRepairOut, 404: ErrorOut},
+        description="Mark the connection working again (its circuit closed) and wake the "
+        "steps parked on it; they run again from the same step.",
+    )
+    def post(self, request: Request, name: str) -> Response:
+        conn = connection_get(_org(request), name)
+        woken = repair_connection(conn, by=_actor(request))
+        conn.refresh_from_db()
+        answer = {"name": conn.name, "status": conn.status, "woken": woken}
+        return Response(ConnectionRepairOut(answer).data)
+
+
+# --- suppressions -----------------------------------------------------------------------------
+
+
+class SuppressionOut(serializers.ModelSerializer[Suppression]):
+    channel = ChannelField()
+
+    class Meta:
+        model = Suppression
+        fields = ["id", "channel", "address", "reason", "created_at"]
+
+
+class SuppressionIn(StrictInput):
+    channel = ChannelField(default="any")
+    address = serializers.CharField(
+        max_length=320, validators=[storable_text],
+        help_text="Stored lowercased, without surrounding spaces.",
+    )  # fmt: skip
+    reason = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, default="", validators=[storable_text]
+    )
+
+    def validate_address(self, value: str) -> str:
+        return value.strip().lower()
+
+
+class SuppressionFilter(django_filters.FilterSet):
+    channel = django_filters.ChoiceFilter(
+        choices=Suppression.CHANNELS,
+        error_messages={"invalid_choice": "must be one of email, slack, any"},
+        help_text="Only suppressions of this channel.",
+    )
+    address = django_filters.CharFilter(
+        method="by_address", max_length=320, help_text="This address (any case)."
+    )
+
+    class Meta:
+        model = Suppression
+        fields = ["channel", "address"]
+
+    def by_address(
+        self, queryset: QuerySet[Suppression], name: str, value: str
+    ) -> QuerySet[Suppression]:
+        return queryset.filter(address=value.strip().lower())
+
+
+def suppression_get(org: Organisation, suppression_id: int) -> Suppression:
+    found = Suppression.objects.filter(org=org, pk=suppression_id).first()
+    if found is None:
+        raise UnknownSuppression(suppression_id=suppression_id)
+    return found
+
+
+class SuppressionListView(ScopedList):
+    model = Suppression
+    serializer_class = SuppressionOut
+    pagination_class = CursorPage
+    filterset_class = SuppressionFilter
+
+    @extend_schema(
+        operation_id="suppressions_list",
+        responses=SuppressionOut(many=True),
+        description="Addresses that must not be contacted, newest first.",
+    )
+    def get(self, request: Request) -> Response:
+        return self.list_page()
+
+    @extend_schema(
+        operation_id="suppressions_create",
+        request=SuppressionIn,
+        responses={201: SuppressionOut, 400: ErrorOut, 409: ErrorOut},
+        description="Suppress an address (lowercased) on a channel (`any` by default). It is "
+        "checked when a step would contact it, not when a run starts. The same channel and "
+        "address again is 409 `already_exists`, with the `id` of the suppression that holds "
+        "it (nothing changes).",
+    )
+    def post(self, request: Request) -> Response:
+        data = SuppressionIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        org = _org(request)
+        suppression = Suppression(org=org, **data.validated_data)
+        try:
+            with transaction.atomic():
+                suppression.save()
+        except IntegrityError as exc:
+            held = Suppression.objects.filter(
+                org=org, channel=suppression.channel, address=suppression.address
+            ).first()
+            raise AlreadyExists(
+                what=f"A suppression of {suppression.address} on {suppression.channel}",
+                id=held.pk if held else None,
+            ) from exc
+        return Response(SuppressionOut(suppression).data, status=status.HTTP_201_CREATED)
+
+
+class SuppressionDetailView(APIView):
+    @extend_schema(operation_id="suppressions_read", responses={200: SuppressionOut, 404: ErrorOut})
+    def get(self, request: Request, suppression_id: int) -> Response:
+        return Response(SuppressionOut(suppression_get(_org(request), suppression_id)).data)
+
+    @extend_schema(
+        operation_id="suppressions_delete",
+        responses={204: None, 404: ErrorOut},
+        description="Allow the address again.",
+    )
+    def delete(self, request: Request, suppression_id: int) -> Response:
+        suppression_get(_org(request), suppression_id).delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- effects ----------------------------------------------------------------------------------
+
+
+class EffectOut(serializers.ModelSerializer[Effect]):
+    """An effect of the ledger. Not its attempt's owner (an engine host and process id)."""
+
+    run = serializers.IntegerField(source="run_id")
+    connection = serializers.SerializerMethodField(help_text="The connection's name, if any.")
+    state = EffectStateField(
+        help_text="`needs_review`: parked for a person, who resolves it (`resolve`).",
+    )
+
+    class Meta:
+        model = Effect
+        fields = [
+            "id", "key", "run", "step_id", "iteration", "provider", "connection", "state",
+            "calls", "first_attempt_at", "last_attempt_at", "lease_until", "request", "result",
+            "last_response", "error", "reserved_cost", "cost", "resolved_by", "created_at",
+            "updated_at",
+        ]  # fmt: skip
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_connection(self, effect: Effect) -> str | None:
+        return effect.connection.name if effect.connection is not None else None
+
+
+class IdFilter(django_filters.Filter):
+    field_class = forms.IntegerField  # an id: a whole number, not any decimal
+
+
+class EffectFilter(django_filters.FilterSet):
+    state = django_filters.ChoiceFilter(
+        choices=EffectState.choices,
+        error_messages={"invalid_choice": f"must be one of {', '.join(EffectState.values)}"},
+        help_text="Only effects in this state (`needs_review`: waiting for a person).",
+    )
+    run = IdFilter(
+        field_name="run_id", min_value=1, max_value=2**63 - 1, help_text="Only this run's effects."
+    )
+    provider = django_filters.CharFilter(max_length=20, help_text="Only this provider's effects.")
+
+    class Meta:
+        model = Effect
+        fields = ["state", "run", "provider"]
+
+
+class EffectResolveIn(StrictInput):
+    action = ResolveActionField(
+        help_text="`done`: it was made, with this `result` (the step's output). `retry`: "
+        "nothing was made; the step's next attempt calls again with the same key. `fail`: "
+        "the step fails, with `reason`.",
+    )
+    result = serializers.JSONField(
+        required=False, help_text="With `done` only, and required then: what the provider made."
+    )
+    reason = serializers.CharField(
+        max_length=MAX_REASON_CHARS, required=False, allow_blank=True, default="",
+        validators=[storable_text],
+    )  # fmt: skip
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        has_result = "result" in attrs and attrs["result"] is not None
+        if attrs["action"] == DONE and not has_result:
+            raise serializers.ValidationError({"result": ["Required with done."]})
+        if attrs["action"] != DONE and "result" in self.initial_data:
+            raise serializers.ValidationError({"result": ["Only with done."]})
+        if has_result:
+            problem = json_problem(attrs["result"])
+            if problem is not None:
+                raise serializers.ValidationError({"result": [problem]})
+        return attrs
+
+
+def effect_get(org: Organisation, effect_id: int) -> Effect:
+    found = Effect.objects.select_related("connection").filter(org=org, pk=effect_id).first()
+    if found is None:
+        raise UnknownEffect(effect_id=effect_id)
+    return found
+
+
+class EffectListView(ScopedList):
+    model = Effect
+    serializer_class = EffectOut
+    pagination_class = CursorPage
+    filterset_class = EffectFilter
+
+    def get_queryset(self) -> QuerySet[Effect]:
+        return super().get_queryset().select_related("connection")
+
+    @extend_schema(
+        operation_id="effects_list",
+        responses=EffectOut(many=True),
+        description="The ledger's effects, newest first: `?state=needs_review` lists the ones "
+        "waiting for a person. An unknown parameter is refused (400 `invalid_query`).",
+    )
+    def get(self, request: Request) -> Response:
+        return self.list_page()
+
+
+class EffectDetailView(APIView):
+    @extend_schema(operation_id="effects_read", responses={200: EffectOut, 404: ErrorOut})
+    def get(self, request: Request, effect_id: int) -> Response:
+        return Response(EffectOut(effect_get(_org(request), effect_id)).data)
+
+
+class EffectResolveView(APIView):
+    @extend_schema(
+        operation_id="effects_resolve",
+        request=EffectResolveIn,
+        responses={200: EffectOut, 400: ErrorOut, 404: ErrorOut, 409: ErrorOut},
+        description="Resolve an effect in `needs_review`: `done` with a `result`, `retry` "
+        "with the same key, or `fail` the step. Recorded in the run's history "
+        "(`effect.resolved`, naming the API key); the step parked on it wakes. An effect "
+        "not in review is 409 `not_in_review`.",
+    )
+    def post(self, request: Request, effect_id: int) -> Response:
+        org = _org(request)
+        effect = effect_get(org, effect_id)
+        data = EffectResolveIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = data.validated_data
+        try:
+            resolve_effect(effect.pk, fields["action"], by=_actor(request),
+                           result=fields.get("result"), reason=fields["reason"])  # fmt: skip
+        except ResolveError as exc:
+            raise ResolveRefused(exc) from exc
+        return Response(EffectOut(effect_get(org, effect_id)).data)
