@@ -6,10 +6,11 @@ circuit breakers, model budgets, egress refusals and bad provider answers.
 from __future__ import annotations
 
 import statistics
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
 from effects.models import Connection, Effect, ModelBudget, Suppression
 from effects.resolve import budget_raised, repair_connection
@@ -304,3 +305,72 @@ def test_a_crm_upsert_whose_answer_was_lost_is_repeated_into_one_record(org, pro
     assert provider_stub.contacts == {"maya@example.com": {"name": "Maya"}}
     assert provider_stub.count("PUT", "/contacts/") == 2  # the lost answer, then the repeat
     assert [e.kind for e in events(run_id, "effect.outcome_unknown")] == ["effect.outcome_unknown"]
+
+
+# --- the ledger's rules, one by one -------------------------------------------------------------
+
+
+def test_a_live_in_flight_effect_is_never_overlapped(org, provider_stub):
+    """Another attempt's call under the same key may still be under way (its effect lease is
+    live): this attempt waits for it, spends no attempt, and calls nothing."""
+    conn = connect(org, base_url=provider_stub.url)
+    run_id = start(org, one_step(post_item(provider_stub.url)))
+    step = send_step(run_id)
+    Effect.objects.create(
+        org=org, run_id=run_id, step_id="send", iteration=1, key=f"{run_id}/send/1",
+        provider="http", connection=conn, state="in_flight", token="other-attempt",
+        lease_until=timezone.now() + timedelta(seconds=30), calls=1,
+    )  # fmt: skip
+    drive(rounds=1, fast_forward=False)
+    step = send_step(run_id)
+    assert (step.status, step.wait_kind) == ("waiting", "retry")
+    assert step.attempt == step.release_count  # no attempt spent
+    assert 25 <= (moment(step.wake_at) - timezone.now()).total_seconds() <= 31  # until it ends
+    assert "in flight in another attempt" in info(events(run_id, "step.deferred")[0])["error"]
+    assert provider_stub.count("POST") == 0
+
+
+def test_an_unknown_outcome_older_than_the_providers_key_memory_waits_for_a_person(
+    org, provider_stub
+):
+    """The provider keeps idempotency keys for an hour; the first attempt was two hours ago:
+    repeating the key could make a second effect, so a person decides."""
+    provider_stub.idempotent = True
+    options = {"idempotency_keys": True, "key_retention_seconds": 3600}
+    conn = connect(org, base_url=provider_stub.url, options=options)
+    run_id = start(org, one_step(post_item(provider_stub.url)))
+    two_hours_ago = timezone.now() - timedelta(hours=2)
+    Effect.objects.create(
+        org=org, run_id=run_id, step_id="send", iteration=1, key=f"{run_id}/send/1",
+        provider="http", connection=conn, state="outcome_unknown", calls=1,
+        first_attempt_at=two_hours_ago, last_attempt_at=two_hours_ago,
+    )  # fmt: skip
+    drive()
+    effect = Effect.objects.get(run_id=run_id)
+    assert effect.state == "needs_review"
+    assert "forgotten the key" in effect.error
+    step = send_step(run_id)
+    assert step.status == "waiting" and info(step)["parked_on"] == f"effect:{effect.pk}"
+    assert provider_stub.count("POST") == 0
+
+
+def test_a_slack_message_carries_its_key_and_respects_suppression(org, slack_stub):
+    connect(org, provider="slack_message", name="slack", base_url=f"{slack_stub.url}/api/",
+            secret="xoxb-stub")  # fmt: skip
+    step = {"type": "slack_message", "connection": "slack", "channel": "{{ input.channel }}",
+            "text": "Order {{ input.n }} shipped"}  # fmt: skip
+    definition = one_step(step, output="{{ steps.send.output.ts }}")
+    definition["steps"][0]["next"] = {"ok": "done", "suppressed": "skipped"}
+    definition["steps"].append({"id": "skipped", "type": "end", "output": "not sent"})
+    sent = start(org, definition, key="s1", run_input={"channel": "C0MAYA", "n": 7})
+    Suppression.objects.create(org=org, channel="slack", address="c0quiet")
+    quiet = start(org, definition, key="s2", run_input={"channel": "C0QUIET", "n": 8})
+    drive()
+    [message] = slack_stub.messages
+    assert message["text"] == "Order 7 shipped"
+    effect = Effect.objects.get(run_id=sent)
+    assert message["metadata"]["event_payload"]["effect_key"] == effect.key
+    assert run_of(sent).output == message["ts"]
+    skipped = send_step(quiet)
+    assert skipped.output == {"suppressed": True, "to": "c0quiet", "reason": "suppressed"}
+    assert (run_of(quiet).status, run_of(quiet).output) == ("succeeded", "not sent")
