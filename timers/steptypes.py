@@ -23,6 +23,8 @@ from workflows.plugins import (
     register_step_type,
 )
 
+from .store import enter_wait
+
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 TIME_OF_DAY_RE = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9]")
 MAX_ZONE_NAME = 64
@@ -52,7 +54,10 @@ def validate_wait(step: Mapping[str, Any], report: StepReport) -> None:
     check_duration(step, "duration", report)
 
 
-WAIT = StepType(name="wait", lane="inline", validate=validate_wait, waits=True, app="timers")
+WAIT = StepType(
+    name="wait", lane="inline", validate=validate_wait, execute=enter_wait, built=True,
+    waits=True, app="timers",
+)  # fmt: skip
 
 
 def _validate_rule(rule: Mapping[str, Any], report: StepReport) -> None:
@@ -95,14 +100,21 @@ def validate_wait_until(step: Mapping[str, Any], report: StepReport) -> None:
         rule = check_object(step, "rule", report)
         if rule is not None:
             _validate_rule(rule, report)
-    if "timezone" in step and not is_time_zone(step["timezone"]):
-        report.error("timezone", 'must be an IANA time zone name such as "Europe/Berlin"')
+    zone = step.get("timezone")
+    if isinstance(zone, str) and is_template(zone):
+        check_template_field(step, "timezone", report)  # read from the run's data
+    elif "timezone" in step and not is_time_zone(zone):
+        report.error(
+            "timezone",
+            'must be an IANA time zone name such as "Europe/Berlin", or a template',
+        )
     check_duration(step, "spread", report, required=False)
 
 
 WAIT_UNTIL = StepType(
-    name="wait_until", lane="inline", validate=validate_wait_until, waits=True, app="timers"
-)
+    name="wait_until", lane="inline", validate=validate_wait_until, execute=enter_wait,
+    built=True, waits=True, app="timers",
+)  # fmt: skip
 
 STEP_TYPES = (WAIT, WAIT_UNTIL)
 

@@ -60,7 +60,7 @@ DEFAULT_MAX_DEFINITION_STEPS = 500
 MAX_STEPS_LIMIT = 100_000
 MAX_LOOP_STEPS_SHOWN = 12
 
-TOP_LEVEL_FIELDS = ("start", "steps", "limits", "description")
+TOP_LEVEL_FIELDS = ("start", "steps", "limits", "description", "timer_spread")
 LIMIT_FIELDS = ("max_steps", "max_age")
 
 ISSUE_CODES = (
@@ -207,6 +207,17 @@ class _Validation:
         if "description" in definition and not isinstance(description, str):
             self.top("invalid_field", "description", "description must be a string")
         self.check_limits(definition.get("limits"), "limits" in definition)
+        spread = definition.get("timer_spread")
+        if (
+            "timer_spread" in definition
+            and spread not in ("0", "0s")
+            and parse_duration(spread) is None
+        ):
+            self.top(
+                "invalid_field",
+                "timer_spread",
+                'timer_spread must be a duration such as "10m", or "0s" for none',
+            )
 
         steps = definition.get("steps")
         if "steps" not in definition:

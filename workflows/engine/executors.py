@@ -29,7 +29,7 @@ class Park:
     signal name and correlation key, an approval id); it is stored and shown to operators.
     """
 
-    deadline_seconds: float
+    deadline_seconds: float | None  # None: no deadline of its own (a timer row wakes it)
     on_deadline: str | None = None
     detail: Mapping[str, Any] = field(default_factory=dict)
     # True when the park is not the step's doing (a broken connection, an exhausted budget):

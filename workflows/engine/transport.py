@@ -86,18 +86,23 @@ class PostgresNotifyTransport:
         LISTEN is a hint and polling is the truth: after a reconnect the worker may have
         missed notifications, so it is woken once to look.
         """
-        channel = channel_for(lane)
-        while not stop.is_set():
-            try:
-                with own_connection() as conn:
-                    conn.execute(f"LISTEN {channel}")
-                    wake.set()
-                    while not stop.is_set():
-                        for _ in conn.notifies(timeout=0.5, stop_after=1):
-                            wake.set()
-            except psycopg.OperationalError as exc:
-                logger.warning("listener for %s lost its connection (%s); reconnecting", lane, exc)
-                stop.wait(1.0)
+        listen(channel_for(lane), wake, stop)
+
+
+def listen(channel: str, wake: threading.Event, stop: threading.Event) -> None:
+    """Set ``wake`` on each notification on ``channel`` until ``stop``; reconnect on errors
+    (and set ``wake`` once after each (re)connect: notifications may have been missed)."""
+    while not stop.is_set():
+        try:
+            with own_connection() as conn:
+                conn.execute(f"LISTEN {channel}")
+                wake.set()
+                while not stop.is_set():
+                    for _ in conn.notifies(timeout=0.5, stop_after=1):
+                        wake.set()
+        except psycopg.OperationalError as exc:
+            logger.warning("listener for %s lost its connection (%s); reconnecting", channel, exc)
+            stop.wait(1.0)
 
 
 def default_transport() -> Transport:

@@ -1,0 +1,117 @@
+"""Timers in process: entering a wait writes its timer in the same transaction, the due sweep
+fires it once with its run, fairly across organisations, in people's time zones."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.db.models.functions import Now
+
+from timers.calendar import spread_offset
+from timers.models import Timer
+from timers.sweep import fire_due_timers, seconds_until_next_due
+from workflows.models import Run, RunEvent, Step
+from workflows.services.automations import automation_publish_definition
+from workflows.services.runs import run_start
+
+from .factories import OrganisationFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def waits(step: dict, **top: object) -> dict:
+    return {
+        "start": "pause",
+        **top,
+        "steps": [
+            {"id": "pause", **step, "next": "done"},
+            {"id": "done", "type": "end", "output": "{{ steps.pause.output.due_at }}"},
+        ],
+    }
+
+
+def start(org, definition: dict, key: str = "k", run_input: dict | None = None) -> int:
+    automation_publish_definition(org=org, slug="timer", definition=definition)
+    return run_start(org=org, automation_slug="timer", run_input=run_input or {},
+                     start_key=key).run_id  # fmt: skip
+
+
+def make_due(**filters: object) -> None:
+    """Bring timers' instants to now (the sweep compares with the database's clock)."""
+    Timer.objects.filter(**filters).update(due_at=Now())
+
+
+def test_a_wait_writes_its_timer_with_its_step_and_fires_once(org):
+    run_id = start(org, waits({"type": "wait", "duration": "2h"}))
+    step = Step.objects.get(run_id=run_id, step_id="pause")
+    timer = Timer.objects.get(run_id=run_id)
+    assert (step.status, step.wait_kind, step.wake_at) == ("waiting", "external", None)
+    assert step.wait_detail is not None and step.wait_detail["timer"] == timer.pk
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT EXTRACT(EPOCH FROM %s - now())", [timer.due_at])
+        left = float(cursor.fetchone()[0])
+    assert 7100 < left <= 7200
+    assert fire_due_timers().fired == 0  # not due yet
+    make_due(pk=timer.pk)
+    assert fire_due_timers().fired == 1
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "succeeded"
+    timer.refresh_from_db()
+    assert timer.fired_at is not None and timer.error == ""
+    assert fire_due_timers().fired == 0  # fired once
+    assert RunEvent.objects.filter(run_id=run_id, kind="step.timer_fired").count() == 1
+
+
+def test_a_rule_in_a_zone_lands_on_local_time_with_a_stable_spread(org):
+    rule = {"type": "wait_until", "rule": {"weekdays": ["mon"], "time": "09:00"},
+            "timezone": "{{ input.tz }}"}  # fmt: skip
+    run_id = start(org, waits(rule, timer_spread="10m"), run_input={"tz": "Europe/Berlin"})
+    timer = Timer.objects.get(run_id=run_id)
+    offset = spread_offset(run_id, 600)
+    assert timer.offset_seconds == pytest.approx(offset)
+    local = (timer.due_at - timedelta(seconds=offset)).astimezone(
+        __import__("zoneinfo").ZoneInfo("Europe/Berlin")
+    )
+    assert (local.weekday(), local.hour, local.minute) == (0, 9, 0), (timer.due_at, offset, local)
+    assert timer.zone == "Europe/Berlin"
+    assert timer.intent["zone_template"] == "{{ input.tz }}"
+
+
+def test_an_unknown_zone_in_the_runs_data_fails_the_step_clearly(org):
+    rule = {"type": "wait_until", "rule": {"time": "09:00"}, "timezone": "{{ input.tz }}"}
+    run_id = start(org, waits(rule), run_input={"tz": "Mars/Olympus"})
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed"
+    assert "Mars/Olympus" in Step.objects.get(run_id=run_id, step_id="pause").error
+
+
+def test_one_big_organisation_cannot_delay_fifty_small_ones(org):
+    """2,000 due timers of one organisation and 10 each of 50 others: every timer of the
+    small ones fires within the first two batches."""
+    definition = waits({"type": "wait", "duration": "1h"})
+    big = [start(org, definition, key=f"b{i}") for i in range(2000)]
+    small_orgs = OrganisationFactory.create_batch(50)
+    small = [start(o, definition, key=f"s{i}") for o in small_orgs for i in range(10)]
+    make_due()
+    first, second = fire_due_timers(), fire_due_timers()
+    assert first.fired + second.fired <= 1000
+    fired_small = Timer.objects.filter(run_id__in=small, fired_at__isnull=False).count()
+    assert fired_small == len(small) == 500
+    assert Timer.objects.filter(run_id__in=big, fired_at__isnull=False).count() < 2000
+
+
+def test_the_sweeper_knows_how_long_to_sleep(org):
+    assert seconds_until_next_due() is None
+    start(org, waits({"type": "wait", "duration": "30s"}))
+    left = seconds_until_next_due()
+    assert left is not None and 25 < left <= 30
+
+
+def test_a_timer_due_at_a_past_moment_fires_at_the_next_sweep(org):
+    past = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    run_id = start(org, waits({"type": "wait_until", "at": "{{ input.at }}"}),
+                   run_input={"at": past})  # fmt: skip
+    assert fire_due_timers().fired == 1
+    assert Run.objects.get(pk=run_id).status == "succeeded"

@@ -1,0 +1,137 @@
+"""Every SQL statement of timers and the due sweep, kept together.
+
+Time is the database's now(). Rows are read by column name. Lock order: timers (the batch,
+FOR UPDATE SKIP LOCKED), then each timer's run, then its step (``waits.wake_step``).
+"""
+
+from __future__ import annotations
+
+# Enter a wait: the timer, written in the walk's transaction. When it is due before the
+# sweeper's next look (one sweep interval), the sweeper is told at commit (the fast path);
+# otherwise it finds it when it next reads the earliest instant.
+INSERT_TIMER = """
+WITH timer AS (
+    INSERT INTO timers_timer
+        (org_id, run_id, step_id, iteration, kind, intent, zone, spread_seconds,
+         offset_seconds, due_at, error, created_at)
+    VALUES (%(org_id)s, %(run_id)s, %(step_id)s, %(iteration)s, %(kind)s, %(intent)s,
+            %(zone)s, %(spread)s, %(offset)s, %(due_at)s, '', now())
+    ON CONFLICT (run_id, step_id, iteration) DO UPDATE
+       SET intent = EXCLUDED.intent, zone = EXCLUDED.zone,
+           spread_seconds = EXCLUDED.spread_seconds, offset_seconds = EXCLUDED.offset_seconds,
+           due_at = EXCLUDED.due_at, fired_at = NULL, error = ''
+    RETURNING id, due_at
+)
+SELECT timer.id, timer.due_at,
+       CASE WHEN timer.due_at < now() + make_interval(secs => %(soon)s)
+            THEN pg_notify('waymark_timers', '') END AS told
+  FROM timer
+"""
+
+# The sweeper's lease: taken when free or lapsed, renewed by its holder. One row per name.
+TAKE_LEASE = """
+INSERT INTO timers_sweeplease (name, holder, lease_until)
+VALUES (%(name)s, %(holder)s, now() + make_interval(secs => %(lease)s))
+ON CONFLICT (name) DO UPDATE
+   SET holder = EXCLUDED.holder, lease_until = EXCLUDED.lease_until
+ WHERE timers_sweeplease.holder = EXCLUDED.holder
+    OR timers_sweeplease.lease_until <= now()
+RETURNING holder
+"""
+
+RELEASE_LEASE = """
+UPDATE timers_sweeplease SET lease_until = now()
+ WHERE name = %(name)s AND holder = %(holder)s
+"""
+
+# Seconds until the earliest pending timer (negative: overdue; NULL: none).
+NEXT_DUE = """
+SELECT EXTRACT(EPOCH FROM min(due_at) - now())::float AS seconds
+  FROM timers_timer
+ WHERE fired_at IS NULL
+"""
+
+# One fair batch of due timers, locked (FOR UPDATE SKIP LOCKED: a second sweeper, or a
+# batch still committing, is skipped, never waited for):
+#  1. `orgs` walks the organisations with pending timers with a loose index scan (one
+#     index probe per organisation, whatever its backlog), keeping those whose earliest
+#     timer is due, at most %(scan)s organisations;
+#  2. `chosen` takes the %(orgs)s least recently served of them;
+#  3. each gets an equal share of the batch, read by a bounded LATERAL scan of its own
+#     (org_id, due_at) index range, earliest first.
+# So one organisation's 200,000 due timers cannot delay another's ten: the cost of a batch
+# grows with the batch, not with the backlog.
+DUE_BATCH = """
+WITH RECURSIVE orgs(org_id, depth) AS (
+    (SELECT org_id, 1 FROM timers_timer WHERE fired_at IS NULL ORDER BY org_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.org_id FROM timers_timer t
+             WHERE t.fired_at IS NULL AND t.org_id > orgs.org_id
+             ORDER BY t.org_id LIMIT 1),
+           orgs.depth + 1
+      FROM orgs WHERE orgs.org_id IS NOT NULL AND orgs.depth < %(scan)s
+),
+due_orgs AS (
+    SELECT orgs.org_id FROM orgs
+     WHERE orgs.org_id IS NOT NULL
+       AND (SELECT min(t.due_at) FROM timers_timer t
+             WHERE t.org_id = orgs.org_id AND t.fired_at IS NULL) <= now()
+),
+chosen AS (
+    SELECT d.org_id
+      FROM due_orgs d LEFT JOIN timers_orgsweep s ON s.org_id = d.org_id
+     ORDER BY s.served_at NULLS FIRST, d.org_id
+     LIMIT %(orgs)s
+),
+share AS (
+    SELECT GREATEST(1, %(batch)s / NULLIF(count(*), 0)) AS n FROM chosen
+)
+SELECT t.id, t.org_id, t.run_id, t.step_id, t.iteration, t.due_at,
+       EXTRACT(EPOCH FROM now() - t.due_at)::float AS late_seconds
+  FROM chosen
+ CROSS JOIN share
+ CROSS JOIN LATERAL (
+      SELECT id, org_id, run_id, step_id, iteration, due_at
+        FROM timers_timer
+       WHERE org_id = chosen.org_id AND fired_at IS NULL AND due_at <= now()
+       ORDER BY due_at
+       LIMIT share.n
+         FOR UPDATE SKIP LOCKED
+ ) t
+"""
+
+# The waiting step of a timer (the step row of that run, step and iteration).
+TIMER_STEP = """
+SELECT id FROM workflows_step
+ WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND iteration = %(iteration)s
+"""
+
+MARK_FIRED = """
+UPDATE timers_timer
+   SET fired_at = now(), error = data.error
+  FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS data(id, error)
+ WHERE timers_timer.id = data.id AND timers_timer.fired_at IS NULL
+"""
+
+MARK_SERVED = """
+INSERT INTO timers_orgsweep (org_id, served_at)
+SELECT DISTINCT unnest(%(orgs)s::bigint[]), now()
+ON CONFLICT (org_id) DO UPDATE SET served_at = EXCLUDED.served_at
+"""
+
+# Recomputing: the pending timers (for a tz database update), a bounded page at a time.
+PENDING_PAGE = """
+SELECT t.id, t.org_id, t.run_id, t.step_id, t.iteration, t.kind,
+       t.intent::json AS intent, t.zone, t.spread_seconds, t.offset_seconds, t.due_at,
+       t.created_at
+  FROM timers_timer t
+ WHERE t.fired_at IS NULL AND t.id > %(after)s
+ ORDER BY t.id
+ LIMIT %(n)s
+   FOR UPDATE SKIP LOCKED
+"""
+
+MOVE_TIMER = """
+UPDATE timers_timer SET due_at = %(due_at)s
+ WHERE id = %(id)s AND fired_at IS NULL
+"""
