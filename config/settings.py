@@ -343,8 +343,13 @@ WAYMARK = {
     # Finished runs (with their steps and history) are deleted this many days after they
     # finished, in batches, by the sweep. 0 keeps them forever.
     "RETENTION_DAYS": env.float("WAYMARK_RETENTION_DAYS", default=90.0),
-    # The sweep fires passed deadlines and due retries this often.
+    # The sweep looks at least this often: it fires due timers (and sleeps until the next
+    # one), passed deadlines and due retries. Also the fast path's horizon: a timer written
+    # due sooner than this tells the sweeper at once.
     "SWEEP_SECONDS": env.float("WAYMARK_SWEEP_SECONDS", default=1.0),
+    # The sweeper listens for timers written due before its next look (NOTIFY). Off: such a
+    # timer fires at the next look, at most SWEEP_SECONDS late.
+    "TIMERS_FAST_PATH": env.bool("WAYMARK_TIMERS_FAST_PATH", default=True),
     # Executors hung past their lane's timeout (told to stop a lease ago, still running) that
     # make a worker hand its other steps back and exit to be replaced. 0: a quarter of its
     # slots, at least one.

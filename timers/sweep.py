@@ -112,9 +112,12 @@ class Sweeper:
         self.extra: list[Callable[[str], int]] = []  # more work per tick (scheduled starts)
 
     def run(self, stop: threading.Event) -> None:
-        listener = threading.Thread(target=listen, args=(CHANNEL, self.told, stop),
-                                    name="timers-listener", daemon=True)  # fmt: skip
-        listener.start()
+        # Stopping cuts a sleep short too (it may be a whole tick long).
+        threading.Thread(target=lambda: (stop.wait(), self.told.set()), daemon=True).start()
+        if engine_setting("TIMERS_FAST_PATH"):
+            listener = threading.Thread(target=listen, args=(CHANNEL, self.told, stop),
+                                        name="timers-listener", daemon=True)  # fmt: skip
+            listener.start()
         try:
             while not stop.is_set():
                 self.told.clear()
