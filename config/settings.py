@@ -389,9 +389,9 @@ EFFECTS = {
     # one probe call decides (success closes it, failure opens it again).
     "CIRCUIT_FAILURES": env.int("WAYMARK_EFFECTS_CIRCUIT_FAILURES", default=5),
     "CIRCUIT_COOLDOWN_SECONDS": env.float("WAYMARK_EFFECTS_CIRCUIT_COOLDOWN_SECONDS", default=30.0),
-    # A step parked on a broken connection or an exhausted model budget waits this long for
-    # a repair before it fails.
-    "PARK_SECONDS": env.float("WAYMARK_EFFECTS_PARK_SECONDS", default=7 * 86_400),
+    # A step parked on a broken connection, a review or a spent model budget looks again
+    # this often (no attempt spent); a repair, a decision or a raise wakes it at once.
+    "RECHECK_SECONDS": env.float("WAYMARK_EFFECTS_RECHECK_SECONDS", default=300.0),
     # Email: Django's backend (SMTP unless set otherwise).
     "EMAIL_BACKEND": env.str(
         "WAYMARK_EFFECTS_EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend"

@@ -47,7 +47,7 @@ from .resolve import (
     repair_connection,
     resolve_effect,
 )
-from .secrets import encrypt
+from .secrets import secret_problem
 from .states import ConnectionStatus, EffectState
 
 # Run events name who acted in a column of 100 characters; a username may have 150.
@@ -162,6 +162,9 @@ class ConnectionForm(forms.ModelForm):
         secret: str = self.cleaned_data.get("secret") or ""
         if has_unstorable(secret):
             raise ValidationError(f"The secret {UNSTORABLE_REASON}.")
+        problem = secret_problem(secret)
+        if problem is not None:
+            raise ValidationError(f"The secret {problem}.")
         return secret
 
     def clean_max_concurrency(self) -> int:
@@ -218,14 +221,13 @@ class ConnectionAdmin(AfterSaveMixin, OrgScopedMixin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Connection, form: Any, change: bool) -> None:
         secret = form.cleaned_data.get("secret") or ""
-        if secret:
-            obj.secret_encrypted = encrypt(secret)
+        secret_fields = obj.replace_secret(secret) if secret else []
         if not change:
             obj.save()
             return
         # Only what the form edits: the engine updates the health fields meanwhile.
         fields = [name for name in SETTINGS if name in form.cleaned_data]
-        obj.save(update_fields=[*fields, *(["secret_encrypted"] if secret else []), "updated_at"])
+        obj.save(update_fields=[*fields, *secret_fields, "updated_at"])
         current = Connection.objects.filter(pk=obj.pk).values_list("status", flat=True).first()
         if secret and current == ConnectionStatus.BROKEN:
             _after_commit(request, lambda req: self._repair(req, obj, "with the new secret"))

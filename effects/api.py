@@ -45,7 +45,7 @@ from .resolve import (
     repair_connection,
     resolve_effect,
 )
-from .secrets import encrypt
+from .secrets import encrypt, secret_problem
 from .states import CircuitState, ConnectionStatus, EffectState
 
 # The names a step's ``connection`` field may take (effects/steptypes.py checks the same).
@@ -56,6 +56,12 @@ MAX_REASON_CHARS = 500
 
 
 # --- errors -----------------------------------------------------------------------------------
+
+
+def _usable_secret(value: str) -> None:
+    problem = secret_problem(value)
+    if problem is not None:
+        raise serializers.ValidationError(f"The secret {problem}.")
 
 
 class UnknownConnection(NotFound):
@@ -238,7 +244,7 @@ class ConnectionSettingsIn(StrictInput):
         allow_blank=False,
         trim_whitespace=False,
         max_length=MAX_SECRET_CHARS,
-        validators=[storable_text],
+        validators=[storable_text, _usable_secret],
         help_text="Write-only: a token, password or API key, stored encrypted and never "
         "returned. Setting one on a broken connection repairs it.",
     )
@@ -387,7 +393,9 @@ class ConnectionListView(ScopedList):
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
         secret = fields.pop("secret", "")
-        conn = Connection(org=_org(request), secret_encrypted=encrypt(secret), **fields)
+        conn = Connection(
+            org=_org(request), secret_encrypted=encrypt(secret), **fields
+        )  # version 1
         try:
             with transaction.atomic():
                 conn.save()
@@ -419,8 +427,7 @@ class ConnectionDetailView(APIView):
             setattr(conn, field, value)
         changed = list(fields)
         if new_secret is not None:
-            conn.secret_encrypted = encrypt(new_secret)
-            changed.append("secret_encrypted")
+            changed += conn.replace_secret(new_secret)
         if changed:
             conn.save(update_fields=[*changed, "updated_at"])
         if new_secret is not None and conn.status == ConnectionStatus.BROKEN:

@@ -6,6 +6,10 @@ class EffectsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from workflows.plugins import register_sweep_task
+
+        from .resolve import reconcile_budgets
         from .steptypes import register_step_types
 
         register_step_types()
+        register_sweep_task("effects.reconcile_budgets", reconcile_budgets)

@@ -6,24 +6,29 @@ own (not the step's); the answer is stored after. So:
 
 - a settled effect returns its stored answer and is never called again;
 - a live in-flight effect (another attempt's call may be under way) is never overlapped:
-  the step waits until that lease ends (a deferral: no attempt spent);
+  the step waits until that lease ends (a deferral: no attempt spent). A call under way
+  keeps its effect's lease renewed, so a slow provider is not mistaken for a dead attempt;
 - an in-flight effect whose lease lapsed, or a call that failed ambiguously, is
   ``outcome_unknown``, and is reconciled before anything is called again: looked up at the
-  provider (found: settled with it; not there: called again), or repeated with the same key
-  when the provider honours keys and still remembers it, or repeated when the call makes
-  nothing outside (``repeatable``); otherwise parked as ``needs_review`` for a person, with
-  what is known. Uncertainty is never permission to make a fresh effect.
+  provider (found: settled with it; not there, once the provider has had time to finish
+  what it was sent: called again), or repeated with the same key when the provider honours
+  keys and still remembers it, or repeated when the call makes nothing outside
+  (``repeatable``); otherwise parked as ``needs_review`` for a person, with what is known.
+  Uncertainty is never permission to make a fresh effect.
 
-The connection's gate (broken, circuit breaker, concurrency cap) is passed in the same
-transaction that begins a call, under the connection's row lock.
+The connection's gate (broken, circuit breaker, concurrency cap), the consent check and the
+budget reservation are passed in the same transaction that begins a call. Lock order
+everywhere: the connection's row, then the effect's.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -34,8 +39,10 @@ from django.db import connection, transaction
 from workflows.engine.executors import Park, StepContext, StepDeferred, StepFailure, StepResult
 from workflows.engine.faults import crash_point
 from workflows.engine.sql.rows import event_row, fetch_dict, insert_events, json_or_null
+from workflows.engine.transport import own_connection
 
 from . import sql
+from .consent import suppression
 from .providers.base import (
     Answer,
     AuthFailed,
@@ -50,6 +57,9 @@ from .states import EffectState, sources
 
 logger = logging.getLogger(__name__)
 
+LOOKUP_FAILURES_BEFORE_REVIEW = 5
+SUPPRESSED = "suppressed"
+
 
 def effects_setting(name: str) -> Any:
     return settings.EFFECTS[name]
@@ -57,12 +67,14 @@ def effects_setting(name: str) -> Any:
 
 @dataclass(frozen=True)
 class Call:
-    """One effect call: who makes it, through what, with what."""
+    """One effect call: who makes it, through what, with what; ``channel``: the suppression
+    list its recipient is checked against (it contacts a person)."""
 
     ctx: StepContext
     provider: Provider
     conn: ConnectionInfo | None
     request: Request
+    channel: str | None = None
 
     @property
     def key(self) -> str:
@@ -73,6 +85,15 @@ class Call:
         timeout = self.conn.timeout_seconds if self.conn else 30.0
         return timeout + float(effects_setting("LEASE_MARGIN_SECONDS"))
 
+    @property
+    def conn_id(self) -> int | None:
+        return self.conn.id if self.conn else None
+
+    def scrub(self, text: str) -> str:
+        """``text`` without the connection's secret (an error message may quote a header)."""
+        secret = self.conn.secret if self.conn else ""
+        return text.replace(secret, "***") if len(secret) >= 4 else text
+
 
 class ParkStep(Exception):
     """The step must wait for a person (a review, a repaired connection, a budget)."""
@@ -82,6 +103,10 @@ class ParkStep(Exception):
         self.park = park
 
 
+class Suppressed(Exception):
+    """The recipient is on the suppression list now: nothing is sent."""
+
+
 def run_effect(call: Call) -> StepResult:
     """Make the effect of ``call`` at most once per key, as far as the provider allows; return
     the step's result (the stored answer on every repeat)."""
@@ -89,6 +114,9 @@ def run_effect(call: Call) -> StepResult:
         answer = _effect(call)
     except ParkStep as parked:
         return StepResult(park=parked.park)
+    except Suppressed as suppressed:
+        output = {"suppressed": True, "to": call.request.recipient, "reason": str(suppressed)}
+        return StepResult(output=output, outcome=SUPPRESSED)
     return StepResult(output=answer.result, outcome="ok")
 
 
@@ -112,9 +140,11 @@ def _effect(call: Call) -> Answer:
 def _claim_or_read(call: Call) -> dict[str, Any]:
     """The effect under the key: newly claimed in flight (the caller calls), or as it stands.
 
-    One transaction: the connection's gate and the claim commit together."""
+    One transaction: the connection's gate, consent, the budget and the claim commit
+    together."""
     ctx = call.ctx
     with transaction.atomic(durable=True), connection.cursor() as cursor:
+        gate = _lock_connection(cursor, call)
         cursor.execute(sql.LOCK_EFFECT, {"org_id": ctx.org_id, "key": call.key})
         effect = fetch_dict(cursor)
         if effect is not None and effect["state"] == EffectState.IN_FLIGHT:
@@ -128,16 +158,26 @@ def _claim_or_read(call: Call) -> dict[str, Any]:
             why = "the attempt that held it stopped before it recorded an answer"
             _event(cursor, ctx, "effect.outcome_unknown", {"key": call.key, "why": why})
             effect["state"] = EffectState.OUTCOME_UNKNOWN
-        if effect is not None and effect["state"] != EffectState.FAILED:
+        if effect is not None and effect["state"] == EffectState.FAILED:
+            if effect["resolution"] == "fail":
+                raise StepFailure(f"effect {call.key} was failed by a person: {effect['error']}",
+                                  retryable=False, error_class="resolved_failed")  # fmt: skip
+        elif effect is not None:
             return effect
         # A first call, or a call again after the provider refused: through the gate.
-        _gate(cursor, call)
+        _pass_gate(cursor, call, gate)
         return _begin(cursor, call, effect)
 
 
 def _begin(cursor: Any, call: Call, effect: dict[str, Any] | None) -> dict[str, Any]:
+    """Claim the effect in flight for this attempt (a new row, or the row again)."""
     ctx = call.ctx
-    params = {
+    _check_consent(cursor, call)
+    if effect is not None and effect["state"] == EffectState.OUTCOME_UNKNOWN:
+        # The unknown call may have cost what it reserved: count it spent, reserve anew.
+        _release_budget(cursor, call, effect["reserved_cost"], spent=effect["reserved_cost"])
+    _reserve_budget(cursor, call)
+    params: dict[str, Any] = {
         "token": secrets.token_hex(16), "owner": f"{ctx.lane}:{ctx.run_id}:{ctx.attempt}",
         "step_attempt": ctx.attempt, "lease": call.lease,
         "request": json_or_null(dict(call.request.summary)),
@@ -147,70 +187,86 @@ def _begin(cursor: Any, call: Call, effect: dict[str, Any] | None) -> dict[str, 
         cursor.execute(sql.INSERT_IN_FLIGHT, {
             **params, "org_id": ctx.org_id, "run_id": ctx.run_id, "step_id": ctx.step_id,
             "iteration": ctx.iteration, "key": call.key, "provider": call.provider.name,
-            "connection_id": call.conn.id if call.conn else None,
+            "connection_id": call.conn_id,
+            "external_key": f"{call.key}:{secrets.token_hex(6)}",
         })  # fmt: skip
     else:
-        sources_ = sources(EffectState.IN_FLIGHT)
-        cursor.execute(sql.BEGIN_AGAIN, {**params, "id": effect["id"], "sources": sources_})
+        cursor.execute(sql.BEGIN_AGAIN, {**params, "id": effect["id"],
+                                         "sources": sources(EffectState.IN_FLIGHT),
+                                         "seen_calls": effect["calls"]})  # fmt: skip
     begun = fetch_dict(cursor)
     if begun is None:
-        # Another attempt claimed the key between our read and our write (a unique-key
-        # conflict or a state change): look again later rather than guess.
+        # Another attempt claimed or called under the key since we read it: look again
+        # later rather than act on what we saw.
         raise StepDeferred(effects_setting("DEFER_SECONDS"), f"effect {call.key} was taken")
-    _reserve_budget(cursor, call, held=effect["reserved_cost"] if effect else Decimal(0))
     return begun
 
 
-def _gate(cursor: Any, call: Call) -> None:
-    """Broken connection: park. Open circuit, a probe under way, or the concurrency cap
-    reached: defer (no attempt spent). A closed circuit past its cool-down: this call is the
-    probe."""
-    if call.conn is None or call.conn.id is None:
-        return
-    cursor.execute(sql.LOCK_CONNECTION, {"connection_id": call.conn.id})
+def _lock_connection(cursor: Any, call: Call) -> dict[str, Any] | None:
+    """Lock the connection's row first (the one lock order) and read its gate."""
+    if call.conn_id is None:
+        return None
+    cursor.execute(sql.LOCK_CONNECTION, {"connection_id": call.conn_id})
     gate = fetch_dict(cursor)
     if gate is None:
-        raise StepFailure(f"connection {call.conn.name!r} was deleted", retryable=False,
+        raise StepFailure(f"connection {_name(call)!r} was deleted", retryable=False,
                           error_class="unknown_connection")  # fmt: skip
+    return gate
+
+
+def _pass_gate(cursor: Any, call: Call, gate: dict[str, Any] | None) -> None:
+    """Broken connection: park. Open circuit, a probe under way, or the concurrency cap
+    reached: defer (no attempt spent). A circuit past its cool-down: this call probes."""
+    if gate is None:
+        return
     if gate["status"] == "broken":
         raise ParkStep(_broken_park(call, gate["broken_reason"]))
     defer = effects_setting("DEFER_SECONDS")
     if gate["circuit"] != "closed" and gate["circuit_waiting"]:
         what = "open" if gate["circuit"] == "open" else "being probed"
         raise StepDeferred(max(defer, gate["circuit_seconds"]),
-                           f"the circuit of connection {call.conn.name!r} is {what}")  # fmt: skip
+                           f"the circuit of connection {_name(call)!r} is {what}")  # fmt: skip
     if gate["in_flight"] >= gate["max_concurrency"]:
         raise StepDeferred(
             max(defer, min(gate["first_free_seconds"] or defer, 30.0)),
-            f"connection {call.conn.name!r} is at its concurrency cap "
+            f"connection {_name(call)!r} is at its concurrency cap "
             f"({gate['max_concurrency']} calls in flight)",
         )
     if gate["circuit"] != "closed":  # its cool-down has passed: one probe goes through
-        cursor.execute(sql.CIRCUIT_PROBE, {"connection_id": call.conn.id, "lease": call.lease})
+        cursor.execute(sql.CIRCUIT_PROBE, {"connection_id": call.conn_id, "lease": call.lease})
 
 
-def _reserve_budget(cursor: Any, call: Call, held: Decimal) -> None:
-    """Reserve the call's allowed cost against the organisation's model budget. ``held`` is
-    what the effect already holds (an unknown outcome keeps its reservation): only the
-    difference is reserved again. A budgeted provider's call with nothing to reserve still
-    needs budget left."""
-    if not call.provider.budgeted and call.request.reserve <= 0:
+def _check_consent(cursor: Any, call: Call) -> None:
+    recipient = call.request.recipient
+    if call.channel is None or recipient is None:
         return
-    amount = max(Decimal(0), call.request.reserve - held)
-    params = {"org_id": call.ctx.org_id, "amount": amount}
+    reason = suppression(cursor, call.ctx.org_id, call.channel, recipient)
+    if reason is not None:
+        raise Suppressed(reason)
+
+
+def _reserve_budget(cursor: Any, call: Call) -> None:
+    """Reserve the call's allowed cost against the organisation's model budget. Spent out:
+    park until it is raised. Only other calls' reservations in the way: defer."""
+    amount = call.request.reserve
+    if not call.provider.budgeted and amount <= 0:
+        return
+    params: dict[str, Any] = {"org_id": call.ctx.org_id, "amount": amount}
     cursor.execute(sql.RESERVE_BUDGET, params)
     if cursor.fetchone() is not None:
         return
-    cursor.execute(sql.HAS_BUDGET, params)
-    if cursor.fetchone() is None:
+    cursor.execute(sql.BUDGET, params)
+    budget = fetch_dict(cursor)
+    if budget is None:
         return  # no budget set for the organisation: no limit
-    # Exhausted: this transaction (and its claim) rolls back; the step parks until raised.
-    raise ParkStep(Park(
-        deadline_seconds=effects_setting("PARK_SECONDS"), refund_attempt=True,
-        detail={"parked_on": f"budget:{call.ctx.org_id}",
-                "reason": "the organisation's model budget is exhausted: raise it to go on",
-                "reserve": str(call.request.reserve)},
-    ))  # fmt: skip
+    if budget["spent_out"] or budget["spent"] + amount > budget["limit"]:
+        raise ParkStep(Park(
+            deadline_seconds=effects_setting("RECHECK_SECONDS"), refund_attempt=True,
+            detail={"parked_on": f"budget:{call.ctx.org_id}", "reserve": str(amount),
+                    "reason": "the organisation's model budget is exhausted: raise it to go on"},
+        ))  # fmt: skip
+    raise StepDeferred(effects_setting("DEFER_SECONDS") * 5,
+                       "the model budget is held by calls in flight")  # fmt: skip
 
 
 # --- reconciling ------------------------------------------------------------------------------
@@ -220,15 +276,23 @@ def _reconcile(call: Call, effect: dict[str, Any]) -> dict[str, Any]:
     """An outcome_unknown effect, before anything is called again: settled from the
     provider's record, or begun again when that is safe, or parked for a person."""
     provider, conn = call.provider, call.conn
+    retention = provider.retention(conn)
+    key_fresh = retention is None or (effect["age_seconds"] or 0) < retention
     if provider.supports_lookup(conn):
-        found = _lookup(call)
+        found = _lookup(call, effect)
         if found is not None:
             _settle_found(call, effect, found, by="reconcile")
             return {**effect, "state": EffectState.SETTLED, "result": found.result}
+        if provider.supports_key(conn) and key_fresh:
+            return _begin_again(call, effect, "not found; repeating the key the provider keeps")
+        # Not there *yet* may mean the provider is still making it: trust the miss only
+        # once the last call cannot be under way any more.
+        wait = call.lease + provider.settle_seconds(conn) - (effect["since_last_call"] or 0)
+        if wait > 0:
+            raise StepDeferred(max(wait, effects_setting("DEFER_SECONDS")),
+                               f"effect {call.key} not found yet; looking again")  # fmt: skip
         return _begin_again(call, effect, "lookup found nothing under the key")
-    retention = provider.retention(conn)
-    fresh = retention is None or (effect["age_seconds"] or 0) < retention
-    if provider.supports_key(conn) and fresh:
+    if provider.supports_key(conn) and key_fresh:
         return _begin_again(call, effect, "the provider honours the key: repeating it")
     if provider.repeatable:
         return _begin_again(call, effect, "the call makes nothing outside: asking again")
@@ -238,38 +302,36 @@ def _reconcile(call: Call, effect: dict[str, Any]) -> dict[str, Any]:
         if provider.supports_key(conn) and retention is not None
         else "the provider has neither idempotency keys nor a lookup"
     )
-    _to_review(call, effect, f"outcome unknown and {why}: a person must decide")
-    raise ParkStep(_review_park({**effect, "error": why}))
+    raise ParkStep(_to_review(call, effect, f"outcome unknown and {why}: a person must decide"))
 
 
-def _lookup(call: Call) -> Answer | None:
+def _lookup(call: Call, effect: dict[str, Any]) -> Answer | None:
     try:
-        return call.provider.lookup(call.request, call.key, call.conn)
+        return call.provider.lookup(call.request, effect["external_key"], call.conn)
     except AuthFailed as exc:
-        # The credentials cannot even read: the connection is broken, the step parks.
+        # The credentials cannot even read: the connection is broken, the step waits.
         _mark_broken(call, exc)
-        raise _step_failure(call, exc) from exc
+        raise _step_failure(call, effect, exc) from exc
     except CallError as exc:
-        # Cannot tell yet: the effect stays outcome_unknown and the step tries again later
-        # (after the provider's Retry-After, when it gave one).
-        retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
-        raise StepFailure(f"reconciling effect {call.key}: {exc}", retry_after=retry_after,
-                          error_class=exc.error_class) from exc  # fmt: skip
-
-
-def _mark_broken(call: Call, exc: AuthFailed) -> None:
-    if call.conn is None or call.conn.id is None:
-        return
-    reason = f"reconnect {call.conn.name}: {exc}"[:500]
-    with transaction.atomic(durable=True), connection.cursor() as cursor:
-        cursor.execute(sql.CONNECTION_BROKEN, {"connection_id": call.conn.id, "reason": reason})
-        _event(cursor, call.ctx, "connection.broken", {"connection": call.conn.name,
-                                                        "reason": reason})  # fmt: skip
+        # Cannot tell yet: the effect stays outcome_unknown; look again later (no attempt
+        # spent), and after a few failed looks let a person decide.
+        with transaction.atomic(durable=True), connection.cursor() as cursor:
+            cursor.execute(sql.LOOKUP_FAILED, {"id": effect["id"]})
+            row = fetch_dict(cursor)
+        failures = row["lookup_failures"] if row else LOOKUP_FAILURES_BEFORE_REVIEW
+        if failures >= LOOKUP_FAILURES_BEFORE_REVIEW:
+            why = f"{failures} lookups could not tell whether it was made ({call.scrub(str(exc))})"
+            raise ParkStep(_to_review(call, effect, why)) from exc
+        after = exc.retry_after if isinstance(exc, RateLimited) and exc.retry_after else None
+        wait = after or effects_setting("DEFER_SECONDS") * 2**failures
+        message = f"reconciling effect {call.key}: {call.scrub(str(exc))}"
+        raise StepDeferred(wait, message) from exc
 
 
 def _begin_again(call: Call, effect: dict[str, Any], why: str) -> dict[str, Any]:
     with transaction.atomic(durable=True), connection.cursor() as cursor:
-        _gate(cursor, call)
+        gate = _lock_connection(cursor, call)
+        _pass_gate(cursor, call, gate)
         begun = _begin(cursor, call, effect)
         _event(cursor, call.ctx, "effect.reconciled", {"key": call.key, "action": why})
     return begun
@@ -288,12 +350,14 @@ def _settle_found(call: Call, effect: dict[str, Any], found: Answer, *, by: str)
             _event(cursor, call.ctx, "effect.reconciled", {"key": call.key, "action": action})
 
 
-def _to_review(call: Call, effect: dict[str, Any], why: str) -> None:
+def _to_review(call: Call, effect: dict[str, Any], why: str) -> Park:
+    """Park the effect for a person; the park of its step."""
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         params = {"id": effect["id"], "error": why, "sources": sources(EffectState.NEEDS_REVIEW)}
         cursor.execute(sql.TO_REVIEW, params)
         if cursor.fetchone() is not None:
             _event(cursor, call.ctx, "effect.needs_review", {"key": call.key, "why": why})
+    return _review_park({**effect, "error": why})
 
 
 # --- calling ----------------------------------------------------------------------------------
@@ -301,83 +365,147 @@ def _to_review(call: Call, effect: dict[str, Any], why: str) -> None:
 
 def _make_call(call: Call, effect: dict[str, Any]) -> Answer:
     """Call the provider under the effect claimed for this attempt, and record how it ended."""
-    token = effect["token"]
     crash_point("effect.before_call")
     started = time.monotonic()
     try:
-        answer = call.provider.call(call.request, call.key, call.conn)
+        with _lease_kept(call, effect):
+            answer = call.provider.call(call.request, effect["external_key"], call.conn)
     except CallError as exc:
         crash_point("effect.after_answer")
         _record_failure(call, effect, exc)
-        raise _step_failure(call, exc) from exc
+        raise _step_failure(call, effect, exc) from exc
     except Exception as exc:
         # A bug in a provider, or an error nobody classified: the request may have left.
         logger.exception("effect %s: provider %s raised", call.key, call.provider.name)
-        unknown = CallError(f"{type(exc).__name__}: {exc}")
+        unknown = CallError(call.scrub(f"{type(exc).__name__}: {exc}"))
         _record_failure(call, effect, unknown)
-        raise _step_failure(call, unknown) from exc
+        raise _step_failure(call, effect, unknown) from exc
     crash_point("effect.after_answer")
-    _record_answer(call, effect, token, answer, time.monotonic() - started)
+    _record_answer(call, effect, answer, time.monotonic() - started)
     return answer
 
 
-def _record_answer(
-    call: Call, effect: dict[str, Any], token: str, answer: Answer, seconds: float
-) -> None:
+@contextmanager
+def _lease_kept(call: Call, effect: dict[str, Any]) -> Iterator[None]:
+    """Renew the effect's lease while the call is under way (on a connection of its own,
+    opened only if the call outlasts a third of the lease). Stops when the step's own lease
+    is lost (taken over, timed out): the effect's lease then lapses and the next attempt
+    reconciles."""
+    done = threading.Event()
+
+    def renew() -> None:
+        db = None
+        params = {"id": effect["id"], "token": effect["token"], "lease": call.lease}
+        while not done.wait(call.lease / 3) and not call.ctx.lease_lost.is_set():
+            try:
+                db = db if db is not None and not db.closed else own_connection()
+                db.execute(sql.EXTEND_LEASE, params)
+            except Exception:
+                logger.warning("effect %s: could not renew its lease", call.key, exc_info=True)
+                db = None
+        if db is not None:
+            db.close()
+
+    renewer = threading.Thread(target=renew, name="effect-lease", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def _record_answer(call: Call, effect: dict[str, Any], answer: Answer, seconds: float) -> None:
     params: dict[str, Any] = {
-        "id": effect["id"], "token": token, "result": json_or_null(answer.result),
+        "id": effect["id"], "token": effect["token"], "result": json_or_null(answer.result),
         "response": json_or_null(dict(answer.response) if answer.response else None),
         "cost": answer.cost,
-        "sources": [EffectState.IN_FLIGHT.value, EffectState.OUTCOME_UNKNOWN.value],
+        # Its own call, also after its lease lapsed (outcome_unknown) or a person was asked
+        # meanwhile (needs_review): the answer is a fact, and it ends the uncertainty.
+        "sources": sources(EffectState.SETTLED),
     }  # fmt: skip
     with transaction.atomic(durable=True), connection.cursor() as cursor:
+        _lock_connection_quietly(cursor, call)
         cursor.execute(sql.SETTLE, params)
-        if cursor.fetchone() is None:
+        row = fetch_dict(cursor)
+        if row is None:
             # Another attempt took the key over after our lease lapsed; it owns the ledger now.
             logger.warning("effect %s: answered after another attempt took it over", call.key)
             return
         _release_budget(cursor, call, effect["reserved_cost"], spent=answer.cost)
-        if call.conn is not None and call.conn.id is not None:
-            cursor.execute(sql.CIRCUIT_SUCCESS, {"connection_id": call.conn.id})
+        if call.conn_id is not None:
+            cursor.execute(sql.CIRCUIT_SUCCESS, {"connection_id": call.conn_id})
         detail = {"key": call.key, "calls": effect["calls"], "seconds": round(seconds, 3)}
         _event(cursor, call.ctx, "effect.settled", detail)
+        if row["was"] == EffectState.NEEDS_REVIEW:
+            from .resolve import wake_parked
+
+            wake_parked(cursor, call.ctx.org_id, f"effect:{effect['id']}",
+                        {"settled": "answer arrived"}, "effect_settled", "ledger")  # fmt: skip
 
 
 def _record_failure(call: Call, effect: dict[str, Any], exc: CallError) -> None:
     state = EffectState.FAILED if exc.made == "no" else EffectState.OUTCOME_UNKNOWN
+    error = call.scrub(str(exc))[:2000]
     params: dict[str, Any] = {
-        "id": effect["id"], "token": effect["token"], "state": state.value,
-        "error": str(exc)[:2000], "response": json_or_null(exc.response),
-        "sources": [EffectState.IN_FLIGHT.value],
+        "id": effect["id"], "token": effect["token"], "state": state.value, "error": error,
+        "response": json_or_null(exc.response), "sources": [EffectState.IN_FLIGHT.value],
     }  # fmt: skip
     with transaction.atomic(durable=True), connection.cursor() as cursor:
+        _lock_connection_quietly(cursor, call)
         cursor.execute(sql.END_ATTEMPT, params)
         if cursor.fetchone() is None:
             return  # taken over meanwhile: the newer attempt records its own ending
         if state == EffectState.FAILED:
             _release_budget(cursor, call, effect["reserved_cost"], spent=None)
-        conn_id = call.conn.id if call.conn else None
-        if conn_id is not None and exc.counts_against_circuit:
+        if call.conn_id is not None and exc.counts_against_circuit:
             cursor.execute(sql.CIRCUIT_FAILURE, {
-                "connection_id": conn_id, "threshold": effects_setting("CIRCUIT_FAILURES"),
+                "connection_id": call.conn_id, "threshold": effects_setting("CIRCUIT_FAILURES"),
                 "cooldown": effects_setting("CIRCUIT_COOLDOWN_SECONDS"),
             })  # fmt: skip
         kind = "effect.failed" if state == EffectState.FAILED else "effect.outcome_unknown"
-        _event(cursor, call.ctx, kind, {"key": call.key, "error": str(exc)[:500],
+        _event(cursor, call.ctx, kind, {"key": call.key, "error": error[:500],
                                        "class": exc.error_class})  # fmt: skip
     if isinstance(exc, AuthFailed):
         _mark_broken(call, exc)
 
 
-def _step_failure(call: Call, exc: CallError) -> Exception:
-    """What the step does after a call that did not answer."""
+def _lock_connection_quietly(cursor: Any, call: Call) -> None:
+    """The connection's row before the effect's (the one lock order), when there is one."""
+    if call.conn_id is not None:
+        cursor.execute(sql.LOCK_CONNECTION, {"connection_id": call.conn_id})
+
+
+def _mark_broken(call: Call, exc: AuthFailed) -> None:
+    """Revoked credentials: the connection is broken, unless its secret was replaced since
+    this call read it (the answer then says nothing about the new one)."""
+    if call.conn is None or call.conn.id is None:
+        return
+    reason = call.scrub(f"reconnect {call.conn.name}: {exc}")[:500]
+    params: dict[str, Any] = {"connection_id": call.conn.id, "reason": reason,
+                              "secret_version": call.conn.secret_version}  # fmt: skip
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        cursor.execute(sql.CONNECTION_BROKEN, params)
+        if cursor.rowcount:
+            _event(cursor, call.ctx, "connection.broken",
+                   {"connection": call.conn.name, "reason": reason})  # fmt: skip
+
+
+def _step_failure(call: Call, effect: dict[str, Any], exc: CallError) -> Exception:
+    """What the step does after a call (or a lookup) that did not answer."""
+    message = call.scrub(str(exc))
     if isinstance(exc, AuthFailed):
-        reason = f"reconnect {call.conn.name!r}: {exc}" if call.conn else str(exc)
-        return ParkStepFailure(_broken_park(call, reason))
-    retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
+        if call.conn_id is None:  # no connection to repair: the request itself is refused
+            return StepFailure(message, retryable=False, error_class="auth")
+        return ParkStepFailure(_broken_park(call, f"reconnect {_name(call)!r}: {message}"))
     if isinstance(exc, KeyInUse):
-        retry_after = effects_setting("DEFER_SECONDS")
-    return StepFailure(str(exc), retryable=exc.retryable, retry_after=retry_after,
+        # The provider is still working on a request with this key: not this step's fault.
+        return StepDeferred(effects_setting("DEFER_SECONDS"), message)
+    if exc.made == "unknown" and call.ctx.last_attempt:
+        # No attempt left to reconcile with: never end the step while its effect is unknown.
+        why = f"the last attempt ended without knowing whether it was made ({message})"
+        return ParkStepFailure(_to_review(call, effect, why))
+    retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
+    return StepFailure(message, retryable=exc.retryable, retry_after=retry_after,
                        error_class=exc.error_class)  # fmt: skip
 
 
@@ -386,26 +514,32 @@ class ParkStepFailure(ParkStep):
 
 
 # --- parks --------------------------------------------------------------------------------------
+# A parked step looks again every RECHECK_SECONDS (no attempt spent): a repair, a raised
+# budget or a person's decision wakes it at once, and one that happened while it was parking
+# (the wake found nothing waiting yet) costs at most one re-check.
 
 
 def _broken_park(call: Call, reason: str) -> Park:
-    assert call.conn is not None
     return Park(
-        deadline_seconds=effects_setting("PARK_SECONDS"), refund_attempt=True,
-        detail={"parked_on": f"connection:{call.conn.id}", "connection": call.conn.name,
-                "reason": reason or f"reconnect {call.conn.name}"},
+        deadline_seconds=effects_setting("RECHECK_SECONDS"), refund_attempt=True,
+        detail={"parked_on": f"connection:{call.conn_id}", "connection": _name(call),
+                "reason": reason or f"reconnect {_name(call)}"},
     )  # fmt: skip
 
 
 def _review_park(effect: Mapping[str, Any]) -> Park:
     return Park(
-        deadline_seconds=effects_setting("PARK_SECONDS"), refund_attempt=True,
+        deadline_seconds=effects_setting("RECHECK_SECONDS"), refund_attempt=True,
         detail={"parked_on": f"effect:{effect['id']}", "effect": effect["key"],
                 "reason": f"effect needs review: {effect.get('error') or 'outcome unknown'}"},
     )  # fmt: skip
 
 
 # --- small helpers --------------------------------------------------------------------------
+
+
+def _name(call: Call) -> str:
+    return call.conn.name if call.conn else ""
 
 
 def _release_budget(cursor: Any, call: Call, reserved: Decimal, *, spent: Decimal | None) -> None:

@@ -29,6 +29,9 @@ class Connection(models.Model):
     # Provider options that are not secret (a sender address, an SMTP port, prices per token).
     options = models.JSONField(default=dict, blank=True)
     secret_encrypted = models.TextField(blank=True, default="", editable=False)
+    # Grows with every new secret: a call made with an older one cannot mark the connection
+    # broken (its 401 says nothing about the new secret).
+    secret_version = models.PositiveIntegerField(default=1, editable=False)
     status = models.CharField(
         max_length=16, choices=ConnectionStatus.choices, default=ConnectionStatus.OK
     )
@@ -56,6 +59,14 @@ class Connection(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.provider})"
 
+    def replace_secret(self, secret: str) -> list[str]:
+        """Set a new secret (encrypted); the fields to save."""
+        from .secrets import encrypt
+
+        self.secret_encrypted = encrypt(secret)
+        self.secret_version += 1
+        return ["secret_encrypted", "secret_version"]
+
 
 class Effect(models.Model):
     """One outside action, claimed before it is made (states: ``effects/states.py``)."""
@@ -67,6 +78,13 @@ class Effect(models.Model):
     step_id = models.CharField(max_length=63)
     iteration = models.PositiveIntegerField()
     key = models.CharField(max_length=200)  # run/step/iteration: the effect, not the attempt
+    # What providers are told (Idempotency-Key, metadata, Message-ID): the key and a random
+    # part fixed when the effect is first claimed, so a restored database or a second
+    # installation sharing a provider account never reuses another effect's key.
+    external_key = models.CharField(max_length=255, default="")
+    # A person's decision on a needs_review effect: done, retry or fail (effects/resolve.py).
+    resolution = models.CharField(max_length=16, blank=True, default="")
+    lookup_failures = models.PositiveIntegerField(default=0)  # lookups that could not tell
     provider = models.CharField(max_length=20)
     connection = models.ForeignKey(
         Connection, null=True, blank=True, on_delete=models.SET_NULL, related_name="effects"

@@ -10,12 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from django.db import connection as db
-
 from workflows.engine.executors import StepContext, StepFailure, StepResult
-from workflows.engine.sql.rows import fetch_dict
 
-from . import sql
 from .egress import Allowlist
 from .ledger import Call, run_effect
 from .models import Connection, EgressAllow
@@ -38,8 +34,6 @@ PROVIDERS: dict[str, Provider] = {
     )
 }
 
-SUPPRESSED = "suppressed"
-
 
 def register_provider(provider: Provider) -> None:
     PROVIDERS[provider.name] = provider
@@ -54,28 +48,14 @@ def executor_for_provider(
     def execute(
         step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     ) -> StepResult:
-        _refuse_if_failed_by_a_person(ctx)
         provider = PROVIDERS[name]
         conn = load_connection(ctx.org_id, step.get("connection"), provider)
         request = provider.prepare(step, context, conn)
-        if channel is not None and request.recipient is not None:
-            reason = suppression(ctx.org_id, channel, request.recipient)
-            if reason is not None:
-                # Checked now, when it would be sent, not when the run started: never sent.
-                output = {"suppressed": True, "to": request.recipient, "reason": reason}
-                return StepResult(output=output, outcome=SUPPRESSED)
-        return run_effect(Call(ctx, provider, conn, request))
+        # Consent is checked by the ledger when (and only if) a call is about to begin: an
+        # effect already made keeps its answer, and nothing new goes to a suppressed address.
+        return run_effect(Call(ctx, provider, conn, request, channel=channel))
 
     return execute
-
-
-def _refuse_if_failed_by_a_person(ctx: StepContext) -> None:
-    """Woken because a person failed this step's effect in review (effects/resolve.py)."""
-    woken = ctx.woken_with or {}
-    if woken.get("resolution") == "fail" and woken.get("effect") == ctx.effect_key:
-        reason = woken.get("reason") or "no reason given"
-        raise StepFailure(f"effect failed by a person: {reason}", retryable=False,
-                          error_class="resolved_failed")  # fmt: skip
 
 
 def load_connection(org_id: int, name: str | None, provider: Provider) -> ConnectionInfo | None:
@@ -101,19 +81,10 @@ def load_connection(org_id: int, name: str | None, provider: Provider) -> Connec
     return ConnectionInfo(
         id=row.pk, name=row.name, provider=row.provider, base_url=row.base_url,
         options=row.options or {}, secret=secret, timeout_seconds=row.timeout_seconds,
-        allow=_allowlist(org_id),
+        allow=_allowlist(org_id), secret_version=row.secret_version,
     )  # fmt: skip
 
 
 def _allowlist(org_id: int) -> Allowlist:
     entries = EgressAllow.objects.filter(org_id=org_id).values_list("entry", flat=True)
     return Allowlist.parse(entries)
-
-
-def suppression(org_id: int, channel: str, address: str) -> str | None:
-    """Why ``address`` must not be contacted on ``channel``, or None when it may be."""
-    with db.cursor() as cursor:
-        params: dict[str, Any] = {"org_id": org_id, "channel": channel, "address": address.lower()}
-        cursor.execute(sql.SUPPRESSED, params)
-        row = fetch_dict(cursor)
-    return None if row is None else (row["reason"] or "suppressed")

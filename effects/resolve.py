@@ -52,24 +52,28 @@ def resolve_effect(effect_id: int, action: str, *, by: str, result: Any = None,
             cursor.execute(sql.SETTLE_FOUND, params)
         else:
             # "retry": nothing is known to be made, on a person's word: the step's next
-            # attempt calls again under the same key. "fail": the step fails with it.
+            # attempt calls again under the same key. "fail": the step fails with it. The
+            # decision is kept on the effect, so it holds however the step comes back to it.
             why = {RETRY: "a person chose to call again with the same key",
                    FAIL: f"failed by a person: {reason or 'no reason given'}"}[action]  # fmt: skip
-            params |= {"error": why, "sources": sources(EffectState.FAILED)}
+            params |= {"error": why, "sources": [EffectState.NEEDS_REVIEW.value],
+                       "resolution": action}  # fmt: skip
             cursor.execute(sql.FAIL_REVIEWED, params)
+        if effect["reserved_cost"]:  # a model call's reservation: nothing more will settle it
+            held = {"org_id": effect["org_id"], "reserved": effect["reserved_cost"], "spent": 0}
+            cursor.execute(sql.SETTLE_BUDGET, held)
         detail = {"key": effect["key"], "action": action, "by": by, "reason": reason}
         insert_events(cursor, [event_row(effect["org_id"], effect["run_id"], "effect.resolved",
                                          effect["step_id"], iteration=effect["iteration"],
                                          worker=by, detail=detail)])  # fmt: skip
         payload = {"resolution": action, "effect": effect["key"], "reason": reason}
-        _wake_parked(
-            cursor, effect["org_id"], f"effect:{effect_id}", payload, "effect_resolved", by
-        )
+        wake_parked(cursor, effect["org_id"], f"effect:{effect_id}", payload, "effect_resolved", by)
 
 
 def _locked_effect(cursor: Any, effect_id: int) -> dict[str, Any]:
     cursor.execute(
-        "SELECT id, org_id, run_id, step_id, iteration, key, state FROM effects_effect "
+        "SELECT id, org_id, run_id, step_id, iteration, key, state, reserved_cost "
+        "FROM effects_effect "
         "WHERE id = %(id)s FOR UPDATE",
         {"id": effect_id},
     )
@@ -90,7 +94,7 @@ def repair_connection(conn: Connection, *, by: str) -> int:
         if not changed:
             return 0
         payload = {"connection": conn.name, "repaired_by": by}
-        return _wake_parked(cursor, conn.org_id, f"connection:{conn.pk}", payload,
+        return wake_parked(cursor, conn.org_id, f"connection:{conn.pk}", payload,
                             "connection_repaired", by)  # fmt: skip
 
 
@@ -125,12 +129,13 @@ def budget_raised(org_id: int, *, by: str) -> int:
     """Wake the steps parked on the organisation's exhausted model budget (they reserve
     again, and park again if it is still short)."""
     with transaction.atomic(durable=True), connection.cursor() as cursor:
-        return _wake_parked(cursor, org_id, f"budget:{org_id}", {"budget": "raised"},
+        return wake_parked(cursor, org_id, f"budget:{org_id}", {"budget": "raised"},
                             "budget_raised", by)  # fmt: skip
 
 
-def _wake_parked(cursor: Any, org_id: int, parked_on: str, payload: dict[str, Any],
-                 reason: str, by: str) -> int:  # fmt: skip
+def wake_parked(cursor: Any, org_id: int, parked_on: str, payload: dict[str, Any],
+                reason: str, by: str) -> int:  # fmt: skip
+    """Wake the steps parked on ``parked_on`` (in the caller's transaction); how many."""
     cursor.execute(sql.PARKED_ON, {"org_id": org_id, "parked_on": parked_on})
     woken = 0
     for row in fetch_dicts(cursor):
@@ -140,3 +145,13 @@ def _wake_parked(cursor: Any, org_id: int, parked_on: str, payload: dict[str, An
 
 def effect_row(effect_id: int) -> Effect | None:
     return Effect.objects.filter(pk=effect_id).first()
+
+
+def reconcile_budgets(by: str = "sweep") -> int:
+    """Release the reservations of effects whose run ended, and make each budget's
+    `reserved` the sum of what its effects hold (the sweep runs this now and then)."""
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        cursor.execute(sql.RELEASE_ORPHAN_RESERVATIONS)
+        released = int(cursor.rowcount)
+        cursor.execute(sql.RECOUNT_RESERVED)
+    return released

@@ -33,6 +33,15 @@ def fernet() -> MultiFernet:
     return _fernet(tuple(settings.EFFECTS["SECRET_KEYS"]), settings.SECRET_KEY)
 
 
+def secret_problem(secret: str) -> str | None:
+    """Why ``secret`` cannot be a connection secret (it goes into headers and logins), or
+    None. A line break or another control character would make the request fail with the
+    secret quoted in the error."""
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in secret):
+        return "must not contain line breaks or other control characters"
+    return None
+
+
 def encrypt(secret: str) -> str:
     return fernet().encrypt(secret.encode()).decode() if secret else ""
 

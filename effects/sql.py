@@ -61,15 +61,16 @@ RETURNING circuit
 CONNECTION_BROKEN = """
 UPDATE effects_connection
    SET status = 'broken', broken_reason = %(reason)s, broken_at = now(), updated_at = now()
- WHERE id = %(connection_id)s AND status = 'ok'
+ WHERE id = %(connection_id)s AND status = 'ok' AND secret_version = %(secret_version)s
 """
 
 _EFFECT_COLUMNS = """
        id, org_id, run_id, step_id, iteration, key, provider, connection_id, state, token,
        owner, step_attempt, lease_until, lease_until <= now() AS lease_lapsed,
        GREATEST(0, EXTRACT(EPOCH FROM lease_until - now()))::float AS lease_seconds_left,
-       calls, first_attempt_at,
+       calls, first_attempt_at, external_key, resolution, lookup_failures,
        EXTRACT(EPOCH FROM now() - first_attempt_at)::float AS age_seconds,
+       EXTRACT(EPOCH FROM now() - last_attempt_at)::float AS since_last_call,
        result::json AS result, last_response::json AS last_response, error, reserved_cost
 """
 
@@ -88,13 +89,14 @@ LOCK_EFFECT = (
 INSERT_IN_FLIGHT = (
     """
 INSERT INTO effects_effect
-    (org_id, run_id, step_id, iteration, key, provider, connection_id, state, token, owner,
-     step_attempt, lease_until, calls, first_attempt_at, last_attempt_at, request,
-     reserved_cost, error, resolved_by, created_at, updated_at)
-VALUES (%(org_id)s, %(run_id)s, %(step_id)s, %(iteration)s, %(key)s, %(provider)s,
-        %(connection_id)s, 'in_flight', %(token)s, %(owner)s, %(step_attempt)s,
+    (org_id, run_id, step_id, iteration, key, external_key, provider, connection_id, state,
+     token, owner, step_attempt, lease_until, calls, first_attempt_at, last_attempt_at,
+     request, reserved_cost, error, resolved_by, resolution, lookup_failures, created_at,
+     updated_at)
+VALUES (%(org_id)s, %(run_id)s, %(step_id)s, %(iteration)s, %(key)s, %(external_key)s,
+        %(provider)s, %(connection_id)s, 'in_flight', %(token)s, %(owner)s, %(step_attempt)s,
         now() + make_interval(secs => %(lease)s), 1, now(), now(), %(request)s,
-        %(reserved_cost)s, '', '', now(), now())
+        %(reserved_cost)s, '', '', '', 0, now(), now())
 ON CONFLICT (org_id, key) DO NOTHING
 RETURNING"""
     + _EFFECT_COLUMNS
@@ -108,8 +110,11 @@ UPDATE effects_effect
    SET state = 'in_flight', token = %(token)s, owner = %(owner)s,
        step_attempt = %(step_attempt)s, lease_until = now() + make_interval(secs => %(lease)s),
        calls = calls + 1, last_attempt_at = now(), request = %(request)s,
-       reserved_cost = %(reserved_cost)s, updated_at = now()
- WHERE id = %(id)s AND state = ANY(%(sources)s)
+       reserved_cost = %(reserved_cost)s, resolution = '', lookup_failures = 0,
+       updated_at = now()
+ -- `calls` as read when the decision to call again was made: a call begun meanwhile by
+ -- another attempt (which that decision did not see) refuses this one.
+ WHERE id = %(id)s AND state = ANY(%(sources)s) AND calls = %(seen_calls)s
 RETURNING"""
     + _EFFECT_COLUMNS
 )
@@ -118,11 +123,13 @@ RETURNING"""
 # Accepted from the attempt's own token, or after its lease lapsed (outcome_unknown): the
 # answer is a fact either way, and it settles the uncertainty.
 SETTLE = """
-UPDATE effects_effect
+WITH before AS (SELECT id, state FROM effects_effect WHERE id = %(id)s FOR UPDATE)
+UPDATE effects_effect e
    SET state = 'settled', result = %(result)s, last_response = %(response)s,
        cost = %(cost)s, reserved_cost = 0, lease_until = NULL, updated_at = now()
- WHERE id = %(id)s AND token = %(token)s AND state = ANY(%(sources)s)
-RETURNING id
+  FROM before
+ WHERE e.id = before.id AND e.token = %(token)s AND e.state = ANY(%(sources)s)
+RETURNING e.id, before.state AS was
 """
 
 # Reconciled, or resolved by a person: settled with what was found (no token: nobody owns
@@ -146,6 +153,20 @@ UPDATE effects_effect
 RETURNING id
 """
 
+# A call still under way keeps its effect's lease (the caller's side thread renews it): a
+# slow provider is not mistaken for a dead attempt.
+EXTEND_LEASE = """
+UPDATE effects_effect SET lease_until = now() + make_interval(secs => %(lease)s)
+ WHERE id = %(id)s AND token = %(token)s AND state = 'in_flight'
+"""
+
+# A lookup that could not tell (the provider failed): counted; past a few, a person decides.
+LOOKUP_FAILED = """
+UPDATE effects_effect SET lookup_failures = lookup_failures + 1, updated_at = now()
+ WHERE id = %(id)s AND state = 'outcome_unknown'
+RETURNING lookup_failures
+"""
+
 # Another attempt's lease lapsed while its call may have been under way.
 LAPSED_TO_UNKNOWN = """
 UPDATE effects_effect
@@ -167,8 +188,8 @@ RETURNING id
 # A person fails the effect (and so its step).
 FAIL_REVIEWED = """
 UPDATE effects_effect
-   SET state = 'failed', error = %(error)s, resolved_by = %(by)s, reserved_cost = 0,
-       updated_at = now()
+   SET state = 'failed', error = %(error)s, resolved_by = %(by)s, resolution = %(resolution)s,
+       reserved_cost = 0, updated_at = now()
  WHERE id = %(id)s AND state = ANY(%(sources)s)
 RETURNING id
 """
@@ -184,7 +205,10 @@ UPDATE effects_modelbudget
 RETURNING id
 """
 
-HAS_BUDGET = "SELECT id FROM effects_modelbudget WHERE org_id = %(org_id)s"
+BUDGET = """
+SELECT spent, reserved, "limit", spent >= "limit" AS spent_out
+  FROM effects_modelbudget WHERE org_id = %(org_id)s
+"""
 
 SETTLE_BUDGET = """
 UPDATE effects_modelbudget
@@ -205,4 +229,22 @@ SUPPRESSED = """
 SELECT reason FROM effects_suppression
  WHERE org_id = %(org_id)s AND address = %(address)s AND channel IN (%(channel)s, 'any')
  LIMIT 1
+"""
+
+# Reservations whose effect can no longer settle them (its run ended: cancelled, failed,
+# purged) are released, and each budget's `reserved` is made the sum of what its effects
+# hold. Run by the sweep now and then: a crash between two writes cannot leak budget.
+RELEASE_ORPHAN_RESERVATIONS = """
+UPDATE effects_effect e SET reserved_cost = 0, updated_at = now()
+  FROM workflows_run r
+ WHERE e.reserved_cost > 0 AND r.id = e.run_id
+   AND r.status NOT IN ('running', 'paused')
+"""
+
+RECOUNT_RESERVED = """
+UPDATE effects_modelbudget b
+   SET reserved = coalesce((SELECT sum(e.reserved_cost) FROM effects_effect e
+                             WHERE e.org_id = b.org_id AND e.reserved_cost > 0), 0)
+ WHERE b.reserved <> coalesce((SELECT sum(e.reserved_cost) FROM effects_effect e
+                                WHERE e.org_id = b.org_id AND e.reserved_cost > 0), 0)
 """

@@ -30,7 +30,8 @@ FAST: dict[str, str] = {
 }
 KINDS: dict[str, dict[str, object]] = {
     "idempotent": {"idempotency_keys": True},
-    "lookup": {"lookup_url": "LOOKUP"},
+    # The provider makes what it was sent within a second: a miss after that is trusted.
+    "lookup": {"lookup_url": "LOOKUP", "lookup_settle_seconds": 1},
     "neither": {},
 }
 

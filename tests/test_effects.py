@@ -141,7 +141,7 @@ def test_a_suppressed_address_is_never_sent_to_and_the_run_goes_on(org, smtp_stu
     assert run_of(sent).status == "succeeded"
     [message] = smtp_stub.messages
     effect = Effect.objects.get(run_id=sent)
-    assert effect.key in message.headers["x-waymark-effect-key"]
+    assert message.headers["x-waymark-effect-key"] == effect.external_key
     assert effect.key.replace("/", ".") in message.message_id
     # She unsubscribes after the run was enrolled: checked when the email would be sent.
     gone = start(org, definition, key="maya-2", run_input={"to": "maya@example.com",
@@ -369,7 +369,8 @@ def test_a_slack_message_carries_its_key_and_respects_suppression(org, slack_stu
     [message] = slack_stub.messages
     assert message["text"] == "Order 7 shipped"
     effect = Effect.objects.get(run_id=sent)
-    assert message["metadata"]["event_payload"]["effect_key"] == effect.key
+    assert message["metadata"]["event_payload"]["effect_key"] == effect.external_key
+    assert effect.external_key.startswith(f"{effect.key}:")  # the key, and a random part
     assert run_of(sent).output == message["ts"]
     skipped = send_step(quiet)
     assert skipped.output == {"suppressed": True, "to": "c0quiet", "reason": "suppressed"}

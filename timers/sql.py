@@ -86,12 +86,14 @@ chosen AS (
 share AS (
     SELECT GREATEST(1, %(batch)s / NULLIF(count(*), 0)) AS n FROM chosen
 )
-SELECT t.id, t.org_id, t.run_id, t.step_id, t.iteration, t.due_at,
+SELECT t.id, t.org_id, t.run_id, t.step_id, t.iteration, t.kind, t.intent::json AS intent,
+       t.zone, t.offset_seconds, t.created_at, t.due_at,
        EXTRACT(EPOCH FROM now() - t.due_at)::float AS late_seconds
   FROM chosen
  CROSS JOIN share
  CROSS JOIN LATERAL (
-      SELECT id, org_id, run_id, step_id, iteration, due_at
+      SELECT id, org_id, run_id, step_id, iteration, kind, intent, zone, offset_seconds,
+             created_at, due_at
         FROM timers_timer
        WHERE org_id = chosen.org_id AND fired_at IS NULL AND due_at <= now()
        ORDER BY due_at
@@ -131,7 +133,16 @@ SELECT t.id, t.org_id, t.run_id, t.step_id, t.iteration, t.kind,
    FOR UPDATE SKIP LOCKED
 """
 
-MOVE_TIMER = """
-UPDATE timers_timer SET due_at = %(due_at)s
+
+# What a timer's zone template reads: the run's data now.
+RUN_DATA = """
+SELECT id, input::json AS input, vars::json AS vars, outputs::json AS outputs, created_at
+  FROM workflows_run
+ WHERE id = %(run_id)s
+"""
+
+RECOMPUTED = """
+UPDATE timers_timer SET due_at = %(due_at)s, zone = %(zone)s
  WHERE id = %(id)s AND fired_at IS NULL
+RETURNING id
 """

@@ -37,8 +37,10 @@ from workflows.engine.sql.rows import fetch_dict, fetch_dicts
 from workflows.engine.sweep import sweep_once
 from workflows.engine.transport import listen
 from workflows.engine.waits import Wake, wake_step
+from workflows.plugins import SWEEP_TASKS
 
 from . import sql
+from .recompute import move, recomputed
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +67,25 @@ def fire_due_timers(*, by: str = "sweep", batch: int = BATCH) -> Batch:
         due = fetch_dicts(cursor)
         if not due:
             return Batch(0, 0, [])
+        # A timer whose zone comes from the run's data, and that data changed: moved, not
+        # fired at the old zone's time (recompute.py).
+        moved = {t["id"] for t in due if _moved(cursor, t, by)}
+        due = [t for t in due if t["id"] not in moved]
         errors = [_fire(cursor, timer, by) for timer in due]
         crash_point("timers.before_batch_commit")
         cursor.execute(sql.MARK_FIRED, {"ids": [t["id"] for t in due], "errors": errors})
         orgs = sorted({t["org_id"] for t in due})
         cursor.execute(sql.MARK_SERVED, {"orgs": orgs})
     return Batch(len(due), len(orgs), [t["late_seconds"] for t in due])
+
+
+def _moved(cursor: Any, timer: dict[str, Any], by: str) -> bool:
+    if "zone_template" not in timer["intent"]:
+        return False
+    new = recomputed(cursor, timer)
+    if new is None or new.zone == timer["zone"]:
+        return False
+    return move(cursor, timer, new, why="the run's zone changed", by=by)
 
 
 def _fire(cursor: Any, timer: dict[str, Any], by: str) -> str:
@@ -113,7 +128,7 @@ class Sweeper:
 
     def run(self, stop: threading.Event) -> None:
         # Stopping cuts a sleep short too (it may be a whole tick long).
-        threading.Thread(target=lambda: (stop.wait(), self.told.set()), daemon=True).start()
+        threading.Thread(target=self._wake_on, args=(stop,), daemon=True).start()
         if engine_setting("TIMERS_FAST_PATH"):
             listener = threading.Thread(target=listen, args=(CHANNEL, self.told, stop),
                                         name="timers-listener", daemon=True)  # fmt: skip
@@ -126,6 +141,10 @@ class Sweeper:
         finally:
             self._resign()
             connection.close()
+
+    def _wake_on(self, stop: threading.Event) -> None:
+        stop.wait()
+        self.told.set()
 
     def _tick(self) -> float:
         """One tick; how long to sleep before the next."""
@@ -167,6 +186,9 @@ class Sweeper:
             purged = purge_finished_runs()
             if purged:
                 logger.info("sweep: %s finished run(s) past retention deleted", purged)
+            for name, task in SWEEP_TASKS.items():  # other apps' housekeeping
+                if done := task(self.name):
+                    logger.info("sweep: %s: %s", name, done)
 
     def _take_lease(self) -> bool:
         params: dict[str, Any] = {"name": LEASE_NAME, "holder": self.name, "lease": 3 * self.tick}

@@ -38,6 +38,8 @@ database. See docs/definitions.md, "Your own step types".
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .definitions.expressions import ExpressionError, render_value
 from .definitions.fields import (
     check_choice,
@@ -81,8 +83,19 @@ __all__ = [
     "check_template_field",
     "check_template_value",
     "register_step_type",
+    "register_sweep_task",
     "render",
 ]
+
+
+# Housekeeping other apps ask the sweep to run about once a minute: name -> fn(by) -> count.
+SWEEP_TASKS: dict[str, Callable[[str], int]] = {}
+
+
+def register_sweep_task(name: str, task: Callable[[str], int]) -> None:
+    """Have the elected sweeper call ``task(by)`` about once a minute (it returns how many
+    things it did, for the log). Registering the same name again replaces it."""
+    SWEEP_TASKS[name] = task
 
 
 def register_step_type(step_type: StepType) -> None:

@@ -35,6 +35,7 @@ class ConnectionInfo:
     options: Mapping[str, Any]
     secret: str = field(repr=False)  # never in a repr, a log line or an error
     timeout_seconds: float = 30.0
+    secret_version: int = 1
     allow: Allowlist = field(default_factory=Allowlist)
 
 
@@ -158,3 +159,10 @@ class Provider:
 
     def retention(self, conn: ConnectionInfo | None) -> float | None:
         return self.key_retention_seconds
+
+    def settle_seconds(self, conn: ConnectionInfo | None) -> float:
+        """How long after a request the provider may still be making its effect: a lookup
+        that finds nothing sooner than that proves nothing (the ledger waits and looks
+        again). Option ``lookup_settle_seconds`` of the connection; 60 s by default."""
+        value = (conn.options if conn else {}).get("lookup_settle_seconds", 60)
+        return float(value)

@@ -12,6 +12,7 @@ Connection options: ``host``, ``port``, ``use_tls``, ``use_ssl``, ``username``,
 from __future__ import annotations
 
 import hashlib
+import re
 import smtplib
 import socket
 from collections.abc import Mapping
@@ -44,7 +45,8 @@ def message_id(key: str, conn: ConnectionInfo | None) -> str:
     """A Message-ID made from the effect key: the same for every attempt of one effect."""
     domain = str((conn.options if conn else {}).get("message_id_domain", "waymark.invalid"))
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    return f"<{key.replace('/', '.')}.{digest}@{domain}>"
+    left = re.sub(r"[^A-Za-z0-9_-]+", ".", key)  # dot-atom text only (RFC 5322)
+    return f"<{left}.{digest}@{domain}>"
 
 
 def smtp_error(exc: Exception) -> CallError:

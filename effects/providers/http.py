@@ -72,7 +72,9 @@ def summary(response: httpx.Response) -> dict[str, Any]:
 def raise_for_status(response: httpx.Response, *, keyed: bool) -> None:
     """Classify a non-2xx answer: what it says about whether anything was made."""
     status, said = response.status_code, summary(response)
-    if status < 300:
+    if status < 400:
+        # 2xx, and 3xx too: redirects are not followed for effects (the request acted; a
+        # failure on a later hop would say nothing about whether it did).
         return
     if status in (401, 403):
         raise AuthFailed(f"the provider refused the credentials ({status})", said)
@@ -90,6 +92,9 @@ def transport_error(exc: httpx.HTTPError) -> CallError:
     """A transport failure: never sent (nothing made) or cut off mid-way (unknown)."""
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return Unreachable(f"could not connect: {exc}")
+    if isinstance(exc, httpx.LocalProtocolError | httpx.UnsupportedProtocol | httpx.InvalidURL):
+        # Refused on our side before anything was sent (a header we cannot send, a bad URL).
+        return Refused(f"the request could not be sent: {type(exc).__name__}")
     if isinstance(exc, httpx.TimeoutException):
         return Ambiguous(f"no answer in time ({type(exc).__name__}): it may have acted")
     return Ambiguous(f"{type(exc).__name__}: {exc}")
@@ -109,19 +114,30 @@ def send(conn: ConnectionInfo | None, method: str, url: str, **kwargs: Any) -> h
     timeout = conn.timeout_seconds if conn else 30.0
     try:
         with client(conn, timeout) as http:
-            return http.request(method, url, **kwargs)
+            return http.request(method, url, follow_redirects=False, **kwargs)
     except EgressRefused as exc:
         raise EgressDenied(str(exc)) from exc
     except httpx.HTTPError as exc:
         raise transport_error(exc) from exc
 
 
-def auth_headers(conn: ConnectionInfo | None) -> dict[str, str]:
+def auth_headers(conn: ConnectionInfo | None, url: str | None = None) -> dict[str, str]:
+    """The connection's credentials, for its own origin only: a URL built from run data that
+    points elsewhere gets none (``url`` None: a URL the provider built from base_url)."""
     if conn is None or not conn.secret:
+        return {}
+    if url is not None and not same_origin(url, conn.base_url):
         return {}
     name = str(conn.options.get("auth_header", "Authorization"))
     scheme = str(conn.options.get("auth_scheme", "Bearer"))
     return {name: f"{scheme} {conn.secret}".strip()}
+
+
+def same_origin(url: str, base_url: str) -> bool:
+    if not base_url:
+        return False
+    a, b = httpx.URL(url), httpx.URL(base_url)
+    return (a.scheme, a.host, a.port) == (b.scheme, b.host, b.port)
 
 
 class HttpProvider(Provider):
@@ -145,7 +161,7 @@ class HttpProvider(Provider):
     def call(self, request: Request, key: str, conn: ConnectionInfo | None) -> Answer:
         p = request.payload
         # The effect key, unless the step sends a key of its own (its provider's format).
-        headers = {"Idempotency-Key": key, **p["headers"], **auth_headers(conn)}
+        headers = {"Idempotency-Key": key, **p["headers"], **auth_headers(conn, p["url"])}
         body = p["body"]
         kwargs: dict[str, Any] = {"headers": headers}
         if body is not None:

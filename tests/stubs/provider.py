@@ -36,6 +36,11 @@ class ProviderStub(HttpStub):
             return self._create(request)
         if path == "/items" and method == "GET":
             return self._find(request)
+        if path == "/orders" and method == "POST":
+            # Creates, then sends the client on to a place it cannot reach (303 See Other).
+            self._create(request)
+            return Response(303, {"see": "elsewhere"},
+                            headers={"Location": "http://127.0.0.2:9/order-status"})  # fmt: skip
         if path.startswith("/contacts/") and method == "PUT":
             # A real server decodes the path: the external id "a@b" arrives as "a%40b".
             return self._upsert(unquote(path.removeprefix("/contacts/")), request.body)

@@ -101,6 +101,8 @@ class StepContext:
     lease_lost: threading.Event = field(default_factory=threading.Event, compare=False)
     # Why a woken step runs again (the wake's payload), when it was parked and woken ready.
     woken_with: Mapping[str, Any] | None = None
+    # No attempt is left after this one: a retryable failure now fails the step for good.
+    last_attempt: bool = False
 
     @property
     def effect_key(self) -> str:

@@ -1,0 +1,17 @@
+"""Recompute every pending timer from its intent (run after a tz database update)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from timers.recompute import recompute_pending
+
+
+class Command(BaseCommand):
+    help = "Recompute pending timers from their intent and zone (after a tz database update)."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        tally = recompute_pending()
+        self.stdout.write(f"{tally.checked} pending timer(s) checked, {tally.moved} moved")
