@@ -343,6 +343,13 @@ WAYMARK = {
     # Finished runs (with their steps and history) are deleted this many days after they
     # finished, in batches, by the sweep. 0 keeps them forever.
     "RETENTION_DAYS": env.float("WAYMARK_RETENTION_DAYS", default=90.0),
+    # Signals nobody waits for (and none will) are dropped after this many days (0: kept).
+    "SIGNAL_RETENTION_DAYS": env.float("WAYMARK_SIGNAL_RETENTION_DAYS", default=30.0),
+    # A wait_signal step without a `timeout` waits at most this long, then takes its
+    # "timed_out" outcome: every wait has a deadline.
+    "SIGNAL_DEFAULT_TIMEOUT_SECONDS": env.float(
+        "WAYMARK_SIGNAL_DEFAULT_TIMEOUT_SECONDS", default=30 * 86_400
+    ),
     # The sweep looks at least this often: it fires due timers (and sleeps until the next
     # one), passed deadlines and due retries. Also the fast path's horizon: a timer written
     # due sooner than this tells the sweeper at once.

@@ -7,6 +7,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("workflows.api.urls")),
     path("api/v1/", include("effects.urls")),  # connections, suppressions, effects
+    path("api/v1/", include("timers.urls")),  # schedules
     path("healthz", healthz),
     path("livez", livez),
 ]

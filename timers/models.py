@@ -5,10 +5,15 @@ weekly rule), the zone it is read in, the spread and the deterministic offset wi
 the UTC instant it fires at (``due_at``, offset included). It is written in the same
 transaction that enters its step, and fired by the due sweep in the same transaction that
 moves its run on. See ``timers/sweep.py``.
+
+A schedule starts runs of an automation on a cron schedule in a zone (``timers/schedules.py``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models.functions import Now
 
@@ -76,3 +81,87 @@ class OrgSweep(models.Model):
 
     def __str__(self) -> str:
         return f"org {self.org_id} served {self.served_at}"
+
+
+class CatchUp(models.TextChoices):
+    """What a schedule starts for the occurrences it missed (the sweep was down, or late)."""
+
+    LATEST = "latest", "latest: start only the most recent missed occurrence"
+    ALL = "all", "all: start every missed occurrence (at most 100 per sweep tick)"
+    NONE = "none", "none: skip missed occurrences, start only the ones on time"
+
+
+class Schedule(models.Model):
+    """Starts runs of an automation on a cron schedule read in a time zone.
+
+    ``next_at`` is the UTC instant of the next occurrence to start; the sweep starts each
+    due occurrence with the start key ``schedule:<id>:<instant in UTC>`` (so an occurrence
+    never starts twice) and then moves ``next_at`` on, following ``catch_up`` for the
+    occurrences it missed. See ``timers/schedules.py``.
+    """
+
+    org = models.ForeignKey("workflows.Organisation", on_delete=models.CASCADE)
+    automation = models.ForeignKey(
+        "workflows.Automation", on_delete=models.CASCADE, related_name="schedules"
+    )
+    name = models.CharField(max_length=100)
+    cron = models.CharField(
+        max_length=100,
+        help_text="5 fields: minute hour day-of-month month day-of-week, read in the time "
+        "zone, such as '30 9 * * mon-fri'.",
+    )
+    timezone = models.CharField(
+        max_length=64, default="UTC", help_text="An IANA time zone, such as 'Europe/Berlin'."
+    )
+    input = models.JSONField(default=dict, blank=True, help_text="Each run's input: an object.")
+    enabled = models.BooleanField(default=True)
+    catch_up = models.CharField(max_length=8, choices=CatchUp.choices, default=CatchUp.LATEST)
+    # The next occurrence to start (UTC). Computed from now when the schedule is created,
+    # enabled again, or its cron or zone changes.
+    next_at = models.DateTimeField()
+    last_started_at = models.DateTimeField(
+        null=True, blank=True, help_text="The scheduled instant of the last occurrence started."
+    )
+    last_run_id = models.BigIntegerField(null=True, blank=True)  # not a key: runs are purged
+    last_error = models.TextField(blank=True, default="")
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    # While a sweeper starts this schedule's occurrences; a sweeper that died leaves it to
+    # lapse, and the next one starts the same occurrences with the same keys.
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["org", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["org", "name"], name="schedule_name_per_org"),
+        ]
+        indexes = [
+            # The due scan: enabled schedules by their next occurrence.
+            models.Index(fields=["next_at"], name="schedule_due", condition=models.Q(enabled=True)),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        from .schedules import schedule_problems
+
+        problems: dict[str, str] = schedule_problems(
+            cron=self.cron, timezone=self.timezone, run_input=self.input
+        )
+        if (
+            self.automation_id is not None
+            and self.org_id is not None
+            and self.automation.org_id != self.org_id
+        ):
+            problems["automation"] = "the automation is another organisation's"
+        if problems:
+            raise ValidationError(problems)
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if getattr(self, "next_at", None) is None:  # new: its first occurrence from now
+            from .schedules import first_occurrence
+
+            self.next_at = first_occurrence(self.cron, self.timezone)
+        super().save(*args, **kwargs)

@@ -177,8 +177,9 @@ class Sweeper:
             return
         self.next_housekeeping = now + self.tick
         counts = sweep_once(name=self.name)
-        if counts.deadlines or counts.retries:
-            logger.info("sweep: %s deadline(s) fired, %s retr(ies) due", *vars(counts).values())
+        if counts.deadlines or counts.retries or counts.signals:
+            logger.info("sweep: %s deadline(s) fired, %s retr(ies) due, %s late signal(s)",
+                        counts.deadlines, counts.retries, counts.signals)  # fmt: skip
         for task in self.extra:
             task(self.name)
         if now >= self.next_purge:

@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from django.db import connection
+
 from workflows.definitions.expressions import (
     ExpressionError,
     check_condition,
@@ -28,9 +30,12 @@ from workflows.definitions.fields import (
     check_string,
     check_template_field,
     check_template_value,
+    parse_duration,
 )
 from workflows.definitions.registry import StepReport, StepType, registry
-from workflows.engine.executors import StepContext, StepFailure, StepResult
+from workflows.engine.executors import Park, StepContext, StepFailure, StepResult
+from workflows.engine.lanes import engine_setting
+from workflows.engine.signals import take_pending
 
 
 def render(value: Any, context: Mapping[str, Any]) -> Any:
@@ -237,13 +242,36 @@ def wait_signal_outcomes(step: Mapping[str, Any]) -> frozenset[str]:
     return WAIT_SIGNAL_OUTCOMES
 
 
+def run_wait_signal(
+    step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
+) -> StepResult:
+    """In the walk: take a signal that came first (consumed in this transaction), or wait
+    for one without a slot until the timeout, which takes the outcome "timed_out"."""
+    name = str(step["signal"])
+    correlation = str(render(step.get("correlation", ""), context)).strip()[:500]
+    taker = f"{ctx.run_id}/{ctx.step_id}/{ctx.iteration}"
+    with connection.cursor() as cursor:
+        signal = take_pending(cursor, org_id=ctx.org_id, run_id=ctx.run_id, name=name,
+                              correlation=correlation, taker=taker)  # fmt: skip
+    if signal is not None:
+        output = {"signal": name, "payload": signal["payload"], "identity": signal["identity"]}
+        return StepResult(output=output, outcome="received")
+    timeout = parse_duration(step.get("timeout"))
+    seconds = (
+        timeout.total_seconds() if timeout else engine_setting("SIGNAL_DEFAULT_TIMEOUT_SECONDS")
+    )
+    detail = {"signal": name, "correlation": correlation}
+    return StepResult(park=Park(deadline_seconds=seconds, on_deadline="timed_out", detail=detail))
+
+
 WAIT_SIGNAL = StepType(
     name="wait_signal",
-    lane="human",
+    lane="inline",
     validate=validate_wait_signal,
+    execute=run_wait_signal,
     outcomes=wait_signal_outcomes,
     waits=True,
-    built=False,
+    built=True,
     app="workflows",
 )
 

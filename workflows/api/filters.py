@@ -15,7 +15,7 @@ from django.http import HttpRequest
 from django_filters.rest_framework import DjangoFilterBackend
 
 from ..errors import InvalidFilter, InvalidQuery
-from ..models import Run
+from ..models import Run, Signal
 from ..states import RunStatus
 
 _STATUS_CHOICES = f"must be one of {', '.join(RunStatus.values)}"
@@ -43,6 +43,31 @@ class RunFilter(django_filters.FilterSet):
     class Meta:
         model = Run
         fields = ["status", "automation", "start_key"]
+
+
+SIGNAL_STATUSES = [("pending", "pending"), ("consumed", "consumed"), ("dropped", "dropped")]
+
+
+class SignalFilter(django_filters.FilterSet):
+    status = django_filters.ChoiceFilter(
+        choices=SIGNAL_STATUSES, method="by_status",
+        error_messages={"invalid_choice": "must be one of pending, consumed, dropped"},
+        help_text="pending: no step has taken it yet; consumed; dropped (unmatched, past "
+        "retention).",
+    )  # fmt: skip
+    name = django_filters.CharFilter(max_length=100, help_text="Only signals of this name.")
+    correlation = django_filters.CharFilter(max_length=500, strip=False)
+
+    class Meta:
+        model = Signal
+        fields = ["status", "name", "correlation"]
+
+    def by_status(self, queryset: QuerySet[Signal], name: str, value: str) -> QuerySet[Signal]:
+        if value == "dropped":
+            return queryset.filter(dropped_at__isnull=False)
+        if value == "consumed":
+            return queryset.filter(consumed_at__isnull=False)
+        return queryset.filter(consumed_at__isnull=True, dropped_at__isnull=True)
 
 
 def _paging_parameters(view: Any) -> set[str]:

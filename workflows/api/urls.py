@@ -7,7 +7,7 @@ from django.urls import URLPattern, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.views import APIView
 
-from . import views
+from . import signals, views
 
 app_name = "api"
 
@@ -41,4 +41,6 @@ urlpatterns = [
     # One operation per route; the view answers 404 for an action it does not know.
     *route("runs/<int:run_id>/<slug:action>", views.RunActionView, "run-act"),
     *route("runs/bulk/<slug:action>", views.RunBulkActionView, "runs-bulk"),
+    *route("signals", signals.SignalListView, "signals"),
+    *route("inbound-email", signals.InboundEmailView, "inbound-email"),
 ]

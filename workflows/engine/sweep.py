@@ -2,6 +2,7 @@
 
 - deadlines that passed fire (``waits.fire_due_deadlines``), each racing the awaited event
   under the run's lock, one winner;
+- a pending signal that a waiting step now matches is delivered (signals.py);
 - retries whose backoff passed become ready, for every lane (each worker also does this for
   its own lane; the sweep is the backstop for a lane whose workers are all busy or down);
 
@@ -15,6 +16,7 @@ import logging
 from dataclasses import dataclass
 
 from .lanes import WORKER_LANES
+from .signals import match_late
 from .steps import promote_due_retries
 from .waits import fire_due_deadlines
 
@@ -25,8 +27,13 @@ logger = logging.getLogger(__name__)
 class SweepCounts:
     deadlines: int
     retries: int
+    signals: int = 0
 
 
 def sweep_once(*, name: str = "sweep", limit: int = 500) -> SweepCounts:
     retries = sum(promote_due_retries(lane=lane, worker=name, limit=limit) for lane in WORKER_LANES)
-    return SweepCounts(deadlines=fire_due_deadlines(limit=limit, by=name), retries=retries)
+    return SweepCounts(
+        deadlines=fire_due_deadlines(limit=limit, by=name),
+        retries=retries,
+        signals=match_late(limit=limit),  # a signal and a wait that missed each other
+    )

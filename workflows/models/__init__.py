@@ -1,5 +1,6 @@
 from .automations import Automation, AutomationVersion
 from .runs import IdleWorker, Outbox, Run, RunEvent, Step
+from .signals import Signal
 from .tenancy import ApiKey, Membership, Organisation
 
 __all__ = [
@@ -12,5 +13,6 @@ __all__ = [
     "Outbox",
     "Run",
     "RunEvent",
+    "Signal",
     "Step",
 ]

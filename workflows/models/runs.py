@@ -9,6 +9,7 @@ waiting step is a row like any other, and a loop enters the same step again with
 from __future__ import annotations
 
 from django.db import models
+from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Now
 
 from ..states import RunStatus, StepStatus, WaitKind
@@ -128,6 +129,14 @@ class Step(models.Model):
                 fields=["lane", "lease_until"],
                 name="step_leases",
                 condition=models.Q(status="running"),
+            ),
+            # Steps waiting for a signal, by what they wait for: a signal that arrives looks
+            # here (wait_detail written by wait_signal: {"signal": name, "correlation": key}).
+            models.Index(
+                KeyTextTransform("signal", "wait_detail"),
+                KeyTextTransform("correlation", "wait_detail"),
+                name="step_awaits_signal",
+                condition=models.Q(status="waiting", wait_kind="external"),
             ),
             # Waiting steps that time wakes, by when: the sweep and the retry promotion read
             # only the due end of it.

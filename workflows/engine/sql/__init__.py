@@ -574,3 +574,85 @@ UPDATE workflows_run r
  WHERE r.id = step.run_id AND r.status IN ('running', 'paused')
 RETURNING r.id
 """
+
+# --- signals ------------------------------------------------------------------------------------
+
+# A signal arrives: stored under its identity first (a duplicate inserts nothing and reads
+# back the first one).
+SIGNAL_INSERT = """
+INSERT INTO workflows_signal
+    (org_id, name, correlation, run_id, identity, payload, source, received_at,
+     consumed_by)
+VALUES (%(org_id)s, %(name)s, %(correlation)s, %(run_id)s, %(identity)s, %(payload)s,
+        %(source)s, now(), '')
+ON CONFLICT (org_id, identity) DO NOTHING
+RETURNING id
+"""
+
+SIGNAL_BY_IDENTITY = """
+SELECT id, name, correlation, run_id, consumed_at, consumed_by, dropped_at, received_at
+  FROM workflows_signal
+ WHERE org_id = %(org_id)s AND identity = %(identity)s
+"""
+
+# The steps waiting for a signal like this one (step_awaits_signal index), oldest first.
+SIGNAL_WAITERS = """
+SELECT id, run_id, step_id, iteration
+  FROM workflows_step
+ WHERE status = 'waiting' AND wait_kind = 'external' AND org_id = %(org_id)s
+   AND wait_detail->>'signal' = %(name)s
+   AND (CASE WHEN %(run_id)s::bigint IS NULL
+             THEN wait_detail->>'correlation' = %(correlation)s
+             ELSE run_id = %(run_id)s::bigint END)
+ ORDER BY id
+ LIMIT 10
+"""
+
+SIGNAL_CONSUMED = """
+UPDATE workflows_signal
+   SET consumed_at = now(), consumed_by = %(by)s
+ WHERE id = %(id)s AND consumed_at IS NULL AND dropped_at IS NULL
+RETURNING id
+"""
+
+# A step entering a wait takes the oldest pending signal meant for it, if one came first
+# (locked, skipping one that another transaction is consuming).
+PENDING_SIGNAL_FOR = """
+SELECT id, payload::json AS payload, identity
+  FROM workflows_signal
+ WHERE org_id = %(org_id)s AND name = %(name)s
+   AND consumed_at IS NULL AND dropped_at IS NULL
+   AND ((run_id IS NULL AND correlation = %(correlation)s) OR run_id = %(run_id)s)
+ ORDER BY id
+ LIMIT 1
+   FOR UPDATE SKIP LOCKED
+"""
+
+# The sweep's backstop: pending signals that a waiting step matches (a signal and a wait
+# that committed at the same moment each missed the other), a bounded batch.
+SIGNALS_MATCHED_LATE = """
+SELECT g.id, g.org_id, g.name, g.correlation, g.run_id, g.identity,
+       g.payload::json AS payload
+  FROM workflows_signal g
+ WHERE g.consumed_at IS NULL AND g.dropped_at IS NULL
+   AND EXISTS (
+       SELECT 1 FROM workflows_step s
+        WHERE s.status = 'waiting' AND s.wait_kind = 'external' AND s.org_id = g.org_id
+          AND s.wait_detail->>'signal' = g.name
+          AND ((g.run_id IS NULL AND s.wait_detail->>'correlation' = g.correlation)
+               OR s.run_id = g.run_id))
+ ORDER BY g.id
+ LIMIT %(n)s
+"""
+
+# Unmatched signals past retention are dropped: the row stays as the record, its payload
+# goes.
+SIGNALS_DROP_OLD = """
+UPDATE workflows_signal
+   SET dropped_at = now(), payload = NULL
+ WHERE id IN (SELECT id FROM workflows_signal
+               WHERE consumed_at IS NULL AND dropped_at IS NULL
+                 AND received_at < now() - make_interval(secs => %(age)s)
+               ORDER BY received_at
+               LIMIT 1000)
+"""

@@ -1,0 +1,108 @@
+"""Schedules in the admin, scoped to the user's organisations like every other page
+(workflows/admin/scoping): a cron, a zone and an input are checked as the API checks them;
+the organisation and the name are fixed once a schedule exists; what the sweep records
+(the next occurrence, the last start, the last refusal) is read-only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.core.exceptions import ValidationError
+from django.forms.fields import InvalidJSONInput
+from django.http import HttpRequest
+
+from workflows.admin.scoping import OrgScopedMixin, OrgScopedRelatedFilter
+
+from .api import SCHEDULE_NAME
+from .models import Schedule
+from .schedules import first_occurrence
+
+SWEPT = ["next_at", "last_started_at", "last_run_id", "last_error", "last_error_at",
+         "created_at", "updated_at"]  # fmt: skip
+
+
+class SafeJSONField(forms.JSONField):
+    """Django's JSON form field, with text nested too deeply for Python's json module (a
+    RecursionError) a form error, not a 500."""
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise ValidationError("This JSON nests too deeply.") from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:
+            return InvalidJSONInput(data)
+
+
+class ScheduleForm(forms.ModelForm):
+    class Meta:
+        model = Schedule
+        fields = ["org", "automation", "name", "cron", "timezone", "input", "enabled", "catch_up"]
+        field_classes = {"input": SafeJSONField}
+
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"]
+        if not SCHEDULE_NAME.fullmatch(name):
+            raise ValidationError(
+                "Start with a letter or digit; use only letters, digits, _ . and - "
+                "(the API names the schedule by it)."
+            )
+        return name
+
+    def clean_cron(self) -> str:
+        return " ".join(str(self.cleaned_data["cron"]).split())
+
+    def clean_input(self) -> Any:
+        value = self.cleaned_data.get("input")
+        return {} if value is None else value
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        org = cleaned.get("org") or (self.instance.org if self.instance.org_id else None)
+        automation = cleaned.get("automation")
+        if org is not None and automation is not None and automation.org_id != org.pk:
+            self.add_error("automation", "Choose an automation of the schedule's organisation.")
+        return cleaned
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(OrgScopedMixin, admin.ModelAdmin):
+    form = ScheduleForm
+    list_display = ["name", "org", "automation", "cron", "timezone", "enabled", "catch_up",
+                    "next_at", "last_started_at", "has_error"]  # fmt: skip
+    list_filter = ["enabled", "catch_up", ("org", OrgScopedRelatedFilter)]
+    search_fields = ["name", "automation__slug"]
+    list_select_related = ["org", "automation"]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        sets: list[Any] = [
+            (None, {"fields": ["org", "automation", "name", "enabled"]}),
+            ("When", {"fields": ["cron", "timezone", "catch_up"]}),
+            ("What", {"fields": ["input"]}),
+        ]
+        if obj is not None:
+            sets.append(("Sweep", {"fields": SWEPT}))
+        return sets
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # The API names a schedule by its name, and its runs belong to its organisation.
+        return SWEPT if obj is None else ["org", "name", *SWEPT]
+
+    @admin.display(description="error", boolean=True)
+    def has_error(self, obj: Schedule) -> bool:
+        return bool(obj.last_error)
+
+    def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
+        changed = set(form.changed_data)
+        enabled_again = "enabled" in changed and obj.enabled
+        if change and (changed & {"cron", "timezone"} or enabled_again):
+            # Counts from now: the occurrences missed while disabled are not caught up.
+            obj.next_at = first_occurrence(obj.cron, obj.timezone)
+        super().save_model(request, obj, form, change)

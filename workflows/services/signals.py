@@ -1,0 +1,111 @@
+"""Signals from outside: the API's entry to ``engine/signals.py``.
+
+- ``signal_send``: a named signal with a correlation key (or for one run), stored once per
+  identity, delivered to the step waiting for it or kept until one waits;
+- signal-with-start: the same, for the run of a start key, starting that run first when it
+  does not exist yet (``run_start`` is idempotent per start key);
+- ``inbound_email``: a reply to an email a run sent: the signal ``email.reply`` correlated by
+  the reply's In-Reply-To (else its References, newest first), the Message-ID the email
+  effect stored in its step's output.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from ..definitions.storable import UNSTORABLE_REASON, unstorable_path
+from ..definitions.validator import canonical_json
+from ..engine import sql
+from ..engine.signals import Delivered, deliver
+from ..engine.sql.rows import fetch_dict
+from ..errors import InvalidInput, PayloadTooLarge
+from ..models import Organisation
+from .runs import MAX_INPUT_DEPTH, _depth, run_start
+
+SIGNAL_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,99}")
+EMAIL_REPLY = "email.reply"
+MAX_IDENTITY = 200
+MAX_CORRELATION = 500
+
+
+@dataclass(frozen=True)
+class SignalSent:
+    delivered: Delivered
+    run_id: int | None = None  # the run it was sent to (signal-with-start)
+    run_created: bool = False
+
+
+def signal_send(
+    *,
+    org: Organisation,
+    name: str,
+    correlation: str = "",
+    payload: Any = None,
+    identity: str | None = None,
+    start: dict[str, Any] | None = None,
+) -> SignalSent:
+    """Send a signal; with ``start`` ({"automation", "start_key", "input"}), to the run of
+    that start key, started first if it does not exist."""
+    _check(name, correlation, identity, payload)
+    if start is None:
+        sent = deliver(org_id=org.pk, name=name, correlation=correlation, payload=payload,
+                       identity=identity)  # fmt: skip
+        return SignalSent(sent)
+    started = run_start(org=org, automation_slug=start["automation"],
+                        run_input=start.get("input", {}), start_key=start["start_key"])  # fmt: skip
+    sent = deliver(org_id=org.pk, name=name, correlation=correlation, payload=payload,
+                   identity=identity, run_id=started.run_id)  # fmt: skip
+    return SignalSent(sent, started.run_id, started.created)
+
+
+def inbound_email(
+    *, org: Organisation, message_id: str, in_reply_to: str, references: Sequence[str],
+    payload: dict[str, Any],
+) -> SignalSent:  # fmt: skip
+    """A reply to an email a run sent: delivered as ``email.reply`` to the step waiting on
+    the Message-ID it answers (In-Reply-To, else the newest of References that one waits
+    for); kept, correlated by In-Reply-To, when none waits yet."""
+    candidates = [c.strip() for c in [in_reply_to, *reversed(list(references))] if c.strip()]
+    if not candidates:
+        raise InvalidInput(reason="in_reply_to or references is required: what does it answer?")
+    correlation = next((c for c in candidates if _awaited(org.pk, c)), candidates[0])
+    identity = f"email:{message_id.strip()}" if message_id.strip() else None
+    sent = deliver(org_id=org.pk, name=EMAIL_REPLY, correlation=correlation[:MAX_CORRELATION],
+                   payload=payload, identity=identity, source="email")  # fmt: skip
+    return SignalSent(sent)
+
+
+def _awaited(org_id: int, correlation: str) -> bool:
+    params: dict[str, Any] = {"org_id": org_id, "name": EMAIL_REPLY, "correlation": correlation,
+                              "run_id": None}  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(sql.SIGNAL_WAITERS, params)
+        return fetch_dict(cursor) is not None
+
+
+def _check(name: str, correlation: str, identity: str | None, payload: Any) -> None:
+    if SIGNAL_NAME_RE.fullmatch(name) is None:
+        raise InvalidInput(reason="name: a signal name starts with a letter, then letters, "
+                                  "digits, _ . : or - (at most 100 characters)")  # fmt: skip
+    if len(correlation) > MAX_CORRELATION:
+        raise InvalidInput(reason=f"correlation: at most {MAX_CORRELATION} characters")
+    if identity is not None and not 1 <= len(identity) <= MAX_IDENTITY:
+        raise InvalidInput(reason=f"id: 1 to {MAX_IDENTITY} characters")
+    if _depth(payload) > MAX_INPUT_DEPTH:
+        raise InvalidInput(reason=f"payload nests deeper than {MAX_INPUT_DEPTH} levels")
+    for text, what in ((name, "name"), (correlation, "correlation"), (identity or "", "id")):
+        if unstorable_path(text) is not None:
+            raise InvalidInput(reason=f"{what} {UNSTORABLE_REASON}")
+    where = unstorable_path(payload)
+    if where is not None:
+        raise InvalidInput(reason=f"payload.{where} {UNSTORABLE_REASON}")
+    size = len(canonical_json(payload).encode())
+    if size > settings.WAYMARK["MAX_INPUT_BYTES"]:
+        raise PayloadTooLarge(what="The signal payload", size=size,
+                              limit=settings.WAYMARK["MAX_INPUT_BYTES"])  # fmt: skip
