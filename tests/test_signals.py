@@ -25,8 +25,8 @@ def waits_for(signal: str = "order.paid", correlation: str = "{{ input.order }}"
                   "next": {"received": "paid", "timed_out": "late"}}  # fmt: skip
     if timeout:
         wait["timeout"] = timeout
-    steps = [wait, {"id": "paid", "type": "end", "output": "{{ steps.wait.output.payload.amount }}"},
-             {"id": "late", "type": "end", "status": "failed"}]  # fmt: skip
+    paid = {"id": "paid", "type": "end", "output": "{{ steps.wait.output.payload.amount }}"}
+    steps = [wait, paid, {"id": "late", "type": "end", "status": "failed"}]
     if before:
         steps.insert(0, {**before, "next": "wait"})
     return {"start": steps[0]["id"], "steps": steps}
@@ -104,8 +104,8 @@ def test_every_wait_has_a_deadline(org, settings):
 
 def test_signal_with_start_starts_the_run_once_and_delivers(org, api):
     automation_publish_definition(org=org, slug="signal", definition=waits_for(correlation=""))
-    body = {"name": "order.paid", "id": "s1", "payload": {"amount": 5},
-            "start": {"automation": "signal", "start_key": "order-7", "input": {"order": "x"}}}  # fmt: skip
+    begin = {"automation": "signal", "start_key": "order-7", "input": {"order": "x"}}
+    body = {"name": "order.paid", "id": "s1", "payload": {"amount": 5}, "start": begin}
     answer = api.post("/api/v1/signals", body, format="json")
     assert answer.status_code == 201, answer.json()
     run_id = answer.json()["run"]
