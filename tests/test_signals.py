@@ -223,3 +223,11 @@ def test_a_signal_racing_its_deadline_advances_each_run_exactly_once(org):
         events = kinds(run_id)
         assert events.count("step.signal") + events.count("step.deadline_passed") == 1, events
         assert events.count("run.succeeded") + events.count("run.failed") == 1
+
+
+def test_clients_cannot_take_a_scheduled_occurrences_start_key(org, api):
+    automation_publish_definition(org=org, slug="signal", definition=waits_for())
+    taken = api.post("/api/v1/runs", {"automation": "signal", "start_key": "schedule:1:2030"},
+                     format="json")  # fmt: skip
+    assert taken.status_code == 400 and "reserved" in str(taken.json())
+    assert not Run.objects.exists()

@@ -50,6 +50,21 @@ class RunStartIn(serializers.Serializer):
     )
     input = serializers.JSONField(required=False, default=dict)
 
+    def validate_start_key(self, value: str) -> str:
+        return check_client_start_key(value)
+
+
+# Start keys the engine makes itself: a client may not take them ahead of time (a scheduled
+# occurrence whose key was taken would count as started).
+RESERVED_START_KEY_PREFIXES = ("schedule:",)
+
+
+def check_client_start_key(value: str) -> str:
+    if value.startswith(RESERVED_START_KEY_PREFIXES):
+        reserved = ", ".join(f'"{p}"' for p in RESERVED_START_KEY_PREFIXES)
+        raise serializers.ValidationError(f"start keys starting with {reserved} are reserved")
+    return value
+
 
 class RunEventOut(serializers.ModelSerializer):
     # No `worker`: it names the engine's host and process id (host:pid:lane), which tenants

@@ -16,7 +16,7 @@ from ..models import Signal
 from ..services.signals import SignalSent, inbound_email, signal_send
 from .auth import request_key
 from .filters import SignalFilter
-from .serializers import ErrorOut, run_links
+from .serializers import ErrorOut, check_client_start_key, run_links
 from .views import CursorPage, ListEndpoint
 
 
@@ -24,6 +24,9 @@ class SignalStartIn(serializers.Serializer):
     automation = serializers.SlugField(max_length=63)
     start_key = serializers.CharField(max_length=255, trim_whitespace=False)
     input = serializers.JSONField(required=False, default=dict)
+
+    def validate_start_key(self, value: str) -> str:
+        return check_client_start_key(value)
 
 
 class SignalIn(serializers.Serializer):
