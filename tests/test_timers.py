@@ -115,3 +115,47 @@ def test_a_timer_due_at_a_past_moment_fires_at_the_next_sweep(org):
                    run_input={"at": past})  # fmt: skip
     assert fire_due_timers().fired == 1
     assert Run.objects.get(pk=run_id).status == "succeeded"
+
+
+def test_a_changed_zone_moves_the_timer_instead_of_firing_it(org):
+    """The zone comes from the run's data and changed before the timer came due: the sweep
+    computes the instant again in the new zone (recorded), instead of firing at the old."""
+    rule = {"type": "wait_until", "rule": {"time": "09:00"}, "timezone": "{{ vars.tz }}"}
+    definition = {
+        "start": "zone",
+        "steps": [
+            {"id": "zone", "type": "set", "values": {"tz": "Europe/Berlin"}, "next": "pause"},
+            {"id": "pause", **rule, "next": "done"},
+            {"id": "done", "type": "end"},
+        ],
+    }
+    run_id = start(org, definition)
+    timer = Timer.objects.get(run_id=run_id)
+    assert timer.zone == "Europe/Berlin"
+    Run.objects.filter(pk=run_id).update(vars={"tz": "America/New_York"})  # as a branch would
+    make_due(pk=timer.pk)
+    assert fire_due_timers().fired == 0  # moved, not fired
+    timer.refresh_from_db()
+    assert timer.fired_at is None and timer.zone == "America/New_York"
+    local = timer.due_at.astimezone(__import__("zoneinfo").ZoneInfo("America/New_York"))
+    assert (local.hour, local.minute) == (9, 0)
+    [moved] = RunEvent.objects.filter(run_id=run_id, kind="timer.recomputed")
+    assert moved.detail is not None and moved.detail["zone_to"] == "America/New_York"
+
+
+def test_recompute_timers_reports_what_moved(org):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    run_id = start(org, waits({"type": "wait_until", "rule": {"time": "09:00"},
+                               "timezone": "Europe/Berlin"}))  # fmt: skip
+    start(org, waits({"type": "wait", "duration": "1h"}), key="other")
+    out = StringIO()
+    call_command("recompute_timers", stdout=out)
+    assert out.getvalue().strip() == "2 pending timer(s) checked, 0 moved"
+    # As if the tz database had moved Berlin's clocks: the stored instant is now wrong.
+    Timer.objects.filter(run_id=run_id).update(due_at=Now())
+    call_command("recompute_timers", stdout=out)
+    assert "2 pending timer(s) checked, 1 moved" in out.getvalue()
+    assert RunEvent.objects.filter(run_id=run_id, kind="timer.recomputed").count() == 1

@@ -43,7 +43,7 @@ def recomputed(cursor: Any, timer: Mapping[str, Any]) -> Recomputed | None:
     cannot be computed: the timer then keeps its instant)."""
     zone = _current_zone(cursor, timer)
     try:
-        when = instant(timer["intent"], zone_named(zone), after=timer["created_at"])
+        when = instant(timer["intent"], zone_named(zone or "UTC"), after=timer["created_at"])
     except (StepFailure, ValueError):
         return None
     due_at = when + timedelta(seconds=timer["offset_seconds"])
@@ -67,7 +67,7 @@ def move(cursor: Any, timer: Mapping[str, Any], new: Recomputed, *, why: str, by
 def _current_zone(cursor: Any, timer: Mapping[str, Any]) -> str:
     template = timer["intent"].get("zone_template")
     if not template or timer["kind"] != "wait_until":
-        return str(timer["zone"] or "UTC")
+        return str(timer["zone"])
     cursor.execute(sql.RUN_DATA, {"run_id": timer["run_id"]})
     run = fetch_dict(cursor)
     if run is None:
