@@ -222,10 +222,13 @@ def _pass_gate(cursor: Any, call: Call, gate: dict[str, Any] | None) -> None:
     if gate["status"] == "broken":
         raise ParkStep(_broken_park(call, gate["broken_reason"]))
     defer = effects_setting("DEFER_SECONDS")
-    if gate["circuit"] != "closed" and gate["circuit_waiting"]:
-        what = "open" if gate["circuit"] == "open" else "being probed"
+    if gate["circuit"] == "open" and gate["circuit_waiting"]:
         raise StepDeferred(max(defer, gate["circuit_seconds"]),
-                           f"the circuit of connection {_name(call)!r} is {what}")  # fmt: skip
+                           f"the circuit of connection {_name(call)!r} is open")  # fmt: skip
+    if gate["circuit"] == "half_open" and gate["circuit_waiting"]:
+        # A probe usually answers in moments, and its lease is only its worst case: look
+        # again shortly rather than waiting out the lease.
+        raise StepDeferred(defer, f"the circuit of connection {_name(call)!r} is being probed")
     if gate["in_flight"] >= gate["max_concurrency"]:
         raise StepDeferred(
             max(defer, min(gate["first_free_seconds"] or defer, 30.0)),
