@@ -8,6 +8,7 @@ urlpatterns = [
     path("api/v1/", include("workflows.api.urls")),
     path("api/v1/", include("effects.urls")),  # connections, suppressions, effects
     path("api/v1/", include("timers.urls")),  # schedules
+    path("", include("approvals.urls")),  # /slack/interactions, /api/v1/approvals, /tasks
     path("healthz", healthz),
     path("livez", livez),
 ]

@@ -28,12 +28,16 @@ class SlackStub(HttpStub):
         super().__init__()
         self.valid_tokens = set(valid_tokens)
         self.messages: list[dict[str, Any]] = []  # every posted message, oldest first
+        self.updates: list[dict[str, Any]] = []  # every chat.update, oldest first
+        self.responses: list[dict[str, Any]] = []  # what was posted to a response_url
         self._next_ts = 0
 
     def clear(self) -> None:
         with self._lock:
             super().clear()
             self.messages.clear()
+            self.updates.clear()
+            self.responses.clear()
 
     def fail_next(self, n: int = 1, status: int = 500, path_prefix: str = "") -> None:
         super().fail_next(n, status, path_prefix)
@@ -48,7 +52,14 @@ class SlackStub(HttpStub):
             )
         return Response(fault.status, {"ok": False, "error": "internal_error"})
 
+    def response_url(self, name: str = "r1") -> str:
+        """A `response_url` as Slack puts in an interaction's payload; posts to it (no token,
+        as with Slack's hooks) are kept in `responses`."""
+        return f"{self.url}/hooks/{name}"
+
     def auth_error(self, request: Request) -> Response | None:
+        if request.path.startswith("/hooks/"):
+            return None  # a response_url: the URL itself is the credential
         args = self._args(request)
         token = request.bearer() or args.get("token")
         with self._lock:
@@ -71,6 +82,12 @@ class SlackStub(HttpStub):
             return self._post(args)
         if method == "conversations.history":
             return self._history(args)
+        if method == "chat.update":
+            return self._update(args)
+        if request.path.startswith("/hooks/"):
+            with self._lock:
+                self.responses.append({"path": request.path, "body": request.body})
+            return Response(200, raw=b"ok")
         return Response(404, {"ok": False, "error": "unknown_method"})
 
     def _args(self, request: Request) -> dict[str, Any]:
@@ -114,6 +131,24 @@ class SlackStub(HttpStub):
                 "message": {k: v for k, v in message.items() if k != "channel"},
             },
         )
+
+    def _update(self, args: dict[str, Any]) -> Response:
+        """chat.update: replaces the text and blocks of the message at (channel, ts)."""
+        channel, ts = args.get("channel"), args.get("ts")
+        if not (args.get("text") or args.get("blocks")):
+            return Response(200, {"ok": False, "error": "no_text"})
+        with self._lock:
+            found = next(
+                (m for m in self.messages if m["channel"] == channel and m["ts"] == ts), None
+            )
+            if found is None:
+                return Response(200, {"ok": False, "error": "message_not_found"})
+            found["text"] = args.get("text", "")
+            if "blocks" in args:
+                found["blocks"] = args["blocks"]
+            self.updates.append({"channel": channel, "ts": ts, "text": found["text"],
+                                 "blocks": args.get("blocks")})  # fmt: skip
+        return Response(200, {"ok": True, "channel": channel, "ts": ts, "text": found["text"]})
 
     def _history(self, args: dict[str, Any]) -> Response:
         channel = args.get("channel")

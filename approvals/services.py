@@ -1,0 +1,421 @@
+"""Deciding approvals and answering tasks: one function, ``decide``, for Slack, the admin and
+the API, under the same rules.
+
+A decision is one transaction: lock the request, check it (still pending, before its
+deadline, its run and step still live, the content the person saw is the content under
+review, the person may decide it *now*), the guarded UPDATE ``WHERE status = 'pending'``,
+the step's wake (``workflows.engine.waits.wake_step``), and the audit row. The first write
+wins; a second decision finds the request decided and is told by whom. A refusal rolls all
+of that back and is recorded in a transaction of its own.
+
+The deadline and a decision race on the request's row: the step's deadline (``wake_at``,
+never earlier than the request's ``expires_at``) wakes the step *ready*; its executor then
+marks the request expired with the same guarded UPDATE. Whichever commits first wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import connection, transaction
+from django.utils import timezone
+
+from workflows.engine.waits import Wake, wake_step
+from workflows.models import Membership, Run, Step
+from workflows.states import RunStatus, StepStatus
+
+from .models import ApprovalRequest, DecisionAttempt, RequestKind, RequestStatus
+
+logger = logging.getLogger(__name__)
+
+MAX_COMMENT_CHARS = 1000
+DECIDE_PERMISSION = "approvals.decide_approvalrequest"
+DECISIONS = {"approve": RequestStatus.APPROVED, "reject": RequestStatus.REJECTED}
+SUBMIT = "submit"
+LIVE_STEP = frozenset({StepStatus.READY, StepStatus.RUNNING, StepStatus.WAITING})
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def content_digest(content: Any) -> str:
+    """sha256 (hex) of the canonical JSON of what is under review."""
+    return hashlib.sha256(canonical_json(content).encode("utf-8")).hexdigest()
+
+
+# --- who is asking ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who attempts a decision, and from where. ``user`` for Slack and the admin; ``org_id``
+    for an API key (the organisation itself decides, recorded as the key)."""
+
+    via: str  # slack, admin, api
+    name: str
+    user: AbstractBaseUser | AnonymousUser | None = None
+    org_id: int | None = None  # an API key's organisation
+    ip: str | None = None
+    slack_team_id: str = ""
+    slack_user_id: str = ""
+
+
+class Refused(Exception):
+    """A decision that is not taken: ``code`` is stable (the API's and the audit's),
+    ``message`` is what the person is shown."""
+
+    def __init__(self, code: str, message: str, *, status: int = 409, **extra: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.extra = extra
+
+
+@dataclass(frozen=True)
+class Outcome:
+    accepted: bool
+    code: str  # "accepted" or the refusal's code
+    message: str
+    approval: ApprovalRequest | None = None
+    status: int = 200
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def approver_matches(user: AbstractBaseUser | AnonymousUser, approvers: list[str]) -> bool:
+    """Is ``user`` named by one of ``approvers`` ("user:NAME", "group:NAME", or a bare
+    username or e-mail address)?"""
+    username = user.get_username()
+    email = str(getattr(user, "email", "") or "").lower()
+    groups: set[str] | None = None
+    for entry in approvers:
+        if entry == "*":
+            return True  # anyone of the organisation with the permission
+        kind, sep, name = str(entry).partition(":")
+        if not sep:
+            kind, name = "user", str(entry)
+        if kind == "user" and (name == username or (email and name.lower() == email)):
+            return True
+        if kind == "group":
+            if groups is None:
+                groups = set(user.groups.values_list("name", flat=True))  # type: ignore[union-attr]
+            if name in groups:
+                return True
+    return False
+
+
+def may_decide(
+    user: AbstractBaseUser | AnonymousUser | None, approval: ApprovalRequest
+) -> str | None:
+    """Why ``user`` may not decide ``approval`` now (a refusal code), or None. Read from the
+    database at each call: a membership, a group or a permission removed a moment ago counts."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return "not_permitted"
+    if (
+        not _superuser(user)
+        and not Membership.objects.filter(user_id=user.pk, org_id=approval.org_id).exists()
+    ):
+        return "other_organisation"
+    if not _has_perm(user, DECIDE_PERMISSION):
+        return "not_permitted"
+    if not approver_matches(user, list(approval.approvers or [])):
+        return "not_an_approver"
+    return None
+
+
+REFUSAL_TEXT = {
+    "not_permitted": "You do not have permission to decide approvals.",
+    "other_organisation": "This request belongs to an organisation you are not a member of.",
+    "not_an_approver": "You are not among the approvers of this request.",
+}
+
+
+def _superuser(user: Any) -> bool:
+    return bool(getattr(user, "is_superuser", False))
+
+
+def _has_perm(user: Any, permission: str) -> bool:
+    check = getattr(user, "has_perm", None)
+    return bool(check(permission)) if check is not None else False
+
+
+# --- deciding -----------------------------------------------------------------------------------
+
+
+def decide(
+    approval_id: int,
+    *,
+    decision: str,
+    actor: Actor,
+    comment: str = "",
+    answer: Mapping[str, Any] | None = None,
+    digest: str | None = None,
+    level: int | None = None,
+    kind: str = RequestKind.APPROVAL,
+    after_commit: Callable[[ApprovalRequest], None] | None = None,
+) -> Outcome:
+    """Take ``decision`` ("approve", "reject", or "submit" with ``answer`` for a task) on
+    the request, as ``actor``; every attempt is recorded. ``digest``/``level``: what the
+    person was shown (a Slack button's token, the admin page): refused when it is no longer
+    what is under review."""
+    found: ApprovalRequest | None = None
+    try:
+        with transaction.atomic(durable=True):
+            found = _decide(
+                approval_id,
+                decision=decision,
+                actor=actor,
+                comment=comment,
+                answer=answer,
+                digest=digest,
+                level=level,
+                kind=kind,
+            )
+            record_attempt(
+                actor,
+                found,
+                decision,
+                accepted=True,
+                reason="accepted",
+                detail=comment[:MAX_COMMENT_CHARS],
+            )
+            if after_commit is not None:
+                approval = found
+                transaction.on_commit(lambda: after_commit(approval))
+    except Refused as refusal:
+        if found is None:
+            found = ApprovalRequest.objects.filter(pk=approval_id).first()
+        visible = found if found is not None and _in_reach(actor, found) else None
+        record_attempt(
+            actor,
+            visible,
+            decision,
+            accepted=False,
+            reason=refusal.code,
+            detail=refusal.message,
+            org_id=visible.org_id if visible else actor.org_id,
+        )
+        return Outcome(False, refusal.code, refusal.message, visible, refusal.status, refusal.extra)
+    assert found is not None
+    return Outcome(True, "accepted", accepted_text(found), found)
+
+
+def accepted_text(approval: ApprovalRequest) -> str:
+    what = {"approved": "Approved", "rejected": "Rejected", "submitted": "Submitted"}
+    return f"{what.get(approval.status, approval.status)} by {approval.decided_by}."
+
+
+def _in_reach(actor: Actor, approval: ApprovalRequest) -> bool:
+    """May the actor learn anything about ``approval``? (An API key of another organisation,
+    or a user who is a member of none of its organisation, is told it does not exist.)"""
+    if actor.org_id is not None:
+        return approval.org_id == actor.org_id
+    if actor.via == "slack":
+        return True  # a verified click on one of its own messages, carrying its token
+    user = actor.user
+    if user is None or not user.is_authenticated:
+        return False
+    if _superuser(user):
+        return True
+    return Membership.objects.filter(user_id=user.pk, org_id=approval.org_id).exists()
+
+
+def _decide(
+    approval_id: int,
+    *,
+    decision: str,
+    actor: Actor,
+    comment: str,
+    answer: Mapping[str, Any] | None,
+    digest: str | None,
+    level: int | None,
+    kind: str,
+) -> ApprovalRequest:
+    approval = ApprovalRequest.objects.select_for_update().filter(pk=approval_id).first()
+    if approval is None or not _in_reach(actor, approval) or approval.kind != kind:
+        raise Refused("not_found", f"No {kind} {approval_id}.", status=404)
+    if kind == RequestKind.APPROVAL and decision not in DECISIONS:
+        raise Refused("invalid_decision", 'The decision must be "approve" or "reject".', status=400)
+    if kind == RequestKind.TASK and decision != SUBMIT:
+        raise Refused("invalid_decision", 'A task is answered with "submit".', status=400)
+    if len(comment) > MAX_COMMENT_CHARS:
+        raise Refused(
+            "comment_too_long",
+            f"The comment is longer than {MAX_COMMENT_CHARS} characters.",
+            status=400,
+        )
+    if approval.status != RequestStatus.PENDING:
+        raise _already(approval)
+    now = _db_now()
+    if approval.expires_at <= now:
+        raise Refused(
+            "expired",
+            f"This request expired at {_when(approval.expires_at)}; "
+            "decisions are no longer accepted.",
+        )
+    run_status = Run.objects.filter(pk=approval.run_id).values_list("status", flat=True).first()
+    if run_status == RunStatus.CANCELLED:
+        raise Refused("run_cancelled", "The run was cancelled; this request is closed.")
+    if run_status not in (RunStatus.RUNNING, RunStatus.PAUSED):
+        raise Refused("run_finished", f"The run has ended ({run_status}); this request is closed.")
+    step_status = (
+        Step.objects.filter(pk=approval.step_row_id).values_list("status", flat=True).first()
+    )
+    if step_status not in LIVE_STEP:
+        raise Refused("step_closed", "The step no longer waits for this request.")
+    if digest is not None and digest != approval.digest:
+        raise Refused(
+            "content_changed",
+            "The content under review changed since this was shown to you; review the new request.",
+        )
+    if level is not None and level != approval.level:
+        raise Refused("superseded", "This request was escalated; the newer request decides.")
+    if actor.org_id is None:  # a person: permission now, not when the message was sent
+        why = may_decide(actor.user, approval)
+        if why is not None:
+            raise Refused(why, REFUSAL_TEXT[why], status=403)
+    if kind == RequestKind.TASK:
+        from .forms import FormInvalid, clean_answer
+
+        try:
+            answer = clean_answer(approval.form or {}, answer)
+        except FormInvalid as exc:
+            raise Refused("invalid_answer", str(exc), status=400, errors=exc.errors) from None
+    status = DECISIONS.get(decision, RequestStatus.SUBMITTED)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """UPDATE approvals_approvalrequest
+                  SET status = %s, decided_by = %s, decided_via = %s, decided_at = now(),
+                      comment = %s, answer = %s::jsonb, updated_at = now(),
+                      slack_stale = slack_messages <> '[]'::jsonb, next_reminder_at = NULL
+                WHERE id = %s AND status = 'pending' AND expires_at > now()""",
+            [
+                status,
+                actor.name[:150],
+                actor.via,
+                comment,
+                None if answer is None else canonical_json(answer),
+                approval.pk,
+            ],
+        )
+        if cursor.rowcount != 1:  # cannot happen under the row lock; the guard stays anyway
+            raise Refused("already_decided", "This request was decided a moment ago.")
+    approval.refresh_from_db()
+    woke = wake_step(
+        step_pk=approval.step_row_id,
+        wake=Wake(
+            outcome=outcome_of(approval),
+            output=output_of(approval),
+            reason="approval",
+            by=f"{actor.via}:{actor.name}"[:100],
+        ),
+    )
+    if not woke:
+        # Not waiting: its executor is on it (about to park, or escalating): it reads the
+        # decision when it runs or parks, and the sweep wakes it if it parked meanwhile.
+        step_status = (
+            Step.objects.filter(pk=approval.step_row_id).values_list("status", flat=True).first()
+        )
+        if step_status not in (StepStatus.READY, StepStatus.RUNNING):
+            raise Refused("step_closed", "The step no longer waits for this request.")
+        ApprovalRequest.objects.filter(pk=approval.pk).update(wake_owed=True)
+    return approval
+
+
+def _already(approval: ApprovalRequest) -> Refused:
+    if approval.status == RequestStatus.EXPIRED:
+        return Refused(
+            "expired",
+            f"This request expired at {_when(approval.expires_at)}; "
+            "decisions are no longer accepted.",
+        )
+    if approval.status == RequestStatus.CANCELLED:
+        return Refused("run_cancelled", "This request was closed: its run ended another way.")
+    return Refused(
+        "already_decided",
+        f"Already {approval.status} by {approval.decided_by} at {_when(approval.decided_at)}; "
+        "your decision changed nothing.",
+        status=409,
+        decided=approval.status,
+        decided_by=approval.decided_by,
+    )
+
+
+def outcome_of(approval: ApprovalRequest) -> str:
+    return str(approval.status)
+
+
+def output_of(approval: ApprovalRequest) -> dict[str, Any]:
+    """The step's output once the request is settled."""
+    out: dict[str, Any] = {
+        approval.kind: approval.pk,
+        "decision": str(approval.status),
+        "by": approval.decided_by,
+        "via": approval.decided_via,
+        "comment": approval.comment,
+        "digest": approval.digest,
+        "decided_at": approval.decided_at.isoformat() if approval.decided_at else None,
+        "level": approval.level,
+    }
+    if approval.kind == RequestKind.TASK:
+        out["answer"] = approval.answer
+    return out
+
+
+def record_attempt(
+    actor: Actor,
+    approval: ApprovalRequest | None,
+    decision: str,
+    *,
+    accepted: bool,
+    reason: str,
+    detail: str = "",
+    org_id: int | None = None,
+) -> DecisionAttempt:
+    user = actor.user if actor.user is not None and actor.user.is_authenticated else None
+    return DecisionAttempt.objects.create(
+        org_id=approval.org_id if approval is not None else org_id,
+        approval=approval,
+        via=actor.via,
+        actor=actor.name[:150],
+        user_id=user.pk if user is not None else None,
+        ip=actor.ip,
+        slack_team_id=actor.slack_team_id[:32],
+        slack_user_id=actor.slack_user_id[:32],
+        decision=decision[:16],
+        accepted=accepted,
+        reason=reason[:32],
+        detail=detail[:2000],
+    )
+
+
+def _db_now() -> Any:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        row = cursor.fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _when(moment: Any) -> str:
+    if moment is None:
+        return "an unknown time"
+    return str(timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S %Z"))
+
+
+def pending_for(user: AbstractBaseUser | AnonymousUser) -> list[ApprovalRequest]:
+    """The pending requests ``user`` may decide now (the admin inbox's first list)."""
+    if not user.is_authenticated or not user.is_active or not _has_perm(user, DECIDE_PERMISSION):
+        return []
+    rows = ApprovalRequest.objects.filter(status=RequestStatus.PENDING).order_by("expires_at")
+    if not _superuser(user):
+        orgs = Membership.objects.filter(user_id=user.pk).values_list("org_id", flat=True)
+        rows = rows.filter(org_id__in=list(orgs))
+    return [a for a in rows[:500] if approver_matches(user, list(a.approvers or []))]

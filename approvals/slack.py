@@ -1,0 +1,523 @@
+"""Approvals in Slack: the request message with Approve and Reject buttons, the signed tokens
+the buttons carry, ``POST /slack/interactions``, and bringing the messages up to date.
+
+**The message** is Block Kit rendered from ``templates/approvals/slack_request.json``. It is
+posted through the effect ledger under the step's effect key (an escalation's under
+``<key>/escalation-1``), with the ``slack_message`` connection the step names, so a retry or
+a crash never posts it twice (``effects/providers/slack.py`` finds it again by metadata).
+
+**A button's value** is a token (``django.core.signing``, salted) binding one approval, its
+run, step and iteration, the digest of the content, the escalation level and the decision
+of that button; it expires with the request (plus ``TOKEN_GRACE_SECONDS``) and in any case
+after ``APPROVALS_TOKEN_MAX_AGE_SECONDS``.
+
+**An interaction** is checked in this order, each failure recorded (``DecisionAttempt``)
+and answered: the signature (``X-Slack-Signature``, v0 HMAC of ``v0:{timestamp}:{body}``
+with the app's signing secret), the 5-minute timestamp window (a replay), the payload, the
+action, the token, the workspace (the payload's team must be the connection's
+``options.team_id``), the Slack user's Django user (``SlackUser``), and then the decision
+itself (``services.decide``: permission *now*, first write wins). The HTTP answer comes at
+once (an ephemeral text, never replacing the message); the slow part (``chat.update`` of the
+request's messages, the same text to ``response_url``) runs after the answer in a thread,
+and the sweep redoes any update that did not happen (``slack_stale``).
+
+The signing secret is the Slack app's: ``settings.APPROVALS_SLACK_SIGNING_SECRET`` or the
+environment variable ``WAYMARK_SLACK_SIGNING_SECRET``. Without it every interaction is
+refused (503).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from django.conf import settings
+from django.core import signing
+from django.db import close_old_connections, connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template.loader import render_to_string
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+from slack_sdk.signature import SignatureVerifier
+
+from effects.perform import load_connection
+from effects.providers.base import Answer, ConnectionInfo, Request
+from effects.providers.slack import EVENT_TYPE, SlackMessageProvider, slack_call, vet_base_url
+from workflows.plugins import StepFailure
+
+from .models import ApprovalRequest, RequestKind, RequestStatus, SlackUser
+from .services import Actor, decide, record_attempt
+
+logger = logging.getLogger(__name__)
+
+TOKEN_SALT = "waymark.approvals.slack-button"  # noqa: S105 (a salt, not a secret)
+TOKEN_GRACE_SECONDS = 60
+DEFAULT_TOKEN_MAX_AGE = 35 * 86_400
+TIMESTAMP_WINDOW = 5 * 60  # Slack's own rule for replays
+TEXT_CHARS = 2900  # a section's text holds 3000
+ACTIONS = {"waymark_approve": "approve", "waymark_reject": "reject"}
+SLACK_RESPONSE_HOSTS = ("hooks.slack.com",)
+
+
+def signing_secret() -> str:
+    value = getattr(settings, "APPROVALS_SLACK_SIGNING_SECRET", None)
+    if value is None:
+        value = os.environ.get("WAYMARK_SLACK_SIGNING_SECRET", "")
+    return str(value or "")
+
+
+def token_max_age() -> int:
+    return int(getattr(settings, "APPROVALS_TOKEN_MAX_AGE_SECONDS", DEFAULT_TOKEN_MAX_AGE))
+
+
+# --- tokens -------------------------------------------------------------------------------------
+
+
+def make_token(approval: ApprovalRequest, decision: str) -> str:
+    expires = int(approval.expires_at.timestamp()) + TOKEN_GRACE_SECONDS
+    payload = {
+        "a": approval.pk,
+        "r": approval.run_id,
+        "s": approval.step_id,
+        "i": approval.iteration,
+        "d": approval.digest,
+        "l": approval.level,
+        "v": decision,
+        "e": expires,
+    }
+    return signing.dumps(payload, salt=TOKEN_SALT, compress=True)
+
+
+class BadToken(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def read_token(value: str) -> dict[str, Any]:
+    try:
+        payload = signing.loads(value, salt=TOKEN_SALT, max_age=token_max_age())
+    except signing.SignatureExpired:
+        raise BadToken("token_expired", "This button has expired.") from None
+    except signing.BadSignature:
+        raise BadToken("token_invalid", "This button is not valid.") from None
+    if not isinstance(payload, dict) or not all(k in payload for k in "arsidlve"):
+        raise BadToken("token_invalid", "This button is not valid.")
+    if not isinstance(payload["e"], int) or payload["e"] < time.time():
+        raise BadToken("token_expired", "This button has expired: the request's deadline passed.")
+    return payload
+
+
+# --- the message ----------------------------------------------------------------------------------
+
+
+def slack_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def message_blocks(
+    approval: ApprovalRequest, *, superseded: bool = False
+) -> tuple[str, list[dict[str, Any]]]:
+    """The message's fallback text and blocks, as the request stands now. ``superseded``:
+    a message of an earlier level (before an escalation): no buttons any more."""
+    is_open = approval.status == RequestStatus.PENDING and not superseded
+    kind = "Approval" if approval.kind == RequestKind.APPROVAL else "Task"
+    content = approval.content if isinstance(approval.content, dict) else {}
+    details = content.get("content")
+    detail_text = ""
+    if details not in (None, "", {}, []):
+        shown = (
+            details
+            if isinstance(details, str)
+            else json.dumps(details, indent=2, ensure_ascii=False)
+        )
+        detail_text = "```" + slack_escape(shown)[: TEXT_CHARS - 6] + "```"
+    context = (
+        f"Run {approval.run_id} · step {approval.step_id} · answer by "
+        f"{approval.expires_at:%Y-%m-%d %H:%M} UTC · digest {approval.digest[:12]}"
+    )
+    values = {
+        "title": f"{kind} requested"[:150],
+        "message": slack_escape(approval.message)[:TEXT_CHARS] or "(no message)",
+        "details": detail_text,
+        "context_line": context,
+        "open": is_open,
+        "approval_id": approval.pk,
+        "outcome_line": outcome_line(approval, superseded=superseded),
+    }
+    if is_open and approval.kind == RequestKind.APPROVAL:
+        values["approve_token"] = make_token(approval, "approve")
+        values["reject_token"] = make_token(approval, "reject")
+    template = (
+        "approvals/slack_request.json"
+        if approval.kind == RequestKind.APPROVAL
+        else ("approvals/slack_task.json")
+    )
+    blocks = json.loads(render_to_string(template, values))
+    text = f"{kind} requested: {approval.message[:200]}"
+    if not is_open:
+        text = outcome_line(approval, superseded=superseded)
+    return text, blocks
+
+
+def outcome_line(approval: ApprovalRequest, *, superseded: bool = False) -> str:
+    status = approval.status
+    if status in (RequestStatus.APPROVED, RequestStatus.REJECTED, RequestStatus.SUBMITTED):
+        who = slack_escape(approval.decided_by)
+        line = f"*{status.capitalize()}* by {who} via {approval.decided_via}"
+        if approval.comment:
+            line += f": “{slack_escape(approval.comment[:500])}”"
+        return line
+    if status == RequestStatus.EXPIRED:
+        return f"*Expired* with no decision (then: {approval.on_timeout})."
+    if status == RequestStatus.CANCELLED:
+        return "*Closed*: the run ended another way."
+    if superseded:
+        return "*Escalated*: a newer message replaces this one."
+    return "Pending."
+
+
+class ApprovalMessageProvider(SlackMessageProvider):
+    """The slack_message provider, posting Block Kit (the request with its buttons)."""
+
+    def call(self, request: Request, key: str, conn: ConnectionInfo | None) -> Answer:
+        metadata = {"event_type": EVENT_TYPE, "event_payload": {"effect_key": key}}
+        response = slack_call(
+            conn,
+            "chat_postMessage",
+            channel=request.payload["channel"],
+            text=request.payload["text"],
+            blocks=request.payload["blocks"],
+            metadata=metadata,
+        )
+        channel, ts = response.get("channel"), response.get("ts")
+        if not isinstance(channel, str) or not isinstance(ts, str) or not ts:
+            from effects.providers.base import Ambiguous
+
+            raise Ambiguous("malformed answer from Slack: no channel or ts", {"ok": True})
+        result = {"channel": channel, "ts": ts}
+        return Answer(result=result, response=result)
+
+
+PROVIDER = ApprovalMessageProvider()
+
+
+def request_for(approval: ApprovalRequest, channel: str) -> Request:
+    text, blocks = message_blocks(approval)
+    return Request(
+        payload={"channel": channel, "text": text, "blocks": blocks},
+        summary={"channel": channel, "text": text[:500], "approval": approval.pk},
+        recipient=None,  # a team's channel, not a person: no consent list applies
+    )
+
+
+def connection_for(approval: ApprovalRequest) -> ConnectionInfo | None:
+    try:
+        return load_connection(approval.org_id, approval.slack_connection, PROVIDER)
+    except StepFailure:
+        return None
+
+
+def update_messages(approval_id: int) -> bool:
+    """Make the request's Slack messages show its state now (``chat.update``, idempotent);
+    True when every message is up to date. Called after a decision's answer, and by the
+    sweep for any request still ``slack_stale``."""
+    approval = ApprovalRequest.objects.filter(pk=approval_id).first()
+    if approval is None or not approval.slack_messages:
+        return True
+    seen_update = approval.updated_at
+    conn = connection_for(approval)
+    if conn is None:
+        return False
+    for message in approval.slack_messages:
+        superseded = int(message.get("level", 0)) != approval.level
+        text, blocks = message_blocks(approval, superseded=superseded)
+        try:
+            slack_call(
+                conn,
+                "chat_update",
+                channel=message["channel"],
+                ts=message["ts"],
+                text=text,
+                blocks=blocks,
+            )
+        except Exception:
+            logger.warning("approval %s: chat.update failed", approval_id, exc_info=True)
+            return False
+    # Up to date, unless it changed again meanwhile (then the next pass updates it).
+    ApprovalRequest.objects.filter(pk=approval_id, updated_at=seen_update).update(slack_stale=False)
+    return True
+
+
+def update_stale_messages(by: str = "sweep") -> int:
+    """The sweep's pass: bring stale messages up to date (a bounded batch)."""
+    ids = list(
+        ApprovalRequest.objects.filter(slack_stale=True)
+        .order_by("updated_at")
+        .values_list("pk", flat=True)[:50]
+    )
+    return sum(1 for approval_id in ids if update_messages(approval_id))
+
+
+# --- interactions --------------------------------------------------------------------------------
+
+
+def _client_ip(request: HttpRequest) -> str | None:
+    return request.META.get("REMOTE_ADDR") or None
+
+
+def _refuse(status: int, code: str, text: str) -> HttpResponse:
+    """An answer Slack shows the person who clicked: an ephemeral message, never replacing
+    the request's message (everyone else keeps seeing it as it is)."""
+    body = {"response_type": "ephemeral", "replace_original": False, "text": text, "code": code}
+    return JsonResponse(body, status=status)
+
+
+@csrf_exempt
+@require_POST
+def interactions(request: HttpRequest) -> HttpResponse:
+    """``POST /slack/interactions``: a button pressed on a request message."""
+    body = request.body
+    ip = _client_ip(request)
+    anonymous = Actor(via="slack", name="", ip=ip)
+    secret = signing_secret()
+    if not secret:
+        record_attempt(
+            anonymous,
+            None,
+            "",
+            accepted=False,
+            reason="not_configured",
+            detail="no Slack signing secret is configured",
+        )
+        return _refuse(503, "not_configured", "Waymark has no Slack signing secret configured.")
+    timestamp = request.headers.get("X-Slack-Request-Timestamp", "")
+    signature = request.headers.get("X-Slack-Signature", "")
+    expected = SignatureVerifier(secret).generate_signature(timestamp=timestamp, body=body)
+    if (
+        not timestamp.isdigit()
+        or not signature
+        or expected is None
+        or not hmac.compare_digest(expected, signature)
+    ):
+        record_attempt(
+            anonymous,
+            None,
+            "",
+            accepted=False,
+            reason="bad_signature",
+            detail="the request's Slack signature does not verify",
+        )
+        return _refuse(401, "bad_signature", "The request's signature does not verify.")
+    if abs(time.time() - int(timestamp)) > TIMESTAMP_WINDOW:
+        record_attempt(
+            anonymous,
+            None,
+            "",
+            accepted=False,
+            reason="stale_request",
+            detail=f"signed at {timestamp}, outside the 5-minute window",
+        )
+        return _refuse(
+            401, "stale_request", "The request is older than 5 minutes (a replay?); it was refused."
+        )
+    payload = _payload(body)
+    if payload is None:
+        record_attempt(
+            anonymous,
+            None,
+            "",
+            accepted=False,
+            reason="malformed",
+            detail="the payload is not a block_actions interaction",
+        )
+        return _refuse(400, "malformed", "Waymark could not read this interaction.")
+    team_id, user_id, action = payload
+    actor = Actor(
+        via="slack", name=f"slack:{user_id}", ip=ip, slack_team_id=team_id, slack_user_id=user_id
+    )
+    decision = ACTIONS.get(str(action.get("action_id")))
+    if decision is None:
+        record_attempt(
+            actor,
+            None,
+            "",
+            accepted=False,
+            reason="unknown_action",
+            detail=f"action {str(action.get('action_id'))[:100]!r}",
+        )
+        return _refuse(200, "unknown_action", "Waymark does not know this action.")
+    try:
+        token = read_token(str(action.get("value") or ""))
+    except BadToken as bad:
+        record_attempt(actor, None, decision, accepted=False, reason=bad.code, detail=bad.message)
+        return _refuse(200, bad.code, bad.message)
+    approval = ApprovalRequest.objects.filter(pk=token["a"]).first()
+    block = str(action.get("block_id") or "")
+    if (
+        approval is None
+        or token["v"] != decision
+        or block != f"waymark_approval:{approval.pk}"
+        or (approval.run_id, approval.step_id, approval.iteration)
+        != (token["r"], token["s"], token["i"])
+    ):
+        record_attempt(
+            actor,
+            approval,
+            decision,
+            accepted=False,
+            reason="token_mismatch",
+            detail="the button's token is for another request, step or decision",
+        )
+        return _refuse(200, "token_mismatch", "This button does not belong to this request.")
+    team = approval.slack_team_id
+    if not team or team != team_id:
+        why = "from another Slack workspace" if team else "and the connection has no team_id"
+        record_attempt(
+            actor,
+            approval,
+            decision,
+            accepted=False,
+            reason="wrong_workspace",
+            detail=f"team {team_id!r} {why}",
+        )
+        return _refuse(
+            200, "wrong_workspace", "This request does not belong to your Slack workspace."
+        )
+    link = (
+        SlackUser.objects.select_related("user")
+        .filter(org_id=approval.org_id, team_id=team_id, slack_user_id=user_id)
+        .first()
+    )
+    if link is None:
+        record_attempt(
+            actor,
+            approval,
+            decision,
+            accepted=False,
+            reason="unknown_slack_user",
+            detail="no Waymark user is linked to this Slack user",
+        )
+        return _refuse(
+            200,
+            "unknown_slack_user",
+            "Your Slack account is not linked to a Waymark user, so you cannot decide here.",
+        )
+    actor = Actor(
+        via="slack",
+        name=link.user.get_username(),
+        user=link.user,
+        ip=ip,
+        slack_team_id=team_id,
+        slack_user_id=user_id,
+    )
+    response_url = str(payload_response_url(body) or "")
+    outcome = decide(
+        approval.pk,
+        decision=decision,
+        actor=actor,
+        digest=str(token["d"]),
+        level=int(token["l"]),
+        after_commit=lambda a: _after(a.pk, response_url, accepted_reply(a)),
+    )
+    if not outcome.accepted:
+        _after(None, response_url, outcome.message)
+        return _refuse(200, outcome.code, outcome.message)
+    return JsonResponse(
+        {
+            "response_type": "ephemeral",
+            "replace_original": False,
+            "text": outcome.message,
+            "code": "accepted",
+        }
+    )
+
+
+def accepted_reply(approval: ApprovalRequest) -> str:
+    return f"{approval.status.capitalize()} by {approval.decided_by}. Thank you."
+
+
+def _payload(body: bytes) -> tuple[str, str, Mapping[str, Any]] | None:
+    try:
+        form = parse_qs(body.decode("utf-8"), strict_parsing=True, max_num_fields=5)
+        data = json.loads(form["payload"][0])
+    except (UnicodeDecodeError, ValueError, KeyError, IndexError):
+        return None
+    if not isinstance(data, dict) or data.get("type") != "block_actions":
+        return None
+    team, user, actions = data.get("team"), data.get("user"), data.get("actions")
+    if not isinstance(team, dict) or not isinstance(user, dict) or not isinstance(actions, list):
+        return None
+    team_id, user_id = team.get("id"), user.get("id")
+    if not isinstance(team_id, str) or not isinstance(user_id, str) or not team_id or not user_id:
+        return None
+    if len(actions) != 1 or not isinstance(actions[0], dict):
+        return None
+    return team_id[:32], user_id[:32], actions[0]
+
+
+def payload_response_url(body: bytes) -> str | None:
+    try:
+        data = json.loads(parse_qs(body.decode("utf-8"))["payload"][0])
+    except (UnicodeDecodeError, ValueError, KeyError, IndexError):
+        return None
+    url = data.get("response_url") if isinstance(data, dict) else None
+    return url if isinstance(url, str) else None
+
+
+def update_after(approval: ApprovalRequest) -> None:
+    """After a decision from the admin or the API commits: update its Slack messages, after
+    the answer (a thread; the sweep redoes what it does not finish)."""
+    if approval.slack_messages:
+        _after(approval.pk, "", "")
+
+
+def _after(approval_id: int | None, response_url: str, text: str) -> None:
+    """The slow part, after the answer: update the messages, tell the person who clicked."""
+
+    def work() -> None:
+        try:
+            if approval_id is not None:
+                update_messages(approval_id)
+            if response_url:
+                _respond(approval_id, response_url, text)
+        except Exception:
+            logger.exception("after a Slack interaction")
+        finally:
+            connection.close()
+
+    close_old_connections()
+    threading.Thread(target=work, name="slack-after", daemon=True).start()
+
+
+def _respond(approval_id: int | None, url: str, text: str) -> None:
+    """The ephemeral reply through ``response_url``: only to Slack's hooks host, or to the
+    host of the request's own connection (a stub in the tests)."""
+    host = urlsplit(url).hostname or ""
+    allowed = host in SLACK_RESPONSE_HOSTS and url.startswith("https://")
+    if not allowed and approval_id is not None:
+        approval = ApprovalRequest.objects.filter(pk=approval_id).first()
+        conn = connection_for(approval) if approval is not None else None
+        if conn is not None and conn.base_url:
+            try:
+                vet_base_url(conn)
+            except Exception:
+                return
+            allowed = urlsplit(conn.base_url).hostname == host
+    if not allowed:
+        return
+    data = json.dumps({"response_type": "ephemeral", "replace_original": False, "text": text})
+    req = urllib.request.Request(  # noqa: S310 (an https hooks URL, or the connection's host)
+        url, data=data.encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=5) as answer:  # noqa: S310 (vetted above)
+        answer.read()

@@ -1,0 +1,327 @@
+"""Approvals in Slack: the request posted through slack-sdk's WebClient to the Slack stub
+(Block Kit, two buttons with signed tokens), clicks signed the way Slack signs them, each
+refusal answered with what Slack shows the person, the message updated with chat.update
+after a decision, and every attempt in the audit."""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import pytest
+from django.core import signing
+from django.db import connection
+from django.test import Client
+
+from approvals.models import ApprovalRequest, DecisionAttempt, SlackUser
+from approvals.slack import TOKEN_SALT
+from tests.stubs.slack import SlackStub
+from workflows.models import Run, Step
+from workflows.services.control import run_act
+
+from .test_approvals_setup import (
+    SIGNING_SECRET,
+    TEAM,
+    click_payload,
+    fire_deadline_and_run,
+    open_request,
+    pass_deadline,
+    person,
+    slack_connection,
+    slack_post,
+    with_slack,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def signing_secret(settings: Any) -> None:
+    settings.APPROVALS_SLACK_SIGNING_SECRET = SIGNING_SECRET
+
+
+@pytest.fixture
+def alice(org: Any) -> Any:
+    user = person(org, "alice")
+    SlackUser.objects.create(org=org, team_id=TEAM, slack_user_id="U0ALICE", user=user)
+    return user
+
+
+def posted(stub: SlackStub) -> dict[str, Any]:
+    (message,) = stub.messages
+    return message
+
+
+def wait_for(predicate: Any, what: str, timeout: float = 10.0) -> None:
+    """Wait for an event that happens after the HTTP answer (a thread's chat.update)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"still waiting for {what}"
+        time.sleep(0.02)
+
+
+def audit() -> list[tuple[bool, str]]:
+    return [(a.accepted, a.reason) for a in DecisionAttempt.objects.order_by("id")]
+
+
+def open_in_slack(org: Any, stub: SlackStub, **fields: Any) -> tuple[Run, ApprovalRequest]:
+    slack_connection(org, stub.url)
+    return open_request(org, with_slack(**fields))
+
+
+def test_the_request_is_posted_with_buttons_and_a_click_decides(org, slack_stub, alice) -> None:
+    run, approval = open_in_slack(org, slack_stub)
+    message = posted(slack_stub)
+    assert message["channel"] == "C0APPROVE"
+    assert message["metadata"]["event_payload"]["effect_key"].startswith(f"{run.pk}/ask/1")
+    texts = [b.get("text", {}).get("text", "") for b in message["blocks"]]
+    assert "Refund 120 EUR to Maya?" in texts
+    buttons = next(b for b in message["blocks"] if b["type"] == "actions")["elements"]
+    assert [b["action_id"] for b in buttons] == ["waymark_approve", "waymark_reject"]
+    approval.refresh_from_db()
+    assert approval.slack_messages == [{"channel": "C0APPROVE", "ts": message["ts"], "level": 0}]
+
+    answer = slack_post(Client(), click_payload(message, response_url=slack_stub.response_url()))
+
+    assert answer.status_code == 200
+    assert answer.json()["text"] == "Approved by alice."
+    assert answer.json()["replace_original"] is False
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("succeeded", "approved by alice")
+    # After the answer: the message shows the outcome to everyone, buttons gone.
+    wait_for(lambda: slack_stub.updates, "chat.update")
+    update = slack_stub.updates[0]
+    assert update["ts"] == message["ts"]
+    assert not any(b["type"] == "actions" for b in update["blocks"])
+    assert "*Approved* by alice via slack" in str(update["blocks"])
+    wait_for(lambda: slack_stub.responses, "the response_url reply")
+    assert slack_stub.responses[0]["body"]["text"].startswith("Approved by alice")
+    wait_for(lambda: not ApprovalRequest.objects.get(pk=approval.pk).slack_stale, "not stale")
+    assert audit() == [(True, "accepted")]
+    attempt = DecisionAttempt.objects.get()
+    assert (attempt.via, attempt.actor, attempt.slack_user_id, attempt.slack_team_id) == (
+        "slack",
+        "alice",
+        "U0ALICE",
+        TEAM,
+    )
+
+
+def test_forged_stale_and_malformed_requests_are_refused(org, slack_stub, alice) -> None:
+    _run, approval = open_in_slack(org, slack_stub)
+    click = click_payload(posted(slack_stub))
+    client = Client()
+
+    forged = slack_post(client, click, secret="not-the-signing-secret")
+    assert (forged.status_code, forged.json()["code"]) == (401, "bad_signature")
+    unsigned = slack_post(client, click, signature="v0=" + "0" * 64)
+    assert unsigned.status_code == 401
+    replayed = slack_post(client, click, timestamp=int(time.time()) - 301)
+    assert (replayed.status_code, replayed.json()["code"]) == (401, "stale_request")
+    assert "older than 5 minutes" in replayed.json()["text"]
+    garbage = slack_post(client, None, raw="payload=%7Bnot+json")
+    assert (garbage.status_code, garbage.json()["code"]) == (400, "malformed")
+    no_payload = slack_post(client, None, raw="hello=world")
+    assert no_payload.status_code == 400
+    wrong_type = slack_post(client, {**click, "type": "view_submission"})
+    assert wrong_type.status_code == 400
+    unknown = {**click, "actions": [{**click["actions"][0], "action_id": "waymark_delete"}]}
+    answer = slack_post(client, unknown)
+    assert (answer.status_code, answer.json()["code"]) == (200, "unknown_action")
+
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+    assert Step.objects.get(pk=approval.step_row_id).status == "waiting"
+    assert audit() == [
+        (False, "bad_signature"),
+        (False, "bad_signature"),
+        (False, "stale_request"),
+        (False, "malformed"),
+        (False, "malformed"),
+        (False, "malformed"),
+        (False, "unknown_action"),
+    ]
+    # Then the real click still decides.
+    assert slack_post(client, click).json()["text"] == "Approved by alice."
+
+
+def test_a_token_for_another_step_or_workspace_is_refused(org, slack_stub, alice) -> None:
+    _, first = open_in_slack(org, slack_stub)
+    _, second = open_request(org, with_slack(), key="k2")
+    one, two = slack_stub.messages
+    swapped = click_payload(one)
+    swapped["actions"][0]["value"] = click_payload(two)["actions"][0]["value"]
+    client = Client()
+
+    answer = slack_post(client, swapped)
+    assert (answer.json()["code"], answer.json()["text"]) == (
+        "token_mismatch",
+        "This button does not belong to this request.",
+    )
+    wrong_button = click_payload(one)
+    wrong_button["actions"][0]["value"] = click_payload(one, action="waymark_reject")["actions"][0][
+        "value"
+    ]
+    assert slack_post(client, wrong_button).json()["code"] == "token_mismatch"
+    tampered = click_payload(one)
+    tampered["actions"][0]["value"] += "x"
+    assert slack_post(client, tampered).json()["code"] == "token_invalid"
+    other_team = slack_post(client, click_payload(one, team="T0OTHER"))
+    assert (other_team.json()["code"], other_team.status_code) == ("wrong_workspace", 200)
+
+    for approval in (first, second):
+        approval.refresh_from_db()
+        assert approval.status == "pending"
+    assert audit() == [
+        (False, "token_mismatch"),
+        (False, "token_mismatch"),
+        (False, "token_invalid"),
+        (False, "wrong_workspace"),
+    ]
+
+
+def test_permission_is_checked_when_the_button_is_pressed(org, slack_stub, alice) -> None:
+    _run, approval = open_in_slack(org, slack_stub)
+    click = click_payload(posted(slack_stub))
+    alice.groups.clear()  # Monday morning: alice left finance after the message was sent
+
+    lost = slack_post(Client(), click)
+    assert lost.json()["text"] == "You are not among the approvers of this request."
+    stranger = slack_post(Client(), click_payload(posted(slack_stub), user="U0NOBODY"))
+    assert stranger.json()["code"] == "unknown_slack_user"
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+    assert audit() == [(False, "not_an_approver"), (False, "unknown_slack_user")]
+
+
+def test_a_second_click_is_told_who_won(org, slack_stub, alice) -> None:
+    bob = person(org, "bob")
+    SlackUser.objects.create(org=org, team_id=TEAM, slack_user_id="U0BOB", user=bob)
+    run, _approval = open_in_slack(org, slack_stub)
+    message = copy.deepcopy(posted(slack_stub))  # as people's Slack clients still show it
+
+    first = slack_post(Client(), click_payload(message, action="waymark_reject"))
+    again = slack_post(Client(), click_payload(message, action="waymark_reject"))  # double
+    other = slack_post(Client(), click_payload(message, user="U0BOB"))
+
+    assert first.json()["text"] == "Rejected by alice."
+    for late in (again, other):
+        assert late.json()["code"] == "already_decided"
+        assert late.json()["text"].startswith("Already rejected by alice at ")
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("succeeded", "rejected")
+    assert audit() == [(True, "accepted"), (False, "already_decided"), (False, "already_decided")]
+
+
+def test_a_click_after_expiry_or_cancellation_is_refused(org, slack_stub, alice) -> None:
+    _run, approval = open_in_slack(org, slack_stub)
+    click = click_payload(posted(slack_stub))
+    pass_deadline(approval)
+
+    late = slack_post(Client(), click)
+    assert late.json()["code"] == "expired"
+    assert late.json()["text"].startswith("This request expired at ")
+    fire_deadline_and_run()
+    approval.refresh_from_db()
+    assert approval.status == "expired"
+
+    run2, _approval2 = open_request(org, with_slack(), key="k2")
+    run_act(org=org, run_id=run2.pk, action="cancel", actor="test")
+    cancelled = slack_post(Client(), click_payload(slack_stub.messages[-1]))
+    assert cancelled.json()["code"] == "run_cancelled"
+    assert cancelled.json()["text"] == "The run was cancelled; this request is closed."
+    assert audit() == [(False, "expired"), (False, "run_cancelled")]
+
+
+def test_an_expired_token_and_changed_content_are_refused(org, slack_stub, alice) -> None:
+    _run, approval = open_in_slack(org, slack_stub)
+    click = click_payload(posted(slack_stub))
+    value = signing.loads(click["actions"][0]["value"], salt=TOKEN_SALT)
+    stale = {**value, "e": int(time.time()) - 1}
+    old = click_payload(posted(slack_stub))
+    old["actions"][0]["value"] = signing.dumps(stale, salt=TOKEN_SALT, compress=True)
+    assert slack_post(Client(), old).json()["code"] == "token_expired"
+
+    # The content under review changed after the message was posted: its digest differs.
+    ApprovalRequest.objects.filter(pk=approval.pk).update(digest="f" * 64)
+    changed = slack_post(Client(), click)
+    assert changed.json()["code"] == "content_changed"
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+    assert audit() == [(False, "token_expired"), (False, "content_changed")]
+
+
+def test_without_a_signing_secret_nothing_is_accepted(org, slack_stub, alice, settings) -> None:
+    settings.APPROVALS_SLACK_SIGNING_SECRET = ""
+    _run, _approval = open_in_slack(org, slack_stub)
+    answer = slack_post(Client(), click_payload(posted(slack_stub)))
+    assert (answer.status_code, answer.json()["code"]) == (503, "not_configured")
+    assert audit() == [(False, "not_configured")]
+
+
+def test_an_api_decision_updates_the_slack_message_too(org, slack_stub, api) -> None:
+    _run, approval = open_in_slack(org, slack_stub)
+    api.post(f"/api/v1/approvals/{approval.pk}/decide", {"decision": "reject"}, format="json")
+    wait_for(lambda: slack_stub.updates, "chat.update")
+    assert "*Rejected* by api_key:" in str(slack_stub.updates[0]["blocks"])
+
+
+def test_a_stale_message_is_brought_up_to_date_by_the_sweep(org, slack_stub, alice) -> None:
+    from approvals import sweep
+
+    _run, approval = open_in_slack(org, slack_stub)
+    slack_stub.fail_next(1, 500, path_prefix="/api/chat.update")
+    slack_post(Client(), click_payload(posted(slack_stub)))
+    wait_for(lambda: any(r["path"] == "/api/chat.update" for r in slack_stub.requests), "a try")
+    assert ApprovalRequest.objects.get(pk=approval.pk).slack_stale
+    assert sweep.update_slack() == 1
+    assert not ApprovalRequest.objects.get(pk=approval.pk).slack_stale
+    assert "*Approved* by alice" in str(slack_stub.messages[0]["blocks"])
+
+
+def test_a_reminder_is_posted_in_the_thread_once(org, slack_stub) -> None:
+    from approvals import sweep
+
+    _run, approval = open_in_slack(org, slack_stub, reminders=["4h"])
+    assert approval.next_reminder_at is not None
+    # Four hours before the deadline (moved, on the database's clock).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE approvals_approvalrequest SET expires_at = now() + interval '239 minutes', "
+            "next_reminder_at = now() - interval '1 minute' WHERE id = %s",
+            [approval.pk],
+        )
+    assert sweep.send_reminders() == 1
+    assert sweep.send_reminders() == 0
+    reminder = slack_stub.messages[-1]
+    assert reminder["thread_ts"] == slack_stub.messages[0]["ts"]
+    assert reminder["text"].startswith("Reminder: this approval needs an answer by")
+    assert ApprovalRequest.objects.filter(
+        pk=approval.pk, reminders_sent=1, next_reminder_at__isnull=True
+    ).exists()
+
+
+def test_an_escalation_posts_a_new_message_and_retires_the_old_buttons(
+    org, slack_stub, alice
+) -> None:
+    boss = person(org, "boss", group=None)
+    SlackUser.objects.create(org=org, team_id=TEAM, slack_user_id="U0BOSS", user=boss)
+    run, approval = open_in_slack(org, slack_stub, on_timeout="escalate", escalate_to=["user:boss"])
+    old = click_payload(posted(slack_stub))
+    pass_deadline(approval)
+    # The old token would have expired with the old deadline; re-sign it as if still young.
+    value = signing.loads(old["actions"][0]["value"], salt=TOKEN_SALT)
+    old["actions"][0]["value"] = signing.dumps(
+        {**value, "e": int(time.time()) + 600}, salt=TOKEN_SALT, compress=True
+    )
+    fire_deadline_and_run()
+
+    assert len(slack_stub.messages) == 2
+    newer = slack_stub.messages[1]
+    assert f"{run.pk}/ask/1/escalation-1:" in newer["metadata"]["event_payload"]["effect_key"]
+    assert slack_post(Client(), old).json()["code"] == "superseded"
+    answer = slack_post(Client(), click_payload(newer, user="U0BOSS"))
+    assert answer.json()["text"] == "Approved by boss."
+    run.refresh_from_db()
+    assert run.output == "approved by boss"
