@@ -345,6 +345,9 @@ WAYMARK = {
     "RETENTION_DAYS": env.float("WAYMARK_RETENTION_DAYS", default=90.0),
     # Signals nobody waits for (and none will) are dropped after this many days (0: kept).
     "SIGNAL_RETENTION_DAYS": env.float("WAYMARK_SIGNAL_RETENTION_DAYS", default=30.0),
+    # A signal sent without an id is identified by its content: the same content again is a
+    # duplicate while the first is pending, or for this long after it was received.
+    "SIGNAL_DEDUP_SECONDS": env.float("WAYMARK_SIGNAL_DEDUP_SECONDS", default=3_600),
     # A wait_signal step without a `timeout` waits at most this long, then takes its
     # "timed_out" outcome: every wait has a deadline.
     "SIGNAL_DEFAULT_TIMEOUT_SECONDS": env.float(

@@ -231,3 +231,55 @@ def test_clients_cannot_take_a_scheduled_occurrences_start_key(org, api):
                      format="json")  # fmt: skip
     assert taken.status_code == 400 and "reserved" in str(taken.json())
     assert not Run.objects.exists()
+
+
+# --- found in review: each used to lose or refuse a signal ------------------------------------
+
+
+def test_signal_with_start_goes_to_the_existing_run_whatever_input_came_with_it(org, api):
+    automation_publish_definition(org=org, slug="signal", definition=waits_for(correlation=""))
+    begin = {"automation": "signal", "start_key": "order-7", "input": {"order": "x"}}
+    first = api.post("/api/v1/signals", {"name": "other.thing", "id": "a", "start": begin},
+                     format="json")  # fmt: skip
+    run_id = first.json()["run"]
+    org.quota_running_runs = 1  # full: no new run could start now
+    org.save()
+    other_input = {**begin, "input": {"order": "y"}}
+    answer = api.post("/api/v1/signals", {"name": "order.paid", "id": "b", "start": other_input,
+                                          "payload": {"amount": 4}}, format="json")  # fmt: skip
+    assert answer.status_code == 201, answer.json()
+    assert (answer.json()["run"], answer.json()["run_created"]) == (run_id, False)
+    assert run_of(run_id).output == "4"
+
+
+def test_an_early_reply_meets_a_step_waiting_on_any_message_id_of_its_thread(org, api):
+    thread = ["<a.b@waymark.invalid>", "<colleague@mail.example>"]
+    body = {"message_id": "<reply-2@mail.example>", "in_reply_to": "<colleague@mail.example>",
+            "references": thread, "text": "Yes"}  # fmt: skip
+    assert api.post("/api/v1/inbound-email", body, format="json").json()["status"] == "pending"
+    definition = waits_for(signal="email.reply", correlation="{{ input.sent }}")
+    definition["steps"][1]["output"] = "{{ steps.wait.output.payload.text }}"
+    run_id = start(org, definition, run_input={"sent": "<a.b@waymark.invalid>"})
+    assert run_of(run_id).output == "Yes"
+
+
+def test_the_same_content_later_is_a_new_signal_for_a_new_wait(org, settings):
+    settings.WAYMARK = {**settings.WAYMARK, "SIGNAL_DEDUP_SECONDS": 0}
+    first = start(org, waits_for(), key="k1")
+    deliver(org_id=org.pk, name="order.paid", correlation="o-7", payload={"amount": 5})
+    assert run_of(first).status == "succeeded"
+    second = start(org, waits_for(), key="k2")
+    again = deliver(org_id=org.pk, name="order.paid", correlation="o-7", payload={"amount": 5})
+    assert again.duplicate is False and again.consumed_by == f"{second}/wait/1"
+    # Within the window (the default: an hour) the same content is a duplicate.
+    settings.WAYMARK = {**settings.WAYMARK, "SIGNAL_DEDUP_SECONDS": 3600}
+    twice = deliver(org_id=org.pk, name="order.paid", correlation="o-7", payload={"amount": 5})
+    assert twice.duplicate is True
+
+
+def test_inbound_email_input_is_checked_like_any_signal(org, api, settings):
+    long_id = {"message_id": "<" + "a" * 196 + "@x>", "in_reply_to": "<a@b>", "text": "hi"}
+    assert api.post("/api/v1/inbound-email", long_id, format="json").status_code == 201
+    big = {"message_id": "<big@x>", "in_reply_to": "<a@b>", "text": "é" * 60_000}
+    answer = api.post("/api/v1/inbound-email", big, format="json")
+    assert answer.status_code == 413 and answer.json()["code"] == "payload_too_large"

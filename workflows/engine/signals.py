@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,22 +58,36 @@ def deliver(
     identity: str | None = None,
     run_id: int | None = None,
     source: str = "api",
+    also: Sequence[str] = (),
 ) -> Delivered:
-    """Store the signal (once per identity) and wake a step waiting for it, if any."""
-    identity = identity or identity_of(name, correlation, run_id, payload)
+    """Store the signal (once per identity) and wake a step waiting for it, if any. ``also``:
+    more correlation keys it answers (a step waiting on any of them takes it).
+
+    A signal identified by its content (no ``identity`` given) is a duplicate only while the
+    first is pending or recent (``SIGNAL_DEDUP_SECONDS``): the same content a week later is
+    a new signal for whatever waits then."""
+    derived = identity is None
+    correlations = list(dict.fromkeys([correlation, *also]))
     params: dict[str, Any] = {
         "org_id": org_id, "name": name, "correlation": correlation, "run_id": run_id,
-        "identity": identity, "payload": json_or_null(payload), "source": source,
+        "identity": identity or identity_of(name, correlation, run_id, payload),
+        "payload": json_or_null(payload), "source": source, "correlations": correlations,
+        "dedup": float(engine_setting("SIGNAL_DEDUP_SECONDS")),
     }  # fmt: skip
-    with transaction.atomic(durable=True), connection.cursor() as cursor:
-        cursor.execute(sql.SIGNAL_INSERT, params)
-        inserted = fetch_dict(cursor)
-    if inserted is None:
-        with connection.cursor() as cursor:
+    for _ in range(2):
+        with transaction.atomic(durable=True), connection.cursor() as cursor:
+            cursor.execute(sql.SIGNAL_INSERT, params)
+            inserted = fetch_dict(cursor)
+            if inserted is not None:
+                break
             cursor.execute(sql.SIGNAL_BY_IDENTITY, params)
             first = fetch_dict(cursor)
-        assert first is not None
-        return Delivered(first["id"], True, first["consumed_by"])
+            assert first is not None
+            spent = first["consumed_at"] is not None or first["dropped_at"] is not None
+            if not (derived and spent and first["past_dedup"]):
+                return Delivered(first["id"], True, first["consumed_by"])
+            cursor.execute(sql.SIGNAL_RETIRE_IDENTITY, {"id": first["id"]})
+    assert inserted is not None
     signal = {**params, "id": inserted["id"], "payload": payload}
     return Delivered(inserted["id"], False, _wake_a_waiter(signal))
 

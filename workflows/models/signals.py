@@ -9,6 +9,7 @@ Consuming it and moving the run on commit together. See workflows/services/signa
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models.functions import Now
 
@@ -19,6 +20,9 @@ class Signal(models.Model):
     )
     name = models.CharField(max_length=100)
     correlation = models.CharField(max_length=500, blank=True, default="")
+    # Every key it may answer, the correlation first (an email reply: its In-Reply-To and
+    # References), so a reply that came first still meets the step that waits on any of them.
+    correlations = ArrayField(models.CharField(max_length=500), default=list, blank=True)
     # For signal-with-start: this run's waiting step takes it, whatever its correlation.
     run = models.ForeignKey(
         "workflows.Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from ..engine import sql
 from ..engine.signals import Delivered, deliver
 from ..engine.sql.rows import fetch_dict
 from ..errors import InvalidInput, PayloadTooLarge
-from ..models import Organisation
+from ..models import Organisation, Run
 from .runs import MAX_INPUT_DEPTH, _depth, run_start
 
 SIGNAL_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,99}")
@@ -57,11 +58,21 @@ def signal_send(
         sent = deliver(org_id=org.pk, name=name, correlation=correlation, payload=payload,
                        identity=identity)  # fmt: skip
         return SignalSent(sent)
+    run_id, created = _run_of_start_key(org, start)
+    sent = deliver(org_id=org.pk, name=name, correlation=correlation, payload=payload,
+                   identity=identity, run_id=run_id)  # fmt: skip
+    return SignalSent(sent, run_id, created)
+
+
+def _run_of_start_key(org: Organisation, start: dict[str, Any]) -> tuple[int, bool]:
+    """The run of the start key: the existing one (its input stands; the signal is for it,
+    whatever input came with it, and no quota applies), or a new one started now."""
+    existing = Run.objects.filter(org=org, start_key=start["start_key"]).values("pk").first()
+    if existing is not None:
+        return existing["pk"], False
     started = run_start(org=org, automation_slug=start["automation"],
                         run_input=start.get("input", {}), start_key=start["start_key"])  # fmt: skip
-    sent = deliver(org_id=org.pk, name=name, correlation=correlation, payload=payload,
-                   identity=identity, run_id=started.run_id)  # fmt: skip
-    return SignalSent(sent, started.run_id, started.created)
+    return started.run_id, started.created
 
 
 def inbound_email(
@@ -74,16 +85,31 @@ def inbound_email(
     candidates = [c.strip() for c in [in_reply_to, *reversed(list(references))] if c.strip()]
     if not candidates:
         raise InvalidInput(reason="in_reply_to or references is required: what does it answer?")
+    candidates = [c for c in dict.fromkeys(candidates) if len(c) <= MAX_CORRELATION][:100]
+    if not candidates:
+        raise InvalidInput(reason=f"in_reply_to and references: at most {MAX_CORRELATION} "
+                                  "characters each")  # fmt: skip
     correlation = next((c for c in candidates if _awaited(org.pk, c)), candidates[0])
-    identity = f"email:{message_id.strip()}" if message_id.strip() else None
-    sent = deliver(org_id=org.pk, name=EMAIL_REPLY, correlation=correlation[:MAX_CORRELATION],
-                   payload=payload, identity=identity, source="email")  # fmt: skip
+    identity = _email_identity(message_id.strip()) if message_id.strip() else None
+    _check(EMAIL_REPLY, correlation, identity, payload)
+    # Every candidate is kept: a reply that comes before the run waits still meets a step
+    # waiting on any Message-ID of its thread.
+    sent = deliver(org_id=org.pk, name=EMAIL_REPLY, correlation=correlation, payload=payload,
+                   identity=identity, source="email", also=candidates)  # fmt: skip
     return SignalSent(sent)
 
 
+def _email_identity(message_id: str) -> str:
+    """``email:<Message-ID>``; a long one is hashed to fit (it identifies, nobody reads it)."""
+    identity = f"email:{message_id}"
+    if len(identity) <= MAX_IDENTITY:
+        return identity
+    return "email:sha256:" + hashlib.sha256(message_id.encode()).hexdigest()
+
+
 def _awaited(org_id: int, correlation: str) -> bool:
-    params: dict[str, Any] = {"org_id": org_id, "name": EMAIL_REPLY, "correlation": correlation,
-                              "run_id": None}  # fmt: skip
+    params: dict[str, Any] = {"org_id": org_id, "name": EMAIL_REPLY, "run_id": None,
+                              "correlation": correlation, "correlations": []}  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute(sql.SIGNAL_WAITERS, params)
         return fetch_dict(cursor) is not None

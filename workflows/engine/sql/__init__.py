@@ -581,18 +581,26 @@ RETURNING r.id
 # back the first one).
 SIGNAL_INSERT = """
 INSERT INTO workflows_signal
-    (org_id, name, correlation, run_id, identity, payload, source, received_at,
-     consumed_by)
-VALUES (%(org_id)s, %(name)s, %(correlation)s, %(run_id)s, %(identity)s, %(payload)s,
-        %(source)s, now(), '')
+    (org_id, name, correlation, correlations, run_id, identity, payload, source,
+     received_at, consumed_by)
+VALUES (%(org_id)s, %(name)s, %(correlation)s, %(correlations)s, %(run_id)s, %(identity)s,
+        %(payload)s, %(source)s, now(), '')
 ON CONFLICT (org_id, identity) DO NOTHING
 RETURNING id
 """
 
 SIGNAL_BY_IDENTITY = """
-SELECT id, name, correlation, run_id, consumed_at, consumed_by, dropped_at, received_at
+SELECT id, name, correlation, run_id, consumed_at, consumed_by, dropped_at, received_at,
+       received_at < now() - make_interval(secs => %(dedup)s) AS past_dedup
   FROM workflows_signal
  WHERE org_id = %(org_id)s AND identity = %(identity)s
+"""
+
+# A content-identified signal long since consumed or dropped: its identity is retired, so
+# the same content sent again now is a new signal (a later run waiting on the same key).
+SIGNAL_RETIRE_IDENTITY = """
+UPDATE workflows_signal SET identity = left(identity, 150) || '@' || id::text
+ WHERE id = %(id)s AND (consumed_at IS NOT NULL OR dropped_at IS NOT NULL)
 """
 
 # The steps waiting for a signal like this one (step_awaits_signal index), oldest first.
@@ -602,7 +610,8 @@ SELECT id, run_id, step_id, iteration
  WHERE status = 'waiting' AND wait_kind = 'external' AND org_id = %(org_id)s
    AND wait_detail->>'signal' = %(name)s
    AND (CASE WHEN %(run_id)s::bigint IS NULL
-             THEN wait_detail->>'correlation' = %(correlation)s
+             THEN wait_detail->>'correlation'
+                  = ANY(%(correlations)s::text[] || %(correlation)s::text)
              ELSE run_id = %(run_id)s::bigint END)
  ORDER BY id
  LIMIT 10
@@ -622,7 +631,9 @@ SELECT id, payload::json AS payload, identity
   FROM workflows_signal
  WHERE org_id = %(org_id)s AND name = %(name)s
    AND consumed_at IS NULL AND dropped_at IS NULL
-   AND ((run_id IS NULL AND correlation = %(correlation)s) OR run_id = %(run_id)s)
+   AND ((run_id IS NULL AND (correlation = %(correlation)s
+                             OR %(correlation)s = ANY(correlations)))
+        OR run_id = %(run_id)s)
  ORDER BY id
  LIMIT 1
    FOR UPDATE SKIP LOCKED
@@ -631,7 +642,7 @@ SELECT id, payload::json AS payload, identity
 # The sweep's backstop: pending signals that a waiting step matches (a signal and a wait
 # that committed at the same moment each missed the other), a bounded batch.
 SIGNALS_MATCHED_LATE = """
-SELECT g.id, g.org_id, g.name, g.correlation, g.run_id, g.identity,
+SELECT g.id, g.org_id, g.name, g.correlation, g.correlations, g.run_id, g.identity,
        g.payload::json AS payload
   FROM workflows_signal g
  WHERE g.consumed_at IS NULL AND g.dropped_at IS NULL
@@ -639,7 +650,9 @@ SELECT g.id, g.org_id, g.name, g.correlation, g.run_id, g.identity,
        SELECT 1 FROM workflows_step s
         WHERE s.status = 'waiting' AND s.wait_kind = 'external' AND s.org_id = g.org_id
           AND s.wait_detail->>'signal' = g.name
-          AND ((g.run_id IS NULL AND s.wait_detail->>'correlation' = g.correlation)
+          AND ((g.run_id IS NULL
+                AND (s.wait_detail->>'correlation' = g.correlation
+                     OR s.wait_detail->>'correlation' = ANY(g.correlations)))
                OR s.run_id = g.run_id))
  ORDER BY g.id
  LIMIT %(n)s
@@ -654,5 +667,7 @@ UPDATE workflows_signal
                WHERE consumed_at IS NULL AND dropped_at IS NULL
                  AND received_at < now() - make_interval(secs => %(age)s)
                ORDER BY received_at
-               LIMIT 1000)
+               LIMIT 1000
+                 FOR UPDATE SKIP LOCKED)  -- one being consumed now is not dropped
+   AND consumed_at IS NULL AND dropped_at IS NULL
 """
