@@ -48,7 +48,7 @@ UPDATE timers_sweeplease SET lease_until = now()
 NEXT_DUE = """
 SELECT EXTRACT(EPOCH FROM min(due_at) - now())::float AS seconds
   FROM timers_timer
- WHERE fired_at IS NULL
+ WHERE fired_at IS NULL AND org_id > 0  -- the timer_next_due index (see its comment)
 """
 
 # One fair batch of due timers, locked (FOR UPDATE SKIP LOCKED: a second sweeper, or a
@@ -72,10 +72,13 @@ WITH RECURSIVE orgs(org_id, depth) AS (
       FROM orgs WHERE orgs.org_id IS NOT NULL AND orgs.depth < %(scan)s
 ),
 due_orgs AS (
+    -- Ordered by (org_id, due_at) so that only the organisation's own index range
+    -- (timer_pending) can serve it, even with statistics taken before a backlog grew.
     SELECT orgs.org_id FROM orgs
      WHERE orgs.org_id IS NOT NULL
-       AND (SELECT min(t.due_at) FROM timers_timer t
-             WHERE t.org_id = orgs.org_id AND t.fired_at IS NULL) <= now()
+       AND (SELECT t.due_at FROM timers_timer t
+             WHERE t.org_id = orgs.org_id AND t.fired_at IS NULL
+             ORDER BY t.org_id, t.due_at LIMIT 1) <= now()
 ),
 chosen AS (
     SELECT d.org_id
@@ -96,7 +99,7 @@ SELECT t.id, t.org_id, t.run_id, t.step_id, t.iteration, t.kind, t.intent::json 
              created_at, due_at
         FROM timers_timer
        WHERE org_id = chosen.org_id AND fired_at IS NULL AND due_at <= now()
-       ORDER BY due_at
+       ORDER BY org_id, due_at
        LIMIT share.n
          FOR UPDATE SKIP LOCKED
  ) t
@@ -110,7 +113,8 @@ SELECT id FROM workflows_step
 
 MARK_FIRED = """
 UPDATE timers_timer
-   SET fired_at = now(), error = data.error
+   -- The moment it was fired, not the batch transaction's start (now()).
+   SET fired_at = clock_timestamp(), error = data.error
   FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS data(id, error)
  WHERE timers_timer.id = data.id AND timers_timer.fired_at IS NULL
 """
