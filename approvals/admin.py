@@ -8,7 +8,12 @@
   Reject with an optional comment (or a task's form). The POST decides through
   ``approvals.services.decide``: permission, deadline, run state and the digest shown on the
   page are checked again at that moment; a refusal is shown and recorded like any other.
-- Decision attempts (the audit) are read-only; Slack users are linked to Django users here.
+- Decision attempts (the audit) are read-only.
+- Slack users are linked to Django users here, and a link lets whoever clicks as that Slack
+  user decide as the Django user: a staff user who is not a superuser may link only their
+  own user, in organisations they are a member of (and change only their own links); a
+  superuser may link any member of the chosen organisation. A click is honoured only while
+  the linked user is a member of the request's organisation (``services.decide``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -24,7 +30,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from workflows.admin.scoping import OrgScopedMixin, in_scope, scoped
-from workflows.models import Run, RunEvent
+from workflows.models import Membership, Run, RunEvent
 
 from .models import ApprovalRequest, DecisionAttempt, RequestKind, RequestStatus, SlackUser
 from .services import (
@@ -32,6 +38,7 @@ from .services import (
     MAX_COMMENT_CHARS,
     REFUSAL_TEXT,
     Actor,
+    client_ip,
     decide,
     may_decide,
     pending_for,
@@ -135,7 +142,7 @@ class ApprovalRequestAdmin(OrgScopedMixin, admin.ModelAdmin):
 
     def _decide(self, request: HttpRequest, approval: ApprovalRequest, here: str) -> HttpResponse:
         actor = Actor(via="admin", name=request.user.get_username(), user=request.user,
-                      ip=request.META.get("REMOTE_ADDR"))  # fmt: skip
+                      ip=client_ip(request))  # fmt: skip
         comment = request.POST.get("comment", "")
         digest = request.POST.get("digest") or None
         if approval.kind == RequestKind.TASK:
@@ -175,6 +182,67 @@ class DecisionAttemptAdmin(OrgScopedMixin, admin.ModelAdmin):
         return False
 
 
+class SlackUserForm(forms.ModelForm):
+    """A link's user must be a member of the link's organisation. ``own_user``: the user
+    signed in, who is not a superuser: the link is theirs, whatever was posted, and only in
+    an organisation they are a member of."""
+
+    own_user: Any = None
+
+    class Meta:
+        model = SlackUser
+        fields = ["org", "team_id", "slack_user_id", "user"]
+
+    def clean(self) -> dict[str, Any]:
+        if self.own_user is not None:
+            self.instance.user = self.own_user
+        cleaned = super().clean() or {}
+        if self.own_user is not None:
+            cleaned["user"] = self.own_user
+        org, user = cleaned.get("org"), cleaned.get("user")
+        if (
+            org is not None
+            and user is not None
+            and not Membership.objects.filter(user_id=user.pk, org_id=org.pk).exists()
+        ):
+            if self.own_user is not None:
+                self.add_error("org", "You are not a member of this organisation.")
+            else:
+                self.add_error("user", "This user is not a member of the chosen organisation.")
+        return cleaned
+
+
 @admin.register(SlackUser)
 class SlackUserAdmin(OrgScopedMixin, admin.ModelAdmin):
     list_display = ["org", "team_id", "slack_user_id", "user"]
+    form = SlackUserForm
+    readonly_fields = ["created_at"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = ["org", "team_id", "slack_user_id"]
+        if obj is not None:
+            return [*fields, "user", "created_at"]
+        return [*fields, "user"] if request.user.is_superuser else fields
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is not None and not request.user.is_superuser:
+            return ["user", "created_at"]  # shown, never chosen
+        return ["created_at"]
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False,
+                 **kwargs: Any) -> Any:  # fmt: skip
+        form = super().get_form(request, obj, change=change, **kwargs)
+        if request.user.is_superuser:
+            return form
+        return type("OwnSlackUserForm", (form,), {"own_user": request.user})
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if not super().has_change_permission(request, obj):
+            return False
+        # Someone else's link is theirs: only a superuser changes it.
+        return obj is None or request.user.is_superuser or obj.user_id == request.user.pk
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        if not request.user.is_superuser:
+            obj.user = request.user
+        super().save_model(request, obj, form, change)

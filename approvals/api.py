@@ -12,8 +12,10 @@ read-only key may not: 403 ``read_only_key``), and the decision is recorded as t
 (``api_key:<prefix>``). Every attempt is in the audit (``DecisionAttempt``). A refusal is
 JSON ``{"code", "detail"}``: 409 ``already_decided`` (with ``decided`` and ``decided_by``),
 409 ``expired``, ``run_cancelled``, ``run_finished``, ``step_closed``, ``content_changed``,
-400 ``invalid_decision``, ``comment_too_long``, ``invalid_answer`` (with ``errors``), 404
-``not_found`` (another organisation's request too).
+400 ``invalid_decision``, ``comment_too_long``, ``invalid_comment`` (text PostgreSQL cannot
+store), ``invalid_answer`` (with ``errors``; text PostgreSQL cannot store too), 404
+``not_found`` (another organisation's request too). The client address in the audit is read
+as the rate limits read it (``services.client_ip``: ``WAYMARK_NUM_PROXIES``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from workflows.api.serializers import ErrorOut
 from workflows.api.views import CursorPage
 
 from .models import ApprovalRequest, RequestKind, RequestStatus
-from .services import MAX_COMMENT_CHARS, Actor, Outcome, decide
+from .services import MAX_COMMENT_CHARS, Actor, Outcome, client_ip, decide
 
 
 class ApprovalOut(serializers.ModelSerializer[ApprovalRequest]):
@@ -126,7 +128,7 @@ def _actor(request: Request) -> Actor:
         via="api",
         name=f"api_key:{key.prefix}",
         org_id=key.org_id,
-        ip=request.META.get("REMOTE_ADDR"),
+        ip=client_ip(request),
     )
 
 

@@ -1,9 +1,12 @@
 """Requests to people (approvals and tasks), the audit of every decision attempt, and the
 mapping of Slack users to Django users.
 
-An ``ApprovalRequest`` is one step execution's question (unique on run, step, iteration),
-bound to the exact content under review by ``digest`` (sha256 of its canonical JSON). Its
-status moves once, from ``pending``, by a guarded UPDATE (``WHERE status = 'pending'``):
+An ``ApprovalRequest`` is one step execution's question (unique on run, step, iteration and
+``series``), bound to the exact content under review by ``digest`` (sha256 of its canonical
+JSON). A retry or a crash finds the same request; only an operator's retry of a step whose
+request ended without a decision (expired with ``on_timeout: fail``, closed after the Slack
+post failed for good) opens a new one, in the step's new series of attempts. Its status
+moves once, from ``pending``, by a guarded UPDATE (``WHERE status = 'pending'``):
 
     pending -> approved | rejected   a person decided (Slack, the admin, the API)
     pending -> submitted             a person answered a task
@@ -65,6 +68,10 @@ class ApprovalRequest(models.Model):
     )
     step_id = models.CharField(max_length=63)
     iteration = models.PositiveIntegerField()
+    # The step's series of attempts (``Step.series_offset``) this request asks in: an
+    # operator's retry starts a new series, and a request that ended without a decision is
+    # then asked again as a new row (see approvals/steptypes.py).
+    series = models.PositiveIntegerField(default=0)
     kind = models.CharField(max_length=10, choices=RequestKind.choices)
     status = models.CharField(
         max_length=10, choices=RequestStatus.choices, default=RequestStatus.PENDING
@@ -107,7 +114,8 @@ class ApprovalRequest(models.Model):
         ordering = ["-id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["run", "step_id", "iteration"], name="approval_run_step_iteration"
+                fields=["run", "step_id", "iteration", "series"],
+                name="approval_run_step_iteration_series",
             ),
         ]
         indexes = [
@@ -148,9 +156,12 @@ class ApprovalRequest(models.Model):
 
 
 class DecisionAttempt(models.Model):
-    """Every attempt to decide or answer, accepted or refused, from wherever it came. A
-    request that could not even be tied to an approval (a forged signature, a payload that
-    cannot be read) is recorded too, with no approval and no organisation."""
+    """Every verified attempt to decide or answer, accepted or refused, from wherever it came.
+    A Slack interaction whose signature verifies but that cannot be tied to an approval (a
+    payload that cannot be read, an unknown action, a bad token) is recorded with no approval
+    and no organisation. Requests that do not verify (a bad signature, outside the 5-minute
+    window, no signing secret configured) are not recorded here, since anyone can send them:
+    they are logged as one WARNING line each (approvals/slack.py)."""
 
     org = models.ForeignKey(
         "workflows.Organisation",

@@ -11,13 +11,24 @@ of that back and is recorded in a transaction of its own.
 The deadline and a decision race on the request's row: the step's deadline (``wake_at``,
 never earlier than the request's ``expires_at``) wakes the step *ready*; its executor then
 marks the request expired with the same guarded UPDATE. Whichever commits first wins.
+
+A decision while the step is not parked on it (its executor is running, or the step waits
+out a retry's backoff because the Slack post failed and will be tried again) commits all
+the same and marks the request ``wake_owed``: the executor reads the decision when it runs
+next, and the sweep wakes the step if it parks without having seen it.
+
+Text PostgreSQL cannot store (NUL, unpaired surrogates) in a comment or an answer is refused
+(``invalid_comment``, ``invalid_answer``) and recorded like any refusal; the audit itself
+never stores such text (it is replaced by U+FFFD).
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +36,10 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection, transaction
 from django.utils import timezone
+from rest_framework.settings import api_settings
+from rest_framework.throttling import BaseThrottle
 
+from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
 from workflows.engine.waits import Wake, wake_step
 from workflows.models import Membership, Run, Step
 from workflows.states import RunStatus, StepStatus
@@ -39,6 +53,7 @@ DECIDE_PERMISSION = "approvals.decide_approvalrequest"
 DECISIONS = {"approve": RequestStatus.APPROVED, "reject": RequestStatus.REJECTED}
 SUBMIT = "submit"
 LIVE_STEP = frozenset({StepStatus.READY, StepStatus.RUNNING, StepStatus.WAITING})
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def canonical_json(value: Any) -> str:
@@ -51,6 +66,22 @@ def content_digest(content: Any) -> str:
 
 
 # --- who is asking ------------------------------------------------------------------------------
+
+
+def client_ip(request: Any) -> str | None:
+    """The client's address for the audit, read as the API's rate limits read it
+    (``workflows/api/throttles.py``: DRF's ``get_ident``): behind ``WAYMARK_NUM_PROXIES``
+    trusted proxies, from ``X-Forwarded-For``; otherwise ``REMOTE_ADDR`` (with no trusted
+    proxy, a client's own ``X-Forwarded-For`` is not believed). None when it is not an IP
+    address. ``request``: a Django HttpRequest or a DRF Request."""
+    if api_settings.NUM_PROXIES:
+        value = BaseThrottle().get_ident(request)
+    else:
+        value = request.META.get("REMOTE_ADDR")
+    try:
+        return str(ipaddress.ip_address(str(value or "").strip()))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -251,6 +282,18 @@ def _decide(
             f"The comment is longer than {MAX_COMMENT_CHARS} characters.",
             status=400,
         )
+    if has_unstorable(comment):
+        raise Refused("invalid_comment", f"The comment {UNSTORABLE_REASON}.", status=400)
+    if answer is not None:
+        where = unstorable_path(answer)
+        if where is not None:
+            field = _storable(where)[:100]
+            raise Refused(
+                "invalid_answer",
+                f"{field}: {UNSTORABLE_REASON}",
+                status=400,
+                errors={field: UNSTORABLE_REASON},
+            )
     if approval.status != RequestStatus.PENDING:
         raise _already(approval)
     now = _db_now()
@@ -279,6 +322,11 @@ def _decide(
         raise Refused("superseded", "This request was escalated; the newer request decides.")
     if actor.org_id is None:  # a person: permission now, not when the message was sent
         why = may_decide(actor.user, approval)
+        if why is None and actor.via == "slack" and not _member(actor.user, approval.org_id):
+            # A Slack user acts as the Django user linked to it: that user must be a member
+            # of the request's organisation, a superuser too (a link is made per
+            # organisation; one to a non-member is never honoured).
+            why = "other_organisation"
         if why is not None:
             raise Refused(why, REFUSAL_TEXT[why], status=403)
     if kind == RequestKind.TASK:
@@ -318,12 +366,14 @@ def _decide(
         ),
     )
     if not woke:
-        # Not waiting: its executor is on it (about to park, or escalating): it reads the
-        # decision when it runs or parks, and the sweep wakes it if it parked meanwhile.
+        # Not parked on this request: its executor is on it (about to park, or escalating),
+        # or the step waits out a retry's backoff (the Slack post is tried again) or its
+        # paused run. The executor reads the decision when it runs next, and the sweep wakes
+        # the step if it parks meanwhile without having seen it.
         step_status = (
             Step.objects.filter(pk=approval.step_row_id).values_list("status", flat=True).first()
         )
-        if step_status not in (StepStatus.READY, StepStatus.RUNNING):
+        if step_status not in LIVE_STEP:
             raise Refused("step_closed", "The step no longer waits for this request.")
         ApprovalRequest.objects.filter(pk=approval.pk).update(wake_owed=True)
     return approval
@@ -383,16 +433,27 @@ def record_attempt(
     return DecisionAttempt.objects.create(
         org_id=approval.org_id if approval is not None else org_id,
         approval=approval,
-        via=actor.via,
-        actor=actor.name[:150],
+        via=_storable(actor.via)[:10],
+        actor=_storable(actor.name)[:150],
         user_id=user.pk if user is not None else None,
         ip=actor.ip,
-        slack_team_id=actor.slack_team_id[:32],
-        slack_user_id=actor.slack_user_id[:32],
-        decision=decision[:16],
+        slack_team_id=_storable(actor.slack_team_id)[:32],
+        slack_user_id=_storable(actor.slack_user_id)[:32],
+        decision=_storable(decision)[:16],
         accepted=accepted,
-        reason=reason[:32],
-        detail=detail[:2000],
+        reason=_storable(reason)[:32],
+        detail=_storable(detail)[:2000],
+    )
+
+
+def _storable(text: str) -> str:
+    """``text`` as PostgreSQL can store it: NUL and unpaired surrogates become U+FFFD."""
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def _member(user: Any, org_id: int) -> bool:
+    return bool(
+        user is not None and Membership.objects.filter(user_id=user.pk, org_id=org_id).exists()
     )
 
 

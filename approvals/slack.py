@@ -11,15 +11,28 @@ run, step and iteration, the digest of the content, the escalation level and the
 of that button; it expires with the request (plus ``TOKEN_GRACE_SECONDS``) and in any case
 after ``APPROVALS_TOKEN_MAX_AGE_SECONDS``.
 
-**An interaction** is checked in this order, each failure recorded (``DecisionAttempt``)
-and answered: the signature (``X-Slack-Signature``, v0 HMAC of ``v0:{timestamp}:{body}``
-with the app's signing secret), the 5-minute timestamp window (a replay), the payload, the
-action, the token, the workspace (the payload's team must be the connection's
-``options.team_id``), the Slack user's Django user (``SlackUser``), and then the decision
-itself (``services.decide``: permission *now*, first write wins). The HTTP answer comes at
-once (an ephemeral text, never replacing the message); the slow part (``chat.update`` of the
-request's messages, the same text to ``response_url``) runs after the answer in a thread,
-and the sweep redoes any update that did not happen (``slack_stale``).
+**The message** shows the request's message and content as they are under review, escaped
+for Slack (``&``, ``<``, ``>``: run data cannot mention ``<!channel>`` or make links). A
+section holds 3,000 characters; when the message or the content does not fit, the message
+says it was truncated and links to the request's review page in Waymark, and it carries
+**no buttons**: the buttons would approve the digest of the whole content, of which the
+person saw only a part, so such a request is decided in the admin (or the API) where the
+whole content is shown. The link is absolute when ``APPROVALS_PUBLIC_URL`` (or the
+environment variable ``WAYMARK_PUBLIC_URL``, e.g. ``https://waymark.example.com``) is set.
+
+**An interaction** is checked in this order and answered: the signature
+(``X-Slack-Signature``, v0 HMAC-SHA256 of ``b"v0:" + timestamp + b":" + body`` with the
+app's signing secret, computed and compared over bytes), the 5-minute timestamp window (a
+replay), the payload, the action, the token, the workspace (the payload's team must be the
+connection's ``options.team_id``), the Slack user's Django user (``SlackUser``, who must be
+a member of the request's organisation), and then the decision itself
+(``services.decide``: permission *now*, first write wins). Until the signature and the
+window pass, anyone can send the request: a refusal then is one WARNING log line (no body,
+no secret) and no audit row, so forged requests cannot grow the database. Every verified
+attempt is recorded (``DecisionAttempt``). The HTTP answer comes at once (an ephemeral
+text, never replacing the message); the slow part (``chat.update`` of the request's
+messages, the same text to ``response_url``) runs after the answer in a thread, and the
+sweep redoes any update that did not happen (``slack_stale``).
 
 The signing secret is the Slack app's: ``settings.APPROVALS_SLACK_SIGNING_SECRET`` or the
 environment variable ``WAYMARK_SLACK_SIGNING_SECRET``. Without it every interaction is
@@ -28,10 +41,12 @@ refused (503).
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
 import os
+import re
 import threading
 import time
 import urllib.request
@@ -44,9 +59,9 @@ from django.core import signing
 from django.db import close_old_connections, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
-from slack_sdk.signature import SignatureVerifier
 
 from effects.perform import load_connection
 from effects.providers.base import Answer, ConnectionInfo, Request
@@ -54,7 +69,7 @@ from effects.providers.slack import EVENT_TYPE, SlackMessageProvider, slack_call
 from workflows.plugins import StepFailure
 
 from .models import ApprovalRequest, RequestKind, RequestStatus, SlackUser
-from .services import Actor, decide, record_attempt
+from .services import Actor, client_ip, decide, record_attempt
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +78,7 @@ TOKEN_GRACE_SECONDS = 60
 DEFAULT_TOKEN_MAX_AGE = 35 * 86_400
 TIMESTAMP_WINDOW = 5 * 60  # Slack's own rule for replays
 TEXT_CHARS = 2900  # a section's text holds 3000
+TIMESTAMP = re.compile(r"[0-9]{1,12}")
 ACTIONS = {"waymark_approve": "approve", "waymark_reject": "reject"}
 SLACK_RESPONSE_HOSTS = ("hooks.slack.com",)
 
@@ -72,6 +88,15 @@ def signing_secret() -> str:
     if value is None:
         value = os.environ.get("WAYMARK_SLACK_SIGNING_SECRET", "")
     return str(value or "")
+
+
+def public_url() -> str:
+    """Where people reach Waymark (``https://waymark.example.com``), for links in messages;
+    empty when not configured."""
+    value = getattr(settings, "APPROVALS_PUBLIC_URL", None)
+    if value is None:
+        value = os.environ.get("WAYMARK_PUBLIC_URL", "")
+    return str(value or "").rstrip("/")
 
 
 def token_max_age() -> int:
@@ -121,7 +146,35 @@ def read_token(value: str) -> dict[str, Any]:
 
 
 def slack_escape(text: str) -> str:
+    """Text for Slack's ``text`` and mrkdwn: ``&``, ``<`` and ``>`` escaped (Slack's rules),
+    so run data cannot mention (``<!channel>``, ``<@U…>``) or link."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def escape_within(text: str, limit: int) -> tuple[str, bool]:
+    """``text`` escaped for Slack and at most ``limit`` characters long, never cut inside
+    an entity; and whether it had to be cut."""
+    escaped = slack_escape(text)
+    if len(escaped) <= limit:
+        return escaped, False
+    kept: list[str] = []
+    used = 0
+    for char in text:
+        piece = slack_escape(char)
+        if used + len(piece) > limit:
+            break
+        kept.append(piece)
+        used += len(piece)
+    return "".join(kept), True
+
+
+def review_link(approval: ApprovalRequest) -> str:
+    """The request's review page in the admin, as Slack mrkdwn."""
+    path = reverse("admin:approvals_approvalrequest_review", args=[approval.pk])
+    base = public_url()
+    if base:
+        return f"<{slack_escape(base + path)}|{approval.kind} {approval.pk}>"
+    return f"Approval requests → {approval.kind} {approval.pk} ({slack_escape(path)})"
 
 
 def message_blocks(
@@ -132,29 +185,39 @@ def message_blocks(
     is_open = approval.status == RequestStatus.PENDING and not superseded
     kind = "Approval" if approval.kind == RequestKind.APPROVAL else "Task"
     content = approval.content if isinstance(approval.content, dict) else {}
+    message, cut = escape_within(approval.message, TEXT_CHARS)
     details = content.get("content")
     detail_text = ""
-    if details not in (None, "", {}, []):
+    if approval.kind == RequestKind.APPROVAL and details not in (None, "", {}, []):
         shown = (
             details
             if isinstance(details, str)
             else json.dumps(details, indent=2, ensure_ascii=False)
         )
-        detail_text = "```" + slack_escape(shown)[: TEXT_CHARS - 6] + "```"
+        # Its own ``` would end the code block early: what follows would be formatted.
+        fenced, cut_details = escape_within(shown.replace("```", "`\u200b``"), TEXT_CHARS - 6)
+        detail_text = "```" + fenced + "```"
+        cut = cut or cut_details
+    # Cut short, the message must not be decided from Slack: the buttons would approve the
+    # digest of everything, of which only a part is shown here.
+    notice = f"_(truncated — review it in Waymark: {review_link(approval)})_" if cut else ""
     context = (
-        f"Run {approval.run_id} · step {approval.step_id} · answer by "
+        f"Run {approval.run_id} · step {slack_escape(approval.step_id)} · answer by "
         f"{approval.expires_at:%Y-%m-%d %H:%M} UTC · digest {approval.digest[:12]}"
     )
+    buttons = is_open and not cut and approval.kind == RequestKind.APPROVAL
     values = {
         "title": f"{kind} requested"[:150],
-        "message": slack_escape(approval.message)[:TEXT_CHARS] or "(no message)",
+        "message": message or "(no message)",
         "details": detail_text,
+        "notice": notice,
         "context_line": context,
         "open": is_open,
+        "buttons": buttons,
         "approval_id": approval.pk,
         "outcome_line": outcome_line(approval, superseded=superseded),
     }
-    if is_open and approval.kind == RequestKind.APPROVAL:
+    if buttons:
         values["approve_token"] = make_token(approval, "approve")
         values["reject_token"] = make_token(approval, "reject")
     template = (
@@ -163,7 +226,7 @@ def message_blocks(
         else ("approvals/slack_task.json")
     )
     blocks = json.loads(render_to_string(template, values))
-    text = f"{kind} requested: {approval.message[:200]}"
+    text = f"{kind} requested: {slack_escape(approval.message[:200])}"
     if not is_open:
         text = outcome_line(approval, superseded=superseded)
     return text, blocks
@@ -271,10 +334,6 @@ def update_stale_messages(by: str = "sweep") -> int:
 # --- interactions --------------------------------------------------------------------------------
 
 
-def _client_ip(request: HttpRequest) -> str | None:
-    return request.META.get("REMOTE_ADDR") or None
-
-
 def _refuse(status: int, code: str, text: str) -> HttpResponse:
     """An answer Slack shows the person who clicked: an ephemeral message, never replacing
     the request's message (everyone else keeps seeing it as it is)."""
@@ -282,54 +341,54 @@ def _refuse(status: int, code: str, text: str) -> HttpResponse:
     return JsonResponse(body, status=status)
 
 
+def signature_verifies(secret: str, timestamp: str, body: bytes, signature: str) -> bool:
+    """Slack's v0 signature: ``v0=`` + hex HMAC-SHA256 of ``b"v0:" + timestamp + b":" +
+    body`` with the signing secret, computed over the bytes received and compared in constant
+    time. A header that is not ASCII (it cannot be a signature) is simply wrong."""
+    try:
+        stamp = timestamp.encode("ascii")
+        given = signature.encode("ascii")
+    except UnicodeError:
+        return False
+    base = b"v0:" + stamp + b":" + body
+    expected = b"v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest().encode()
+    return hmac.compare_digest(expected, given)
+
+
+def _unverified(status: int, code: str, ip: str | None, text: str) -> HttpResponse:
+    """A refusal before the request is known to come from Slack: anyone can send those, so
+    it is one log line (no body, no header values), not an audit row."""
+    logger.warning("Slack interaction refused (%s) from %s", code, ip or "an unknown address")
+    return _refuse(status, code, text)
+
+
 @csrf_exempt
 @require_POST
 def interactions(request: HttpRequest) -> HttpResponse:
     """``POST /slack/interactions``: a button pressed on a request message."""
     body = request.body
-    ip = _client_ip(request)
-    anonymous = Actor(via="slack", name="", ip=ip)
+    ip = client_ip(request)
     secret = signing_secret()
     if not secret:
-        record_attempt(
-            anonymous,
-            None,
-            "",
-            accepted=False,
-            reason="not_configured",
-            detail="no Slack signing secret is configured",
+        return _unverified(
+            503, "not_configured", ip, "Waymark has no Slack signing secret configured."
         )
-        return _refuse(503, "not_configured", "Waymark has no Slack signing secret configured.")
     timestamp = request.headers.get("X-Slack-Request-Timestamp", "")
     signature = request.headers.get("X-Slack-Signature", "")
-    expected = SignatureVerifier(secret).generate_signature(timestamp=timestamp, body=body)
     if (
-        not timestamp.isdigit()
+        not TIMESTAMP.fullmatch(timestamp)
         or not signature
-        or expected is None
-        or not hmac.compare_digest(expected, signature)
+        or not signature_verifies(secret, timestamp, body, signature)
     ):
-        record_attempt(
-            anonymous,
-            None,
-            "",
-            accepted=False,
-            reason="bad_signature",
-            detail="the request's Slack signature does not verify",
-        )
-        return _refuse(401, "bad_signature", "The request's signature does not verify.")
+        return _unverified(401, "bad_signature", ip, "The request's signature does not verify.")
     if abs(time.time() - int(timestamp)) > TIMESTAMP_WINDOW:
-        record_attempt(
-            anonymous,
-            None,
-            "",
-            accepted=False,
-            reason="stale_request",
-            detail=f"signed at {timestamp}, outside the 5-minute window",
+        return _unverified(
+            401,
+            "stale_request",
+            ip,
+            "The request is older than 5 minutes (a replay?); it was refused.",
         )
-        return _refuse(
-            401, "stale_request", "The request is older than 5 minutes (a replay?); it was refused."
-        )
+    anonymous = Actor(via="slack", name="", ip=ip)
     payload = _payload(body)
     if payload is None:
         record_attempt(

@@ -2,9 +2,11 @@
 
 Both run on the ``human`` lane. The executor (outside any transaction):
 
-1. renders what is asked (``message``, ``content``; a task's ``form``) and opens the
-   ``ApprovalRequest`` of this step execution (unique on run, step, iteration: a retry or a
-   crash finds the same request), bound to the content's digest;
+1. renders what is asked (``message``, ``content``; a task's ``form``) and who may answer
+   (each rendered approver checked against the rules of a literal one; ``"*"`` only
+   literally), and opens the ``ApprovalRequest`` of this step execution (unique on run,
+   step, iteration and series: a retry or a crash finds the same request), bound to the
+   content's digest;
 2. posts the Slack message through the effect ledger when the step names a ``connection``
    and a ``channel`` (keyed by the step's effect key: posted once);
 3. parks the step (``Park(deadline_seconds=<time left>, on_deadline=None)``): it waits with
@@ -17,6 +19,17 @@ Both run on the ``human`` lane. The executor (outside any transaction):
 A decision taken while the step was not parked (between the request's creation and the
 park) is read by the executor when it runs, and otherwise woken by the sweep
 (``approvals.sweep.wake_decided``).
+
+**An operator's retry** of a step that failed at its request (expired with ``on_timeout:
+fail``, or the Slack post failed for good and the sweep closed the request) starts a new
+series of attempts (``Step.series_offset``). When the step runs in a series other than its
+request's and the request was not decided (expired, cancelled, or still pending: then it is
+closed first), a new request is opened for the new series: asked again with the content
+rendered now, a new deadline, a new Slack message (effect key suffix ``series-<n>``); the
+old request keeps its final state and its audit, and its buttons are refused (they name the
+old request). A decided request is kept: the step takes its decision. A crash or an
+ordinary retry stays in the same series and finds the same request (an expired one with
+``on_timeout: fail`` fails the step again).
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ from effects.ledger import Call, run_effect
 from effects.perform import load_connection
 from workflows.definitions.expressions import check_template
 from workflows.definitions.fields import parse_duration
+from workflows.definitions.storable import has_unstorable
 from workflows.plugins import (
     Park,
     StepContext,
@@ -234,8 +248,30 @@ def _seconds(value: Any) -> float:
 
 
 def _people(step: Mapping[str, Any], key: str, context: Mapping[str, Any]) -> list[str]:
-    people = [str(render(who, dict(context))).strip() for who in step.get(key) or []]
-    return [who for who in people if who][:MAX_APPROVERS]
+    """The approvers of ``key``, rendered. A rendered value must be what a literal one may be
+    ("user:NAME", "group:NAME", a username or an e-mail address), and may not be ``"*"``
+    (anyone): run data must not widen who decides. An empty one is left out."""
+    people: list[str] = []
+    for position, entry in enumerate(step.get(key) or []):
+        templated = "{" in str(entry)  # a literal approver never holds "{"
+        who = str(render(entry, dict(context))).strip()
+        if not who:
+            continue
+        where = f"{key}.{position}"
+        if templated and who == ANYONE:
+            raise StepFailure(
+                f'{where} rendered "*" (anyone): "*" may only be written literally',
+                retryable=False,
+            )
+        if len(who) > MAX_APPROVER_LENGTH or has_unstorable(who) or APPROVER.fullmatch(who) is None:
+            shown = who[:60].encode("unicode_escape").decode()
+            raise StepFailure(
+                f"{where} rendered {shown!r}, which is not an approver "
+                '("user:NAME", "group:NAME", a username or an e-mail address)',
+                retryable=False,
+            )
+        people.append(who)
+    return people[:MAX_APPROVERS]
 
 
 def _execute(
@@ -244,11 +280,18 @@ def _execute(
     from .models import ApprovalRequest, RequestStatus
     from .services import output_of
 
-    approval = ApprovalRequest.objects.filter(
-        run_id=ctx.run_id, step_id=ctx.step_id, iteration=ctx.iteration
-    ).first()
+    step_pk, series = _step_row(ctx)
+    approval = (
+        ApprovalRequest.objects.filter(
+            run_id=ctx.run_id, step_id=ctx.step_id, iteration=ctx.iteration
+        )
+        .order_by("-series")
+        .first()
+    )
+    if approval is not None and approval.series != series:
+        approval = _carry_over(approval)
     if approval is None:
-        approval = _open(step, context, ctx, kind)
+        approval = _open(step, context, ctx, kind, step_pk, series)
     if approval.status in (RequestStatus.APPROVED, RequestStatus.REJECTED, RequestStatus.SUBMITTED):
         return StepResult(output=output_of(approval), outcome=str(approval.status))
     if approval.status == RequestStatus.EXPIRED:
@@ -279,9 +322,49 @@ def _execute(
     )
 
 
-def _open(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext, kind: str) -> Any:
+def _step_row(ctx: StepContext) -> tuple[int, int]:
+    """The step row's id and its series of attempts (raised by an operator's retry)."""
     from workflows.models import Step
 
+    row = (
+        Step.objects.filter(run_id=ctx.run_id, step_id=ctx.step_id, iteration=ctx.iteration)
+        .values_list("pk", "series_offset")
+        .first()
+    )
+    if row is None:
+        raise StepFailure("the step's row is gone", retryable=False)
+    return int(row[0]), int(row[1])
+
+
+def _carry_over(approval: Any) -> Any:
+    """The request of an earlier series of attempts, now that an operator's retry started a
+    new one: kept when it was decided (the step takes the decision); otherwise None, and
+    the step asks again. One still pending (its step failed before the sweep closed it) is
+    closed first, under the usual guard: a decision that commits first wins."""
+    from .models import RequestStatus
+
+    decided = (RequestStatus.APPROVED, RequestStatus.REJECTED, RequestStatus.SUBMITTED)
+    if approval.status == RequestStatus.PENDING:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """UPDATE approvals_approvalrequest
+                      SET status = 'cancelled', updated_at = now(), next_reminder_at = NULL,
+                          slack_stale = slack_messages <> '[]'::jsonb
+                    WHERE id = %s AND status = 'pending'""",
+                [approval.pk],
+            )
+        approval.refresh_from_db()
+    return approval if approval.status in decided else None
+
+
+def _open(
+    step: Mapping[str, Any],
+    context: Mapping[str, Any],
+    ctx: StepContext,
+    kind: str,
+    step_pk: int,
+    series: int,
+) -> Any:
     from .models import ApprovalRequest
     from .services import canonical_json, content_digest
 
@@ -305,18 +388,12 @@ def _open(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext,
     channel = ""
     if step.get("channel"):
         channel = str(render(step["channel"], dict(context))).strip()
-    step_pk = (
-        Step.objects.filter(run_id=ctx.run_id, step_id=ctx.step_id, iteration=ctx.iteration)
-        .values_list("pk", flat=True)
-        .first()
-    )
-    if step_pk is None:
-        raise StepFailure("the step's row is gone", retryable=False)
     with transaction.atomic():
         approval, _ = ApprovalRequest.objects.get_or_create(
             run_id=ctx.run_id,
             step_id=ctx.step_id,
             iteration=ctx.iteration,
+            series=series,
             defaults=dict(
                 org_id=ctx.org_id,
                 step_row_id=step_pk,
@@ -419,6 +496,16 @@ def timeout_result(approval: Any) -> StepResult:
     return StepResult(output=output, outcome="timed_out")
 
 
+def effect_suffix(approval: Any) -> str:
+    """What tells this request's message (at its level) from the step execution's other
+    messages in the effect key: ``series-<n>`` once asked again after an operator's retry,
+    ``escalation-1`` once escalated."""
+    parts = [f"series-{approval.series}"] if approval.series else []
+    if approval.level:
+        parts.append(f"escalation-{approval.level}")
+    return "/".join(parts)
+
+
 def _post(
     step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext, approval: Any
 ) -> StepResult | None:
@@ -434,7 +521,7 @@ def _post(
     conn = load_connection(ctx.org_id, approval.slack_connection, PROVIDER)
     assert conn is not None
     team_id = str((conn.options or {}).get("team_id") or "")[:32]
-    suffix = f"escalation-{approval.level}" if approval.level else ""
+    suffix = effect_suffix(approval)
     result = run_effect(
         Call(keyed(ctx, suffix), PROVIDER, conn, request_for(approval, approval.slack_channel))
     )

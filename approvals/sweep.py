@@ -48,7 +48,7 @@ def wake_decided(by: str = "sweep") -> int:
                 if status in (StepStatus.READY, StepStatus.RUNNING):
                     continue  # its executor is on it, and reads the decision
                 if status == StepStatus.WAITING:
-                    woken += wake_step(
+                    woke = wake_step(
                         step_pk=approval.step_row_id,
                         wake=Wake(
                             outcome=outcome_of(approval),
@@ -57,6 +57,11 @@ def wake_decided(by: str = "sweep") -> int:
                             by=by,
                         ),
                     )
+                    if not woke:
+                        # Waiting out a retry's backoff (or its paused run): its executor
+                        # reads the decision when it runs; owed until then.
+                        continue
+                    woken += 1
                 ApprovalRequest.objects.filter(pk=approval_id).update(wake_owed=False)
         except Exception:
             logger.exception("waking the step of approval %s failed", approval_id)

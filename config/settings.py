@@ -105,7 +105,14 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "admin/locked_out.html"
 AXES_VERBOSE = False
-AXES_IPWARE_PROXY_COUNT = env.int("WAYMARK_NUM_PROXIES", default=0) or None
+# Behind no proxy the client is REMOTE_ADDR and nothing else: a client's own
+# X-Forwarded-For must never choose whose sign-in failures it counts against.
+_NUM_PROXIES = env.int("WAYMARK_NUM_PROXIES", default=0)
+if _NUM_PROXIES:
+    AXES_IPWARE_PROXY_COUNT = _NUM_PROXIES
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
+else:
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -229,7 +236,8 @@ REST_FRAMEWORK = {
         "auth_failures": env.str("WAYMARK_RATE_AUTH_FAILURES", default="20/min"),
     },
     # Client addresses come from REMOTE_ADDR, or, behind N trusted proxies, X-Forwarded-For.
-    "NUM_PROXIES": env.int("WAYMARK_NUM_PROXIES", default=0) or None,
+    # (0, not None: DRF reads None as "trust the whole X-Forwarded-For", which a client sets.)
+    "NUM_PROXIES": _NUM_PROXIES,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Waymark API",

@@ -92,6 +92,30 @@ def test_failed_keys_from_one_address_end_in_429(rates, org) -> None:
     assert other.status_code == 401
 
 
+def test_a_forged_x_forwarded_for_does_not_escape_the_failure_limit(rates, org) -> None:
+    """No proxy is configured: the client is REMOTE_ADDR, whatever X-Forwarded-For says."""
+    rates(auth_failures="3/min")
+    guesser = "203.0.113.9"
+    for n in range(3):
+        forged = client_with(f"wmk_abcdef012345_guess{n}", address=guesser)
+        forged.credentials(HTTP_AUTHORIZATION=f"Bearer wmk_abcdef012345_g{n}",
+                           HTTP_X_FORWARDED_FOR=f"10.9.8.{n}")  # fmt: skip
+        assert forged.get("/api/v1/runs").status_code == 401
+    last = client_with("wmk_abcdef012345_guess9", address=guesser)
+    last.credentials(HTTP_AUTHORIZATION="Bearer wmk_abcdef012345_x", HTTP_X_FORWARDED_FOR="1.2.3.4")
+    assert last.get("/api/v1/runs").status_code == 429
+
+
+def test_a_forged_x_forwarded_for_does_not_escape_the_admin_lockout(django_user_model) -> None:
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "right-Pass-123")
+    for n in range(5):
+        forged = Client(REMOTE_ADDR="192.0.2.6", HTTP_X_FORWARDED_FOR=f"10.0.0.{n}")
+        forged.post("/admin/login/", {"username": "boss", "password": "wrong"})
+    again = Client(REMOTE_ADDR="192.0.2.6", HTTP_X_FORWARDED_FOR="10.0.0.77")
+    answer = again.post("/admin/login/", {"username": "boss", "password": "right-Pass-123"})
+    assert answer.status_code == 429
+
+
 def test_the_bearer_scheme_is_case_insensitive(org) -> None:
     _, raw = api_key_create(org=org, name="k")
     assert client_with(raw, scheme="bearer").get("/api/v1/runs").status_code == 200
