@@ -15,6 +15,7 @@ from workflows.models import (
     Membership,
     Organisation,
     Run,
+    Signal,
 )
 from workflows.services.automations import automation_publish_definition, version_create_draft
 from workflows.services.runs import run_start
@@ -247,3 +248,19 @@ def test_only_superusers_reach_users_and_groups_whatever_their_permissions() -> 
     root = User.objects.create_superuser("root", password="pw-long-enough-2")
     client.force_login(root)
     assert client.get("/admin/auth/user/").status_code == 200
+
+
+def test_unmatched_signals_are_shown_with_their_age_to_their_organisation_only(
+    client, mine: Tenant, theirs: Tenant
+) -> None:
+    from workflows.engine.signals import deliver
+
+    deliver(org_id=mine.org.pk, name="order.paid", correlation="mine-7")
+    deliver(org_id=theirs.org.pk, name="order.paid", correlation="theirs-9")
+    client.force_login(staff_user("ann", mine.org))
+    page = client.get("/admin/workflows/signal/?status=pending")
+    assert page.status_code == 200
+    assert b"mine-7" in page.content and b"theirs-9" not in page.content
+    assert b"pending" in page.content and b"minute" in page.content  # "0 minutes" old
+    theirs_signal = Signal.objects.get(correlation="theirs-9")
+    assert client.get(f"/admin/workflows/signal/{theirs_signal.pk}/change/").status_code == 404
