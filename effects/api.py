@@ -23,14 +23,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
-from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from workflows.api.auth import request_key
-from workflows.api.serializers import ErrorOut
-from workflows.api.views import CursorPage
+from workflows.api.serializers import ErrorOut, StrictInput
+from workflows.api.views import CursorPage, ListEndpoint
 from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
 from workflows.engine.executors import StepFailure
 from workflows.errors import Conflict, NotFound, WaymarkError
@@ -137,30 +136,6 @@ def provider_names() -> list[str]:
     from .perform import PROVIDERS  # registered at start-up; read at each request
 
     return sorted(PROVIDERS)
-
-
-class StrictInput(serializers.Serializer):
-    """Refuses fields it does not take (a misspelt ``max_concurency`` would otherwise be
-    ignored, and the client would believe it was set)."""
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(
-            self.initial_data, dict) else []  # fmt: skip
-        if unknown:
-            raise serializers.ValidationError(
-                {name: [self.unknown_message(name)] for name in unknown}
-            )
-        return attrs
-
-    def unknown_message(self, name: str) -> str:
-        return f"Unknown field; this takes: {', '.join(self.fields)}."
-
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, dict):
-            raise serializers.ValidationError(
-                {"non_field_errors": ["The body must be a JSON object."]}
-            )
-        return super().to_internal_value(data)
 
 
 # --- enums: each a named schema component of its own -------------------------------------------
@@ -340,7 +315,7 @@ def _actor(request: Request) -> str:
 
 
 def _org(request: Request) -> Organisation:
-    return request_key(request).org
+    return request_key(request).org  # the key's organisation: every query is scoped by it
 
 
 def connection_get(org: Organisation, name: str) -> Connection:
@@ -350,20 +325,10 @@ def connection_get(org: Organisation, name: str) -> Connection:
     return conn
 
 
-class ScopedList(GenericAPIView[Any]):
-    """A GET that lists the organisation's rows, filtered strictly and cursor-paginated in
-    the envelope ``{next, previous, results}`` (as workflows/api/views.py ListEndpoint)."""
+class ScopedList(ListEndpoint):
+    """The organisation's rows of ``model``, filtered strictly, one cursor page at a time."""
 
     model: type[Connection | Suppression | Effect]
-
-    def list_page(self) -> Response:
-        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        return self.get_paginated_response(self.get_serializer(page, many=True).data)
-
-    def get_queryset(self) -> QuerySet[Any]:
-        if getattr(self, "swagger_fake_view", False):  # drf-spectacular reading the types
-            return self.model.objects.none()
-        return self.model.objects.filter(org=_org(self.request))
 
 
 class ConnectionListView(ScopedList):

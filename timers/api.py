@@ -18,14 +18,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
-from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from workflows.api.auth import request_key
-from workflows.api.serializers import ErrorOut
-from workflows.api.views import CursorPage
+from workflows.api.serializers import ErrorOut, StrictInput
+from workflows.api.views import CursorPage, ListEndpoint
 from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
 from workflows.errors import Conflict, NotFound
 from workflows.models import Automation, Organisation
@@ -85,30 +84,6 @@ class ScheduleOut(serializers.ModelSerializer[Schedule]):
             "last_started_at", "last_run_id", "last_error", "last_error_at", "created_at",
             "updated_at",
         ]  # fmt: skip
-
-
-class StrictInput(serializers.Serializer):
-    """Refuses fields it does not take (a misspelt ``timezon`` would otherwise be ignored,
-    and the client would believe it was set)."""
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(
-            self.initial_data, dict) else []  # fmt: skip
-        if unknown:
-            raise serializers.ValidationError(
-                {name: [self.unknown_message(name)] for name in unknown}
-            )
-        return attrs
-
-    def unknown_message(self, name: str) -> str:
-        return f"Unknown field; this takes: {', '.join(self.fields)}."
-
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, dict):
-            raise serializers.ValidationError(
-                {"non_field_errors": ["The body must be a JSON object."]}
-            )
-        return super().to_internal_value(data)
 
 
 class ScheduleSettingsIn(StrictInput):
@@ -207,14 +182,13 @@ class ScheduleFilter(django_filters.FilterSet):
 # --- views ------------------------------------------------------------------------------------
 
 
-class ScheduleListView(GenericAPIView[Any]):
+class ScheduleListView(ListEndpoint):
+    model = Schedule
     serializer_class = ScheduleOut
     pagination_class = SchedulePage
     filterset_class = ScheduleFilter
 
-    def get_queryset(self) -> QuerySet[Schedule]:
-        if getattr(self, "swagger_fake_view", False):  # drf-spectacular reading the types
-            return Schedule.objects.none()
+    def scoped_queryset(self) -> QuerySet[Schedule]:
         return Schedule.objects.filter(org=_org(self.request)).select_related("automation")
 
     @extend_schema(
@@ -223,8 +197,7 @@ class ScheduleListView(GenericAPIView[Any]):
         description="The organisation's schedules, by name.",
     )
     def get(self, request: Request) -> Response:
-        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        return self.get_paginated_response(ScheduleOut(page, many=True).data)
+        return self.list_page()
 
     @extend_schema(
         operation_id="schedules_create",

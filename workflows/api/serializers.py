@@ -42,6 +42,31 @@ class DefinitionIn(serializers.Serializer):
     definition = serializers.JSONField()
 
 
+class StrictInput(serializers.Serializer):
+    """A request body that refuses fields it does not take (a misspelt ``max_concurency``
+    would otherwise be ignored, and the client would believe it was set) and anything but a
+    JSON object. The other apps' APIs use it too."""
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(
+            self.initial_data, dict) else []  # fmt: skip
+        if unknown:
+            raise serializers.ValidationError(
+                {name: [self.unknown_message(name)] for name in unknown}
+            )
+        return attrs
+
+    def unknown_message(self, name: str) -> str:
+        return f"Unknown field; this takes: {', '.join(self.fields)}."
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError(
+                {"non_field_errors": ["The body must be a JSON object."]}
+            )
+        return super().to_internal_value(data)
+
+
 class RunStartIn(serializers.Serializer):
     automation = serializers.SlugField(max_length=63)
     # Kept exactly as sent: trimming would let two different keys collide.

@@ -92,7 +92,7 @@ def _sent(sent: SignalSent) -> dict[str, Any]:
 
 
 class SignalListView(ListEndpoint):
-    model = Signal  # type: ignore[assignment]
+    model = Signal
     serializer_class = SignalOut
     pagination_class = CursorPage
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -101,9 +101,11 @@ class VersionPage(CursorPage):
 
 class ListEndpoint(GenericAPIView[Any]):
     """A GET that lists: ``get_queryset()`` filtered (unknown parameters refused, see
-    filters.py) and one cursor page of it, in the envelope ``{next, previous, results}``."""
+    filters.py) and one cursor page of it, in the envelope ``{next, previous, results}``.
+    Other apps' list endpoints use it too; by default it lists the key's organisation's rows
+    of ``model``."""
 
-    model: type[Automation | AutomationVersion | Run | RunEvent | Step]
+    model: type[Model]
 
     def list_page(self) -> Response:
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
@@ -111,11 +113,11 @@ class ListEndpoint(GenericAPIView[Any]):
 
     def get_queryset(self) -> QuerySet[Any]:
         if getattr(self, "swagger_fake_view", False):  # drf-spectacular reading the types
-            return self.model.objects.none()
+            return self.model._default_manager.none()
         return self.scoped_queryset()
 
     def scoped_queryset(self) -> QuerySet[Any]:
-        raise NotImplementedError
+        return self.model._default_manager.filter(org=request_key(self.request).org)
 
 
 class ApiRootView(APIView):
