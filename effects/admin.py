@@ -19,7 +19,6 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
-from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
 from django.forms.fields import InvalidJSONInput
@@ -30,7 +29,11 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from workflows.admin.display import pretty_json
-from workflows.admin.scoping import OrgScopedMixin, OrgScopedRelatedFilter, in_scope
+from workflows.admin.scoping import (
+    OrgScopedMixin,
+    OrgScopedRelatedFilter,
+    may_change_here,
+)
 from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
 from workflows.engine.executors import StepFailure
 
@@ -358,8 +361,7 @@ class EffectAdmin(OrgScopedMixin, admin.ModelAdmin):
     def has_resolve_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Resolve an effect in review: the ``effects.change_effect`` permission, in the
         effect's organisation, asked at every click (membership is read per request)."""
-        codename = get_permission_codename("change", self.opts)
-        return in_scope(request, obj) and request.user.has_perm(f"{self.opts.app_label}.{codename}")
+        return may_change_here(request, self.opts, obj)
 
     @admin.display(description="request")
     def pretty_request(self, obj: Effect) -> str:

@@ -9,7 +9,6 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
@@ -22,7 +21,7 @@ from ..services.control import ACTIONS
 from .display import pretty_json
 from .run_control import VERBS, act_on_many, act_on_one, actions_allowed, confirmation
 from .run_page import run_page_context
-from .scoping import OrgScopedMixin, OrgScopedRelatedFilter, in_scope
+from .scoping import OrgScopedMixin, OrgScopedRelatedFilter, may_change_here
 
 
 def _control_action(action: str) -> Callable[..., TemplateResponse | None]:
@@ -75,8 +74,7 @@ class RunAdmin(OrgScopedMixin, admin.ModelAdmin):
 
     def has_control_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Cancel, pause, resume, retry: the `change_run` permission, asked at every click."""
-        codename = get_permission_codename("change", self.opts)
-        return in_scope(request, obj) and request.user.has_perm(f"{self.opts.app_label}.{codename}")
+        return may_change_here(request, self.opts, obj)
 
     @admin.display(description="input")
     def pretty_input(self, obj: Run) -> str:

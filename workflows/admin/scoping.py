@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.auth import get_permission_codename
 from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest
 
@@ -63,6 +64,13 @@ def in_scope(request: HttpRequest, obj: Model | None) -> bool:
         return True
     org_id = obj.pk if lookup == "pk" else getattr(obj, f"{lookup}_id")
     return org_id in orgs
+
+
+def may_change_here(request: HttpRequest, opts: Any, obj: Model | None) -> bool:
+    """The model's change permission, for an object of the user's organisations: asked at
+    every click (memberships are read per request), for actions beyond editing."""
+    codename = get_permission_codename("change", opts)
+    return in_scope(request, obj) and request.user.has_perm(f"{opts.app_label}.{codename}")
 
 
 class OrgScopedMixin:
