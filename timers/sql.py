@@ -91,7 +91,8 @@ share AS (
 )
 SELECT t.id, t.org_id, t.run_id, t.step_id, t.iteration, t.kind, t.intent::json AS intent,
        t.zone, t.offset_seconds, t.created_at, t.due_at,
-       EXTRACT(EPOCH FROM now() - t.due_at)::float AS late_seconds
+       EXTRACT(EPOCH FROM now() - t.due_at)::float AS late_seconds,
+       step.id AS step_pk  -- the waiting step (NULL: its walk failed before writing it)
   FROM chosen
  CROSS JOIN share
  CROSS JOIN LATERAL (
@@ -103,12 +104,8 @@ SELECT t.id, t.org_id, t.run_id, t.step_id, t.iteration, t.kind, t.intent::json 
        LIMIT share.n
          FOR UPDATE SKIP LOCKED
  ) t
-"""
-
-# The waiting step of a timer (the step row of that run, step and iteration).
-TIMER_STEP = """
-SELECT id FROM workflows_step
- WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND iteration = %(iteration)s
+  LEFT JOIN workflows_step step
+         ON step.run_id = t.run_id AND step.step_id = t.step_id AND step.iteration = t.iteration
 """
 
 MARK_FIRED = """
