@@ -162,8 +162,9 @@ def reset() -> None:
     if not connection.settings_dict["NAME"].endswith("_bench"):
         raise SystemExit("refusing to reset a database whose name does not end in _bench")
     with connection.cursor() as cursor:
+        # CASCADE: effects, timers, approvals and signals reference runs and steps.
         cursor.execute(
-            "TRUNCATE workflows_runevent, workflows_step, workflows_outbox, workflows_run"
+            "TRUNCATE workflows_runevent, workflows_step, workflows_outbox, workflows_run CASCADE"
         )
 
 
