@@ -499,21 +499,17 @@ def _step_failure(call: Call, effect: dict[str, Any], exc: CallError) -> Excepti
     if isinstance(exc, AuthFailed):
         if call.conn_id is None:  # no connection to repair: the request itself is refused
             return StepFailure(message, retryable=False, error_class="auth")
-        return ParkStepFailure(_broken_park(call, f"reconnect {_name(call)!r}: {message}"))
+        return ParkStep(_broken_park(call, f"reconnect {_name(call)!r}: {message}"))
     if isinstance(exc, KeyInUse):
         # The provider is still working on a request with this key: not this step's fault.
         return StepDeferred(effects_setting("DEFER_SECONDS"), message)
     if exc.made == "unknown" and call.ctx.last_attempt:
         # No attempt left to reconcile with: never end the step while its effect is unknown.
         why = f"the last attempt ended without knowing whether it was made ({message})"
-        return ParkStepFailure(_to_review(call, effect, why))
+        return ParkStep(_to_review(call, effect, why))
     retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
     return StepFailure(message, retryable=exc.retryable, retry_after=retry_after,
                        error_class=exc.error_class)  # fmt: skip
-
-
-class ParkStepFailure(ParkStep):
-    """ParkStep raised from the call's failure (for ``raise ... from``)."""
 
 
 # --- parks --------------------------------------------------------------------------------------

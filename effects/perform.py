@@ -35,10 +35,6 @@ PROVIDERS: dict[str, Provider] = {
 }
 
 
-def register_provider(provider: Provider) -> None:
-    PROVIDERS[provider.name] = provider
-
-
 def executor_for_provider(
     name: str, *, channel: str | None = None
 ) -> Callable[[Mapping[str, Any], Mapping[str, Any], StepContext], StepResult]:

@@ -20,7 +20,7 @@ from workflows.engine.sql.rows import json_or_null as _json
 from workflows.engine.waits import Wake, wake_step
 
 from . import sql
-from .models import Connection, Effect
+from .models import Connection
 from .providers.base import AuthFailed, CallError
 from .states import ConnectionStatus, EffectState, sources
 
@@ -141,10 +141,6 @@ def wake_parked(cursor: Any, org_id: int, parked_on: str, payload: dict[str, Any
     for row in fetch_dicts(cursor):
         woken += wake_step(step_pk=row["id"], wake=Wake(payload=payload, reason=reason, by=by))
     return woken
-
-
-def effect_row(effect_id: int) -> Effect | None:
-    return Effect.objects.filter(pk=effect_id).first()
 
 
 def reconcile_budgets(by: str = "sweep") -> int:
