@@ -27,12 +27,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from workflows.api.auth import request_key
+from workflows.api.auth import request_actor, request_key
 from workflows.api.serializers import ErrorOut, StrictInput
 from workflows.api.views import CursorPage, ListEndpoint
 from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
 from workflows.engine.executors import StepFailure
-from workflows.errors import Conflict, NotFound, WaymarkError
+from workflows.errors import AlreadyExists, NotFound, WaymarkError
 from workflows.models import Organisation
 
 from .models import Connection, Effect, Suppression
@@ -76,18 +76,6 @@ class UnknownSuppression(NotFound):
 class UnknownEffect(NotFound):
     code = "unknown_effect"
     default_detail = "No effect {effect_id} in this organisation."
-
-
-class AlreadyExists(Conflict):
-    """The name (a connection) or the channel and address (a suppression) is taken in this
-    organisation; ``id`` or ``name`` says which object holds it."""
-
-    code = "already_exists"
-    default_detail = "{what} already exists in this organisation."
-
-    def as_dict(self) -> dict[str, Any]:
-        held = {k: v for k, v in self.extra.items() if k in ("id", "name")}
-        return {**super().as_dict(), **held}
 
 
 class ResolveRefused(WaymarkError):
@@ -310,10 +298,6 @@ class ConnectionFilter(django_filters.FilterSet):
         fields = ["status"]
 
 
-def _actor(request: Request) -> str:
-    return f"api_key:{request_key(request).prefix}"
-
-
 def _org(request: Request) -> Organisation:
     return request_key(request).org  # the key's organisation: every query is scoped by it
 
@@ -396,7 +380,7 @@ class ConnectionDetailView(APIView):
         if changed:
             conn.save(update_fields=[*changed, "updated_at"])
         if new_secret is not None and conn.status == ConnectionStatus.BROKEN:
-            repair_connection(conn, by=_actor(request))
+            repair_connection(conn, by=request_actor(request))
             conn.refresh_from_db()
         return Response(ConnectionOut(conn).data)
 
@@ -423,7 +407,7 @@ class ConnectionCheckView(APIView):
     def post(self, request: Request, name: str) -> Response:
         conn = connection_get(_org(request), name)
         try:
-            result = probe_connection(conn, by=_actor(request))
+            result = probe_connection(conn, by=request_actor(request))
         except StepFailure as exc:  # the secret cannot be decrypted with the configured keys
             result = f"failed: {exc}"
         conn.refresh_from_db()
@@ -442,7 +426,7 @@ class ConnectionRepairView(APIView):
     )
     def post(self, request: Request, name: str) -> Response:
         conn = connection_get(_org(request), name)
-        woken = repair_connection(conn, by=_actor(request))
+        woken = repair_connection(conn, by=request_actor(request))
         conn.refresh_from_db()
         answer = {"name": conn.name, "status": conn.status, "woken": woken}
         return Response(ConnectionRepairOut(answer).data)
@@ -680,7 +664,7 @@ class EffectResolveView(APIView):
         data.is_valid(raise_exception=True)
         fields = data.validated_data
         try:
-            resolve_effect(effect.pk, fields["action"], by=_actor(request),
+            resolve_effect(effect.pk, fields["action"], by=request_actor(request),
                            result=fields.get("result"), reason=fields["reason"])  # fmt: skip
         except ResolveError as exc:
             raise ResolveRefused(exc) from exc

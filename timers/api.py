@@ -26,7 +26,7 @@ from workflows.api.auth import request_key
 from workflows.api.serializers import ErrorOut, StrictInput
 from workflows.api.views import CursorPage, ListEndpoint
 from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
-from workflows.errors import Conflict, NotFound
+from workflows.errors import AlreadyExists, NotFound
 from workflows.models import Automation, Organisation
 
 from .calendar import zone_named
@@ -42,14 +42,6 @@ TIMING_FIELDS = ("cron", "timezone")
 class UnknownSchedule(NotFound):
     code = "unknown_schedule"
     default_detail = 'No schedule "{name}" in this organisation.'
-
-
-class ScheduleExists(Conflict):
-    code = "already_exists"
-    default_detail = 'A schedule "{name}" already exists in this organisation.'
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**super().as_dict(), "name": self.extra["name"]}
 
 
 def _org(request: Request) -> Organisation:
@@ -220,7 +212,7 @@ class ScheduleListView(ListEndpoint):
             with transaction.atomic():
                 schedule.save()
         except IntegrityError as exc:
-            raise ScheduleExists(name=schedule.name) from exc
+            raise AlreadyExists(what=f'A schedule "{schedule.name}"', name=schedule.name) from exc
         return Response(ScheduleOut(schedule).data, status=status.HTTP_201_CREATED)
 
 

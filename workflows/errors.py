@@ -49,6 +49,19 @@ class Conflict(WaymarkError):
     status = 409
 
 
+class AlreadyExists(Conflict):
+    """A name (or another unique key) is taken in this organisation; ``id`` or ``name`` says
+    which object holds it. For the resources of the other apps (connections, suppressions,
+    schedules)."""
+
+    code = "already_exists"
+    default_detail = "{what} already exists in this organisation."
+
+    def as_dict(self) -> dict[str, Any]:
+        held = {k: v for k, v in self.extra.items() if k in ("id", "name")}
+        return {**super().as_dict(), **held}
+
+
 class AutomationExists(Conflict):
     code = "automation_exists"
     default_detail = 'An automation "{slug}" already exists in this organisation.'

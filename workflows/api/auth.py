@@ -74,6 +74,11 @@ def request_key(request: Request) -> ApiKey:
     return key
 
 
+def request_actor(request: Request) -> str:
+    """Who acted, for run histories and audits: the key's public prefix."""
+    return f"api_key:{request_key(request).prefix}"
+
+
 class IsOrganisationKey(permissions.BasePermission):
     """An API key authenticated the request, and may do what it asks: a read-only key only
     reads (checked on every request, so making a key read-only takes effect at once)."""

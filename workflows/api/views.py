@@ -22,7 +22,7 @@ from ..models import Automation, AutomationVersion, Run, RunEvent, Step
 from ..services import automations as services
 from ..services import control
 from ..services.runs import run_start
-from .auth import request_key
+from .auth import request_actor, request_key
 from .filters import RunFilter
 from .serializers import (
     ApiRootOut,
@@ -319,10 +319,6 @@ def _check_action(action: str) -> None:
         raise NotFound(f"No action {action!r}; one of {', '.join(control.ACTIONS)}.")
 
 
-def _actor(request: Request) -> str:
-    return f"api_key:{request_key(request).prefix}"
-
-
 class RunActionView(APIView):
     @extend_schema(
         operation_id="runs_act",
@@ -336,7 +332,7 @@ class RunActionView(APIView):
     def post(self, request: Request, run_id: int, action: str) -> Response:
         _check_action(action)
         outcome = control.run_act(
-            org=request_key(request).org, run_id=run_id, action=action, actor=_actor(request)
+            org=request_key(request).org, run_id=run_id, action=action, actor=request_actor(request)
         )
         return Response(
             {"id": outcome.run_id, "action": action, "status": outcome.status,
@@ -360,7 +356,7 @@ class RunBulkActionView(APIView):
         outcome = control.runs_act_bulk(
             org=request_key(request).org,
             action=action,
-            actor=_actor(request),
+            actor=request_actor(request),
             **data.validated_data,
         )
         return Response(RunBulkOut(outcome).data)
