@@ -130,7 +130,37 @@ class _Server(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
-class HttpStub:
+class Holdable:
+    """Holding requests at their effect, shared by the HTTP and SMTP stubs: a test calls
+    hold(), waits until n requests have arrived (to SIGKILL their client, say), then
+    release()s them. State under the subclass's condition ``_cond``."""
+
+    _cond: threading.Condition
+    _held: bool
+    _arrived: int
+
+    def hold(self) -> None:
+        """Requests reaching their effect block (after counting as arrived) until release()."""
+        with self._cond:
+            self._held = True
+
+    def release(self) -> None:
+        with self._cond:
+            self._held = False
+            self._cond.notify_all()
+
+    @property
+    def arrived(self) -> int:
+        """How many requests have reached their effect (held or not)."""
+        with self._cond:
+            return self._arrived
+
+    def wait_arrived(self, n: int = 1, timeout: float = 10) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._arrived >= n, timeout)
+
+
+class HttpStub(Holdable):
     """Base of the HTTP stubs; not used on its own. Thread-safe: all state is under `_lock`."""
 
     def __init__(self, *, token: str | None = None) -> None:
@@ -198,26 +228,6 @@ class HttpStub:
         return f"http://127.0.0.1:{self.port}"
 
     # --- behaviours ------------------------------------------------------------------------
-
-    def hold(self) -> None:
-        """Requests reaching their effect block (after counting as arrived) until release()."""
-        with self._cond:
-            self._held = True
-
-    def release(self) -> None:
-        with self._cond:
-            self._held = False
-            self._cond.notify_all()
-
-    @property
-    def arrived(self) -> int:
-        """How many requests have reached their effect (held or not)."""
-        with self._lock:
-            return self._arrived
-
-    def wait_arrived(self, n: int = 1, timeout: float = 10) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: self._arrived >= n, timeout)
 
     def fail_next(self, n: int = 1, status: int = 503, path_prefix: str = "") -> None:
         """The next n requests (under path_prefix) answer `status` without any effect."""

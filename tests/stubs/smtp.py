@@ -21,6 +21,8 @@ from typing import Any, Self
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
+from .base import Holdable
+
 
 @dataclass
 class SmtpMessage:
@@ -60,13 +62,15 @@ class _Controller(Controller):
         return bind()
 
 
-class SmtpStub:
+class SmtpStub(Holdable):
     """`credentials` (user, password), settable at any time: AUTH must match them (else 535);
-    None accepts any. AUTH is offered without TLS (the stub has no TLS)."""
+    None accepts any. AUTH is offered without TLS (the stub has no TLS). A message arrives
+    (``arrived``, ``hold()``) at DATA's end; rejected ones do not count."""
 
     def __init__(self, *, credentials: tuple[str, str] | None = None) -> None:
         self.credentials = credentials
         self._lock = threading.Condition()
+        self._cond = self._lock  # Holdable's condition
         self._controller: _Controller | None = None
         self._held = False
         self._arrived = 0
@@ -127,25 +131,6 @@ class SmtpStub:
         return f"smtp://127.0.0.1:{self.port}"
 
     # --- behaviours and records ------------------------------------------------------------
-
-    def hold(self) -> None:
-        with self._lock:
-            self._held = True
-
-    def release(self) -> None:
-        with self._lock:
-            self._held = False
-            self._lock.notify_all()
-
-    @property
-    def arrived(self) -> int:
-        """How many messages reached DATA's end (held or not), rejected ones excepted."""
-        with self._lock:
-            return self._arrived
-
-    def wait_arrived(self, n: int = 1, timeout: float = 10) -> bool:
-        with self._lock:
-            return self._lock.wait_for(lambda: self._arrived >= n, timeout)
 
     def fail_next(self, n: int = 1, code: int = 451, at: str = "DATA") -> None:
         """The next n DATA (or RCPT, one per recipient) commands fail temporarily."""
