@@ -475,7 +475,7 @@ def _record_failure(call: Call, effect: dict[str, Any], exc: CallError) -> None:
 def _lock_connection_quietly(cursor: Any, call: Call) -> None:
     """The connection's row before the effect's (the one lock order), when there is one."""
     if call.conn_id is not None:
-        cursor.execute(sql.LOCK_CONNECTION, {"connection_id": call.conn_id})
+        cursor.execute(sql.LOCK_CONNECTION_ROW, {"connection_id": call.conn_id})
 
 
 def _mark_broken(call: Call, exc: AuthFailed) -> None:

@@ -28,6 +28,12 @@ SELECT c.id, c.status, c.broken_reason, c.circuit, c.circuit_until,
    FOR NO KEY UPDATE
 """
 
+# The same lock alone, where nothing is gated (recording how a call ended): the lock order
+# without counting what is in flight.
+LOCK_CONNECTION_ROW = """
+SELECT id FROM effects_connection WHERE id = %(connection_id)s FOR NO KEY UPDATE
+"""
+
 # The circuit's cool-down has passed: this call is the one probe (half-open).
 CIRCUIT_PROBE = """
 UPDATE effects_connection
