@@ -50,7 +50,7 @@ from django.db.models.functions import Now
 from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
 from workflows.engine.faults import crash_point
 from workflows.errors import RunningRunsQuota, StartKeyConflict, WaymarkError
-from workflows.services.runs import _check_input, run_start
+from workflows.services.runs import check_input, run_start
 
 from .calendar import resolve_local, zone_named
 from .models import CatchUp, Schedule
@@ -155,7 +155,7 @@ def input_problem(value: Any) -> str | None:
         elif isinstance(item, list):
             stack.extend(item)
     try:
-        _check_input(value)  # what run_start checks, so a scheduled start is never refused
+        check_input(value)  # what run_start checks, so a scheduled start is never refused
     except WaymarkError as exc:
         return exc.detail
     except RecursionError:

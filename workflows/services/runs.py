@@ -61,18 +61,26 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _check_input(run_input: Any) -> None:
+def check_input(run_input: Any) -> None:
+    """A run input: a JSON object within the limits (see check_json_value)."""
     if not isinstance(run_input, dict):
         raise InvalidInput(reason="input must be a JSON object")
-    if _depth(run_input) > MAX_INPUT_DEPTH:
-        raise InvalidInput(reason=f"input nests deeper than {MAX_INPUT_DEPTH} levels")
-    unstorable = unstorable_path(run_input)
+    check_json_value(run_input, "input", "The run input")
+
+
+def check_json_value(value: Any, field: str, what: str) -> None:
+    """A JSON value from a client that is to be stored (a run input, a signal payload): not
+    nested too deep, storable by PostgreSQL, within WAYMARK_MAX_INPUT_BYTES. ``field`` names
+    it in messages, ``what`` in the size refusal."""
+    if _depth(value) > MAX_INPUT_DEPTH:
+        raise InvalidInput(reason=f"{field} nests deeper than {MAX_INPUT_DEPTH} levels")
+    unstorable = unstorable_path(value)
     if unstorable is not None:
-        raise InvalidInput(reason=f"input.{unstorable} {UNSTORABLE_REASON}")
-    size = len(canonical_json(run_input).encode())
+        raise InvalidInput(reason=f"{field}.{unstorable} {UNSTORABLE_REASON}")
+    size = len(canonical_json(value).encode())
     limit = settings.WAYMARK["MAX_INPUT_BYTES"]
     if size > limit:
-        raise PayloadTooLarge(what="The run input", size=size, limit=limit)
+        raise PayloadTooLarge(what=what, size=size, limit=limit)
 
 
 def _check_start_key(start_key: str) -> None:
@@ -106,7 +114,7 @@ def run_start(
     into one run (see docs/api.md). The same key with another input, or for another
     automation, is refused with start_key_conflict.
     """
-    _check_input(run_input)
+    check_input(run_input)
     if start_key is not None:
         _check_start_key(start_key)
     digest = input_digest(run_input)

@@ -17,17 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
 from django.db import connection
 
 from ..definitions.storable import UNSTORABLE_REASON, unstorable_path
-from ..definitions.validator import canonical_json
 from ..engine import sql
 from ..engine.signals import Delivered, deliver
 from ..engine.sql.rows import fetch_dict
-from ..errors import InvalidInput, PayloadTooLarge
+from ..errors import InvalidInput
 from ..models import Organisation, Run
-from .runs import MAX_INPUT_DEPTH, _depth, run_start
+from .runs import check_json_value, run_start
 
 SIGNAL_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,99}")
 EMAIL_REPLY = "email.reply"
@@ -123,15 +121,7 @@ def _check(name: str, correlation: str, identity: str | None, payload: Any) -> N
         raise InvalidInput(reason=f"correlation: at most {MAX_CORRELATION} characters")
     if identity is not None and not 1 <= len(identity) <= MAX_IDENTITY:
         raise InvalidInput(reason=f"id: 1 to {MAX_IDENTITY} characters")
-    if _depth(payload) > MAX_INPUT_DEPTH:
-        raise InvalidInput(reason=f"payload nests deeper than {MAX_INPUT_DEPTH} levels")
     for text, what in ((name, "name"), (correlation, "correlation"), (identity or "", "id")):
         if unstorable_path(text) is not None:
             raise InvalidInput(reason=f"{what} {UNSTORABLE_REASON}")
-    where = unstorable_path(payload)
-    if where is not None:
-        raise InvalidInput(reason=f"payload.{where} {UNSTORABLE_REASON}")
-    size = len(canonical_json(payload).encode())
-    if size > settings.WAYMARK["MAX_INPUT_BYTES"]:
-        raise PayloadTooLarge(what="The signal payload", size=size,
-                              limit=settings.WAYMARK["MAX_INPUT_BYTES"])  # fmt: skip
+    check_json_value(payload, "payload", "The signal payload")
