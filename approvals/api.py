@@ -26,14 +26,13 @@ import django_filters
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
-from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from workflows.api.auth import request_key
 from workflows.api.serializers import ErrorOut
-from workflows.api.views import CursorPage
+from workflows.api.views import CursorPage, ListEndpoint
 
 from .models import ApprovalRequest, RequestKind, RequestStatus
 from .services import MAX_COMMENT_CHARS, Actor, Outcome, client_ip, decide
@@ -148,20 +147,17 @@ def _answer(outcome: Outcome) -> Response:
     )
 
 
-class _List(GenericAPIView[ApprovalRequest]):
+class _List(ListEndpoint):
+    """The organisation's requests (of one ``kind``, when set), one cursor page at a time."""
+
+    model = ApprovalRequest
     serializer_class = ApprovalOut
     pagination_class = CursorPage
     kind: str | None = None
 
-    def get_queryset(self) -> QuerySet[ApprovalRequest]:
-        if getattr(self, "swagger_fake_view", False):
-            return ApprovalRequest.objects.none()
-        rows = ApprovalRequest.objects.filter(org_id=request_key(self.request).org_id)
+    def scoped_queryset(self) -> QuerySet[ApprovalRequest]:
+        rows = super().scoped_queryset()
         return rows.filter(kind=self.kind) if self.kind else rows
-
-    def get(self, request: Request) -> Response:
-        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        return self.get_paginated_response(self.get_serializer(page, many=True).data)
 
 
 class ApprovalListView(_List):
@@ -174,7 +170,7 @@ class ApprovalListView(_List):
         "`?status=pending` lists the open ones.",
     )
     def get(self, request: Request) -> Response:
-        return super().get(request)
+        return self.list_page()
 
 
 class TaskListView(_List):
@@ -183,7 +179,7 @@ class TaskListView(_List):
 
     @extend_schema(operation_id="tasks_list", responses=ApprovalOut(many=True))
     def get(self, request: Request) -> Response:
-        return super().get(request)
+        return self.list_page()
 
 
 class ApprovalDetailView(APIView):
