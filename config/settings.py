@@ -368,6 +368,9 @@ WAYMARK = {
     # The sweeper listens for timers written due before its next look (NOTIFY). Off: such a
     # timer fires at the next look, at most SWEEP_SECONDS late.
     "TIMERS_FAST_PATH": env.bool("WAYMARK_TIMERS_FAST_PATH", default=True),
+    # Firing threads of the leading sweeper, each serving one part of the timers: while one
+    # fires a batch, a timer of another part due meanwhile is not kept waiting behind it.
+    "TIMER_FIRERS": env.int("WAYMARK_TIMER_FIRERS", default=2),
     # Executors hung past their lane's timeout (told to stop a lease ago, still running) that
     # make a worker hand its other steps back and exit to be replaced. 0: a quarter of its
     # slots, at least one.

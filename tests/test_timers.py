@@ -109,6 +109,38 @@ def test_the_sweeper_knows_how_long_to_sleep(org):
     assert left is not None and 25 < left <= 30
 
 
+def test_a_timer_that_fails_to_fire_fails_alone_and_its_batch_goes_on(org, monkeypatch):
+    """A batch fires its timers without a savepoint each; one that raises rolls the batch
+    back, and the batch is fired again timer by timer: the others fire, the bad one keeps
+    its error, and each fired step is woken once."""
+    import timers.sweep as sweep
+
+    runs = [start(org, waits({"type": "wait", "duration": "1h"}), key=f"k{i}") for i in range(5)]
+    bad = Step.objects.get(run_id=runs[2], step_id="pause").pk
+    real_wake = sweep.wake_step
+    calls: list[int] = []
+
+    def wake_step(*, step_pk: int, **kwargs: object) -> bool:
+        calls.append(step_pk)
+        if step_pk == bad:
+            raise RuntimeError("the walk broke")
+        return real_wake(step_pk=step_pk, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sweep, "wake_step", wake_step)
+    make_due()
+    batch = fire_due_timers()
+    assert batch.fired == 5 and bad in calls and len(calls) > 5  # fired again, one by one
+    fired = {t.run_id: t for t in Timer.objects.filter(run_id__in=runs)}
+    assert all(t.fired_at is not None for t in fired.values())
+    assert "RuntimeError: the walk broke" in fired[runs[2]].error
+    assert [Run.objects.get(pk=r).status for r in runs] == ["succeeded"] * 2 + ["running"] + [
+        "succeeded"
+    ] * 2
+    woken = RunEvent.objects.filter(run_id__in=runs, kind="step.timer_fired").count()
+    assert woken == 4  # each once: the optimistic pass was rolled back, not kept twice
+    assert fire_due_timers().fired == 0
+
+
 def test_a_timer_due_at_a_past_moment_fires_at_the_next_sweep(org):
     past = (datetime.now(UTC) - timedelta(days=1)).isoformat()
     run_id = start(org, waits({"type": "wait_until", "at": "{{ input.at }}"}),

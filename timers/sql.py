@@ -44,11 +44,23 @@ UPDATE timers_sweeplease SET lease_until = now()
  WHERE name = %(name)s AND holder = %(holder)s
 """
 
-# Seconds until the earliest pending timer (negative: overdue; NULL: none).
+# Seconds until the earliest pending timer of one part (negative: overdue; NULL: none). A
+# sweeper's firing threads each serve one part of the timers (mod(id, parts) = part; one
+# part: all of them), so one thread's batch never delays a timer another is free to fire.
 NEXT_DUE = """
 SELECT EXTRACT(EPOCH FROM min(due_at) - now())::float AS seconds
   FROM timers_timer
  WHERE fired_at IS NULL AND org_id > 0  -- the timer_next_due index (see its comment)
+   AND mod(id, %(parts)s) = %(part)s
+"""
+
+# The same, read at the end of a batch, in its transaction: from the clock, not now() (the
+# transaction's start), so the sweeper does not oversleep by the batch's length.
+NEXT_DUE_FROM_HERE = """
+SELECT EXTRACT(EPOCH FROM min(due_at) - clock_timestamp())::float AS seconds
+  FROM timers_timer
+ WHERE fired_at IS NULL AND org_id > 0
+   AND mod(id, %(parts)s) = %(part)s
 """
 
 # One fair batch of due timers, locked (FOR UPDATE SKIP LOCKED: a second sweeper, or a
@@ -59,14 +71,18 @@ SELECT EXTRACT(EPOCH FROM min(due_at) - now())::float AS seconds
 #  2. `chosen` takes the %(orgs)s least recently served of them;
 #  3. each gets an equal share of the batch, read by a bounded LATERAL scan of its own
 #     (org_id, due_at) index range, earliest first.
+# All of it within one part of the timers (see NEXT_DUE).
 # So one organisation's 200,000 due timers cannot delay another's ten: the cost of a batch
 # grows with the batch, not with the backlog.
 DUE_BATCH = """
 WITH RECURSIVE orgs(org_id, depth) AS (
-    (SELECT org_id, 1 FROM timers_timer WHERE fired_at IS NULL ORDER BY org_id LIMIT 1)
+    (SELECT org_id, 1 FROM timers_timer
+      WHERE fired_at IS NULL AND mod(id, %(parts)s) = %(part)s
+      ORDER BY org_id LIMIT 1)
     UNION ALL
     SELECT (SELECT t.org_id FROM timers_timer t
              WHERE t.fired_at IS NULL AND t.org_id > orgs.org_id
+               AND mod(t.id, %(parts)s) = %(part)s
              ORDER BY t.org_id LIMIT 1),
            orgs.depth + 1
       FROM orgs WHERE orgs.org_id IS NOT NULL AND orgs.depth < %(scan)s
@@ -78,6 +94,7 @@ due_orgs AS (
      WHERE orgs.org_id IS NOT NULL
        AND (SELECT t.due_at FROM timers_timer t
              WHERE t.org_id = orgs.org_id AND t.fired_at IS NULL
+               AND mod(t.id, %(parts)s) = %(part)s
              ORDER BY t.org_id, t.due_at LIMIT 1) <= now()
 ),
 chosen AS (
@@ -100,6 +117,7 @@ SELECT t.id, t.org_id, t.run_id, t.step_id, t.iteration, t.kind, t.intent::json 
              created_at, due_at
         FROM timers_timer
        WHERE org_id = chosen.org_id AND fired_at IS NULL AND due_at <= now()
+         AND mod(id, %(parts)s) = %(part)s
        ORDER BY org_id, due_at
        LIMIT share.n
          FOR UPDATE SKIP LOCKED

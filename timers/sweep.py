@@ -13,8 +13,11 @@
   so no clock skew), at most one tick. A timer written due before that tick tells it at
   commit (NOTIFY ``waymark_timers``, the fast path); a lost notification delays a timer by
   at most one tick (the backstop).
-- Each tick also runs the engine's own housekeeping (``workflows.engine.sweep``): passed
-  deadlines, due retries, and retention once a minute; and due scheduled starts.
+- **Nothing else on the firing path.** A batch that fires reads the next instant in its own
+  transaction; a full one is followed at once by the next. The engine's own housekeeping
+  (``workflows.engine.sweep``: passed deadlines, due retries, late signals; retention and
+  other apps' tasks once a minute; due scheduled starts) runs once a tick on a thread of
+  its own, so it never delays a timer.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from django.db import connection, transaction
 from workflows.engine.faults import crash_point
 from workflows.engine.lanes import engine_setting
 from workflows.engine.retention import purge_finished_runs
-from workflows.engine.sql.rows import fetch_dict, fetch_dicts
+from workflows.engine.sql.rows import fetch_dict, query_prepared, run_batch
 from workflows.engine.sweep import sweep_once
 from workflows.engine.transport import listen
 from workflows.engine.waits import Wake, wake_step
@@ -57,26 +60,94 @@ class Batch:
     fired: int
     orgs: int
     late_seconds: list[float]
+    # When the earliest timer still pending is due, on this process's monotonic clock (in
+    # the past: one is due already; None: none pending, or nothing fired). Read inside the
+    # batch's transaction, from the database's clock, so its own timers are not counted.
+    next_due_at: float | None = None
 
 
-def fire_due_timers(*, by: str = "sweep", batch: int = BATCH) -> Batch:
-    """Fire one fair batch of due timers in one transaction; what it fired."""
+class _FiringFailed(Exception):
+    """One timer of an optimistic batch raised: the batch is rolled back and fired again,
+    each timer under a savepoint of its own."""
+
+
+def fire_due_timers(
+    *, by: str = "sweep", batch: int = BATCH, part: int = 0, parts: int = 1
+) -> Batch:
+    """Fire one fair batch of due timers in one transaction; what it fired.
+
+    Optimistic: the batch's wakes share its transaction with no savepoint between them (a
+    savepoint is two round trips, the most of a timer's cost). Should one raise, the whole
+    transaction is rolled back and the batch is fired again with a savepoint per timer, so
+    one that fails fails alone, recorded on the timer, and the rest fire.
+
+    ``part`` of ``parts``: only the timers of that part (sql.NEXT_DUE); a sweeper's firing
+    threads each serve one."""
+    where = {"part": part, "parts": parts}
+    try:
+        return _fire_batch(by=by, batch=batch, where=where, alone=False)
+    except _FiringFailed:
+        logger.info("a timer of the batch failed to fire: firing them one by one")
+    return _fire_batch(by=by, batch=batch, where=where, alone=True)
+
+
+def _fire_batch(*, by: str, batch: int, where: dict[str, int], alone: bool) -> Batch:
+    # Its statements are server-side prepared (planning the due query cost more than
+    # running it); its closing writes and the next instant go in one round trip.
     with transaction.atomic(durable=True), connection.cursor() as cursor:
-        params = {"scan": ORG_SCAN, "orgs": ORGS_PER_BATCH, "batch": batch}
-        cursor.execute(sql.DUE_BATCH, params)
-        due = fetch_dicts(cursor)
+        params = {"scan": ORG_SCAN, "orgs": ORGS_PER_BATCH, "batch": batch, **where}
+        due = query_prepared(cursor, sql.DUE_BATCH, params)
         if not due:
             return Batch(0, 0, [])
         # A timer whose zone comes from the run's data, and that data changed: moved, not
         # fired at the old zone's time (recompute.py).
         moved = {t["id"] for t in due if _moved(cursor, t, by)}
         due = [t for t in due if t["id"] not in moved]
-        errors = [_fire(cursor, timer, by) for timer in due]
+        errors = [_fire_alone(t, by) for t in due] if alone else _fire_together(due, by)
         crash_point("timers.before_batch_commit")
-        cursor.execute(sql.MARK_FIRED, {"ids": [t["id"] for t in due], "errors": errors})
         orgs = sorted({t["org_id"] for t in due})
-        cursor.execute(sql.MARK_SERVED, {"orgs": orgs})
-    return Batch(len(due), len(orgs), [t["late_seconds"] for t in due])
+        _, after = run_batch(cursor, [
+            (sql.MARK_FIRED, {"ids": [t["id"] for t in due], "errors": errors}),
+            (sql.MARK_SERVED, {"orgs": orgs}),
+        ], then=(sql.NEXT_DUE_FROM_HERE, where))  # fmt: skip
+        next_due_at = _due_at(after[0]["seconds"] if after else None)
+    late = [t["late_seconds"] for t in due]
+    return Batch(len(due), len(orgs), late, next_due_at)
+
+
+def _fire_together(due: list[dict[str, Any]], by: str) -> list[str]:
+    for timer in due:
+        try:
+            _wake(timer, by)
+        except Exception as exc:
+            raise _FiringFailed from exc
+    return [""] * len(due)
+
+
+def _fire_alone(timer: dict[str, Any], by: str) -> str:
+    """Fire one timer under a savepoint; its error ('' when it fired)."""
+    try:
+        with transaction.atomic():  # a savepoint
+            _wake(timer, by)
+    except Exception as exc:
+        logger.exception("firing timer %s failed", timer["id"])
+        return f"{type(exc).__name__}: {exc}"[:2000]
+    return ""
+
+
+def _wake(timer: dict[str, Any], by: str) -> None:
+    """Wake the timer's step: its run walks on. The step no longer waiting (cancelled, its
+    run ended) is no error: the timer is spent."""
+    if timer["step_pk"] is None:
+        return  # the run ended before its step was written (a failed walk): nothing waits
+    wake = Wake(outcome="fired", output={"due_at": timer["due_at"].isoformat()},
+                reason="timer_fired", by=by)  # fmt: skip
+    wake_step(step_pk=timer["step_pk"], wake=wake, run_id=timer["run_id"])
+
+
+def _due_at(seconds: float | None) -> float | None:
+    """An instant `seconds` from now (as just read from the database) on the monotonic clock."""
+    return None if seconds is None else time.monotonic() + float(seconds)
 
 
 def _moved(cursor: Any, timer: dict[str, Any], by: str) -> bool:
@@ -88,99 +159,151 @@ def _moved(cursor: Any, timer: dict[str, Any], by: str) -> bool:
     return move(cursor, timer, new, why="the run's zone changed", by=by)
 
 
-def _fire(cursor: Any, timer: dict[str, Any], by: str) -> str:
-    """Wake the timer's step (its run walks on), under a savepoint: one timer that fails
-    fails alone, recorded on the timer, and the batch goes on. Returns the error, or ''."""
-    if timer["step_pk"] is None:
-        return ""  # the run ended before its step was written (a failed walk): nothing waits
-    wake = Wake(outcome="fired", output={"due_at": timer["due_at"].isoformat()},
-                reason="timer_fired", by=by)  # fmt: skip
-    try:
-        with transaction.atomic():  # a savepoint
-            # False: the step no longer waits (cancelled, its run ended): the timer is spent.
-            wake_step(step_pk=timer["step_pk"], wake=wake)
-    except Exception as exc:
-        logger.exception("firing timer %s failed", timer["id"])
-        return f"{type(exc).__name__}: {exc}"[:2000]
-    return ""
-
-
-def seconds_until_next_due() -> float | None:
+def seconds_until_next_due(*, part: int = 0, parts: int = 1) -> float | None:
     with connection.cursor() as cursor:
-        cursor.execute(sql.NEXT_DUE)
+        cursor.execute(sql.NEXT_DUE, {"part": part, "parts": parts})
         row = fetch_dict(cursor)
     return None if row is None or row["seconds"] is None else float(row["seconds"])
 
 
-class Sweeper:
-    """One sweeper process's loop (``manage.py sweep``; ``runengine`` starts one)."""
+class TellAll(threading.Event):
+    """What the fast path's listener sets: every firing thread's own event (each clears its
+    own, so one firer's look never swallows another's notification)."""
 
-    def __init__(self, name: str | None = None, *, tick: float | None = None) -> None:
+    def __init__(self, events: list[threading.Event]) -> None:
+        super().__init__()
+        self.events = events
+
+    def set(self) -> None:
+        for event in self.events:
+            event.set()
+
+
+class Sweeper:
+    """One sweeper process (``manage.py sweep``; ``runengine`` starts one).
+
+    Its threads, each on its own database connection:
+    - the main one holds the lease (renewed every third of a tick);
+    - ``firers`` firing threads (``WAYMARK_TIMER_FIRERS``), each serving one part of the
+      timers and doing nothing else, so a timer is never late by another's batch, by the
+      lease's renewal or by the housekeeping;
+    - one does the housekeeping once a tick;
+    - the listener for the fast path."""
+
+    def __init__(
+        self, name: str | None = None, *, tick: float | None = None, firers: int | None = None
+    ) -> None:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:sweep"
         self.tick = tick or float(engine_setting("SWEEP_SECONDS"))
-        self.told = threading.Event()  # a timer due soon was written (NOTIFY)
-        self.next_housekeeping = 0.0
+        self.firers = max(1, firers or int(engine_setting("TIMER_FIRERS")))
+        self.told = [threading.Event() for _ in range(self.firers)]  # per firer: look now
         self.next_purge = 0.0
         self.leader = False
-        self.renewed_at = 0.0  # monotonic time of the last renewal of the lease
         self.extra: list[Callable[[str], int]] = []  # more work per tick (scheduled starts)
 
     def run(self, stop: threading.Event) -> None:
-        # Stopping cuts a sleep short too (it may be a whole tick long).
-        threading.Thread(target=self._wake_on, args=(stop,), daemon=True).start()
-        if engine_setting("TIMERS_FAST_PATH"):
-            listener = threading.Thread(target=listen, args=(CHANNEL, self.told, stop),
-                                        name="timers-listener", daemon=True)  # fmt: skip
-            listener.start()
+        threads = [self._thread(f"sweep-firer-{part}", self._fire_loop, part, stop)
+                   for part in range(self.firers)]  # fmt: skip
+        threads.append(self._thread("sweep-housekeeping", self._housekeeping_loop, stop))
+        if engine_setting("TIMERS_FAST_PATH"):  # a NOTIFY: a timer due soon was written
+            self._thread("timers-listener", listen, CHANNEL, TellAll(self.told), stop).start()
+        for thread in threads:
+            thread.start()
         try:
             while not stop.is_set():
-                self.told.clear()
-                wait = self._tick()
-                self.told.wait(wait)  # a NOTIFY cuts the sleep short
+                self._lead()
+                stop.wait(self.tick / 3)
         finally:
+            self._tell_all()  # stopping cuts a firer's sleep short (it may be a tick long)
+            for thread in threads:
+                thread.join(timeout=self.tick * 3)
             self._resign()
             connection.close()
 
-    def _wake_on(self, stop: threading.Event) -> None:
-        stop.wait()
-        self.told.set()
+    @staticmethod
+    def _thread(name: str, target: Callable[..., None], *args: object) -> threading.Thread:
+        return threading.Thread(target=target, args=args, name=name, daemon=True)
 
-    def _tick(self) -> float:
-        """One tick; how long to sleep before the next."""
+    def _lead(self) -> None:
+        """Take or renew the lease (three ticks long, renewed every third of one)."""
         try:
-            self.leader = self._take_lease()
-            if not self.leader:
-                return self.tick
-            fired = self._fire_backlog()
+            leads = self._take_lease()
+        except Exception:
+            logger.exception("sweep could not take its lease; retrying")
+            connection.close()
+            leads = False
+        if leads and not self.leader:
+            self.leader = True
+            self._tell_all()  # begin at once, not at the firers' next look
+        self.leader = leads
+
+    def _tell_all(self) -> None:
+        for told in self.told:
+            told.set()
+
+    def _fire_loop(self, part: int, stop: threading.Event) -> None:
+        told = self.told[part]
+        try:
+            while not stop.is_set():
+                told.clear()
+                wake_at = self._fire_part(part)
+                told.wait(max(0.0, wake_at - time.monotonic()))  # a NOTIFY cuts it short
+        finally:
+            connection.close()
+
+    def _fire_part(self, part: int) -> float:
+        """Fire what is due in one part; when to look again (monotonic clock): at its next
+        timer's instant, at most one tick from now."""
+        if not self.leader:
+            return time.monotonic() + self.tick
+        try:
+            fired, due_at = self._fire_backlog(part)
             if fired:
                 logger.info("sweep: %s timer(s) fired", fired)
-            self._housekeeping()
-            due = seconds_until_next_due()
         except Exception:
             logger.exception("sweep failed; retrying")
             connection.close()
-            return self.tick
-        return self.tick if due is None else max(0.0, min(self.tick, due))
+            return time.monotonic() + self.tick
+        latest = time.monotonic() + self.tick
+        return latest if due_at is None else min(latest, due_at)
 
-    def _fire_backlog(self) -> int:
-        """Batch after batch (each its own transaction) while there is due work, for at most
-        one tick: then housekeeping and the lease's renewal come first."""
+    def _fire_backlog(self, part: int) -> tuple[int, float | None]:
+        """Batch after batch (each its own transaction) while timers of the part are due,
+        for at most one tick (then the leadership is looked at again). Returns how many fired
+        and when the next is due (monotonic clock; None: nothing pending)."""
         fired, until = 0, time.monotonic() + self.tick
-        while (batch := fire_due_timers(by=self.name)).fired and time.monotonic() < until:
+        while self.leader:
+            batch = fire_due_timers(by=self.name, part=part, parts=self.firers)
             fired += batch.fired
-        return fired + batch.fired
+            if not batch.fired:  # nothing was due: ask when something will be
+                return fired, _due_at(seconds_until_next_due(part=part, parts=self.firers))
+            due_at = batch.next_due_at
+            now = time.monotonic()
+            if due_at is None or due_at > now or now >= until:
+                return fired, due_at
+        return fired, None
+
+    def _housekeeping_loop(self, stop: threading.Event) -> None:
+        try:
+            while not stop.wait(self.tick):
+                if not self.leader:
+                    continue
+                try:
+                    self._housekeeping()
+                except Exception:
+                    logger.exception("sweep housekeeping failed; retrying")
+                    connection.close()
+        finally:
+            connection.close()
 
     def _housekeeping(self) -> None:
-        now = time.monotonic()
-        if now < self.next_housekeeping:
-            return
-        self.next_housekeeping = now + self.tick
         counts = sweep_once(name=self.name)
         if counts.deadlines or counts.retries or counts.signals:
             logger.info("sweep: %s deadline(s) fired, %s retr(ies) due, %s late signal(s)",
                         counts.deadlines, counts.retries, counts.signals)  # fmt: skip
         for task in self.extra:
             task(self.name)
+        now = time.monotonic()
         if now >= self.next_purge:
             self.next_purge = now + RETENTION_EVERY_SECONDS
             purged = purge_finished_runs()
@@ -191,16 +314,10 @@ class Sweeper:
                     logger.info("sweep: %s: %s", name, done)
 
     def _take_lease(self) -> bool:
-        """Take or renew the lease (3 ticks long); a leader renews at most every third of a
-        tick, so waking for a timer costs no extra round trip."""
-        now = time.monotonic()
-        if self.leader and now < self.renewed_at + self.tick / 3:
-            return True
         params: dict[str, Any] = {"name": LEASE_NAME, "holder": self.name, "lease": 3 * self.tick}
         with connection.cursor() as cursor:
             cursor.execute(sql.TAKE_LEASE, params)
             held = cursor.fetchone() is not None
-        self.renewed_at = now if held else 0.0
         if held != self.leader:
             logger.info("sweeper %s %s the sweep", self.name, "leads" if held else "follows")
         return held

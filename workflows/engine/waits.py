@@ -28,9 +28,16 @@ from . import sql
 from .definition_cache import definition_for
 from .executors import StepResult
 from .places import Place
-from .sql.rows import event_row, fetch_dict, fetch_dicts, insert_events, insert_wakes
+from .sql.rows import (
+    event_row,
+    fetch_dicts,
+    insert_events,
+    insert_wakes,
+    query_pipelined,
+    query_prepared,
+)
 from .sql.rows import json_or_null as _json
-from .walk import Walk, lock_run
+from .walk import RunState, Walk, lock_run
 
 logger = logging.getLogger(__name__)
 
@@ -47,28 +54,33 @@ class Wake:
     by: str = ""  # who or what woke it, for the history
 
 
-def wake_step(*, step_pk: int, wake: Wake, due_only: bool = False) -> bool:
+def wake_step(
+    *, step_pk: int, wake: Wake, due_only: bool = False, run_id: int | None = None
+) -> bool:
     """Wake one waiting step, inside the caller's transaction. False: it was not waiting
     (already woken, its deadline fired, cancelled): the caller's own write must then be
-    rolled back or treated as unused, which is why this runs in the caller's transaction."""
+    rolled back or treated as unused, which is why this runs in the caller's transaction.
+    ``run_id``: the step's run, when the caller read it already (a step never changes run),
+    which saves a round trip; the guarded UPDATE still decides."""
     assert connection.in_atomic_block, "wake_step runs in the transaction of what caused it"
     with connection.cursor() as cursor:
-        cursor.execute(sql.STEP_RUN, {"id": step_pk})
-        found = fetch_dict(cursor)
-        if found is None:
-            return False
-        run = lock_run(cursor, found["run_id"])  # the run first, then its step
+        if run_id is None:
+            found = query_prepared(cursor, sql.STEP_RUN, {"id": step_pk})
+            if not found:
+                return False
+            run_id = int(found[0]["run_id"])
         if wake.outcome is None:
-            return _wake_ready(cursor, run.status, step_pk, wake, due_only)
-        output = _json(wake.output)
-        cursor.execute(
-            sql.WAKE_DONE,
-            # psycopg adapts Jsonb; django-stubs allow only plain values as parameters.
-            {"id": step_pk, "output": output, "due": due_only},  # type: ignore[dict-item]
-        )
-        row = fetch_dict(cursor)
-        if row is None:
+            return _wake_ready(cursor, lock_run(cursor, run_id), step_pk, wake, due_only)
+        # The run's lock, then the guarded UPDATE, sent together: the lock is still taken
+        # first (one lock order), in one round trip instead of two.
+        done = {"id": step_pk, "output": _json(wake.output), "due": due_only, "run": run_id}
+        lock = (sql.LOCK_RUN, {"id": run_id})
+        locked, woken = query_pipelined(cursor, [lock, (sql.WAKE_DONE, done)])
+        if not locked:
+            raise LookupError(f"run {run_id} does not exist")
+        if not woken:
             return False
+        run, row = RunState(**locked[0]), woken[0]
         definition = definition_for(run.version_id)
         walk = Walk(cursor, run, definition, worker=wake.by)
         walk.event(f"step.{wake.reason}", row["step_id"], iteration=row["iteration"],
@@ -80,15 +92,14 @@ def wake_step(*, step_pk: int, wake: Wake, due_only: bool = False) -> bool:
     return True
 
 
-def _wake_ready(cursor: Any, run_status: str, step_pk: int, wake: Wake, due_only: bool) -> bool:
-    paused = run_status == RunStatus.PAUSED
-    cursor.execute(
-        sql.WAKE_READY,
-        {"id": step_pk, "paused": paused, "due": due_only, "payload": _json(wake.payload)},
-    )
-    row = fetch_dict(cursor)
-    if row is None:
+def _wake_ready(cursor: Any, run: RunState, step_pk: int, wake: Wake, due_only: bool) -> bool:
+    paused = run.status == RunStatus.PAUSED
+    ready = {"id": step_pk, "run": run.id, "paused": paused, "due": due_only,
+             "payload": _json(wake.payload)}  # fmt: skip
+    rows = query_prepared(cursor, sql.WAKE_READY, ready)
+    if not rows:
         return False
+    row = rows[0]
     events = [event_row(row["org_id"], row["run_id"], f"step.{wake.reason}", row["step_id"],
                         iteration=row["iteration"], attempt=row["attempt"], worker=wake.by,
                         detail={"ready": not paused})]  # fmt: skip

@@ -273,13 +273,14 @@ STEP_RUN = "SELECT run_id FROM workflows_step WHERE id = %(id)s"
 # The one way a waiting step wakes (a signal consumed, a decision taken, a timer or a
 # deadline fired): guarded on its status and kind, so of two wakes (a signal and its
 # deadline) exactly one wins; the caller holds the run's lock and walks on in the same
-# transaction. `due` true: only if its deadline has passed (the sweep's guard).
+# transaction. `due` true: only if its deadline has passed (the sweep's guard). `run`: the run
+# whose lock the caller holds (a step of another run is not woken under the wrong lock).
 # Done, with an outcome: the walk goes on from it.
 WAKE_DONE = """
 UPDATE workflows_step
    SET status = 'done', output = %(output)s, wait_kind = '', wake_at = NULL,
        finished_at = now()
- WHERE id = %(id)s AND status = 'waiting' AND wait_kind = 'external'
+ WHERE id = %(id)s AND run_id = %(run)s AND status = 'waiting' AND wait_kind = 'external'
    AND (NOT %(due)s OR wake_at <= now())
 RETURNING id, org_id, run_id, step_id, iteration, attempt, wait_detail::json AS wait_detail,
           fork_join_id, branch
@@ -294,7 +295,7 @@ UPDATE workflows_step
        wake_at = NULL, lease_until = now(),
        wait_detail = coalesce(wait_detail, '{}'::jsonb)
                      || jsonb_build_object('woken_with', %(payload)s::jsonb)
- WHERE id = %(id)s AND status = 'waiting' AND wait_kind = 'external'
+ WHERE id = %(id)s AND run_id = %(run)s AND status = 'waiting' AND wait_kind = 'external'
    AND (NOT %(due)s OR wake_at <= now())
 RETURNING id, org_id, run_id, step_id, iteration, attempt, lane
 """

@@ -110,6 +110,19 @@ def run_batch(
     return first, rows
 
 
+def query_pipelined(cursor: Any, statements: list[Statement]) -> list[list[dict[str, Any]]]:
+    """Several queries in one round trip (one pipeline, each server-side prepared, in the
+    caller's transaction); the rows of each, by column name. For a single-threaded caller
+    where a round trip costs more than the pipeline's Python work (see query_prepared)."""
+    conn = _psycopg_connection(cursor)
+    with _database_errors(cursor), conn.pipeline():
+        cursors = [_execute_prepared(conn, sql, params) for sql, params in statements]
+    results = [fetch_dicts(each) if each.description else [] for each in cursors]
+    for each in cursors:
+        each.close()
+    return results
+
+
 def query_prepared(cursor: Any, sql: str, params: Any) -> list[dict[str, Any]]:
     """One statement as a server-side prepared statement, in the caller's transaction on the
     connection behind ``cursor``; its rows by column name (none for a command).
