@@ -375,6 +375,9 @@ WAYMARK = {
     # make a worker hand its other steps back and exit to be replaced. 0: a quarter of its
     # slots, at least one.
     "WORKER_MAX_HUNG": env.int("WAYMARK_WORKER_MAX_HUNG", default=0),
+    # A settle whose walk gives its worker no next step of the run claims a ready step of
+    # the lane in the same transaction (walk.TakeNext.claim_lane): one commit per run fewer.
+    "SETTLE_CLAIMS": env.bool("WAYMARK_SETTLE_CLAIMS", default=True),
     # Successful steps that finish together in one worker commit in one transaction. Off by
     # default: on the 2-core development machine (local disk, fsync 0.25 ms) it lowers commits
     # per io step from 1.3-1.4 to 0.8-1.1 but the drained rate by ~15 %; turn it on where a

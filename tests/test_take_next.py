@@ -3,9 +3,11 @@ a hop between io steps costs one transaction, not a wake-up through the relay an
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from workflows.engine.executors import StepResult
 from workflows.engine.lanes import lane_policy
@@ -16,6 +18,7 @@ from workflows.services.automations import automation_publish_definition
 from workflows.services.control import run_act
 from workflows.services.runs import run_start
 
+from .factories import OrganisationFactory
 from .processes import spawn_relay, spawn_worker, wait_for
 
 THREE: dict[str, Any] = {
@@ -118,3 +121,105 @@ def test_a_worker_that_dies_running_a_step_it_took_leaves_it_to_another(org, pro
     b.refresh_from_db()
     assert (b.status, b.attempt) == ("done", 2)
     assert RunEvent.objects.filter(run_id=run_id, kind="run.succeeded").count() == 1
+
+
+# --- a settle that claims for the lane (TakeNext.claim_lane) --------------------------------
+
+ONE: dict[str, Any] = {
+    "start": "only",
+    "steps": [{"id": "only", "type": "noop", "next": "done"}, {"id": "done", "type": "end"}],
+}
+LANE = TakeNext(worker="w", lane="io", lease_seconds=30, claim_lane=True)
+
+
+def start_one(org, key: str) -> Run:
+    automation_publish_definition(org=org, slug="one", definition=ONE)
+    return Run.objects.get(pk=run_start(org=org, automation_slug="one", run_input={},
+                                        start_key=key).run_id)  # fmt: skip
+
+
+def xmin(step_pk: int) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT xmin::text::bigint FROM workflows_step WHERE id = %s", [step_pk])
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db
+def test_a_settle_that_ends_its_run_claims_the_lanes_next_step_in_its_transaction(org) -> None:
+    first, second = start_one(org, "k1"), start_one(org, "k2")
+    (only,) = claim(policy=lane_policy("io"), worker="w", limit=1)
+    assert only.run_id == first.pk  # the older ready step first
+
+    settled = settle_and_take_next(only, StepResult(output=1), worker="w", take=LANE)
+
+    assert settled.ok and settled.from_lane
+    taken = settled.next_step
+    assert taken is not None and (taken.run_id, taken.step_id, taken.attempt) == (
+        second.pk, "only", 1,
+    )  # fmt: skip
+    assert Run.objects.get(pk=first.pk).status == "succeeded"
+    row = Step.objects.get(pk=taken.id)
+    assert (row.status, row.owner) == ("running", "w")
+    # One transaction wrote both: the settle of the first run and the claim of the second.
+    assert xmin(only.id) == xmin(taken.id)
+    assert RunEvent.objects.filter(run=second, kind="step.claimed", worker="w").count() == 1
+    assert claim(policy=lane_policy("io"), worker="other", limit=5) == []
+
+
+@pytest.mark.django_db
+def test_without_claim_lane_or_with_nothing_ready_a_settle_claims_nothing(org) -> None:
+    start_one(org, "k1"), start_one(org, "k2")
+    (only,) = claim(policy=lane_policy("io"), worker="w", limit=1)
+    plain = settle_and_take_next(only, StepResult(output=1), worker="w", take=TAKE)
+    assert plain.ok and plain.next_step is None and not plain.from_lane
+
+    (last,) = claim(policy=lane_policy("io"), worker="w", limit=1)
+    alone = settle_and_take_next(last, StepResult(output=1), worker="w", take=LANE)
+    assert alone.ok and alone.next_step is None and not alone.from_lane
+
+
+@pytest.mark.django_db
+def test_the_settles_claim_is_the_fair_claim_going_on_after_the_last_organisation(org) -> None:
+    low, middle, high = sorted([org, *OrganisationFactory.create_batch(2)], key=lambda o: o.pk)
+    for each in (low, middle, high):
+        start_one(each, "k")
+    (only,) = claim(policy=lane_policy("io"), worker="w", limit=1, after_org=low.pk)
+    assert only.org_id == middle.pk
+    settled = settle_and_take_next(
+        only, StepResult(output=1), worker="w", take=replace(LANE, after_org=middle.pk)
+    )
+    # The organisation after the one served last, not the first one again.
+    assert settled.next_step is not None and settled.next_step.org_id == high.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_dies_on_a_step_its_settle_claimed_leaves_it_to_another(org, procs):
+    # The worker runs the first run's only step; its settle ends that run and claims the
+    # second run's step in the same transaction; that step kills the worker. Its lease
+    # lapses and another worker finishes it: the second run succeeds once, on attempt 2.
+    automation_publish_definition(org=org, slug="calm", definition={
+        "start": "a", "steps": [{"id": "a", "type": "probe", "next": "done"},
+                                {"id": "done", "type": "end"}],
+    })  # fmt: skip
+    automation_publish_definition(org=org, slug="crash", definition={
+        "start": "b", "steps": [{"id": "b", "type": "probe", "crash_attempts": 1,
+                                 "next": "done"}, {"id": "done", "type": "end"}],
+    })  # fmt: skip
+    calm = run_start(org=org, automation_slug="calm", run_input={}, start_key="c").run_id
+    doomed = run_start(org=org, automation_slug="crash", run_input={}, start_key="d").run_id
+    first = spawn_worker(concurrency=1)
+    procs.append(first)
+    assert first.wait(timeout=120) == 137  # died on b
+    a = Step.objects.get(run_id=calm, step_id="a")
+    b = Step.objects.get(run_id=doomed, step_id="b")
+    assert Run.objects.get(pk=calm).status == "succeeded"
+    assert (b.status, b.attempt) == ("running", 1)
+    assert f":{first.pid}:" in (b.owner or "")
+    assert xmin(a.pk) == xmin(b.pk)  # b was claimed by the settle of a, not by a claim
+
+    procs.append(spawn_worker(concurrency=1))
+    wait_for(lambda: Run.objects.get(pk=doomed).status == "succeeded", timeout=120,
+             what="another worker to finish the run")  # fmt: skip
+    b.refresh_from_db()
+    assert (b.status, b.attempt) == ("done", 2)
+    assert RunEvent.objects.filter(run_id=doomed, kind="run.succeeded").count() == 1

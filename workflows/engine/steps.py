@@ -275,6 +275,7 @@ class Settled:
 
     ok: bool  # False: this attempt was fenced out (taken over, cancelled): result dropped
     next_step: ClaimedStep | None = None  # the run's next step, claimed for this worker
+    from_lane: bool = False  # next_step is another ready step of the lane (TakeNext.claim_lane)
 
 
 def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> bool:
@@ -302,7 +303,22 @@ def settle_and_take_next(
         if not walk.finished:
             walk.step_succeeded(step.step_id, result, step.place)
         taken_id = walk.flush()
-    return Settled(True, _taken_step(walk, taken_id))
+        next_step = _taken_step(walk, taken_id)
+        if next_step is not None or take is None or not take.claim_lane:
+            return Settled(True, next_step)
+        claimed = _claim_for(walk.cursor, take)
+    return Settled(True, claimed, from_lane=claimed is not None)
+
+
+def _claim_for(cursor: Any, take: TakeNext) -> ClaimedStep | None:
+    """One ready step of the lane, claimed by the lane's fair claim in the settle's own
+    transaction (TakeNext.claim_lane). Its row locks are taken with SKIP LOCKED, and runs
+    are read, not locked, so it never waits on another transaction while the settle holds
+    its run's lock."""
+    params = {"lane": take.lane, "n": 1, "worker": take.worker, "lease": take.lease_seconds,
+              "after_org": take.after_org}  # fmt: skip
+    rows = query_prepared(cursor, sql.CLAIM, params)
+    return ClaimedStep.from_row(rows[0]) if rows else None
 
 
 def _taken_step(walk: Walk, step_pk: int | None) -> ClaimedStep | None:

@@ -76,11 +76,18 @@ class TakeNext:
     """A settling worker's offer to run the run's next step itself: the first step of its
     lane the walk enters is written already claimed (running, attempt 1, leased to it), in
     the settle's transaction, so a hop between steps costs that transaction, not a wake-up
-    through the relay and another claim."""
+    through the relay and another claim.
+
+    With ``claim_lane``, a settle whose walk entered no step of the lane (its run ended, say)
+    claims one ready step of the lane instead, by the lane's fair claim (``sql.CLAIM``, from
+    ``after_org`` on), still in the settle's transaction: the slot goes on to the next run
+    without a claim of its own (a commit and a round trip fewer per run)."""
 
     worker: str
     lane: str
     lease_seconds: float
+    claim_lane: bool = False
+    after_org: int = 0
 
 
 @dataclass(frozen=True)

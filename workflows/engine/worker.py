@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from django.db import InterfaceError, OperationalError, connection
 
@@ -119,8 +119,11 @@ class Worker:
         # A settle may claim the run's next step for this worker (not for a suspects-only
         # worker: its one slot is for suspects).
         self.take_next = (
-            None if suspects_only else TakeNext(self.name, policy.name, policy.lease_seconds)
-        )
+            None
+            if suspects_only
+            else TakeNext(self.name, policy.name, policy.lease_seconds,
+                          claim_lane=bool(engine_setting("SETTLE_CLAIMS")))
+        )  # fmt: skip
         # Successful steps that finish together commit together (group_settle.py); a
         # suspects-only worker runs one step at a time and has nothing to group.
         grouped = engine_setting("GROUP_SETTLES") and not suspects_only
@@ -408,6 +411,9 @@ class Worker:
         elif result is not None:
             settled = self._settle(step, self._success(step, result))
             if isinstance(settled, Settled) and settled.next_step is not None:
+                if settled.from_lane:  # the lane's fair claim served an organisation
+                    with self.lock:
+                        self.after_org = next_after_org([settled.next_step], self.after_org)
                 return self._adopt(settled.next_step)
         return None
 
@@ -415,6 +421,10 @@ class Worker:
         """The settle of a successful attempt: through the group settler, unless it parks
         (a park is its own kind of settle) or the worker settles alone."""
         take = None if self.stop.is_set() else self.take_next
+        if take is not None and take.claim_lane:
+            # A settle's claim is the lane's fair claim: it goes on from where this worker's
+            # claims left off (after_org), as the claim loop's would.
+            take = replace(take, after_org=self.after_org)
         settler = self.settler
         if settler is not None and result.park is None:
             return lambda: settler.settle(step, result, take)
