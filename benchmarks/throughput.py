@@ -1,14 +1,17 @@
 """End-to-end engine throughput and fairness, on the embedded PostgreSQL by default.
 
-    .venv/bin/python benchmarks/throughput.py --runs 2000 [--shape mixed|three-io]
+    .venv/bin/python benchmarks/throughput.py --runs 2000 [--shape mixed|three-io] [--drain]
     .venv/bin/python benchmarks/throughput.py --fairness --backlog 100000
 
 Throughput: starts N runs of a 5-step automation (set -> noop -> branch -> noop -> end: three
 quick steps inline in the walk, two io steps through a worker; or, with --shape three-io, the
 side-by-side harness's three no-op io steps) while a relay and the io worker processes run
 with the default `runengine` settings, and prints runs/s, steps/s, p50/p99 start-to-end
-latency and database commits per step (from pg_stat_database, so everything counts: starts,
-claims, settles, heartbeats, the relay, idle polls).
+latency and database commits (from pg_stat_database: everything counts, claims, settles,
+heartbeats, the relay, idle polls; the starts and this script's own polls are counted and
+taken out for the engine's figure), and the engine's transactions that wrote the runs'
+history (distinct xmin of their events). --drain starts every run first, then the engine,
+and clocks from the first claim to the last finish (the side-by-side harness's drain).
 
 Fairness: gives organisation "busy" a backlog of ready io steps, then starts a few runs for
 organisation "quiet" and prints how long those took while the backlog drains.
@@ -77,13 +80,28 @@ def setup(slug: str) -> Organisation:
     return org
 
 
-def wait_finished(ids: list[int], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+def wait_finished(ids: list[int], timeout: float) -> int:
+    """Wait for the runs to end; returns how many queries it made (each one a commit of its
+    own, counted in pg_stat_database: the benchmark's own, not the engine's)."""
+    deadline, polls = time.monotonic() + timeout, 0
     while time.monotonic() < deadline:
+        polls += 1
         if not Run.objects.filter(pk__in=ids, status="running").exists():
-            return
+            return polls
         time.sleep(0.1)
     raise SystemExit(f"runs did not finish within {timeout}s")
+
+
+def write_transactions(ids: list[int]) -> int:
+    """The engine's transactions that wrote these runs' history: every start, claim and
+    settle writes events, so distinct xmin of their events counts them (read-only ones,
+    such as an empty claim, are in the commit count only)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(DISTINCT xmin::text) FROM workflows_runevent WHERE run_id = ANY(%s)",
+            [ids],
+        )
+        return int(cursor.fetchone()[0])
 
 
 def latencies(ids: list[int]) -> list[float]:
@@ -99,25 +117,48 @@ def pct(values: list[float], q: float) -> float:
 
 
 def throughput(args: argparse.Namespace) -> None:
+    """End to end (the engine running while runs start) or, with --drain, drained (every
+    run started first, then the engine: clocked from its first claim to the last finish)."""
     org = setup("bench")
-    processes = engine(["relay"], *io_workers())
-    time.sleep(3)  # let them start
+    processes = [] if args.drain else engine(["relay"], *io_workers())
+    time.sleep(0 if args.drain else 3)  # let them start
     before, began = commits(), time.monotonic()
     ids = start_runs(org, "bench", args.runs, f"t{int(time.time())}", args.starters)
-    wait_finished(ids, timeout=600)
-    elapsed = time.monotonic() - began
+    if args.drain:
+        processes = engine(["relay"], *io_workers())
+    polls = wait_finished(ids, timeout=600)
+    elapsed = drained_seconds(ids) if args.drain else time.monotonic() - began
     used = commits() - before
     stop(processes)
     lat = latencies(ids)
     steps = len(ids) * STEPS_PER_RUN
     io_steps = len(ids) * IO_STEPS_PER_RUN
-    print(f"runs: {len(ids)} in {elapsed:.2f}s with {args.starters} starter threads")
+    engine_commits = used - len(ids) - polls  # without the starts and this script's polls
+    mode = "drained" if args.drain else f"end to end, {args.starters} starter threads"
+    print(f"runs: {len(ids)} in {elapsed:.2f}s ({mode})")
     print(f"runs/s: {len(ids) / elapsed:.1f}")
     print(f"steps/s: {steps / elapsed:.1f} (io steps/s: {io_steps / elapsed:.1f})")
-    print(f"start-to-end latency: p50 {pct(lat, 0.5) * 1000:.0f} ms, "
-          f"p99 {pct(lat, 0.99) * 1000:.0f} ms, max {lat[-1] * 1000:.0f} ms")  # fmt: skip
-    print(f"commits: {used} total, {used / steps:.2f} per step, "
-          f"{(used - len(ids)) / io_steps:.2f} per io step (starts excluded)")  # fmt: skip
+    if not args.drain:
+        print(f"start-to-end latency: p50 {pct(lat, 0.5) * 1000:.0f} ms, "
+              f"p99 {pct(lat, 0.99) * 1000:.0f} ms, max {lat[-1] * 1000:.0f} ms")  # fmt: skip
+    per_io = engine_commits / io_steps
+    print(f"commits: {used} in all: {len(ids)} starts, {polls} this script's polls, "
+          f"{engine_commits} the engine's = {per_io:.2f} per io step")  # fmt: skip
+    writes = write_transactions(ids) - len(ids)
+    print(f"engine transactions that wrote these runs: {writes} = "
+          f"{writes / io_steps:.2f} per io step")  # fmt: skip
+
+
+def drained_seconds(ids: list[int]) -> float:
+    """From the first claim to the last finish, on the database's clock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXTRACT(EPOCH FROM (SELECT max(finished_at) FROM workflows_run"
+            " WHERE id = ANY(%(ids)s)) - (SELECT min(at) FROM workflows_runevent"
+            " WHERE run_id = ANY(%(ids)s) AND kind = 'step.claimed'))",
+            {"ids": ids},
+        )
+        return float(cursor.fetchone()[0])
 
 
 BACKLOG_SQL = """
@@ -176,6 +217,7 @@ def main() -> None:
         help="mixed: set, noop, branch, noop, end; three-io: the side-by-side harness's shape",
     )  # fmt: skip
     parser.add_argument("--starters", type=int, default=4, help="threads starting runs")
+    parser.add_argument("--drain", action="store_true", help="start every run, then the engine")
     parser.add_argument("--fairness", action="store_true")
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--quiet-runs", type=int, default=10)
