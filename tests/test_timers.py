@@ -3,6 +3,7 @@ fires it once with its run, fairly across organisations, in people's time zones.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -139,6 +140,59 @@ def test_a_timer_that_fails_to_fire_fails_alone_and_its_batch_goes_on(org, monke
     woken = RunEvent.objects.filter(run_id__in=runs, kind="step.timer_fired").count()
     assert woken == 4  # each once: the optimistic pass was rolled back, not kept twice
     assert fire_due_timers().fired == 0
+
+
+def test_a_firing_thread_busy_with_a_batch_does_not_hold_back_the_other_parts_timers(
+    org, monkeypatch
+):
+    """A sweeper's firing threads each serve one part of the timers (mod(id, parts)): while
+    one is stuck in a batch, the other part's timers fire. Real threads, a real sweeper."""
+    import threading
+
+    import timers.sweep as sweep
+
+    runs = [start(org, waits({"type": "wait", "duration": "1h"}), key=f"k{i}") for i in range(6)]
+    timers = list(Timer.objects.filter(run_id__in=runs))
+    stuck_runs = {t.run_id for t in timers if t.pk % 2 == 0}
+    free_runs = {t.run_id for t in timers if t.pk % 2 == 1}
+    assert stuck_runs and free_runs
+    held, release = threading.Event(), threading.Event()
+    real_wake = sweep.wake_step
+
+    def wake_step(*, step_pk: int, run_id: int, **kwargs: object) -> bool:
+        if run_id in stuck_runs:
+            held.set()
+            release.wait(60)
+        return real_wake(step_pk=step_pk, run_id=run_id, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sweep, "wake_step", wake_step)
+    make_due()
+    stop = threading.Event()
+    sweeper = sweep.Sweeper("test-sweeper", tick=0.2, firers=2)
+    thread = threading.Thread(target=sweeper.run, args=(stop,), daemon=True)
+    thread.start()
+
+    def fired(run_ids: set[int]) -> int:
+        return Timer.objects.filter(run_id__in=run_ids, fired_at__isnull=False).count()
+
+    def wait_fired(run_ids: set[int]) -> int:
+        deadline = time.monotonic() + 60
+        while fired(run_ids) < len(run_ids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return fired(run_ids)
+
+    try:
+        assert held.wait(60), "the sweeper never began the stuck part's batch"
+        assert wait_fired(free_runs) == len(free_runs)  # while the other thread was stuck
+        assert fired(stuck_runs) == 0
+        release.set()
+        assert wait_fired(stuck_runs) == len(stuck_runs)
+    finally:
+        release.set()
+        stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert set(Run.objects.filter(pk__in=runs).values_list("status", flat=True)) == {"succeeded"}
 
 
 def test_a_timer_due_at_a_past_moment_fires_at_the_next_sweep(org):
