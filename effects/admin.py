@@ -21,7 +21,6 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
-from django.forms.fields import InvalidJSONInput
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
@@ -29,6 +28,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from workflows.admin.display import pretty_json
+from workflows.admin.fields import SafeJSONField
 from workflows.admin.scoping import (
     OrgScopedMixin,
     OrgScopedRelatedFilter,
@@ -96,23 +96,6 @@ def _json_checked(value: Any, what: str) -> Any:
 
 def _org_fixed_once_saved(fields: list[str], obj: Any, *also: str) -> list[str]:
     return fields if obj is None else ["org", *also, *fields]
-
-
-class SafeJSONField(forms.JSONField):
-    """Django's JSON form field, with text nested too deeply for Python's json module (a
-    RecursionError, when the form is cleaned and again when it is shown) a form error."""
-
-    def to_python(self, value: Any) -> Any:
-        try:
-            return super().to_python(value)
-        except RecursionError:
-            raise ValidationError("This JSON nests too deeply.") from None
-
-    def bound_data(self, data: Any, initial: Any) -> Any:
-        try:
-            return super().bound_data(data, initial)
-        except RecursionError:
-            return InvalidJSONInput(data)
 
 
 # --- connections ------------------------------------------------------------------------------

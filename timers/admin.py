@@ -11,9 +11,9 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
-from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest
 
+from workflows.admin.fields import SafeJSONField
 from workflows.admin.scoping import OrgScopedMixin, OrgScopedRelatedFilter
 
 from .api import SCHEDULE_NAME
@@ -22,23 +22,6 @@ from .schedules import first_occurrence
 
 SWEPT = ["next_at", "last_started_at", "last_run_id", "last_error", "last_error_at",
          "created_at", "updated_at"]  # fmt: skip
-
-
-class SafeJSONField(forms.JSONField):
-    """Django's JSON form field, with text nested too deeply for Python's json module (a
-    RecursionError) a form error, not a 500."""
-
-    def to_python(self, value: Any) -> Any:
-        try:
-            return super().to_python(value)
-        except RecursionError:
-            raise ValidationError("This JSON nests too deeply.") from None
-
-    def bound_data(self, data: Any, initial: Any) -> Any:
-        try:
-            return super().bound_data(data, initial)
-        except RecursionError:
-            return InvalidJSONInput(data)
 
 
 class ScheduleForm(forms.ModelForm):
