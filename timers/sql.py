@@ -47,19 +47,12 @@ UPDATE timers_sweeplease SET lease_until = now()
 # Seconds until the earliest pending timer of one part (negative: overdue; NULL: none). A
 # sweeper's firing threads each serve one part of the timers (mod(id, parts) = part; one
 # part: all of them), so one thread's batch never delays a timer another is free to fire.
+# From the clock, not now(): read at the end of a batch, in its transaction, now() would be
+# the batch's start and the sweeper would oversleep by the batch's length.
 NEXT_DUE = """
-SELECT EXTRACT(EPOCH FROM min(due_at) - now())::float AS seconds
-  FROM timers_timer
- WHERE fired_at IS NULL AND org_id > 0  -- the timer_next_due index (see its comment)
-   AND mod(id, %(parts)s) = %(part)s
-"""
-
-# The same, read at the end of a batch, in its transaction: from the clock, not now() (the
-# transaction's start), so the sweeper does not oversleep by the batch's length.
-NEXT_DUE_FROM_HERE = """
 SELECT EXTRACT(EPOCH FROM min(due_at) - clock_timestamp())::float AS seconds
   FROM timers_timer
- WHERE fired_at IS NULL AND org_id > 0
+ WHERE fired_at IS NULL AND org_id > 0  -- the timer_next_due index (see its comment)
    AND mod(id, %(parts)s) = %(part)s
 """
 

@@ -109,7 +109,7 @@ def _fire_batch(*, by: str, batch: int, where: dict[str, int], alone: bool) -> B
         _, after = run_batch(cursor, [
             (sql.MARK_FIRED, {"ids": [t["id"] for t in due], "errors": errors}),
             (sql.MARK_SERVED, {"orgs": orgs}),
-        ], then=(sql.NEXT_DUE_FROM_HERE, where))  # fmt: skip
+        ], then=(sql.NEXT_DUE, where))  # fmt: skip
         next_due_at = _due_at(after[0]["seconds"] if after else None)
     late = [t["late_seconds"] for t in due]
     return Batch(len(due), len(orgs), late, next_due_at)
@@ -232,10 +232,10 @@ class Sweeper:
             logger.exception("sweep could not take its lease; retrying")
             connection.close()
             leads = False
-        if leads and not self.leader:
-            self.leader = True
-            self._tell_all()  # begin at once, not at the firers' next look
+        took_over = leads and not self.leader
         self.leader = leads
+        if took_over:
+            self._tell_all()  # begin at once, not at the firers' next look
 
     def _tell_all(self) -> None:
         for told in self.told:

@@ -412,8 +412,9 @@ class Worker:
             settled = self._settle(step, self._success(step, result))
             if isinstance(settled, Settled) and settled.next_step is not None:
                 if settled.from_lane:  # the lane's fair claim served an organisation
-                    with self.lock:
-                        self.after_org = next_after_org([settled.next_step], self.after_org)
+                    # A hint for fairness, as in the claim loop: no lock (a lost update only
+                    # serves one organisation again).
+                    self.after_org = next_after_org([settled.next_step], self.after_org)
                 return self._adopt(settled.next_step)
         return None
 

@@ -6,8 +6,8 @@ positionally: adding a column to a statement cannot shift another field.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,27 +100,30 @@ def run_batch(
         parts.append(then)
     if not parts:
         return 0, []
-    conn = _psycopg_connection(cursor)
-    with _database_errors(cursor), conn.pipeline():
-        cursors = [_execute_prepared(conn, sql, params) for sql, params in parts]
-    first = int(cursors[0].rowcount)
-    rows = fetch_dicts(cursors[-1]) if then is not None else []
-    for each in cursors:
-        each.close()
-    return first, rows
+    with _pipelined(cursor, parts) as cursors:
+        return int(cursors[0].rowcount), fetch_dicts(cursors[-1]) if then is not None else []
 
 
 def query_pipelined(cursor: Any, statements: list[Statement]) -> list[list[dict[str, Any]]]:
     """Several queries in one round trip (one pipeline, each server-side prepared, in the
     caller's transaction); the rows of each, by column name. For a single-threaded caller
     where a round trip costs more than the pipeline's Python work (see query_prepared)."""
+    with _pipelined(cursor, statements) as cursors:
+        return [fetch_dicts(each) if each.description else [] for each in cursors]
+
+
+@contextmanager
+def _pipelined(cursor: Any, statements: list[Statement]) -> Iterator[list[psycopg.Cursor[Any]]]:
+    """The statements sent in one pipeline on the connection behind ``cursor``, each
+    prepared; their cursors, closed when the block ends."""
     conn = _psycopg_connection(cursor)
     with _database_errors(cursor), conn.pipeline():
         cursors = [_execute_prepared(conn, sql, params) for sql, params in statements]
-    results = [fetch_dicts(each) if each.description else [] for each in cursors]
-    for each in cursors:
-        each.close()
-    return results
+    try:
+        yield cursors
+    finally:
+        for each in cursors:
+            each.close()
 
 
 def query_prepared(cursor: Any, sql: str, params: Any) -> list[dict[str, Any]]:
