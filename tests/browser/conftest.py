@@ -51,14 +51,16 @@ def browser(chromium_path: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bro
             connections.close_all()
 
 
-def logged_in_page(browser: Browser, base_url: str, username: str) -> Page:
+def logged_in_page(
+    browser: Browser, base_url: str, username: str, password: str = PASSWORD
+) -> Page:
     """A fresh browser context, logged in through the admin's login form."""
     context = browser.new_context(base_url=base_url, viewport={"width": 1400, "height": 900})
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
     page.goto("/admin/login/")
     page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
+    page.fill("#id_password", password)
     page.click("input[type=submit]")
     page.wait_for_url("**/admin/")
     return page

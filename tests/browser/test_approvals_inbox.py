@@ -6,7 +6,7 @@ is refused (and recorded)."""
 from __future__ import annotations
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, expect
 
 from approvals.models import ApprovalRequest, DecisionAttempt
 from workflows.models import Run
@@ -14,21 +14,9 @@ from workflows.models import Run
 from ..effect_setup import drive, start
 from ..factories import OrganisationFactory
 from ..test_approvals_setup import PASSWORD, approval_definition, person
-from .conftest import TIMEOUT_MS
+from .conftest import logged_in_page
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def login(browser: Browser, base_url: str, username: str) -> Page:
-    context = browser.new_context(base_url=base_url, viewport={"width": 1400, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto("/admin/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url("**/admin/")
-    return page
 
 
 def open_request() -> tuple[Run, ApprovalRequest]:
@@ -45,7 +33,7 @@ def test_an_approver_decides_in_the_inbox_and_the_run_moves_on(
 ) -> None:
     run, approval = open_request()
     person(approval.org, "alice")
-    page = login(browser, live_server.url, "alice")
+    page = logged_in_page(browser, live_server.url, "alice", PASSWORD)
 
     page.goto("/admin/approvals/approvalrequest/")
     expect(page.locator("#mine")).to_contain_text("Refund 120 EUR to Maya?")
@@ -73,7 +61,7 @@ def test_someone_without_permission_sees_no_buttons_and_a_post_is_refused(
     from django.contrib.auth.models import Permission
 
     viewer.user_permissions.add(Permission.objects.get(codename="view_approvalrequest"))
-    page = login(browser, live_server.url, "victor")
+    page = logged_in_page(browser, live_server.url, "victor", PASSWORD)
 
     page.goto(f"/admin/approvals/approvalrequest/{approval.pk}/review/")
     expect(page.locator("#request-message")).to_have_text("Refund 120 EUR to Maya?")
