@@ -98,23 +98,34 @@ chosen AS (
 ),
 share AS (
     SELECT GREATEST(1, %(batch)s / NULLIF(count(*), 0)) AS n FROM chosen
+),
+batch AS (
+    SELECT t.*
+      FROM chosen
+     CROSS JOIN share
+     CROSS JOIN LATERAL (
+          SELECT id, org_id, run_id, step_id, iteration, kind, intent, zone, offset_seconds,
+                 created_at, due_at
+            FROM timers_timer
+           WHERE org_id = chosen.org_id AND fired_at IS NULL AND due_at <= now()
+             AND mod(id, %(parts)s) = %(part)s
+           ORDER BY org_id, due_at
+           LIMIT share.n
+             FOR UPDATE SKIP LOCKED
+     ) t
 )
 SELECT t.id, t.org_id, t.run_id, t.step_id, t.iteration, t.kind, t.intent::json AS intent,
        t.zone, t.offset_seconds, t.created_at, t.due_at,
        EXTRACT(EPOCH FROM now() - t.due_at)::float AS late_seconds,
-       step.id AS step_pk  -- the waiting step (NULL: its walk failed before writing it)
-  FROM chosen
- CROSS JOIN share
- CROSS JOIN LATERAL (
-      SELECT id, org_id, run_id, step_id, iteration, kind, intent, zone, offset_seconds,
-             created_at, due_at
-        FROM timers_timer
-       WHERE org_id = chosen.org_id AND fired_at IS NULL AND due_at <= now()
-         AND mod(id, %(parts)s) = %(part)s
-       ORDER BY org_id, due_at
-       LIMIT share.n
-         FOR UPDATE SKIP LOCKED
- ) t
+       step.id AS step_pk,  -- the waiting step (NULL: its walk failed before writing it)
+       -- When the sweeper looks next: seconds from the clock to the part's earliest timer
+       -- left pending by this batch (as NEXT_DUE; NULL: none), read here so the batch's end
+       -- needs no query of its own (it is sent with the last wake's writes).
+       (SELECT EXTRACT(EPOCH FROM min(x.due_at) - clock_timestamp())::float
+          FROM timers_timer x
+         WHERE x.fired_at IS NULL AND x.org_id > 0 AND mod(x.id, %(parts)s) = %(part)s
+           AND x.id NOT IN (SELECT id FROM batch)) AS next_seconds
+  FROM batch t
   LEFT JOIN workflows_step step
          ON step.run_id = t.run_id AND step.step_id = t.step_id AND step.iteration = t.iteration
 """

@@ -27,7 +27,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ from django.db import connection, transaction
 from workflows.engine.faults import crash_point
 from workflows.engine.lanes import engine_setting
 from workflows.engine.retention import purge_finished_runs
-from workflows.engine.sql.rows import fetch_dict, query_prepared, run_batch
+from workflows.engine.sql.rows import Statement, fetch_dict, query_prepared, run_batch
 from workflows.engine.sweep import sweep_once
 from workflows.engine.transport import listen
 from workflows.engine.waits import Wake, wake_step
@@ -93,35 +93,52 @@ def fire_due_timers(
 
 def _fire_batch(*, by: str, batch: int, where: dict[str, int], alone: bool) -> Batch:
     # Its statements are server-side prepared (planning the due query cost more than
-    # running it); its closing writes and the next instant go in one round trip.
+    # running it). The due query also reads when to look next; the closing writes go with
+    # the last wake's own writes: a batch of one timer is four round trips, commit included.
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         params = {"scan": ORG_SCAN, "orgs": ORGS_PER_BATCH, "batch": batch, **where}
         due = query_prepared(cursor, sql.DUE_BATCH, params)
         if not due:
             return Batch(0, 0, [])
+        next_due_at = _due_at(due[0]["next_seconds"])
         # A timer whose zone comes from the run's data, and that data changed: moved, not
-        # fired at the old zone's time (recompute.py).
+        # fired at the old zone's time (recompute.py); its new instant may come first.
         moved = {t["id"] for t in due if _moved(cursor, t, by)}
         due = [t for t in due if t["id"] not in moved]
-        errors = [_fire_alone(t, by) for t in due] if alone else _fire_together(due, by)
-        crash_point("timers.before_batch_commit")
         orgs = sorted({t["org_id"] for t in due})
-        _, after = run_batch(cursor, [
-            (sql.MARK_FIRED, {"ids": [t["id"] for t in due], "errors": errors}),
-            (sql.MARK_SERVED, {"orgs": orgs}),
-        ], then=(sql.NEXT_DUE, where))  # fmt: skip
-        next_due_at = _due_at(after[0]["seconds"] if after else None)
+        if alone:
+            run_batch(cursor, _closing(due, [_fire_alone(t, by) for t in due], orgs))
+        else:
+            closing = _closing(due, [""] * len(due), orgs)
+            if not _fire_together(due, by, closing):
+                run_batch(cursor, closing)
+        if moved:
+            next_due_at = _due_at(seconds_until_next_due(**where))
+        crash_point("timers.before_batch_commit")
     late = [t["late_seconds"] for t in due]
     return Batch(len(due), len(orgs), late, next_due_at)
 
 
-def _fire_together(due: list[dict[str, Any]], by: str) -> list[str]:
+def _closing(due: list[dict[str, Any]], errors: list[str], orgs: list[int]) -> list[Statement]:
+    """The batch's closing writes: its timers marked fired (with their errors, '' when
+    fired) and its organisations marked served."""
+    return [
+        (sql.MARK_FIRED, {"ids": [t["id"] for t in due], "errors": errors}),
+        (sql.MARK_SERVED, {"orgs": orgs}),
+    ]
+
+
+def _fire_together(due: list[dict[str, Any]], by: str, closing: list[Statement]) -> bool:
+    """Wake every timer's step; the closing writes go with the last wake's when it woke
+    one (True), else the caller sends them."""
+    closed = False
     for timer in due:
+        last = timer is due[-1]
         try:
-            _wake(timer, by)
+            closed = _wake(timer, by, also=closing if last else ())
         except Exception as exc:
             raise _FiringFailed from exc
-    return [""] * len(due)
+    return closed
 
 
 def _fire_alone(timer: dict[str, Any], by: str) -> str:
@@ -135,14 +152,15 @@ def _fire_alone(timer: dict[str, Any], by: str) -> str:
     return ""
 
 
-def _wake(timer: dict[str, Any], by: str) -> None:
+def _wake(timer: dict[str, Any], by: str, also: Sequence[Statement] = ()) -> bool:
     """Wake the timer's step: its run walks on. The step no longer waiting (cancelled, its
-    run ended) is no error: the timer is spent."""
+    run ended) is no error: the timer is spent. True: it woke, and ``also`` was sent with
+    the walk's writes."""
     if timer["step_pk"] is None:
-        return  # the run ended before its step was written (a failed walk): nothing waits
+        return False  # the run ended before its step was written (a failed walk)
     wake = Wake(outcome="fired", output={"due_at": timer["due_at"].isoformat()},
                 reason="timer_fired", by=by)  # fmt: skip
-    wake_step(step_pk=timer["step_pk"], wake=wake, run_id=timer["run_id"])
+    return wake_step(step_pk=timer["step_pk"], wake=wake, run_id=timer["run_id"], also=also)
 
 
 def _due_at(seconds: float | None) -> float | None:

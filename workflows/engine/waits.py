@@ -18,6 +18,7 @@ lane wake for that goes into the same transaction's outbox.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,12 +30,14 @@ from .definition_cache import definition_for
 from .executors import StepResult
 from .places import Place
 from .sql.rows import (
+    Statement,
     event_row,
     fetch_dicts,
     insert_events,
     insert_wakes,
     query_pipelined,
     query_prepared,
+    run_batch,
 )
 from .sql.rows import json_or_null as _json
 from .walk import RunState, Walk, lock_run
@@ -55,13 +58,20 @@ class Wake:
 
 
 def wake_step(
-    *, step_pk: int, wake: Wake, due_only: bool = False, run_id: int | None = None
+    *,
+    step_pk: int,
+    wake: Wake,
+    due_only: bool = False,
+    run_id: int | None = None,
+    also: Sequence[Statement] = (),
 ) -> bool:
     """Wake one waiting step, inside the caller's transaction. False: it was not waiting
     (already woken, its deadline fired, cancelled): the caller's own write must then be
     rolled back or treated as unused, which is why this runs in the caller's transaction.
     ``run_id``: the step's run, when the caller read it already (a step never changes run),
-    which saves a round trip; the guarded UPDATE still decides."""
+    which saves a round trip; the guarded UPDATE still decides. ``also``: the caller's own
+    closing writes (no rows read back), sent in the round trip of the walk's writes when
+    the step woke (True), not sent at all when it did not (False)."""
     assert connection.in_atomic_block, "wake_step runs in the transaction of what caused it"
     with connection.cursor() as cursor:
         if run_id is None:
@@ -70,7 +80,10 @@ def wake_step(
                 return False
             run_id = int(found[0]["run_id"])
         if wake.outcome is None:
-            return _wake_ready(cursor, lock_run(cursor, run_id), step_pk, wake, due_only)
+            woke = _wake_ready(cursor, lock_run(cursor, run_id), step_pk, wake, due_only)
+            if woke and also:
+                run_batch(cursor, list(also))
+            return woke
         # The run's lock, then the guarded UPDATE, sent together: the lock is still taken
         # first (one lock order), in one round trip instead of two.
         done = {"id": step_pk, "output": _json(wake.output), "due": due_only, "run": run_id}
@@ -88,7 +101,7 @@ def wake_step(
         if not walk.finished:
             result = StepResult(output=wake.output, outcome=wake.outcome)
             walk.step_succeeded(row["step_id"], result, Place(row["fork_join_id"], row["branch"]))
-        walk.flush()
+        walk.flush(also)
     return True
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -456,16 +456,19 @@ class Walk:
 
     # --- writing ----------------------------------------------------------------------------
 
-    def flush(self) -> int | None:
+    def flush(self, also: Sequence[Statement] = ()) -> int | None:
         """Write everything this walk decided, in the caller's transaction, in one round trip:
         the run's update first (its row count proves the lock held), then the new steps, the
-        ending of live steps when the run finished, the events, and the lanes' wake-ups."""
+        ending of live steps when the run finished, the events, and the lanes' wake-ups.
+        ``also``: the caller's own closing writes, sent in the same round trip after them."""
+        none_live = False
         if self.path_ended and self.finish is None and self.live_added == 0:
             self.cursor.execute(LIVE_STEPS, {"run": self.run.id})
-            if fetch_dict(self.cursor) == {"live": 0}:
+            none_live = fetch_dict(self.cursor) == {"live": 0}
+            if none_live:
                 self.finish_run(RunStatus.SUCCEEDED)
         ending = None
-        if self.finish is not None:
+        if self.finish is not None and not none_live:  # (none live: nothing to end)
             ending = (CANCEL_LIVE_STEPS_LOGGED, {"run": self.run.id, "worker": self.worker})
         wakes = [(self.run.org_id, self.run.id, lane) for lane in sorted(self.wake_lanes)]
         # Live steps end before this walk's events are written: a claim that holds one of
@@ -481,6 +484,7 @@ class Walk:
             ending,
             events_statement(self.events),
             wakes_statement(wakes),
+            *also,
         ], then=taken)  # fmt: skip
         self.new_steps = []
         if self.dirty and updated != 1:
