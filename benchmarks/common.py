@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,17 @@ def commits() -> int:
     return int(row[0]) if row else 0
 
 
-def start_runs(org: Any, slug: str, count: int, tag: str, threads: int) -> list[int]:
-    """Start ``count`` runs of automation ``slug`` (start keys ``tag-n``) from ``threads``
-    threads through the service; their ids. Call after ``setup``."""
+def start_runs(
+    org: Any,
+    slug: str,
+    count: int,
+    tag: str,
+    threads: int,
+    inputs: Callable[[int], dict[str, Any]] | None = None,
+) -> list[int]:
+    """Start ``count`` runs of automation ``slug`` (start keys ``tag-n``, input
+    ``inputs(n)``, else ``{"n": n}``) from ``threads`` threads through the service; their
+    ids. Call after ``setup``."""
     from django.db import connection
 
     from workflows.services.runs import run_start
@@ -65,7 +74,8 @@ def start_runs(org: Any, slug: str, count: int, tag: str, threads: int) -> list[
 
     def starter(offset: int) -> None:
         mine = [
-            run_start(org=org, automation_slug=slug, run_input={"n": n},
+            run_start(org=org, automation_slug=slug,
+                      run_input=inputs(n) if inputs else {"n": n},
                       start_key=f"{tag}-{n}").run_id
             for n in range(offset, count, threads)
         ]  # fmt: skip

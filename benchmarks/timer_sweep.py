@@ -16,7 +16,9 @@ In its own database (bench_timers), emptied before each figure:
   median of ``--batches``, their ratio (target <= 1.5), and EXPLAIN (ANALYZE, BUFFERS) of
   the due query for both (in a transaction rolled back: the query locks its rows).
 - lateness: ``--timers`` runs whose ``wait_until`` names one instant ``--lead`` seconds
-  ahead (no spread), a ``manage.py sweep`` process running, the fast path on and off.
+  ahead (no spread), a ``manage.py sweep`` process running, the fast path on and off; then
+  the same number due evenly within one minute from that instant (each run's instant from
+  its input), on and off.
 - sleep2: ``--runs`` runs with a ``wait`` of 2s started one after the other, the sweeper
   running, ``--repeats`` times; then DBOS's 200 ``DBOS.sleep(2)`` workflows
   (``dbos_bench.py sleep`` of ../shared/bench, after ``bash ../shared/bench/setup.sh``)
@@ -503,29 +505,38 @@ def print_lateness(late: dict[str, list[float]], poll: float) -> None:
 # 3a. Many timers due at one instant
 
 
-def burst(args: argparse.Namespace, fast_path: bool) -> None:
+def burst(args: argparse.Namespace, fast_path: bool, *, over: float = 0.0) -> None:
+    """``args.timers`` runs whose ``wait_until`` instants lie ``args.lead`` seconds ahead: all
+    at one instant (``over`` 0), or evenly across ``over`` seconds from it."""
     reset()
     mode = "on" if fast_path else "off"
     with sweeper(WAYMARK_TIMERS_FAST_PATH="1" if fast_path else "0"):
         at = (db_now() + timedelta(seconds=args.lead)).replace(microsecond=0)
-        org = organisation("burst", waits({"type": "wait_until", "at": at.isoformat()}), "burst")
+        step = {"type": "wait_until", "at": "{{ input.at }}" if over else at.isoformat()}
+        org = organisation("burst", waits(step), "burst")
+
+        def instant(n: int) -> dict[str, Any]:
+            return {"at": (at + timedelta(seconds=over * n / args.timers)).isoformat()}
+
         began = time.monotonic()
-        runs = start_runs(org, "burst", args.timers, f"burst{time.time_ns()}", args.starters)
+        runs = start_runs(org, "burst", args.timers, f"burst{time.time_ns()}", args.starters,
+                          inputs=instant if over else None)  # fmt: skip
         started = time.monotonic() - began
         early = execute("SELECT count(*) FROM timers_timer WHERE created_at < due_at")[0][0]
         if early != len(runs):
             PROBLEMS.append(f"lateness: {len(runs) - early} timers written after their instant")
+        when = f"due from {at:%H:%M:%S} over {over:.0f}s" if over else f"all due at {at:%H:%M:%S}"
         print(f"fast path {mode}: {len(runs):,} runs started in {started:.1f}s "
-              f"({len(runs) / started:.0f}/s), all due at {at:%H:%M:%S}")  # fmt: skip
+              f"({len(runs) / started:.0f}/s), {when}")  # fmt: skip
         watcher = Watcher(args.poll or 0.025)
         watcher.start()
-        wait_until(lambda: all_fired(runs), timeout=args.lead + 900, what="the burst to fire",
-                   every=0.5)  # fmt: skip
+        wait_until(lambda: all_fired(runs), timeout=args.lead + over + 900,
+                   what="the burst to fire", every=0.5)  # fmt: skip
         watcher.stop()
     late, batches = lateness_of(runs, watcher)
     last = max(late["visible"])
-    print(f"  fired in {batches} batches; the last visible {last:.1f}s after the instant "
-          f"({len(runs) / last:.0f} timers/s)")  # fmt: skip
+    rate = "" if over else f" ({len(runs) / last:.0f} timers/s)"
+    print(f"  fired in {batches} batches; the last visible {last:.1f}s after its instant{rate}")
     print_lateness(late, watcher.poll)
     check(f"fast path {mode}", runs)
 
@@ -534,6 +545,9 @@ def lateness(args: argparse.Namespace) -> None:
     heading(f"lateness: {args.timers:,} timers due at one instant, no spread, sweeper running")
     burst(args, fast_path=True)
     burst(args, fast_path=False)
+    heading(f"lateness: {args.timers:,} timers due evenly within one minute, sweeper running")
+    burst(args, fast_path=True, over=60.0)
+    burst(args, fast_path=False, over=60.0)
 
 
 # ---------------------------------------------------------------------------------------
