@@ -142,6 +142,37 @@ def test_a_timer_that_fails_to_fire_fails_alone_and_its_batch_goes_on(org, monke
     assert fire_due_timers().fired == 0
 
 
+def test_a_batch_closes_with_its_last_wake_or_alone_when_that_step_no_longer_waits(org):
+    """A batch's closing writes (timers fired, organisation served) travel with its last
+    wake's walk writes; when the last timer's step no longer waits (its run was cancelled)
+    they are sent on their own. Either way every timer of the batch is spent once, and the
+    batch knows when the next pending timer is due."""
+    from timers.models import OrgSweep
+    from workflows.services.control import run_act
+
+    definition = waits({"type": "wait", "duration": "1h"})
+    batches = [[start(org, definition, key=f"k{b}-{i}") for i in range(3)] for b in range(2)]
+    pending = start(org, definition, key="pending")
+    for runs, cancel_last in zip(batches, (False, True), strict=True):
+        for ago, run_id in zip((3, 2, 1), runs, strict=True):  # the last is the latest due
+            Timer.objects.filter(run_id=run_id).update(due_at=Now() - timedelta(seconds=ago))
+        if cancel_last:
+            run_act(org=org, run_id=runs[-1], action="cancel", actor="test")
+        OrgSweep.objects.all().delete()
+        batch = fire_due_timers()
+        assert (batch.fired, batch.orgs) == (3, 1)
+        assert batch.next_due_at is not None  # the timers an hour ahead
+        assert 3500 < batch.next_due_at - time.monotonic() <= 3600
+        spent = Timer.objects.filter(run_id__in=runs, fired_at__isnull=False).count()
+        assert spent == 3 and OrgSweep.objects.filter(org_id=org.pk).exists()
+        assert fire_due_timers().fired == 0
+    assert Timer.objects.get(run_id=pending).fired_at is None
+    statuses = [Run.objects.get(pk=r).status for runs in batches for r in runs]
+    assert statuses == ["succeeded"] * 5 + ["cancelled"]
+    woken = RunEvent.objects.filter(kind="step.timer_fired").count()
+    assert woken == 5
+
+
 def test_a_firing_thread_busy_with_a_batch_does_not_hold_back_the_other_parts_timers(
     org, monkeypatch
 ):
