@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from workflows.engine import steps as engine_steps
+from workflows.engine import sql
 from workflows.engine.executors import StepResult
 from workflows.engine.lanes import lane_policy
 from workflows.engine.steps import claim, claim_suspect, settle_success
@@ -39,27 +39,19 @@ def lapse(step_id: int) -> None:
         )
 
 
-def test_a_claim_racing_a_settle_on_the_same_run_does_not_deadlock(org, monkeypatch) -> None:
-    # A's lease lapsed; A settles (run lock first) while B claims the step (step lock first,
-    # then the event's foreign-key check on the run). With FOR UPDATE on the run this was a
-    # deadlock; with FOR NO KEY UPDATE, B claims at once and A's settle is fenced out.
+def test_a_claim_racing_a_settle_on_the_same_run_does_not_deadlock(org) -> None:
+    # A's lease lapsed. B claims the step (its row first, then the event's foreign-key check
+    # on the run) while the run's lock is held as a settle holds it (C, FOR NO KEY UPDATE),
+    # with A's settle queued behind it (A's one statement locks the run, then the step).
+    # With FOR UPDATE on the run, B would wait for the run's holder, and a settle holding the
+    # run while waiting for B's step was a deadlock; with FOR NO KEY UPDATE, B claims at once
+    # and A's settle, when its turn comes, is fenced out.
     run_id = start_io_run(org)
     policy = lane_policy("io")
     (a,) = claim(policy=policy, worker="A", limit=1)
     lapse(a.id)
-    run_locked = threading.Event()
-    b_done = threading.Event()
-    a_done = threading.Event()
-    real_lock_run = engine_steps.lock_run
-
-    def slow_lock_run(cursor: Any, run: int) -> Any:
-        state = real_lock_run(cursor, run)
-        run_locked.set()
-        b_done.wait(10)  # A holds the run's lock until B's claim has returned (or 10 s)
-        return state
-
-    monkeypatch.setattr(engine_steps, "lock_run", slow_lock_run)
     results: dict[str, Any] = {}
+    a_done = threading.Event()
 
     def settle_a() -> None:
         try:
@@ -70,25 +62,31 @@ def test_a_claim_racing_a_settle_on_the_same_run_does_not_deadlock(org, monkeypa
             a_done.set()
             connection.close()
 
-    def claim_b() -> None:
-        run_locked.wait(10)
+    with own_connection() as holder, own_connection() as watch:
+        holder.execute("BEGIN")
+        holder.execute(sql.LOCK_RUN, {"id": run_id})  # the engine's own lock of a run
+        settler = threading.Thread(target=settle_a)
+        settler.start()
+        # A waits for the holder's transaction (a row lock's wait, as pg_locks shows it).
+        waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
+        for _ in range(3000):
+            row = watch.execute(waiting).fetchone()
+            if row and row[0]:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("A's settle never waited for the run's lock")
         try:
+            with connection.cursor() as cursor:  # B never waits for a lock: no wait is short
+                cursor.execute("SET lock_timeout = '5s'")
             results["B"] = [claim_suspect(policy=policy, worker="B")]
-        except Exception as exc:
-            results["B"] = exc
         finally:
             results["B_before_A"] = not a_done.is_set()
-            b_done.set()
-            connection.close()
-
-    threads = [threading.Thread(target=settle_a), threading.Thread(target=claim_b)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+            holder.execute("COMMIT")
+        settler.join(30)
     assert results["A"] is False, results["A"]  # fenced out, not a deadlock victim
     assert [step.attempt for step in results["B"]] == [2]
-    assert results["B_before_A"]  # B's claim returned while A still held the run's lock
+    assert results["B_before_A"]  # B's claim returned while the run's lock was held
     assert Run.objects.get(pk=run_id).status == "running"
 
 

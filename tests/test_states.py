@@ -45,6 +45,8 @@ STEP_CHANGES = [
     (sql.CLAIM_SUSPECT, StepStatus.CANCELLED, CLAIM_GUARD),
     (sql.SETTLE_DONE, StepStatus.DONE, "status = 'running'"),
     (sql.SETTLE_FAILED, StepStatus.FAILED, "status = 'running'"),
+    (sql.SETTLE_DONE_LOCKED, StepStatus.DONE, "status = 'running'"),
+    (sql.SETTLE_FAILED_LOCKED, StepStatus.FAILED, "status = 'running'"),
     (sql.SETTLE_RETRY, StepStatus.WAITING, "status = 'running'"),
     (sql.SETTLE_PARK, StepStatus.WAITING, "status = 'running'"),
     (sql.PROMOTE_DUE_RETRIES, StepStatus.READY, "s.status = 'waiting'"),

@@ -37,7 +37,7 @@ from .sql.rows import (
     query_prepared,
 )
 from .transport import own_connection
-from .walk import CONTINUATION_TYPE, TakeNext, Walk, lock_run
+from .walk import CONTINUATION_TYPE, RunState, TakeNext, Walk, lock_run
 
 logger = logging.getLogger(__name__)
 
@@ -256,16 +256,21 @@ def _settling(
     take: TakeNext | None = None,
 ) -> Iterator[Walk | None]:
     """The start of every settle that walks on: lock the run (the one lock order: the run,
-    then its steps), make the step's fenced transition, and yield the walk over the locked
-    run's version, not the claim's (a migration may have moved the run in between). None:
-    this attempt was fenced out. The caller walks and flushes inside the transaction."""
+    then its steps), make the step's fenced transition (``statement``: one of
+    sql.locked_run_then's, both in one round trip), and yield the walk over the locked run's
+    version, not the claim's (a migration may have moved the run in between). None: this
+    attempt was fenced out. The caller walks and flushes inside the transaction."""
     joining = getattr(_joining, "active", False)
     atomic = transaction.atomic(savepoint=False) if joining else transaction.atomic(durable=True)
     with atomic, connection.cursor() as cursor:
-        run = lock_run(cursor, step.run_id)
-        if not query_prepared(cursor, statement, params):
+        rows = query_prepared(cursor, statement, {**params, "run": step.run_id})
+        if not rows:
+            raise LookupError(f"run {step.run_id} does not exist")
+        locked = rows[0]
+        if not locked.pop("changed"):
             yield None
             return
+        run = RunState(**locked)
         yield Walk(cursor, run, definition_for(run.version_id), worker=worker, take_next=take)
 
 
@@ -294,7 +299,7 @@ def settle_and_take_next(
     done: dict[str, Any] = {
         "id": step.id, "attempt": step.attempt, "output": json_or_null(result.output),
     }  # fmt: skip
-    with _settling(step, sql.SETTLE_DONE, done, worker=worker, take=take) as walk:
+    with _settling(step, sql.SETTLE_DONE_LOCKED, done, worker=worker, take=take) as walk:
         if walk is None:
             logger.info("step %s attempt %s was fenced out; result dropped", step.id, step.attempt)
             return Settled(False)
@@ -353,7 +358,7 @@ def settle_failure(
             delay = policy.backoff(step.attempts_used, retry=retry)
         return _schedule_retry(step, error, worker=worker, delay=delay)
     failed = {"id": step.id, "attempt": step.attempt, "error": error}
-    with _settling(step, sql.SETTLE_FAILED, failed, worker=worker) as walk:
+    with _settling(step, sql.SETTLE_FAILED_LOCKED, failed, worker=worker) as walk:
         if walk is None:
             return False
         walk.event(
@@ -392,7 +397,7 @@ def settle_continuation(step: ClaimedStep, *, worker: str) -> bool:
     """Walk on from a continuation row's pending entries, in one transaction with its settle."""
     pending = list((step.wait_detail or {}).get("enter", []))
     done = {"id": step.id, "attempt": step.attempt, "output": None}
-    with _settling(step, sql.SETTLE_DONE, done, worker=worker) as walk:
+    with _settling(step, sql.SETTLE_DONE_LOCKED, done, worker=worker) as walk:
         if walk is None:
             return False
         walk.event("walk.continued", step.step_id, iteration=step.iteration,

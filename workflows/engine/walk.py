@@ -473,14 +473,13 @@ class Walk:
         wakes = [(self.run.org_id, self.run.id, lane) for lane in sorted(self.wake_lanes)]
         # Live steps end before this walk's events are written: a claim that holds one of
         # them commits first, and its event then precedes the run's end in the history too.
+        steps = insert_statement("workflows_step", STEP_COLUMNS, self.new_steps)
         taken = None
         if self.taken is not None and self.finish is None:
-            params = {"run": self.run.id, "step_id": self.taken.step_id,
-                      "iteration": self.taken.iteration}  # fmt: skip
-            taken = (STEP_ID_OF, params)
+            taken, steps = self._taken_query(steps)
         updated, rows = run_batch(self.cursor, [
             self._update_run() if self.dirty else None,
-            insert_statement("workflows_step", STEP_COLUMNS, self.new_steps),
+            steps,
             ending,
             events_statement(self.events),
             wakes_statement(wakes),
@@ -489,7 +488,26 @@ class Walk:
         self.new_steps = []
         if self.dirty and updated != 1:
             raise RuntimeError(f"run {self.run.id} changed under its lock")
-        return int(rows[0]["id"]) if rows else None
+        return self._taken_id(rows)
+
+    def _taken_query(self, steps: Statement | None) -> tuple[Statement, Statement | None]:
+        """What reads the id of the step this walk took for its worker, and the steps'
+        INSERT still to send: when the taken step is among this flush's new rows, their
+        INSERT itself returns the ids (sent last; no other statement of a walk that goes on
+        reads the new steps), else the step is looked up (it was written mid-walk)."""
+        assert self.taken is not None
+        key = (self.taken.step_id, self.taken.iteration)
+        if steps is not None and any((row[2], row[3]) == key for row in self.new_steps):
+            sql, params = steps
+            return (f"{sql} RETURNING id, step_id, iteration", params), None
+        params = {"run": self.run.id, "step_id": key[0], "iteration": key[1]}
+        return (STEP_ID_OF, params), steps
+
+    def _taken_id(self, rows: list[dict[str, Any]]) -> int | None:
+        if self.taken is None:
+            return None
+        key = (self.taken.step_id, self.taken.iteration)
+        return next((int(r["id"]) for r in rows if (r["step_id"], r["iteration"]) == key), None)
 
     def _update_run(self) -> Statement:
         status, output, error = self.finish or (self.run.status, None, "")

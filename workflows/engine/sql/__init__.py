@@ -316,12 +316,32 @@ RETURNING s.id, s.org_id, s.run_id, s.step_id, s.iteration, s.attempt, s.lane
 # the run with FOR KEY SHARE, which FOR UPDATE would block. A claim (step locked, then the
 # event's key check on the run) against a settle (run locked, then its step) would deadlock.
 # The walk never changes the run's key, so settles still serialise with each other.
-LOCK_RUN = """
+_LOCK_RUN_BY = """
 SELECT id, org_id, version_id, status, input::json AS input, vars::json AS vars,
        outputs::json AS outputs, entered::json AS entered, steps_executed, max_steps,
        deadline_at <= now() AS expired, created_at
-  FROM workflows_run WHERE id = %(id)s FOR NO KEY UPDATE
+  FROM workflows_run WHERE id = %({key})s FOR NO KEY UPDATE
 """
+LOCK_RUN = _LOCK_RUN_BY.format(key="id")
+
+
+def locked_run_then(transition: str) -> str:
+    """The run's lock and a step's guarded transition (a statement above ending in
+    ``RETURNING run_id``) in one statement: the run's row (from ``%(run)s``) and how many
+    steps changed (``changed``, 0: fenced out). The lock order holds: the transition's
+    WHERE requires the locked run (an InitPlan, run before any step row is locked)."""
+    head, returning = transition.rsplit("RETURNING run_id", 1)
+    assert not returning.strip(), "a transition ends in RETURNING run_id"
+    return f"""
+WITH run AS ({_LOCK_RUN_BY.format(key="run")}),
+changed AS (
+{head.strip()}
+   AND EXISTS (SELECT 1 FROM run)
+RETURNING run_id
+)
+SELECT run.*, (SELECT count(*) FROM changed) AS changed FROM run
+"""  # noqa: S608 (composed of this module's constant SQL)
+
 
 # The walk's one write to the run: what changed of its template data (merged, never rewritten
 # whole), its budget and, when it ends, its outcome. The caller holds the row lock (LOCK_RUN)
@@ -338,7 +358,7 @@ UPDATE workflows_run
 # The id of the step the walk just wrote already claimed for the settling worker (unique
 # (run, step_id, iteration)); nothing if the same walk ended it again (its join completed).
 STEP_ID_OF = """
-SELECT id FROM workflows_step
+SELECT id, step_id, iteration FROM workflows_step
  WHERE run_id = %(run)s AND step_id = %(step_id)s AND iteration = %(iteration)s
    AND status = 'running'
 """
@@ -672,3 +692,9 @@ UPDATE workflows_signal
                  FOR UPDATE SKIP LOCKED)  -- one being consumed now is not dropped
    AND consumed_at IS NULL AND dropped_at IS NULL
 """
+
+
+# The settles' first statement: the run locked and the step's fenced transition, one round
+# trip (steps._settling).
+SETTLE_DONE_LOCKED = locked_run_then(SETTLE_DONE)
+SETTLE_FAILED_LOCKED = locked_run_then(SETTLE_FAILED)
