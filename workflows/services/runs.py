@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,10 +122,14 @@ def run_start(
     quotas.check_running_runs(org)
     # One transaction for the lookup and the start: one commit per start, not two.
     with transaction.atomic(durable=True):
-        target = _target(org, automation_slug)
-        derived = start_key is None
-        key = start_key or f"{DERIVED_KEY_PREFIX}{target.automation_id}:{digest}"
-        result = _start(org, target, key, derived, run_input, digest)
+        start = _Start(org, automation_slug, start_key, run_input, digest)
+        result = _start_as_last_seen(start)
+        if result is None:
+            target = _target(org, automation_slug)
+            _LAST_SEEN.remember(org.pk, automation_slug, target)
+            with connection.cursor() as cursor:
+                inserted = query_prepared(cursor, sql.INSERT_RUN, start.row(target))
+            result = _started(start, target, inserted)
     crash_point("run_start.after_commit")
     return result
 
@@ -134,6 +139,78 @@ class _Target:
     automation_id: int
     version_id: int
     definition: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Start:
+    """One start's request, as the run's row is built from it."""
+
+    org: Organisation
+    slug: str
+    start_key: str | None
+    run_input: Any
+    digest: str
+
+    def key(self, target: _Target) -> str:
+        """The start key: as given, or derived from the automation and the input's digest."""
+        return self.start_key or f"{DERIVED_KEY_PREFIX}{target.automation_id}:{self.digest}"
+
+    def row(self, target: _Target) -> dict[str, Any]:
+        max_steps, max_age = _limits(target.definition)
+        return {
+            "org": self.org.pk, "automation": target.automation_id,
+            "version": target.version_id, "key": self.key(target),
+            "derived": self.start_key is None, "digest": self.digest, "max_steps": max_steps,
+            "max_age": max_age, "input": Jsonb(self.run_input),
+        }  # fmt: skip
+
+
+class _LastSeen:
+    """The target each (organisation, automation slug) last started, per process. A start
+    tries it first, guarded in its INSERT (sql.INSERT_RUN_IF_CURRENT): the automation's
+    current version is still read in the start's transaction, in the same round trip as
+    the insert, so a publish since then costs only the ordinary lookup, never a wrong run."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.size = size
+        self.seen: dict[tuple[int, str], _Target] = {}
+        self.lock = threading.Lock()
+
+    def get(self, org_id: int, slug: str) -> _Target | None:
+        return self.seen.get((org_id, slug))
+
+    def remember(self, org_id: int, slug: str, target: _Target) -> None:
+        with self.lock:
+            if len(self.seen) >= self.size:
+                self.seen.clear()  # bounded; the next starts look their targets up again
+            self.seen[(org_id, slug)] = target
+
+    def forget(self, org_id: int, slug: str) -> None:
+        with self.lock:
+            self.seen.pop((org_id, slug), None)
+
+
+_LAST_SEEN = _LastSeen()
+
+
+def _start_as_last_seen(start: _Start) -> StartResult | None:
+    """The start made as the version this process last saw, if that is still the current
+    one; None (nothing written) when there is none to try or it is no longer current."""
+    target = _LAST_SEEN.get(start.org.pk, start.slug)
+    if target is None:
+        return None
+    with connection.cursor() as cursor:
+        params = {**start.row(target), "slug": start.slug}
+        rows = query_prepared(cursor, sql.INSERT_RUN_IF_CURRENT, params)
+    current = rows[0] if rows else None
+    if current is None or (current["automation_id"], current["version_id"]) != (
+        target.automation_id,
+        target.version_id,
+    ):
+        _LAST_SEEN.forget(start.org.pk, start.slug)
+        return None
+    inserted = [current] if current["id"] is not None else []
+    return _started(start, target, inserted)
 
 
 def _target(org: Organisation, slug: str) -> _Target:
@@ -150,36 +227,19 @@ def _target(org: Organisation, slug: str) -> _Target:
     return _Target(row["automation_id"], row["version_id"], definition_for(row["version_id"]))
 
 
-def _start(
-    org: Organisation,
-    target: _Target,
-    key: str,
-    derived: bool,
-    run_input: dict[str, Any],
-    digest: str,
-) -> StartResult:
-    definition = target.definition
-    max_steps, max_age = _limits(definition)
+def _started(start: _Start, target: _Target, inserted: list[dict[str, Any]]) -> StartResult:
+    """After the run's INSERT: walk the new run on, or return the run its key started."""
+    key = start.key(target)
     with connection.cursor() as cursor:  # in run_start's transaction
-        inserted = query_prepared(
-            cursor,
-            sql.INSERT_RUN,
-            {
-                "org": org.pk, "automation": target.automation_id,
-                "version": target.version_id, "key": key,
-                "derived": derived, "digest": digest, "max_steps": max_steps, "max_age": max_age,
-                "input": Jsonb(run_input),
-            },
-        )  # fmt: skip
         if not inserted:
             # This key already started a run (maybe a concurrent duplicate that just won).
-            cursor.execute(sql.EXISTING_RUN, {"org": org.pk, "key": key})
+            cursor.execute(sql.EXISTING_RUN, {"org": start.org.pk, "key": key})
             existing = fetch_dict(cursor)
             assert existing is not None
             # Start keys are unique per organisation: the same key for another automation, or
             # with another input, is a different start and must not return this run.
             if (
-                existing["input_digest"] != digest
+                existing["input_digest"] != start.digest
                 or existing["automation_id"] != target.automation_id
             ):
                 raise StartKeyConflict(start_key=key, run_id=existing["id"])
@@ -187,12 +247,14 @@ def _start(
                 run_id=existing["id"], created=False, status=existing["status"], start_key=key
             )
         run_id, created_at = inserted[0]["id"], inserted[0]["created_at"]
+        max_steps, _ = _limits(target.definition)
         state = RunState(
-            id=run_id, org_id=org.pk, version_id=target.version_id, status="running",
-            input=json.loads(canonical_json(run_input)), vars={}, outputs={}, entered={},
-            steps_executed=0, max_steps=max_steps, expired=False, created_at=created_at,
+            id=run_id, org_id=start.org.pk, version_id=target.version_id, status="running",
+            input=json.loads(canonical_json(start.run_input)), vars={}, outputs={},
+            entered={}, steps_executed=0, max_steps=max_steps, expired=False,
+            created_at=created_at,
         )  # fmt: skip
-        walk = Walk(cursor, state, definition)
+        walk = Walk(cursor, state, target.definition)
         walk.start()
         walk.flush()
     status = walk.finish[0] if walk.finish is not None else state.status
