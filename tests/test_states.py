@@ -111,3 +111,15 @@ def test_finished_states_are_final_except_an_operators_retry() -> None:
                 assert targets == frozenset(), status
     assert RUN_TRANSITIONS[RunStatus.FAILED] == {RunStatus.RUNNING}
     assert STEP_TRANSITIONS[StepStatus.FAILED] == {StepStatus.READY}
+
+
+def test_every_statement_is_short_enough_for_psycopgs_parse_cache() -> None:
+    """Past PSYCOPG_CACHED_LENGTH characters psycopg parses a statement's placeholders again
+    at every execution (the claim did, on every claim)."""
+    import importlib
+
+    for module in ("workflows.engine.sql", "timers.sql", "effects.sql"):
+        statements = vars(importlib.import_module(module))
+        for name, statement in statements.items():
+            if isinstance(statement, str) and not name.startswith("__"):
+                assert len(statement) <= sql.PSYCOPG_CACHED_LENGTH, f"{module}.{name}"

@@ -11,6 +11,19 @@ raw SQL here selects JSON columns cast to ``json``, which psycopg decodes.
 
 from __future__ import annotations
 
+# psycopg parses a statement's text for its placeholders once and caches the result, but only
+# for texts up to this long (psycopg/_queries.py MAX_CACHED_STATEMENT_LENGTH); a longer one is
+# parsed again at every execution. tests/test_states.py holds every statement here under it.
+PSYCOPG_CACHED_LENGTH = 4096
+
+
+def _compact(statement: str) -> str:
+    """The statement without its indentation and comment lines (the comments stay in this
+    file's source), so that a long one stays under PSYCOPG_CACHED_LENGTH."""
+    lines = (line.strip() for line in statement.splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
+
+
 # The end of both claims: given `picked` (ids locked FOR UPDATE), take them for this worker
 # (the fencing token grows), or park or cancel them when their run is paused or finished,
 # and record each as a run event.
@@ -134,6 +147,7 @@ picked AS (
 """  # noqa: S608 (constant SQL joined with constant SQL)
     + _CLAIMED
 )
+CLAIM = _compact(CLAIM)
 
 
 # A suspect: a step whose last attempt never settled (its lease lapsed: the worker died, hung
