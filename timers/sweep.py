@@ -94,7 +94,8 @@ def fire_due_timers(
 def _fire_batch(*, by: str, batch: int, where: dict[str, int], alone: bool) -> Batch:
     # Its statements are server-side prepared (planning the due query cost more than
     # running it). The due query also reads when to look next; the closing writes go with
-    # the last wake's own writes: a batch of one timer is four round trips, commit included.
+    # the last wake's own writes: a batch of one timer is five round trips, BEGIN and COMMIT
+    # included (it was six).
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         params = {"scan": ORG_SCAN, "orgs": ORGS_PER_BATCH, "batch": batch, **where}
         due = query_prepared(cursor, sql.DUE_BATCH, params)
