@@ -37,7 +37,7 @@ from .sql.rows import (
     query_prepared,
 )
 from .transport import own_connection
-from .walk import CONTINUATION_TYPE, RunState, TakeNext, Walk, lock_run
+from .walk import CONTINUATION_TYPE, TakeNext, Walk, lock_run, run_state
 
 logger = logging.getLogger(__name__)
 
@@ -264,13 +264,11 @@ def _settling(
     atomic = transaction.atomic(savepoint=False) if joining else transaction.atomic(durable=True)
     with atomic, connection.cursor() as cursor:
         rows = query_prepared(cursor, statement, {**params, "run": step.run_id})
-        if not rows:
-            raise LookupError(f"run {step.run_id} does not exist")
-        locked = rows[0]
-        if not locked.pop("changed"):
+        changed = rows[0].pop("changed") if rows else 0
+        run = run_state(rows, step.run_id)
+        if not changed:
             yield None
             return
-        run = RunState(**locked)
         yield Walk(cursor, run, definition_for(run.version_id), worker=worker, take_next=take)
 
 

@@ -82,7 +82,7 @@ def wake_step(
         if wake.outcome is None:
             woke = _wake_ready(cursor, lock_run(cursor, run_id), step_pk, wake, due_only)
             if woke and also:
-                run_batch(cursor, list(also))
+                run_batch(cursor, also)
             return woke
         # The run's lock, then the guarded UPDATE, sent together: the lock is still taken
         # first (one lock order), in one round trip instead of two.

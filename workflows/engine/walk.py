@@ -101,7 +101,11 @@ class Taken:
 
 def lock_run(cursor: Any, run_id: int) -> RunState:
     """Lock the run (the first lock of every transition: the run, then its steps)."""
-    rows = query_prepared(cursor, LOCK_RUN, {"id": run_id})
+    return run_state(query_prepared(cursor, LOCK_RUN, {"id": run_id}), run_id)
+
+
+def run_state(rows: list[dict[str, Any]], run_id: int) -> RunState:
+    """The locked run's state, from the row of LOCK_RUN (or a statement that embeds it)."""
     if not rows:
         raise LookupError(f"run {run_id} does not exist")
     return RunState(**rows[0])
@@ -471,12 +475,12 @@ class Walk:
         if self.finish is not None and not none_live:  # (none live: nothing to end)
             ending = (CANCEL_LIVE_STEPS_LOGGED, {"run": self.run.id, "worker": self.worker})
         wakes = [(self.run.org_id, self.run.id, lane) for lane in sorted(self.wake_lanes)]
-        # Live steps end before this walk's events are written: a claim that holds one of
-        # them commits first, and its event then precedes the run's end in the history too.
         steps = insert_statement("workflows_step", STEP_COLUMNS, self.new_steps)
         taken = None
         if self.taken is not None and self.finish is None:
             taken, steps = self._taken_query(steps)
+        # Live steps end before this walk's events are written: a claim that holds one of
+        # them commits first, and its event then precedes the run's end in the history too.
         updated, rows = run_batch(self.cursor, [
             self._update_run() if self.dirty else None,
             steps,

@@ -139,6 +139,8 @@ class _Target:
     automation_id: int
     version_id: int
     definition: dict[str, Any]
+    max_steps: int  # the definition's limits, read once per version seen (_limits)
+    max_age: float
 
 
 @dataclass(frozen=True)
@@ -156,12 +158,12 @@ class _Start:
         return self.start_key or f"{DERIVED_KEY_PREFIX}{target.automation_id}:{self.digest}"
 
     def row(self, target: _Target) -> dict[str, Any]:
-        max_steps, max_age = _limits(target.definition)
         return {
             "org": self.org.pk, "automation": target.automation_id,
             "version": target.version_id, "key": self.key(target),
-            "derived": self.start_key is None, "digest": self.digest, "max_steps": max_steps,
-            "max_age": max_age, "input": Jsonb(self.run_input),
+            "derived": self.start_key is None, "digest": self.digest,
+            "max_steps": target.max_steps, "max_age": target.max_age,
+            "input": Jsonb(self.run_input),
         }  # fmt: skip
 
 
@@ -224,7 +226,9 @@ def _target(org: Organisation, slug: str) -> _Target:
         raise UnknownAutomation(slug=slug)
     if row["version_id"] is None:
         raise NoPublishedVersion(slug=slug)
-    return _Target(row["automation_id"], row["version_id"], definition_for(row["version_id"]))
+    definition = definition_for(row["version_id"])
+    max_steps, max_age = _limits(definition)
+    return _Target(row["automation_id"], row["version_id"], definition, max_steps, max_age)
 
 
 def _started(start: _Start, target: _Target, inserted: list[dict[str, Any]]) -> StartResult:
@@ -247,11 +251,10 @@ def _started(start: _Start, target: _Target, inserted: list[dict[str, Any]]) -> 
                 run_id=existing["id"], created=False, status=existing["status"], start_key=key
             )
         run_id, created_at = inserted[0]["id"], inserted[0]["created_at"]
-        max_steps, _ = _limits(target.definition)
         state = RunState(
             id=run_id, org_id=start.org.pk, version_id=target.version_id, status="running",
             input=json.loads(canonical_json(start.run_input)), vars={}, outputs={},
-            entered={}, steps_executed=0, max_steps=max_steps, expired=False,
+            entered={}, steps_executed=0, max_steps=target.max_steps, expired=False,
             created_at=created_at,
         )  # fmt: skip
         walk = Walk(cursor, state, target.definition)

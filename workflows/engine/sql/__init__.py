@@ -521,32 +521,6 @@ SELECT id AS automation_id, current_version_id AS version_id FROM workflows_auto
  WHERE org_id = %(org)s AND slug = %(slug)s
 """
 
-# A start as the automation's version it last saw (services/runs.py::_LastSeen): the run is
-# inserted only if that version is still current, in one round trip instead of two. The row
-# says what is current (no row: no such automation) and, when inserted, the run (else its
-# start key was taken, or the guess was stale: the caller tells which).
-INSERT_RUN_IF_CURRENT = """
-WITH target AS (
-    SELECT id AS automation_id, current_version_id AS version_id FROM workflows_automation
-     WHERE org_id = %(org)s AND slug = %(slug)s
-),
-inserted AS (
-    INSERT INTO workflows_run
-        (org_id, automation_id, version_id, start_key, start_key_derived, input,
-         input_digest, status, vars, outputs, entered, error, steps_executed, max_steps,
-         deadline_at, created_at)
-    SELECT %(org)s, target.automation_id, target.version_id, %(key)s, %(derived)s, %(input)s,
-           %(digest)s, 'running', '{}', '{}', '{}', '', 0, %(max_steps)s,
-           now() + make_interval(secs => %(max_age)s), now()
-      FROM target
-     WHERE target.automation_id = %(automation)s AND target.version_id = %(version)s
-    ON CONFLICT (org_id, start_key) DO NOTHING
-    RETURNING id, created_at
-)
-SELECT target.automation_id, target.version_id, inserted.id, inserted.created_at
-  FROM target LEFT JOIN inserted ON true
-"""
-
 # An organisation's running runs, counted no further than its quota (services/quotas.py):
 # the cost is bounded by the quota, not by how many runs the organisation has.
 RUNNING_RUNS_UP_TO = """
@@ -555,16 +529,41 @@ SELECT count(*) FROM (
 ) running
 """
 
-INSERT_RUN = """
-INSERT INTO workflows_run
+# A new run's row (INSERT_RUN, INSERT_RUN_IF_CURRENT): its columns and their values.
+_RUN_COLUMNS = """
     (org_id, automation_id, version_id, start_key, start_key_derived, input, input_digest,
      status, vars, outputs, entered, error, steps_executed, max_steps, deadline_at, created_at)
-VALUES (%(org)s, %(automation)s, %(version)s, %(key)s, %(derived)s, %(input)s, %(digest)s,
-        'running', '{}', '{}', '{}', '', 0, %(max_steps)s,
-        now() + make_interval(secs => %(max_age)s), now())
+""".strip()
+_RUN_VALUES = """
+    %(org)s, %(automation)s, %(version)s, %(key)s, %(derived)s, %(input)s, %(digest)s,
+    'running', '{}', '{}', '{}', '', 0, %(max_steps)s,
+    now() + make_interval(secs => %(max_age)s), now()
+""".strip()
+
+INSERT_RUN = f"""
+INSERT INTO workflows_run {_RUN_COLUMNS}
+VALUES ({_RUN_VALUES})
 ON CONFLICT (org_id, start_key) DO NOTHING
 RETURNING id, created_at
-"""
+"""  # noqa: S608 (this module's constant fragments)
+
+# A start as the automation's version it last saw (services/runs.py::_LastSeen): the run is
+# inserted only if that version is still current, in one round trip instead of two. The row
+# says what is current (no row: no such automation) and, when inserted, the run (else its
+# start key was taken, or the guess was stale: the caller tells which).
+INSERT_RUN_IF_CURRENT = f"""
+WITH target AS ({START_TARGET}),
+inserted AS (
+    INSERT INTO workflows_run {_RUN_COLUMNS}
+    SELECT {_RUN_VALUES}
+      FROM target
+     WHERE target.automation_id = %(automation)s AND target.version_id = %(version)s
+    ON CONFLICT (org_id, start_key) DO NOTHING
+    RETURNING id, created_at
+)
+SELECT target.automation_id, target.version_id, inserted.id, inserted.created_at
+  FROM target LEFT JOIN inserted ON true
+"""  # noqa: S608 (this module's constant fragments)
 
 EXISTING_RUN = """
 SELECT id, automation_id, input_digest, status FROM workflows_run
