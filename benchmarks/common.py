@@ -54,6 +54,42 @@ def commits() -> int:
     return int(row[0]) if row else 0
 
 
+def database_cpu_seconds() -> float | None:
+    """CPU time the database server has used so far, all its processes together (those that
+    exited are in the postmaster's children's time); None when it runs on another machine.
+    The difference of two readings is the server's work in between, whoever caused it."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+    try:
+        postmaster = _stat(backend)[1]
+        _, _, own = _stat(postmaster, children=True)
+    except OSError:
+        return None
+    live = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                _, parent, ticks = _stat(int(entry))
+            except OSError:  # exited meanwhile
+                continue
+            live += ticks if parent == postmaster else 0
+    return (own + live) / os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int, *, children: bool = False) -> tuple[int, int, int]:
+    """(pid, parent pid, CPU ticks) from /proc/<pid>/stat; ``children``: with its waited-for
+    children's ticks."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    if children:
+        ticks += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return pid, int(fields[1]), ticks
+
+
 def start_runs(
     org: Any,
     slug: str,

@@ -5,7 +5,8 @@
 - start: ``run_start`` of a three-io-step automation, one after the other (after a warm-up).
 - settle: the io worker's own path over those runs: claim one step, settle it with the
   worker's offer to take the run's next step (and, when the run ends, a ready step of the
-  lane), again until nothing is ready: three settles per run, no relay.
+  lane), again until nothing is ready: three settles per run, no relay; on a connection set
+  up as a worker's are (sql.GENERIC_PLANS).
 
 Prints per operation the process's CPU time (``time.process_time``: the interpreter's and
 psycopg's work, the part this code controls) and the wall time (which adds the database's
@@ -28,7 +29,11 @@ from django.db import connection  # noqa: E402
 
 from workflows.engine.executors import StepResult  # noqa: E402
 from workflows.engine.lanes import lane_policy  # noqa: E402
-from workflows.engine.steps import claim, settle_and_take_next  # noqa: E402
+from workflows.engine.steps import (  # noqa: E402
+    claim,
+    plan_claims_generically,
+    settle_and_take_next,
+)
 from workflows.engine.walk import TakeNext  # noqa: E402
 from workflows.models import Organisation, Run  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
@@ -57,6 +62,7 @@ def starts(org: Any, runs: int, tag: str) -> tuple[float, float]:
 def settles() -> tuple[int, float, float]:
     policy = lane_policy("io")
     take = TakeNext(worker="hot", lane="io", lease_seconds=60.0, claim_lane=True)
+    plan_claims_generically(connection=connection)  # as a worker's connections are
     done = 0
     cpu, wall = time.process_time(), time.perf_counter()
     claimed = claim(policy=policy, worker="hot", limit=1)

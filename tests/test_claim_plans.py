@@ -8,12 +8,23 @@ savepoint that is rolled back, so both measurements see the same claimable row.
 from __future__ import annotations
 
 import json
+import re
+import threading
 from typing import Any
 
 import pytest
 from django.db import connection, transaction
 
 from workflows.engine import sql
+from workflows.engine.executors import StepResult
+from workflows.engine.lanes import lane_policy
+from workflows.engine.steps import (
+    PreparedClaims,
+    claim,
+    plan_claims_generically_from_now_on,
+    settle_and_take_next,
+)
+from workflows.engine.walk import TakeNext
 from workflows.models import Run
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
@@ -35,22 +46,49 @@ def _index_scans(node: dict[str, Any], index: str) -> int:
     return own + sum(_index_scans(child, index) for child in node.get("Plans", []))
 
 
-def buffers(statement: str, params: dict[str, Any], index: str) -> tuple[int, int]:
+def buffers(
+    statement: str, params: dict[str, Any], index: str, *, generic: bool = False
+) -> tuple[int, int]:
     """(buffers the scans of ``index`` touched, buffers the whole statement touched), hit +
     read: the least of three executions after a first that warms the caches. One execution
     may pay once for something that is not the backlog's (an index page splitting as the
-    claim's event is inserted, a page pruned of the rolled-back attempts before it)."""
+    claim's event is inserted, a page pruned of the rolled-back attempts before it).
+
+    ``generic``: of the statement's generic plan, the one a worker's connections run it with
+    (sql.GENERIC_PLANS): prepared, then executed."""
     seen: list[tuple[int, int]] = []
     for _ in range(4):
         with transaction.atomic(), connection.cursor() as cursor:
+            explained = statement
+            if generic:
+                explained = _prepared(cursor, statement, params)
             sid = transaction.savepoint()
-            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", params)
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {explained}", params)
             plan = cursor.fetchone()[0]
             transaction.savepoint_rollback(sid)
+            if generic:
+                cursor.execute("DEALLOCATE measured")
         root = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
         seen.append((_index_scans(root, index), _touched(root)))
     warm = seen[1:]
     return min(s for s, _ in warm), min(t for _, t in warm)
+
+
+def _prepared(cursor: Any, statement: str, params: dict[str, Any]) -> str:
+    """Prepare ``statement`` as "measured" with its placeholders numbered, to be planned
+    generically in this transaction; the EXECUTE that runs it with ``params``."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    numbered = re.sub(r"%\((\w+)\)s", number, statement)
+    assert set(names) == set(params), (names, params)
+    cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+    cursor.execute(f"PREPARE measured AS {numbered}")
+    return f"EXECUTE measured({', '.join(f'%({name})s' for name in names)})"
 
 
 def add_steps(run: Run, count: int, *, status: str, wait_kind: str = "") -> None:
@@ -83,8 +121,8 @@ def step_indexes() -> int:
         return int(cursor.fetchone()[0])
 
 
-def claim_buffers() -> tuple[int, int]:
-    return buffers(sql.CLAIM, CLAIM, "step_claimable")
+def claim_buffers(*, generic: bool = False) -> tuple[int, int]:
+    return buffers(sql.CLAIM, CLAIM, "step_claimable", generic=generic)
 
 
 def promote_buffers() -> tuple[int, int]:
@@ -99,9 +137,11 @@ def test_not_yet_due_work_costs_the_claim_and_the_retry_promotion_nothing(org) -
     # would compare a sequential scan with index scans): 200,000 finished steps.
     add_steps(run, NOT_DUE, status="done")
     empty = (claim_buffers(), promote_buffers())
+    empty_generic = claim_buffers(generic=True)
 
     add_steps(run, NOT_DUE, status="waiting", wait_kind="retry")
     backlog = (claim_buffers(), promote_buffers())
+    backlog_generic = claim_buffers(generic=True)
 
     report = (
         f"(claim, promotion) buffers as (scans of its index, whole statement) with 0 / "
@@ -118,3 +158,57 @@ def test_not_yet_due_work_costs_the_claim_and_the_retry_promotion_nothing(org) -
     # The promotion reads the due end of an index over the waiting rows, which was empty:
     # only its height grows.
     assert backlog_promote_scans <= promote_scans + 2, report
+    # The plan a worker runs the claim with (generic, planned once) pays no more for it.
+    generic_report = f"generic plan's claim buffers: {empty_generic} / {backlog_generic}"
+    assert backlog_generic[0] == empty_generic[0] == claim_scans, generic_report
+    assert backlog_generic[1] <= empty_generic[1] + step_indexes(), generic_report
+
+
+ONE = {
+    "start": "only",
+    "steps": [{"id": "only", "type": "noop", "next": "done"}, {"id": "done", "type": "end"}],
+}
+PLANNED = 8  # past the five custom plans after which PostgreSQL may settle on a generic one
+CLAIM_PLANS = """
+SELECT coalesce(sum(generic_plans), 0) AS generic, coalesce(sum(custom_plans), 0) AS custom
+  FROM pg_prepared_statements WHERE statement LIKE '%%WITH RECURSIVE ahead%%'
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workers_connections_plan_the_claim_once(org) -> None:
+    """Both connections a worker claims on, its claim loop's and a settling thread's (whose
+    settle claims the lane's next step when its run ends), run the claim on a generic plan:
+    planned once per connection, not on every call (sql.GENERIC_PLANS)."""
+    automation_publish_definition(org=org, slug="one", definition=ONE)
+    for n in range(2 * PLANNED):
+        run_start(org=org, automation_slug="one", run_input={}, start_key=f"k{n}")
+    policy = lane_policy("io")
+    loop = PreparedClaims()
+    held = [claim(policy=policy, worker="w", limit=1, on=loop)[0] for _ in range(PLANNED)]
+    assert loop.conn is not None
+    with loop.conn.cursor() as cursor:
+        on_loop = cursor.execute(CLAIM_PLANS).fetchone()
+    loop.close()
+
+    seen: dict[str, Any] = {}
+
+    def settling_thread() -> None:  # as a worker's: its connection opens in the thread
+        take = TakeNext(worker="w", lane="io", lease_seconds=30, claim_lane=True)
+        try:
+            for step in held:  # each ends its run, then claims one of the others
+                assert settle_and_take_next(step, StepResult(output=None), worker="w",
+                                            take=take).from_lane  # fmt: skip
+            with connection.cursor() as cursor:
+                cursor.execute(CLAIM_PLANS)
+                seen["plans"] = cursor.fetchone()
+        finally:
+            connection.close()
+
+    plan_claims_generically_from_now_on()  # as Worker.run does
+    thread = threading.Thread(target=settling_thread)
+    thread.start()
+    thread.join()
+
+    assert on_loop == {"generic": PLANNED, "custom": 0}
+    assert tuple(seen["plans"]) == (PLANNED, 0)

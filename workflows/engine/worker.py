@@ -38,6 +38,7 @@ from .steps import (
     fail_step_and_run,
     heartbeat,
     next_after_org,
+    plan_claims_generically_from_now_on,
     promote_due_retries,
     release,
     run_context,
@@ -141,6 +142,7 @@ class Worker:
             self._run()
 
     def _run(self) -> None:
+        plan_claims_generically_from_now_on()
         threads = [
             threading.Thread(target=self._execute_loop, name=f"step-{i}", daemon=True)
             for i in range(self.concurrency)
