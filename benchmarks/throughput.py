@@ -183,8 +183,10 @@ class Cpu:
         assert self.used is not None
         engine, database, me = (None if v is None else f"{v / count * 1e6:.0f}"
                                 for v in self.used)  # fmt: skip
-        return (f"CPU per {what}: engine processes {engine} us, database server "
-                f"{database or 'n/a'} us, this script {me} us")
+        return (
+            f"CPU per {what}: engine processes {engine} us, database server "
+            f"{database or 'n/a'} us, this script {me} us"
+        )
 
 
 def drained_seconds(ids: list[int]) -> float:
