@@ -10,8 +10,12 @@ with the default `runengine` settings, and prints runs/s, steps/s, p50/p99 start
 latency and database commits (from pg_stat_database: everything counts, claims, settles,
 heartbeats, the relay, idle polls; the starts and this script's own polls are counted and
 taken out for the engine's figure), and the engine's transactions that wrote the runs'
-history (distinct xmin of their events). --drain starts every run first, then the engine,
-and clocks from the first claim to the last finish (the side-by-side harness's drain).
+history (distinct xmin of their events), and the CPU time per io step of the engine's
+processes, of the database server (all its processes, when it runs on this machine) and of
+the script itself (its starting threads, end to end; its polls): on a saturated 2-core
+machine the rate is what that CPU allows. --drain starts every run first, then the engine,
+and clocks from the first claim to the last finish (the side-by-side harness's drain; CPU
+counted from the engine's start).
 
 Fairness: gives organisation "busy" a backlog of ready io steps, then starts a few runs for
 organisation "quiet" and prints how long those took while the backlog drains.
