@@ -160,7 +160,7 @@ CLAIM = _compact(CLAIM)
 # step_claimable index's predicate). Only server-side prepared statements are affected: on
 # those connections, the settle's, whose plans were generic under auto already. Behind a
 # transaction-mode pooler the setting may stay on another server connection: the claim is
-# then planned at every call as before, never run differently.
+# then planned at every call, as before: slower, never wrong.
 GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 
 # A suspect: a step whose last attempt never settled (its lease lapsed: the worker died, hung
