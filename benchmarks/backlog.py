@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from common import ROOT, THREE_IO, setup, start_runs
+from common import ROOT, THREE_IO, empty_run_tables, setup, start_runs
 
 setup("waymark_backlog")
 
@@ -56,10 +56,7 @@ SELECT r.org_id, r.id, 'waiting', g, 'noop', 'io', 'waiting', 1, 0, 0, 5, %(kind
 
 
 def reset() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "TRUNCATE workflows_runevent, workflows_step, workflows_outbox, workflows_run CASCADE"
-        )
+    empty_run_tables()
 
 
 def claim_figures() -> tuple[int, float]:

@@ -15,7 +15,7 @@ import argparse
 import json
 import os
 
-from common import setup
+from common import empty_run_tables, setup
 
 setup("waymark_claim_plan")
 
@@ -86,10 +86,7 @@ def main() -> None:
     parser.add_argument("--not-due", type=int, default=200_000)
     parser.add_argument("--plan", action="store_true", help="print the claim's plan too")
     args = parser.parse_args()
-    with connection.cursor() as cursor:  # a previous run's million rows: no ORM delete
-        cursor.execute(
-            "TRUNCATE workflows_runevent, workflows_step, workflows_outbox, workflows_run CASCADE"
-        )
+    empty_run_tables()
     org, _ = Organisation.objects.get_or_create(slug="bench", defaults={"name": "bench"})
     automation_publish_definition(org=org, slug="io", definition=IO)
     run = Run.objects.get(pk=run_start(org=org, automation_slug="io", run_input={},

@@ -21,7 +21,7 @@ import argparse
 import time
 from typing import Any
 
-from common import THREE_IO, setup
+from common import THREE_IO, empty_run_tables, setup
 
 setup("bench_hot_paths")
 
@@ -41,10 +41,7 @@ from workflows.services.runs import run_start  # noqa: E402
 
 
 def reset() -> Any:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "TRUNCATE workflows_runevent, workflows_step, workflows_outbox, workflows_run CASCADE"
-        )
+    empty_run_tables()
     org, _ = Organisation.objects.get_or_create(slug="hot", defaults={"name": "hot"})
     automation_publish_definition(org=org, slug="three", definition=THREE_IO)
     return org

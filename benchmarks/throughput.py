@@ -33,7 +33,15 @@ import subprocess
 import sys
 import time
 
-from common import ROOT, THREE_IO, commits, database_cpu_seconds, setup, start_runs
+from common import (
+    ROOT,
+    THREE_IO,
+    commits,
+    database_cpu_seconds,
+    empty_run_tables,
+    setup,
+    start_runs,
+)
 
 setup("waymark_bench")
 
@@ -246,11 +254,7 @@ def reset() -> None:
     """Start from empty run tables: a previous fairness backlog would skew the figures."""
     if not connection.settings_dict["NAME"].endswith("_bench"):
         raise SystemExit("refusing to reset a database whose name does not end in _bench")
-    with connection.cursor() as cursor:
-        # CASCADE: effects, timers, approvals and signals reference runs and steps.
-        cursor.execute(
-            "TRUNCATE workflows_runevent, workflows_step, workflows_outbox, workflows_run CASCADE"
-        )
+    empty_run_tables()
 
 
 def main() -> None:
