@@ -113,7 +113,7 @@ class PreparedClaims:
         """Run a prepared statement; a failed connection is closed and opened anew next time."""
         if self.conn is None or self.conn.closed:
             self.conn = own_connection(row_factory=dict_row)
-            self.conn.execute(sql.GENERIC_PLANS)
+            plan_claims_generically(connection=self.conn)
         try:
             return self.conn.execute(statement, params, prepare=True)
         except psycopg.Error:
@@ -127,7 +127,7 @@ class PreparedClaims:
 
 
 def plan_claims_generically(*, connection: Any, **_: Any) -> None:
-    """Set up a connection for the settle's own claim (_claim_for): sql.GENERIC_PLANS."""
+    """Set up a connection (Django's or psycopg's) to claim on: sql.GENERIC_PLANS."""
     with connection.cursor() as cursor:
         cursor.execute(sql.GENERIC_PLANS)
 

@@ -150,17 +150,16 @@ picked AS (
 CLAIM = _compact(CLAIM)
 
 
-# Set on every connection that claims (a worker's: its claim loop's, steps.PreparedClaims,
-# and its settling threads', steps.plan_claims_generically_from_now_on), before its first
-# claim. Under the default plan_cache_mode
-# (auto) PostgreSQL kept a custom plan for CLAIM, planning it again at every execution (0.5 ms
-# of a claim's 1.3 ms in pg_stat_statements, on a 2-core machine), because its generic plan's
-# estimate looks dearer. The plan does not depend on the parameters (lane, organisation to go
-# on from, how many): what picks the indexes is constant (status = 'ready' matching the
-# step_claimable index's predicate). Only server-side prepared statements are affected: on
-# those connections, the settle's, whose plans were generic under auto already. Behind a
-# transaction-mode pooler the setting may stay on another server connection: the claim is
-# then planned at every call, as before: slower, never wrong.
+# Set on every connection that claims (a worker's: its claim loop's, steps.PreparedClaims, and its
+# settling threads', steps.plan_claims_generically_from_now_on), before its first claim. Under the
+# default plan_cache_mode (auto) PostgreSQL kept a custom plan for CLAIM, planning it again at every
+# execution (0.5 ms of a claim's 1.3 ms in pg_stat_statements, on a 2-core machine), because its
+# generic plan's estimate looks dearer. The plan does not depend on the parameters (lane,
+# organisation to go on from, how many): what picks the indexes is constant (status = 'ready'
+# matching the step_claimable index's predicate). Only server-side prepared statements are affected:
+# on those connections, the settle's, whose plans were generic under auto already. Behind a
+# transaction-mode pooler the setting may stay on another server connection: the claim is then
+# planned at every call, as before: slower, never wrong.
 GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 
 # A suspect: a step whose last attempt never settled (its lease lapsed: the worker died, hung
