@@ -27,6 +27,7 @@ from . import sql
 from .definition_cache import definition_for
 from .executors import StepContext, StepDeferred, StepFailure, StepResult
 from .faults import crash_point
+from .hops import hop
 from .lanes import LanePolicy
 from .places import Entry, Place
 from .sql.rows import (
@@ -67,6 +68,12 @@ class ClaimedStep:
     wait_detail: dict[str, Any] | None = field(default=None, repr=False)
     fork_join_id: int | None = None  # the join its branch arrives at (see forks.py)
     branch: int | None = None
+    # The rest of the run's row as of the claim, for a hop's walk (hops.py): which version
+    # of the row it was (its xmin; None: no hop from this step).
+    run_entered: dict[str, int] = field(default_factory=dict, repr=False)
+    run_steps_executed: int = 0
+    run_max_steps: int = 0
+    run_seen: str | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ClaimedStep:
@@ -309,6 +316,16 @@ def settle_and_take_next(
     enters is claimed for it in the same transaction (see TakeNext)."""
     if result.park is not None:
         return Settled(_settle_park(step, result, worker=worker))
+    if not getattr(_joining, "active", False):
+        hopped = hop(step, result, worker=worker, take=take)
+        if hopped is not None:
+            if not hopped.ok:
+                logger.info("step %s attempt %s was fenced out; result dropped",
+                            step.id, step.attempt)  # fmt: skip
+                return Settled(False)
+            if hopped.claimed is not None:
+                return Settled(True, ClaimedStep.from_row(hopped.claimed), from_lane=True)
+            return Settled(True, _taken_step(hopped.walk, hopped.taken_id, seen=hopped.seen))
     # Typed Any: psycopg adapts Jsonb, which the Django stubs do not list as a parameter.
     done: dict[str, Any] = {
         "id": step.id, "attempt": step.attempt, "output": json_or_null(result.output),
@@ -334,14 +351,13 @@ def _claim_for(cursor: Any, take: TakeNext) -> ClaimedStep | None:
     transaction (TakeNext.claim_lane). Its row locks are taken with SKIP LOCKED, and runs
     are read, not locked, so it never waits on another transaction while the settle holds
     its run's lock."""
-    params = {"lane": take.lane, "n": 1, "worker": take.worker, "lease": take.lease_seconds,
-              "after_org": take.after_org}  # fmt: skip
-    rows = query_prepared(cursor, sql.CLAIM, params)
+    rows = query_prepared(cursor, sql.CLAIM, take.claim_params())
     return ClaimedStep.from_row(rows[0]) if rows else None
 
 
-def _taken_step(walk: Walk, step_pk: int | None) -> ClaimedStep | None:
-    """The step a walk wrote claimed for its worker, as a claim would have returned it."""
+def _taken_step(walk: Walk, step_pk: int | None, *, seen: str | None = None) -> ClaimedStep | None:
+    """The step a walk wrote claimed for its worker, as a claim would have returned it
+    (``seen``: the run row's version the walk wrote, when known: its settle may hop)."""
     taken, run = walk.taken, walk.run
     if taken is None or step_pk is None or walk.take_next is None:
         return None
@@ -352,6 +368,8 @@ def _taken_step(walk: Walk, step_pk: int | None) -> ClaimedStep | None:
         run_input=run.input, run_vars=run.vars, run_outputs=run.outputs,
         run_created_at=run.created_at, run_expired=run.expired,
         fork_join_id=taken.place.fork_join, branch=taken.place.branch,
+        run_entered=run.entered, run_steps_executed=run.steps_executed,
+        run_max_steps=run.max_steps, run_seen=seen,
     )  # fmt: skip
 
 

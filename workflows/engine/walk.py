@@ -32,6 +32,7 @@ from .lanes import engine_setting, lane_policy
 from .places import TOP, Entry, Place
 from .sql import CANCEL_LIVE_STEPS_LOGGED, LIVE_STEPS, LOCK_RUN, STEP_ID_OF, UPDATE_RUN
 from .sql.rows import (
+    EVENT_COLUMNS,
     NOW,
     STEP_COLUMNS,
     NowPlus,
@@ -42,6 +43,7 @@ from .sql.rows import (
     insert_rows,
     insert_statement,
     json_or_null,
+    json_rows,
     query_prepared,
     run_batch,
     wakes_statement,
@@ -89,6 +91,11 @@ class TakeNext:
     claim_lane: bool = False
     after_org: int = 0
 
+    def claim_params(self) -> dict[str, Any]:
+        """sql.CLAIM's parameters for the one step of the lane a settle claims (claim_lane)."""
+        return {"lane": self.lane, "n": 1, "worker": self.worker, "lease": self.lease_seconds,
+                "after_org": self.after_org}  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Taken:
@@ -134,6 +141,7 @@ class Walk:
         *,
         worker: str = "",
         take_next: TakeNext | None = None,
+        speculative: bool = False,
     ) -> None:
         self.cursor = cursor
         self.take_next = take_next
@@ -161,7 +169,9 @@ class Walk:
         self.inline_budget = int(engine_setting("WALK_INLINE_STEPS"))
         self.inline_left = self.inline_budget
         self.inline_until = time.monotonic() + engine_setting("WALK_INLINE_MS") / 1000
-        assert connection.in_atomic_block, "the walk runs inside its caller's transaction"
+        # A speculative walk (a hop's, hops.py) runs before any transaction, on the run as the
+        # worker last saw it; its writes are checked against the row when they are made.
+        assert speculative or connection.in_atomic_block, "the walk runs in the caller's txn"
 
     # --- recording --------------------------------------------------------------------------
 
@@ -493,6 +503,32 @@ class Walk:
         if self.dirty and updated != 1:
             raise RuntimeError(f"run {self.run.id} changed under its lock")
         return self._taken_id(rows)
+
+    def hop(self, seen: str) -> dict[str, Any] | None:
+        """This walk's writes as a hop's (sql.SETTLE_HOP's parameters, but for the settled
+        step's), for a walk computed from the version ``seen`` of the run's row; None when
+        they need what only flush does: the count of live steps (a path ended), a lane to
+        wake, entries left for a continuation, a step taken mid-walk."""
+        if self.queue or self.wake_lanes or not self.dirty:
+            return None
+        if self.path_ended and self.finish is None and self.live_added == 0:
+            return None
+        taken = self.taken if self.finish is None else None
+        if taken is not None and not any(
+            (row[2], row[3]) == (taken.step_id, taken.iteration) for row in self.new_steps
+        ):
+            return None
+        status, output, error = self.finish or (self.run.status, None, "")
+        return {
+            "run": self.run.id, "seen": seen,
+            "vars": Jsonb(self.changed_vars), "outputs": Jsonb(self.changed_outputs),
+            "entered": Jsonb(self.changed_entered), "steps": self.run.steps_executed,
+            "status": status, "run_output": json_or_null(output), "error": error,
+            "new_steps": json_rows(STEP_COLUMNS, self.new_steps),
+            "events": json_rows(EVENT_COLUMNS, self.events), "worker": self.worker,
+            "taken_step": taken.step_id if taken else None,
+            "taken_iteration": taken.iteration if taken else None,
+        }  # fmt: skip
 
     def _taken_query(self, steps: Statement | None) -> tuple[Statement, Statement | None]:
         """What reads the id of the step this walk took for its worker, and the steps'

@@ -54,7 +54,10 @@ claimed AS (
            r.version_id,
            r.input::json AS run_input, r.vars::json AS run_vars,
            r.outputs::json AS run_outputs, r.created_at AS run_created_at,
-           r.deadline_at <= now() AS run_expired
+           r.deadline_at <= now() AS run_expired,
+           -- What a hop's walk starts from (hops.py): the run's row as of the claim.
+           r.entered::json AS run_entered, r.steps_executed AS run_steps_executed,
+           r.max_steps AS run_max_steps, r.xmin::text AS run_seen
 ),
 logged AS (
     INSERT INTO workflows_runevent (org_id, run_id, kind, step_id, iteration, attempt, worker, at)
@@ -749,3 +752,12 @@ UPDATE workflows_signal
 # trip (steps._settling).
 SETTLE_DONE_LOCKED = locked_run_then(SETTLE_DONE)
 SETTLE_FAILED_LOCKED = locked_run_then(SETTLE_FAILED)
+
+# A hop: a successful step's settle and its walk in one statement, when the run is still the
+# version of its row the walk started from (functions.SETTLE_HOP_V1, hops.py).
+SETTLE_HOP = """
+SELECT outcome, run_xmin, taken_id FROM waymark_settle_hop_v1(
+    %(run)s, %(seen)s::xid, %(id)s, %(attempt)s, %(output)s,
+    %(vars)s, %(outputs)s, %(entered)s, %(steps)s, %(status)s, %(run_output)s, %(error)s,
+    %(new_steps)s, %(events)s, %(worker)s, %(taken_step)s, %(taken_iteration)s)
+"""

@@ -64,6 +64,23 @@ def json_or_null(value: Any) -> Jsonb | None:
 Statement = tuple[str, Any]
 
 
+def json_rows(columns: Sequence[str], rows: list[tuple]) -> Jsonb:
+    """Rows as one JSON array of objects keyed by column name, for a server-side function
+    (sql/functions.py): NOW is 0 and NowPlus(s) is s (the function adds now()), a Jsonb cell
+    is its value."""
+    return Jsonb([dict(zip(columns, map(_json_cell, row), strict=True)) for row in rows])
+
+
+def _json_cell(value: Any) -> Any:
+    if value is NOW:
+        return 0
+    if isinstance(value, NowPlus):
+        return value.seconds
+    if isinstance(value, Jsonb):
+        return value.obj
+    return value
+
+
 def execute(cursor: Any, statement: Statement | None) -> None:
     """Run one statement built here; None (nothing to insert) runs nothing."""
     if statement is not None:

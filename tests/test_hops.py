@@ -1,0 +1,229 @@
+"""Hops (workflows/engine/hops.py): a successful step's settle and its walk written by one
+statement, from the run's row as the worker last saw it, checked against the row as it is.
+
+A hop must write exactly what the slow settle writes, and write nothing when the run's row
+changed since the walk's view of it or the attempt was fenced out.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from workflows.engine.executors import StepResult
+from workflows.engine.lanes import lane_policy
+from workflows.engine.steps import ClaimedStep, Settled, claim, claim_suspect, settle_and_take_next
+from workflows.engine.transport import own_connection
+from workflows.engine.walk import TakeNext
+from workflows.models import Run, RunEvent, Step
+from workflows.services.automations import automation_publish_definition
+from workflows.services.runs import run_start
+
+from .processes import wait_for
+
+# An io step, quick steps walked inline (a set reading its output, a branch), an io step, end.
+HOPPING: dict[str, Any] = {
+    "start": "a",
+    "steps": [
+        {"id": "a", "type": "noop", "next": "note"},
+        {"id": "note", "type": "set", "values": {"seen": "{{ steps.a.output.n }}"},
+         "next": "route"},
+        {"id": "route", "type": "branch",
+         "when": [{"outcome": "big", "if": "steps.a.output.n > 3"}],
+         "next": {"big": "b", "default": "done"}},
+        {"id": "b", "type": "noop", "next": "done"},
+        {"id": "done", "type": "end", "output": {"seen": "{{ vars.seen }}"}},
+    ],
+}  # fmt: skip
+TAKE = TakeNext(worker="w", lane="io", lease_seconds=30)
+IO = lane_policy("io")
+
+
+def start(org: Any, key: str) -> Run:
+    automation_publish_definition(org=org, slug="hopping", definition=HOPPING)
+    return Run.objects.get(pk=run_start(org=org, automation_slug="hopping", run_input={},
+                                        start_key=key).run_id)  # fmt: skip
+
+
+def claim_of(run: Run, worker: str = "w") -> ClaimedStep:
+    (step,) = claim(policy=IO, worker=worker, limit=1)
+    assert step.run_id == run.pk
+    return step
+
+
+def hops_so_far() -> int:
+    """Calls of the hop's function in this transaction (a test's django_db transaction)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL track_functions = 'pl'")
+        cursor.execute(
+            "SELECT coalesce(pg_stat_get_xact_function_calls('waymark_settle_hop_v1'::regproc), 0)"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def history(run: Run) -> list[tuple]:
+    return list(
+        RunEvent.objects.filter(run=run).order_by("id")
+        .values_list("kind", "step_id", "iteration", "attempt", "worker", "detail")
+    )  # fmt: skip
+
+
+def step_rows(run: Run) -> list[tuple]:
+    return [
+        (s.step_id, s.iteration, s.type, s.lane, s.status, s.owner, s.attempt, s.max_attempts,
+         s.output, s.error, s.lease_until is None, s.finished_at is None, s.wait_kind)
+        for s in Step.objects.filter(run=run).order_by("id")
+    ]  # fmt: skip
+
+
+def run_row(run: Run) -> tuple:
+    run.refresh_from_db()
+    return (run.status, run.vars, run.outputs, run.entered, run.steps_executed, run.output,
+            run.error, run.finished_at is None)  # fmt: skip
+
+
+def settle_all(run: Run, *, hop: bool) -> list[Settled]:
+    """Settle the run's io steps one after the other, each taking the next; ``hop=False``
+    hides the run's row version from each settle, so it goes the slow way."""
+    step: ClaimedStep | None = claim_of(run)
+    settled = []
+    outputs = iter([{"n": 5}, "b's"])
+    while step is not None:
+        if not hop:
+            step = replace(step, run_seen=None)
+        result = StepResult(output=next(outputs), vars={"from_" + step.step_id: True})
+        settled.append(settle_and_take_next(step, result, worker="w", take=TAKE))
+        step = settled[-1].next_step
+    return settled
+
+
+@pytest.mark.django_db
+def test_a_hop_writes_what_the_slow_settle_writes(org) -> None:
+    hopped_run, slow_run = start(org, "hop"), start(org, "slow")
+    before = hops_so_far()
+
+    hopped = settle_all(hopped_run, hop=True)
+    assert hops_so_far() - before == 2  # both settles were hops
+    slow = settle_all(slow_run, hop=False)
+    assert hops_so_far() - before == 2  # none of these
+
+    assert [s.ok for s in hopped] == [s.ok for s in slow] == [True, True]
+    assert hopped[0].next_step is not None and hopped[0].next_step.run_seen is not None
+    assert slow[0].next_step is not None and slow[0].next_step.run_seen is None
+    assert run_row(hopped_run) == run_row(slow_run)
+    assert run_row(hopped_run)[0] == "succeeded" and hopped_run.output == {"seen": "5"}
+    assert step_rows(hopped_run) == step_rows(slow_run)
+    assert history(hopped_run) == history(slow_run)
+    assert [kind for kind, *_ in history(hopped_run)] == [
+        "run.started", "step.ready", "step.claimed", "step.succeeded",  # a
+        "step.succeeded", "step.succeeded", "step.ready", "step.claimed",  # note, route; b
+        "step.succeeded", "step.succeeded", "run.succeeded",  # b, done
+    ]  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_fenced_out_attempt_hops_in_vain_and_writes_nothing(org) -> None:
+    run = start(org, "k")
+    first = claim_of(run)
+    # Its lease lapses (a paused worker, say) and another worker takes the step over.
+    Step.objects.filter(pk=first.id).update(lease_until=timezone.now() - timedelta(seconds=1))
+    second = claim_suspect(policy=IO, worker="w2")
+    assert second is not None and second.attempt == first.attempt + 1
+    before = (hops_so_far(), history(run), step_rows(run), run_row(run))
+
+    late = settle_and_take_next(first, StepResult(output={"n": 1}), worker="w", take=TAKE)
+
+    assert not late.ok and late.next_step is None
+    assert hops_so_far() == before[0] + 1
+    assert (history(run), step_rows(run), run_row(run)) == before[1:]
+    newest = settle_and_take_next(second, StepResult(output={"n": 1}), worker="w2", take=TAKE)
+    assert newest.ok and run_row(run)[0] == "succeeded"  # n=1: straight to done
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_changed_under_a_hop_is_settled_from_its_row_as_it_is_now(org) -> None:
+    """Another transaction holds the run's lock and changes its row while a hop waits for
+    the lock: the hop finds a newer version and writes nothing; the slow settle then walks
+    from the row as it is now (its change kept), once."""
+    run = start(org, "k")
+    step = claim_of(run)
+    locker = own_connection(autocommit=False)
+    locker.execute("SELECT 1 FROM workflows_run WHERE id = %s FOR NO KEY UPDATE", [run.pk])
+    answer: list[Settled] = []
+
+    def settle() -> None:
+        try:
+            answer.append(settle_and_take_next(step, StepResult(output={"n": 9}), worker="w",
+                                               take=TAKE))  # fmt: skip
+        finally:
+            connection.close()
+
+    settling = threading.Thread(target=settle)
+    settling.start()
+    try:
+        wait_for(lambda: waiting_hops() == 1, what="the hop waiting for the run's lock")
+        locker.execute(
+            "UPDATE workflows_run SET vars = vars || '{\"meanwhile\": 1}' WHERE id = %s", [run.pk]
+        )
+        locker.commit()
+        settling.join(timeout=60)
+    finally:
+        locker.close()
+
+    (settled,) = answer
+    assert settled.ok and settled.next_step is not None
+    assert settled.next_step.step_id == "b" and settled.next_step.run_seen is None  # slow way
+    run.refresh_from_db()
+    assert run.vars == {"meanwhile": 1, "seen": "9"}
+    kinds = [(kind, step_id) for kind, step_id, *_ in history(run)]
+    assert kinds.count(("step.succeeded", "a")) == 1
+    assert kinds.count(("step.claimed", "b")) == 1
+
+
+def waiting_hops() -> int:
+    """Backends waiting for a lock inside the hop's statement (pg_stat_activity, read on a
+    connection of its own: a transaction sees one snapshot of it)."""
+    with own_connection() as watcher:
+        row = watcher.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query LIKE %s AND datname = current_database()",
+            ["%waymark_settle_hop_v1%"],
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.django_db
+def test_a_runs_last_hop_claims_the_lanes_next_step_with_it_or_not_at_all(org) -> None:
+    claiming = replace(TAKE, claim_lane=True)
+    ending, waiting = start(org, "ending"), start(org, "waiting")
+    step = claim_of(ending)
+    before = hops_so_far()
+
+    settled = settle_and_take_next(step, StepResult(output={"n": 1}), worker="w", take=claiming)
+
+    assert hops_so_far() == before + 1
+    assert settled.ok and settled.from_lane and settled.next_step is not None
+    assert (settled.next_step.run_id, settled.next_step.step_id) == (waiting.pk, "a")
+    assert run_row(ending)[0] == "succeeded"
+    assert Step.objects.get(pk=settled.next_step.id).owner == "w"
+
+    # The run changed since its claim: the hop writes nothing and its claim is undone with
+    # it; the slow settle then claims the same step, once.
+    changed, next_up = start(org, "changed"), start(org, "next")
+    step = claim_of(changed)
+    Run.objects.filter(pk=changed.pk).update(vars={"meanwhile": 1})
+    settled = settle_and_take_next(step, StepResult(output={"n": 1}), worker="w", take=claiming)
+
+    assert hops_so_far() == before + 2  # tried, and undone
+    assert settled.ok and settled.next_step is not None
+    assert (settled.next_step.run_id, settled.next_step.attempt) == (next_up.pk, 1)
+    claims = RunEvent.objects.filter(run=next_up, kind="step.claimed")
+    assert claims.count() == 1
+    assert run_row(changed)[:2] == ("succeeded", {"meanwhile": 1, "seen": "1"})

@@ -1,0 +1,144 @@
+"""Hops: a successful step's settle and the walk after it, in one statement.
+
+The slow settle (steps._settling) costs four round trips (BEGIN; the run's lock with the
+step's fenced transition; the walk's writes; COMMIT) and six statements, and psycopg's work
+per statement was most of a busy worker's CPU (py-spy, docs/operations.md). A hop walks
+first, from the run's row as the worker last saw it (the row its claim returned, or the one
+its previous hop wrote), then sends what the walk decided in one call of a server-side
+function (sql.functions.SETTLE_HOP_V1), as a transaction of its own: the statement commits
+before its answer comes back, so no result is acknowledged before its commit.
+
+The function writes only while the run's row is still that version (its xmin: every UPDATE
+of the row makes a new one) and the step's attempt is still the newest running one (the
+fencing token, as SETTLE_DONE). A hop's walk reads nothing but the run's row and the step's
+result, so under those checks it decided what the slow settle would have decided under the
+run's lock. Otherwise nothing is written and the step settles the slow way, from the row as
+it is now: a hop never decides anything a locked settle would not.
+
+What a hop cannot carry goes the slow way before any round trip: a walk that reads or writes
+the database itself (forks and joins, a path's end that counts the run's live steps, an inline
+step that queries), wakes a lane or leaves a continuation; a parked result; a settle inside a
+group; a run past its max age.
+
+A run's last settle, when the worker asked to claim another step of its lane with it
+(TakeNext.claim_lane), must commit that claim with the settle: that hop and the claim go in
+one round trip, in a transaction committed only when the hop wrote (two round trips in all,
+against five the slow way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.db import connection, transaction
+
+from ..states import RunStatus
+from . import sql
+from .definition_cache import definition_for
+from .executors import StepResult
+from .faults import crash_point
+from .sql.rows import json_or_null, query_pipelined, query_prepared
+from .walk import RunState, TakeNext, Walk
+
+if TYPE_CHECKING:
+    from .steps import ClaimedStep
+
+
+@dataclass(frozen=True)
+class Hop:
+    """A hop that reached the database: written (``ok``), or fenced out (nothing written)."""
+
+    ok: bool
+    walk: Walk
+    taken_id: int | None = None  # the run's next step, written claimed for this worker
+    seen: str | None = None  # the run row's version the hop wrote (for the next hop)
+    claimed: dict[str, Any] | None = None  # a step of the lane claimed with it (claim_lane)
+
+
+class _NeedsDatabase(Exception):
+    """A speculative walk tried to run a statement: it is not a hop."""
+
+
+class _NoDatabase:
+    """The cursor of a speculative walk: any statement ends the hop before it is sent."""
+
+    def execute(self, *args: Any, **kwargs: Any) -> None:
+        raise _NeedsDatabase
+
+
+def _refuse(*args: Any, **kwargs: Any) -> None:
+    """Django's execute wrapper during a speculative walk: an inline step that queries."""
+    raise _NeedsDatabase
+
+
+def hop(step: ClaimedStep, result: StepResult, *, worker: str, take: TakeNext | None) -> Hop | None:
+    """Settle ``step`` with ``result`` as a hop; None: it was not one (nothing was written),
+    and the caller settles the slow way."""
+    if step.run_seen is None or step.run_expired or result.park is not None:
+        return None
+    walk = _speculative_walk(step, result, worker=worker, take=take)
+    if walk is None:
+        return None
+    writes = walk.hop(step.run_seen)
+    if writes is None:
+        return None
+    # As in the slow settle: a crash here has written nothing.
+    crash_point("settle.after_step_update")
+    params = {**writes, "id": step.id, "attempt": step.attempt,
+              "output": json_or_null(result.output)}  # fmt: skip
+    if walk.finish is not None and take is not None and take.claim_lane:
+        return _hop_and_claim(walk, params, take)
+    # In autocommit, as every settle is called (the slow one opens a durable transaction),
+    # the statement is a transaction of its own.
+    with connection.cursor() as cursor:
+        answer = query_prepared(cursor, sql.SETTLE_HOP, params)[0]
+    if answer["outcome"] == "fenced":
+        return Hop(False, walk)
+    if answer["outcome"] != "settled":
+        return None  # the run changed since the walk's view of it
+    return Hop(True, walk, answer["taken_id"], answer["run_xmin"])
+
+
+class _Undone(Exception):
+    """The hop wrote nothing: its transaction (and the claim in it) is rolled back."""
+
+
+def _hop_and_claim(walk: Walk, params: dict[str, Any], take: TakeNext) -> Hop | None:
+    """The run's last hop and the lane's claim (sql.CLAIM, as steps._claim_for) in one
+    round trip, committed together only when the hop wrote."""
+    try:
+        with transaction.atomic(durable=True), connection.cursor() as cursor:
+            (answer,), claimed = query_pipelined(
+                cursor, [(sql.SETTLE_HOP, params), (sql.CLAIM, take.claim_params())]
+            )
+            if answer["outcome"] != "settled":
+                raise _Undone(answer["outcome"])
+    except _Undone as undone:
+        return Hop(False, walk) if undone.args[0] == "fenced" else None
+    return Hop(True, walk, claimed=claimed[0] if claimed else None)
+
+
+def _speculative_walk(
+    step: ClaimedStep, result: StepResult, *, worker: str, take: TakeNext | None
+) -> Walk | None:
+    """The slow settle's walk (steps.settle_and_take_next), on the run as the worker saw it;
+    None if it tried to touch the database."""
+    run = RunState(
+        id=step.run_id, org_id=step.org_id, version_id=step.version_id,
+        status=RunStatus.RUNNING, input=step.run_input, vars=dict(step.run_vars),
+        outputs=dict(step.run_outputs), entered=dict(step.run_entered),
+        steps_executed=step.run_steps_executed, max_steps=step.run_max_steps, expired=False,
+        created_at=step.run_created_at,
+    )  # fmt: skip
+    walk = Walk(_NoDatabase(), run, definition_for(run.version_id), worker=worker,
+                take_next=take, speculative=True)  # fmt: skip
+    try:
+        with connection.execute_wrapper(_refuse):
+            walk.event(
+                "step.succeeded", step.step_id, iteration=step.iteration, attempt=step.attempt
+            )
+            walk.step_succeeded(step.step_id, result, step.place)
+    except _NeedsDatabase:
+        return None
+    return walk
