@@ -85,8 +85,8 @@ def hop(step: ClaimedStep, result: StepResult, *, worker: str, take: TakeNext | 
         return None
     # As in the slow settle: a crash here has written nothing.
     crash_point("settle.after_step_update")
-    params = {**writes, "id": step.id, "attempt": step.attempt,
-              "output": json_or_null(result.output)}  # fmt: skip
+    params = {**writes, "step": step.id, "attempt": step.attempt,
+              "step_output": json_or_null(result.output)}  # fmt: skip
     if walk.finish is not None and take is not None and take.claim_lane:
         return _hop_and_claim(walk, params, take)
     # In autocommit, as every settle is called (the slow one opens a durable transaction),
@@ -135,10 +135,9 @@ def _speculative_walk(
                 take_next=take, speculative=True)  # fmt: skip
     try:
         with connection.execute_wrapper(_refuse):
-            walk.event(
-                "step.succeeded", step.step_id, iteration=step.iteration, attempt=step.attempt
+            walk.worker_step_succeeded(
+                step.step_id, step.iteration, step.attempt, result, step.place
             )
-            walk.step_succeeded(step.step_id, result, step.place)
     except _NeedsDatabase:
         return None
     return walk

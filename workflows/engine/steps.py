@@ -320,9 +320,7 @@ def settle_and_take_next(
         hopped = hop(step, result, worker=worker, take=take)
         if hopped is not None:
             if not hopped.ok:
-                logger.info("step %s attempt %s was fenced out; result dropped",
-                            step.id, step.attempt)  # fmt: skip
-                return Settled(False)
+                return _fenced_out(step)
             if hopped.claimed is not None:
                 return Settled(True, ClaimedStep.from_row(hopped.claimed), from_lane=True)
             return Settled(True, _taken_step(hopped.walk, hopped.taken_id, seen=hopped.seen))
@@ -332,18 +330,20 @@ def settle_and_take_next(
     }  # fmt: skip
     with _settling(step, sql.SETTLE_DONE_LOCKED, done, worker=worker, take=take) as walk:
         if walk is None:
-            logger.info("step %s attempt %s was fenced out; result dropped", step.id, step.attempt)
-            return Settled(False)
+            return _fenced_out(step)
         crash_point("settle.after_step_update")
-        walk.event("step.succeeded", step.step_id, iteration=step.iteration, attempt=step.attempt)
-        if not walk.finished:
-            walk.step_succeeded(step.step_id, result, step.place)
+        walk.worker_step_succeeded(step.step_id, step.iteration, step.attempt, result, step.place)
         taken_id = walk.flush()
         next_step = _taken_step(walk, taken_id)
         if next_step is not None or take is None or not take.claim_lane:
             return Settled(True, next_step)
         claimed = _claim_for(walk.cursor, take)
     return Settled(True, claimed, from_lane=claimed is not None)
+
+
+def _fenced_out(step: ClaimedStep) -> Settled:
+    logger.info("step %s attempt %s was fenced out; result dropped", step.id, step.attempt)
+    return Settled(False)
 
 
 def _claim_for(cursor: Any, take: TakeNext) -> ClaimedStep | None:

@@ -260,6 +260,15 @@ class Walk:
         self.run.vars.update(result.vars)
         self.changed_vars.update(result.vars)
 
+    def worker_step_succeeded(
+        self, step_id: str, iteration: int, attempt: int, result: StepResult, place: Place
+    ) -> None:
+        """A worker's attempt succeeded (the slow settle's walk and a hop's): record it and,
+        while the run goes on, walk on."""
+        self.event("step.succeeded", step_id, iteration=iteration, attempt=attempt)
+        if not self.finished:
+            self.step_succeeded(step_id, result, place)
+
     def step_succeeded(self, step_id: str, result: StepResult, place: Place = TOP) -> None:
         """A step (inline or from a worker) finished: record it and move on."""
         self.record_output(step_id, result)
@@ -514,21 +523,22 @@ class Walk:
         if self.path_ended and self.finish is None and self.live_added == 0:
             return None
         taken = self.taken if self.finish is None else None
-        if taken is not None and not any(
-            (row[2], row[3]) == (taken.step_id, taken.iteration) for row in self.new_steps
-        ):
+        if taken is not None and not self._taken_is_new():
             return None
-        status, output, error = self.finish or (self.run.status, None, "")
+        _, run_update = self._update_run()  # the run's values as flush writes them
         return {
-            "run": self.run.id, "seen": seen,
-            "vars": Jsonb(self.changed_vars), "outputs": Jsonb(self.changed_outputs),
-            "entered": Jsonb(self.changed_entered), "steps": self.run.steps_executed,
-            "status": status, "run_output": json_or_null(output), "error": error,
+            **run_update, "seen": seen,
             "new_steps": json_rows(STEP_COLUMNS, self.new_steps),
             "events": json_rows(EVENT_COLUMNS, self.events), "worker": self.worker,
             "taken_step": taken.step_id if taken else None,
             "taken_iteration": taken.iteration if taken else None,
         }  # fmt: skip
+
+    def _taken_is_new(self) -> bool:
+        """Whether the step taken for the worker is among the rows still to insert."""
+        assert self.taken is not None
+        key = (self.taken.step_id, self.taken.iteration)
+        return any((row[2], row[3]) == key for row in self.new_steps)
 
     def _taken_query(self, steps: Statement | None) -> tuple[Statement, Statement | None]:
         """What reads the id of the step this walk took for its worker, and the steps'
@@ -536,11 +546,11 @@ class Walk:
         INSERT itself returns the ids (sent last; no other statement of a walk that goes on
         reads the new steps), else the step is looked up (it was written mid-walk)."""
         assert self.taken is not None
-        key = (self.taken.step_id, self.taken.iteration)
-        if steps is not None and any((row[2], row[3]) == key for row in self.new_steps):
+        if steps is not None and self._taken_is_new():
             sql, params = steps
             return (f"{sql} RETURNING id, step_id, iteration", params), None
-        params = {"run": self.run.id, "step_id": key[0], "iteration": key[1]}
+        params = {"run": self.run.id, "step_id": self.taken.step_id,
+                  "iteration": self.taken.iteration}  # fmt: skip
         return (STEP_ID_OF, params), steps
 
     def _taken_id(self, rows: list[dict[str, Any]]) -> int | None:

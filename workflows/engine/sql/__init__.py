@@ -754,10 +754,11 @@ SETTLE_DONE_LOCKED = locked_run_then(SETTLE_DONE)
 SETTLE_FAILED_LOCKED = locked_run_then(SETTLE_FAILED)
 
 # A hop: a successful step's settle and its walk in one statement, when the run is still the
-# version of its row the walk started from (functions.SETTLE_HOP_V1, hops.py).
+# version of its row the walk started from (functions.SETTLE_HOP_V1, hops.py). The run's
+# values are UPDATE_RUN's parameters (Walk._update_run); the settled step's are step_*.
 SETTLE_HOP = """
 SELECT outcome, run_xmin, taken_id FROM waymark_settle_hop_v1(
-    %(run)s, %(seen)s::xid, %(id)s, %(attempt)s, %(output)s,
-    %(vars)s, %(outputs)s, %(entered)s, %(steps)s, %(status)s, %(run_output)s, %(error)s,
+    %(id)s, %(seen)s::xid, %(step)s, %(attempt)s, %(step_output)s,
+    %(vars)s, %(outputs)s, %(entered)s, %(steps)s, %(status)s, %(output)s, %(error)s,
     %(new_steps)s, %(events)s, %(worker)s, %(taken_step)s, %(taken_iteration)s)
 """
