@@ -25,7 +25,7 @@ from workflows.models import Run, RunEvent, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
-from .processes import wait_for
+from .processes import kill_tree, spawn_worker, stop, wait_for
 
 # An io step, quick steps walked inline (a set reading its output, a branch), an io step, end.
 HOPPING: dict[str, Any] = {
@@ -227,3 +227,38 @@ def test_a_runs_last_hop_claims_the_lanes_next_step_with_it_or_not_at_all(org) -
     claims = RunEvent.objects.filter(run=next_up, kind="step.claimed")
     assert claims.count() == 1
     assert run_row(changed)[:2] == ("succeeded", {"meanwhile": 1, "seen": "1"})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_as_it_hops_wrote_nothing_and_another_finishes_the_run(org) -> None:
+    """A real worker process dies at the hop (WAYMARK_CRASH_AT, just before its statement is
+    sent): the step is as claimed, nothing of its settle exists, and a second worker takes it
+    over once its lease lapses, settles it and hops on to the end, each step once."""
+    automation_publish_definition(org=org, slug="two", definition={
+        "start": "a",
+        "steps": [{"id": "a", "type": "noop", "next": "b"},
+                  {"id": "b", "type": "noop", "next": "done"},
+                  {"id": "done", "type": "end"}],
+    })  # fmt: skip
+    run_id = run_start(org=org, automation_slug="two", run_input={}, start_key="k").run_id
+    doomed = spawn_worker(concurrency=1, WAYMARK_CRASH_AT="settle.after_step_update",
+                          WAYMARK_IO_LEASE_SECONDS="1")  # fmt: skip
+    try:
+        assert doomed.wait(timeout=60) == 137
+    finally:
+        kill_tree(doomed)
+    a = Step.objects.get(run_id=run_id, step_id="a")
+    assert (a.status, a.attempt) == ("running", 1)
+    assert not RunEvent.objects.filter(run_id=run_id, kind="step.succeeded").exists()
+    assert Run.objects.get(pk=run_id).entered == {"a": 1}
+
+    rescuer = spawn_worker(WAYMARK_IO_LEASE_SECONDS="1")
+    try:
+        wait_for(lambda: Run.objects.get(pk=run_id).status == "succeeded", timeout=60,
+                 what="the second worker to finish the run")  # fmt: skip
+    finally:
+        stop(rescuer)
+        kill_tree(rescuer)
+    assert Step.objects.get(run_id=run_id, step_id="a").attempt == 2
+    succeeded = RunEvent.objects.filter(run_id=run_id, kind="step.succeeded")
+    assert sorted(succeeded.values_list("step_id", flat=True)) == ["a", "b", "done"]
