@@ -16,8 +16,8 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -37,27 +37,36 @@ from workflows.services.automations import automation_publish_definition  # noqa
 from workflows.services.tenancy import api_key_create  # noqa: E402
 
 
-def serve(workers: int) -> tuple[int, list[subprocess.Popen[bytes]]]:
-    """The web processes runengine starts, on one socket bound here; its port."""
+def serve(workers: int) -> tuple[int, list[subprocess.Popen[str]]]:
+    """The web processes runengine starts, on one socket bound here; its port, once every
+    process accepts. (The kernel queues connections on the socket before any process does:
+    clients that connected then would all be held by whichever process was up first.)"""
     listener = bind("127.0.0.1", 0)
     fd = listener.fileno()
-    env = dict(os.environ)
+    # As served by default: INFO, one access line per request (read and dropped here).
+    env = dict(os.environ, WAYMARK_LOG_LEVEL="INFO")
+    argv = web_argv(fd, grace=5)
     processes = [
-        subprocess.Popen(web_argv(fd, grace=5), cwd=ROOT, env=env, pass_fds=(fd,))  # noqa: S603
+        subprocess.Popen(argv, cwd=ROOT, env=env, pass_fds=(fd,), stderr=subprocess.PIPE, text=True)  # noqa: S603
         for _ in range(workers)
     ]
+    serving = threading.Semaphore(0)
+    for process in processes:
+        threading.Thread(target=relay_log, args=(process, serving), daemon=True).start()
+    for _ in processes:
+        if not serving.acquire(timeout=60):
+            raise SystemExit("a web process did not start")
     return int(listener.getsockname()[1]), processes
 
 
-def wait_until_up(port: int) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit("the web server did not start")
+def relay_log(process: subprocess.Popen[str], serving: threading.Semaphore) -> None:
+    """Count a web process's "serving" line; pass its warnings and errors through."""
+    assert process.stderr is not None
+    for line in process.stderr:
+        if " waymark.web web process " in line:
+            serving.release()
+        elif " INFO " not in line and "Task queue depth" not in line:
+            sys.stderr.write(line)
 
 
 def main() -> None:
@@ -72,7 +81,6 @@ def main() -> None:
     port, servers = serve(args.web_workers)
     bad: list[int] = []
     try:
-        wait_until_up(port)
         tag = f"a{int(time.time())}"
         headers = {"Authorization": f"Bearer {raw_key}", "Content-Type": "application/json"}
 

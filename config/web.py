@@ -242,6 +242,9 @@ def serve(fd: int, grace: float) -> None:
     if web_settings()["ACCESS_LOG"]:
         application = logged(application)
     server = make_server(listener, application)
+    # One line when this process accepts: "ready" (runengine) means one process answers,
+    # and a process still loading is not yet sharing the socket's connections.
+    logging.getLogger("waymark.web").info("web process %d serving", os.getpid())
     stopping: list[int] = []
 
     def stop(signum: int, frame: object) -> None:
