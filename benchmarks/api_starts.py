@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from common import ROOT, THREE_IO, setup
+from common import ROOT, THREE_IO, database_cpu_seconds, process_cpu_seconds, setup
 
 setup(
     "waymark_bench_api",
@@ -96,12 +96,17 @@ def main() -> None:
             conn.close()
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(args.threads)]
+        web_cpu = sum(process_cpu_seconds(server.pid) for server in servers)
+        database_cpu = database_cpu_seconds()
         began = time.monotonic()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         elapsed = time.monotonic() - began
+        web_cpu = sum(process_cpu_seconds(server.pid) for server in servers) - web_cpu
+        after = database_cpu_seconds()
+        database_cpu = None if after is None or database_cpu is None else after - database_cpu
     finally:
         for server in servers:
             server.terminate()
@@ -109,6 +114,9 @@ def main() -> None:
             server.wait(timeout=30)
     print(f"API starts: {args.runs} in {elapsed:.2f}s, {args.threads} clients, "
           f"{args.web_workers} web workers: {args.runs / elapsed:.0f} starts/s")  # fmt: skip
+    per_start = "n/a" if database_cpu is None else f"{database_cpu / args.runs * 1e6:.0f} us"
+    print(f"CPU per start: web processes {web_cpu / args.runs * 1e6:.0f} us, "
+          f"database server {per_start}")  # fmt: skip
     if bad:
         raise SystemExit(f"{len(bad)} starts were not 201: {sorted(set(bad))}")
 

@@ -91,6 +91,11 @@ def database_cpu_seconds() -> float | None:
     return (own + live) / os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time the live process ``pid`` has used so far."""
+    return _stat(pid)[2] / os.sysconf("SC_CLK_TCK")
+
+
 def _stat(pid: int, *, children: bool = False) -> tuple[int, int, int]:
     """(pid, parent pid, CPU ticks) from /proc/<pid>/stat; ``children``: with its waited-for
     children's ticks."""

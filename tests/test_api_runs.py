@@ -13,9 +13,11 @@ import pytest
 from pytest_django.fixtures import Settings
 from rest_framework.test import APIClient
 
+from workflows.api.serializers import RunStartedOut
 from workflows.definitions.validator import canonical_json
 from workflows.models import Automation, Organisation, Outbox, Run, RunEvent, Step
 from workflows.services.automations import automation_publish_definition, version_create_draft
+from workflows.states import RunStatus
 
 from .factories import AutomationFactory, linear_definition
 
@@ -100,6 +102,9 @@ def start(api: APIClient, body: dict[str, Any]) -> Started:
     if response.status_code not in (200, 201):
         return Started(response.status_code, answer, answer)
     assert set(answer) == {"id", "status", "created", "start_key", "links"}, answer
+    # The view builds the answer without its serializer: it must be what RunStartedOut (the
+    # schema's) renders, status one of its choices.
+    assert RunStartedOut(answer).data == answer and answer["status"] in RunStatus.values
     detail = api.get(answer["links"]["self"]).json()
     assert (answer["id"], answer["status"]) == (detail["id"], detail["status"])
     return Started(response.status_code, answer, detail)

@@ -18,15 +18,15 @@ from rest_framework.test import APIClient
 
 from config.pg_cache import PostgresDatabaseCache
 from workflows.api.throttles import WindowThrottle
-from workflows.errors import QuotaExceeded
-from workflows.models import ApiKey, Automation
+from workflows.errors import InvalidApiKey, QuotaExceeded
+from workflows.models import ApiKey, Automation, Organisation
 from workflows.services import quotas
 from workflows.services.automations import (
     automation_create,
     automation_publish_definition,
     version_create_draft,
 )
-from workflows.services.tenancy import api_key_create
+from workflows.services.tenancy import api_key_authenticate, api_key_create
 
 from .concurrency import race
 from .factories import IO_DEFINITION, linear_definition
@@ -194,6 +194,27 @@ def test_concurrent_creations_cannot_overshoot_the_quota(org) -> None:
     assert Automation.objects.filter(org=org).count() == 3
 
 
+@pytest.mark.django_db(transaction=True)
+def test_parallel_requests_cannot_pass_a_keys_rate(rates, org) -> None:
+    """Twelve requests at once on a key allowed five a minute: five answers, seven 429s.
+    Counting by a read and then a write lets racing requests read the same count."""
+    rates(api_key="5/min")
+    _, raw = api_key_create(org=org, name="burst")
+    codes = race(12, lambda n: client_with(raw).get("/api/v1/runs").status_code)
+    assert sorted(codes) == [200] * 5 + [429] * 7
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_counter_counts_every_racing_increment_once() -> None:
+    cache = caches["default"]
+    assert isinstance(cache, PostgresDatabaseCache)
+    counts = race(8, lambda n: [cache.count_one("burst", 60) for _ in range(25)])
+    assert sorted(c for thread in counts for c in thread) == list(range(1, 201))
+    assert cache.peek_count("burst") == 200
+    cache.count_one("done", 0)  # a timeout of 0 expires at once
+    assert cache.peek_count("done") == 0 and cache.count_one("done", 60) == 1
+
+
 def test_a_read_only_key_reads_and_cannot_write(org) -> None:
     automation_publish_definition(org=org, slug="q", definition=linear_definition("a"))
     _, raw = api_key_create(org=org, name="reader", read_only=True)
@@ -261,3 +282,28 @@ def test_key_use_is_recorded_at_most_every_five_minutes(org) -> None:
     assert client.get("/api/v1/runs").status_code == 200
     key.refresh_from_db()
     assert key.last_used_at is not None and key.last_used_at > first - timedelta(minutes=1)
+
+
+def test_authentication_loads_the_key_and_its_organisation_as_the_orm_does(org) -> None:
+    """The per-request lookup is one prepared statement (sql.API_KEY_WITH_ORG): every field
+    of both rows comes with it, none deferred, each as the ORM loads it. A field added to
+    either model and not to the statement fails here."""
+    org.quota_starts_per_minute = 7
+    org.save()
+    stored, raw = api_key_create(
+        org=org, name="k", read_only=True, expires_at=timezone.now() + timedelta(days=1)
+    )
+    api_key_authenticate(raw)  # records its use: the next reads see the same row
+    orm = ApiKey.objects.select_related("org").get(pk=stored.pk)
+    key = api_key_authenticate(raw)
+    assert key.last_used_at is not None
+    assert key.get_deferred_fields() == set() and key.org.get_deferred_fields() == set()
+    for field in ApiKey._meta.concrete_fields:
+        assert getattr(key, field.attname) == getattr(orm, field.attname), field.name
+    for field in Organisation._meta.concrete_fields:
+        assert getattr(key.org, field.attname) == getattr(orm.org, field.attname), field.name
+    assert not key._state.adding and key._state.db == "default"
+    with pytest.raises(InvalidApiKey):
+        api_key_authenticate(raw[:-1] + ("x" if raw[-1] != "x" else "y"))
+    with pytest.raises(InvalidApiKey):
+        api_key_authenticate("wmk_000000000000_nothing")

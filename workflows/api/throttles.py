@@ -9,7 +9,11 @@
 
 Each counts in fixed windows (one counter per window in the cache) rather than DRF's default
 list of every request's time, which a high rate would make a large value read and written on
-every request. A refusal is DRF's ``Throttled``: 429, ``Retry-After``, code ``throttled``.
+every request. A request is counted first, atomically, and refused when its count passes the
+limit: requests racing in parallel each get their own count, so together they cannot pass the
+limit (a read, then a write of the read plus one, would let them). One statement per count in
+the database cache (``count_one``); with Redis, ``add`` then ``incr``. A refusal is DRF's
+``Throttled``: 429, ``Retry-After``, code ``throttled``.
 """
 
 from __future__ import annotations
@@ -48,11 +52,10 @@ class WindowThrottle(SimpleRateThrottle):
         self.key = self.get_cache_key(request, view)
         if self.key is None or not self.limit:
             return True
-        window, count = self._count()
-        if count >= self.limit:
+        window = self._window()
+        if self._count_one(window) > self.limit:
             self._wait = self._until_next(window)
             return False
-        self._count_one(window, count)
         return True
 
     def wait(self) -> float | None:
@@ -64,23 +67,32 @@ class WindowThrottle(SimpleRateThrottle):
         self.key = self.get_cache_key(request, NO_VIEW)
         if self.key is None or not self.limit:
             return None
-        window, count = self._count()
-        return self._until_next(window) if count >= self.limit else None
+        window = self._window()
+        return self._until_next(window) if self._peek(window) >= self.limit else None
 
     def record(self, request: Request) -> None:
         """Count one request (a failure, for FailedAuthThrottle)."""
         self.key = self.get_cache_key(request, NO_VIEW)
         if self.key is None or not self.limit:
             return
-        window, count = self._count()
-        self._count_one(window, count)
+        self._count_one(self._window())
 
-    def _count_one(self, window: int, count: int) -> None:
-        self.cache.set(f"{self.key}:{window}", count + 1, self.period + 1)
+    def _window(self) -> int:
+        return int(self.timer() // self.period)
 
-    def _count(self) -> tuple[int, int]:
-        window = int(self.timer() // self.period)
-        return window, int(self.cache.get(f"{self.key}:{window}", 0))
+    def _count_one(self, window: int) -> int:
+        """This request counted in ``window``: the window's count with it."""
+        key, timeout = f"{self.key}:{window}:n", self.period + 1
+        count_one = getattr(self.cache, "count_one", None)
+        if count_one is not None:  # the database cache (config/pg_cache.py)
+            return int(count_one(key, timeout))
+        self.cache.add(key, 0, timeout)  # Redis: SET NX, then INCRBY (atomic)
+        return int(self.cache.incr(key))
+
+    def _peek(self, window: int) -> int:
+        key = f"{self.key}:{window}:n"
+        peek_count = getattr(self.cache, "peek_count", None)
+        return int(peek_count(key) if peek_count is not None else self.cache.get(key, 0))
 
     def _until_next(self, window: int) -> float:
         return max(1.0, (window + 1) * self.period - self.timer())

@@ -254,13 +254,15 @@ class RunListView(ListEndpoint):
             run_input=data.validated_data["input"],
             start_key=data.validated_data.get("start_key"),
         )
+        # RunStartedOut's shape, built directly: its values are already what it would render
+        # (a serializer here cost 0.3 ms of CPU per start; tests/test_api_runs.py holds the
+        # two equal).
         answer = {
-            "id": started.run_id, "status": started.status, "created": started.created,
+            "id": started.run_id, "status": str(started.status), "created": started.created,
             "start_key": started.start_key, "links": run_links(started.run_id),
         }  # fmt: skip
         return Response(
-            RunStartedOut(answer).data,
-            status=status.HTTP_201_CREATED if started.created else status.HTTP_200_OK,
+            answer, status=status.HTTP_201_CREATED if started.created else status.HTTP_200_OK
         )
 
     @extend_schema(

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from ..engine import sql
+from ..engine.sql.rows import model_from_row, query_prepared
 from ..errors import ApiKeyExpired, ApiKeyRevoked, InvalidApiKey, NotFound
 from ..models import ApiKey, Organisation
 from ..models.tenancy import KEY_PREFIX, hash_key, new_raw_key
@@ -52,11 +54,8 @@ def api_key_authenticate(raw: str) -> ApiKey:
     parts = raw.split("_", 2)
     if len(parts) != 3 or parts[0] != KEY_PREFIX:
         raise InvalidApiKey()
-    try:
-        key = ApiKey.objects.select_related("org").get(prefix=parts[1])
-    except ApiKey.DoesNotExist:
-        raise InvalidApiKey() from None
-    if not key.matches(raw):
+    key = _key_with_org(parts[1])
+    if key is None or not key.matches(raw):
         raise InvalidApiKey()
     if key.is_revoked:
         raise ApiKeyRevoked()
@@ -64,6 +63,17 @@ def api_key_authenticate(raw: str) -> ApiKey:
         raise ApiKeyExpired()
     if key.last_used_at is None or key.last_used_at < timezone.now() - TOUCH_EVERY:
         _touch(key)
+    return key
+
+
+def _key_with_org(prefix: str) -> ApiKey | None:
+    """The key with this prefix and its organisation, in one prepared statement."""
+    with connection.cursor() as cursor:
+        rows = query_prepared(cursor, sql.API_KEY_WITH_ORG, {"prefix": prefix})
+    if not rows:
+        return None
+    key = model_from_row(ApiKey, rows[0])
+    key.org = model_from_row(Organisation, rows[0], "org_")  # its id: the key's org_id
     return key
 
 

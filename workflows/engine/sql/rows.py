@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
+from django.db import models
 from psycopg.types.json import Jsonb
+
+M = TypeVar("M", bound=models.Model)
 
 
 class _Now:
@@ -35,6 +38,14 @@ class NowPlus:
 def fetch_dicts(cursor: Any) -> list[dict[str, Any]]:
     names = column_names(cursor)
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def model_from_row(model: type[M], row: dict[str, Any], prefix: str = "") -> M:
+    """A model instance from a raw row, as the ORM would load it: each concrete field from
+    the column ``prefix + attname``. A field the row lacks is deferred (loaded when read),
+    never wrong; the fields' types need no conversion from the database (no JSON)."""
+    fields = [f.attname for f in model._meta.concrete_fields if prefix + f.attname in row]
+    return model.from_db("default", fields, [row[prefix + name] for name in fields])
 
 
 def fetch_dict(cursor: Any) -> dict[str, Any] | None:
