@@ -4,11 +4,15 @@ one round trip for the lookup and the insert, never a run of a version no longer
 from __future__ import annotations
 
 import pytest
+from django.db import DatabaseError, connection
+from psycopg.pq import TransactionStatus
 
 from workflows.errors import StartKeyConflict
-from workflows.models import Run
+from workflows.models import Run, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import _LAST_SEEN, run_start
+
+from .factories import IO_DEFINITION
 
 pytestmark = pytest.mark.django_db
 
@@ -55,3 +59,35 @@ def test_a_guess_for_another_automation_of_the_same_slug_is_not_used(org, other_
     theirs = run_start(org=other_org, automation_slug="a", run_input={}, start_key="k")
     assert Run.objects.get(pk=mine.run_id).output == "mine"
     assert Run.objects.get(pk=theirs.run_id).output == "theirs"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_commits_with_its_last_writes_or_not_at_all(org) -> None:
+    """Outside any other transaction a start's COMMIT is sent with its walk's writes (one
+    round trip). A write of that batch that fails stops the batch before the COMMIT: the
+    start raises and leaves nothing, not a run without its first step."""
+    automation_publish_definition(org=org, slug="io", definition=IO_DEFINITION)
+    kept = run_start(org=org, automation_slug="io", run_input={}, start_key="kept")
+    assert not connection.in_atomic_block
+    assert connection.connection.info.transaction_status == TransactionStatus.IDLE
+    assert Step.objects.filter(run_id=kept.run_id).exists()
+    with connection.cursor() as cursor:  # the wake-up is the batch's last write
+        cursor.execute(REFUSE_WAKES)
+    try:
+        with pytest.raises(DatabaseError, match="no wake-ups"):
+            run_start(org=org, automation_slug="io", run_input={}, start_key="refused")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER refuse_wakes ON workflows_outbox")
+    assert not Run.objects.filter(start_key="refused").exists()
+    assert not Step.objects.exclude(run_id=kept.run_id).exists()
+    again = run_start(org=org, automation_slug="io", run_input={}, start_key="refused")
+    assert again.created and Step.objects.filter(run_id=again.run_id).exists()
+
+
+REFUSE_WAKES = """
+CREATE OR REPLACE FUNCTION pg_temp.refuse_wakes() RETURNS trigger LANGUAGE plpgsql AS
+$$ BEGIN RAISE EXCEPTION 'no wake-ups'; END $$;
+CREATE TRIGGER refuse_wakes BEFORE INSERT ON workflows_outbox
+   FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse_wakes();
+"""

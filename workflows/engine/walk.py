@@ -479,11 +479,13 @@ class Walk:
 
     # --- writing ----------------------------------------------------------------------------
 
-    def flush(self, also: Sequence[Statement] = ()) -> int | None:
+    def flush(self, also: Sequence[Statement] = (), *, commit: bool = False) -> int | None:
         """Write everything this walk decided, in the caller's transaction, in one round trip:
         the run's update first (its row count proves the lock held), then the new steps, the
         ending of live steps when the run finished, the events, and the lanes' wake-ups.
-        ``also``: the caller's own closing writes, sent in the same round trip after them."""
+        ``also``: the caller's own closing writes, sent in the same round trip after them.
+        ``commit``: the transaction's COMMIT too (rows.run_batch), for a caller whose durable
+        atomic block writes nothing after this."""
         none_live = False
         if self.path_ended and self.finish is None and self.live_added == 0:
             self.cursor.execute(LIVE_STEPS, {"run": self.run.id})
@@ -507,7 +509,7 @@ class Walk:
             events_statement(self.events),
             wakes_statement(wakes),
             *also,
-        ], then=taken)  # fmt: skip
+        ], then=taken, commit=commit)  # fmt: skip
         self.new_steps = []
         if self.dirty and updated != 1:
             raise RuntimeError(f"run {self.run.id} changed under its lock")

@@ -259,6 +259,8 @@ def _started(start: _Start, target: _Target, inserted: list[dict[str, Any]]) -> 
         )  # fmt: skip
         walk = Walk(cursor, state, target.definition)
         walk.start()
-        walk.flush()
+        # The start's last writes: its COMMIT goes with them, one round trip for both, when
+        # run_start's block is the outermost (not when a test's transaction holds it).
+        walk.flush(commit=len(connection.atomic_blocks) == 1)
     status = walk.finish[0] if walk.finish is not None else state.status
     return StartResult(run_id=run_id, created=True, status=status, start_key=key)

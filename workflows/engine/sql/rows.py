@@ -126,10 +126,15 @@ def insert_statement(table: str, columns: Sequence[str], rows: list[tuple]) -> S
 
 
 def run_batch(
-    cursor: Any, statements: Sequence[Statement | None], *, then: Statement | None = None
+    cursor: Any,
+    statements: Sequence[Statement | None],
+    *,
+    then: Statement | None = None,
+    commit: bool = False,
 ) -> tuple[int, list[dict[str, Any]]]:
     """Run several statements in one round trip; return the first one's row count and the
-    rows of ``then``, a query run last (none when it is not given).
+    rows of ``then``, a query run last (none when it is not given). ``commit``: the
+    transaction's COMMIT goes in the same round trip, after them (see _pipelined).
 
     They are sent in one pipeline (psycopg's pipeline mode: one trip to the server, one
     sync), each as a server-side prepared statement, in the caller's transaction on the
@@ -141,7 +146,7 @@ def run_batch(
         parts.append(then)
     if not parts:
         return 0, []
-    with _pipelined(cursor, parts) as cursors:
+    with _pipelined(cursor, parts, commit=commit) as cursors:
         return int(cursors[0].rowcount), fetch_dicts(cursors[-1]) if then is not None else []
 
 
@@ -154,12 +159,22 @@ def query_pipelined(cursor: Any, statements: list[Statement]) -> list[list[dict[
 
 
 @contextmanager
-def _pipelined(cursor: Any, statements: list[Statement]) -> Iterator[list[psycopg.Cursor[Any]]]:
+def _pipelined(
+    cursor: Any, statements: list[Statement], *, commit: bool = False
+) -> Iterator[list[psycopg.Cursor[Any]]]:
     """The statements sent in one pipeline on the connection behind ``cursor``, each
-    prepared; their cursors, closed when the block ends."""
+    prepared; their cursors, closed when the block ends.
+
+    ``commit``: then COMMIT, in the same pipeline. The caller's transaction is committed when
+    this returns; if a statement failed, the server skipped the COMMIT (a pipeline stops at
+    its first error), this raises and the caller's atomic block rolls back as usual. Only
+    for the last writes of a durable (outermost) atomic block, whose own commit then finds
+    nothing to do."""
     conn = _psycopg_connection(cursor)
     with _database_errors(cursor), conn.pipeline():
         cursors = [_execute_prepared(conn, sql, params) for sql, params in statements]
+        if commit:
+            psycopg.Cursor(conn).execute("COMMIT")
     try:
         yield cursors
     finally:
