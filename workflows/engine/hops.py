@@ -38,6 +38,7 @@ from . import sql
 from .definition_cache import definition_for
 from .executors import StepResult
 from .faults import crash_point
+from .speculative import NeedsDatabase, NoDatabase, refuse
 from .sql.rows import json_or_null, query_pipelined, query_prepared
 from .walk import RunState, TakeNext, Walk
 
@@ -54,22 +55,6 @@ class Hop:
     taken_id: int | None = None  # the run's next step, written claimed for this worker
     seen: str | None = None  # the run row's version the hop wrote (for the next hop)
     claimed: dict[str, Any] | None = None  # a step of the lane claimed with it (claim_lane)
-
-
-class _NeedsDatabase(Exception):
-    """A speculative walk tried to run a statement: it is not a hop."""
-
-
-class _NoDatabase:
-    """The cursor of a speculative walk: any statement ends the hop before it is sent."""
-
-    def execute(self, *args: Any, **kwargs: Any) -> None:
-        raise _NeedsDatabase
-
-
-def _refuse(*args: Any, **kwargs: Any) -> None:
-    """Django's execute wrapper during a speculative walk: an inline step that queries."""
-    raise _NeedsDatabase
 
 
 def hop(step: ClaimedStep, result: StepResult, *, worker: str, take: TakeNext | None) -> Hop | None:
@@ -131,13 +116,13 @@ def _speculative_walk(
         steps_executed=step.run_steps_executed, max_steps=step.run_max_steps, expired=False,
         created_at=step.run_created_at,
     )  # fmt: skip
-    walk = Walk(_NoDatabase(), run, definition_for(run.version_id), worker=worker,
+    walk = Walk(NoDatabase(), run, definition_for(run.version_id), worker=worker,
                 take_next=take, speculative=True)  # fmt: skip
     try:
-        with connection.execute_wrapper(_refuse):
+        with connection.execute_wrapper(refuse):
             walk.worker_step_succeeded(
                 step.step_id, step.iteration, step.attempt, result, step.place
             )
-    except _NeedsDatabase:
+    except NeedsDatabase:
         return None
     return walk

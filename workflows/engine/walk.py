@@ -169,8 +169,8 @@ class Walk:
         self.inline_budget = int(engine_setting("WALK_INLINE_STEPS"))
         self.inline_left = self.inline_budget
         self.inline_until = time.monotonic() + engine_setting("WALK_INLINE_MS") / 1000
-        # A speculative walk (a hop's, hops.py) runs before any transaction, on the run as the
-        # worker last saw it; its writes are checked against the row when they are made.
+        # A speculative walk (a hop's, hops.py, or a start's, starts.py) runs before any
+        # transaction; its writes are checked against the database when they are made.
         assert speculative or connection.in_atomic_block, "the walk runs in the caller's txn"
 
     # --- recording --------------------------------------------------------------------------
@@ -534,6 +534,22 @@ class Walk:
             "events": json_rows(EVENT_COLUMNS, self.events), "worker": self.worker,
             "taken_step": taken.step_id if taken else None,
             "taken_iteration": taken.iteration if taken else None,
+        }  # fmt: skip
+
+    def start_writes(self) -> dict[str, Any] | None:
+        """A new run's walk as sql.START_RUN's parameters (the run's row as the walk left it,
+        its new steps, events and lanes to wake); None when it needs what only flush does:
+        the count of live steps (a path ended), the ending of the run, a continuation."""
+        if self.queue or self.finish is not None:
+            return None
+        if self.path_ended and self.live_added == 0:
+            return None
+        _, run = self._update_run()  # the run's values as flush writes them
+        return {
+            "status": run["status"], "vars": run["vars"], "outputs": run["outputs"],
+            "entered": run["entered"], "steps": run["steps"],
+            "new_steps": json_rows(STEP_COLUMNS, self.new_steps),
+            "events": json_rows(EVENT_COLUMNS, self.events), "lanes": sorted(self.wake_lanes),
         }  # fmt: skip
 
     def _taken_is_new(self) -> bool:

@@ -19,6 +19,7 @@ from ..engine import sql
 from ..engine.definition_cache import definition_for
 from ..engine.faults import crash_point
 from ..engine.sql.rows import fetch_dict, query_prepared
+from ..engine.starts import start_in_one_trip
 from ..engine.walk import RunState, Walk
 from ..errors import (
     InvalidInput,
@@ -28,6 +29,7 @@ from ..errors import (
     UnknownAutomation,
 )
 from ..models import Organisation
+from ..states import RunStatus
 from . import quotas
 
 MAX_START_KEY = 255
@@ -120,9 +122,13 @@ def run_start(
         _check_start_key(start_key)
     digest = input_digest(run_input)
     quotas.check_running_runs(org)
+    start = _Start(org, automation_slug, start_key, run_input, digest)
+    result = _start_in_one_trip(start)
+    if result is not None:
+        crash_point("run_start.after_commit")
+        return result
     # One transaction for the lookup and the start: one commit per start, not two.
     with transaction.atomic(durable=True):
-        start = _Start(org, automation_slug, start_key, run_input, digest)
         result = _start_as_last_seen(start)
         if result is None:
             target = _target(org, automation_slug)
@@ -195,6 +201,34 @@ class _LastSeen:
 _LAST_SEEN = _LastSeen()
 
 
+def _start_in_one_trip(start: _Start) -> StartResult | None:
+    """The start as one statement (engine/starts.py), as the version this process last saw;
+    None (nothing written) when there is none to try, it is no longer current, or the walk
+    cannot go in one statement."""
+    target = _LAST_SEEN.get(start.org.pk, start.slug)
+    if target is None:
+        return None
+    rows = start_in_one_trip(
+        {**start.row(target), "slug": start.slug}, org_id=start.org.pk,
+        version_id=target.version_id, run_input=json.loads(canonical_json(start.run_input)),
+        max_steps=target.max_steps, definition=target.definition,
+    )  # fmt: skip
+    if rows is None:
+        return None
+    current = rows[0] if rows else None
+    if current is None or (current["automation_id"], current["version_id"]) != (
+        target.automation_id,
+        target.version_id,
+    ):
+        _LAST_SEEN.forget(start.org.pk, start.slug)
+        return None
+    if current["id"] is None:
+        return _existing(start, target)
+    return StartResult(
+        run_id=current["id"], created=True, status=RunStatus.RUNNING, start_key=start.key(target)
+    )
+
+
 def _start_as_last_seen(start: _Start) -> StartResult | None:
     """The start made as the version this process last saw, if that is still the current
     one; None (nothing written) when there is none to try or it is no longer current."""
@@ -231,25 +265,32 @@ def _target(org: Organisation, slug: str) -> _Target:
     return _Target(row["automation_id"], row["version_id"], definition, max_steps, max_age)
 
 
+def _existing(start: _Start, target: _Target) -> StartResult:
+    """The run this start's key already started (maybe a concurrent duplicate that just
+    won), if it is the same start."""
+    key = start.key(target)
+    with connection.cursor() as cursor:
+        cursor.execute(sql.EXISTING_RUN, {"org": start.org.pk, "key": key})
+        existing = fetch_dict(cursor)
+    assert existing is not None
+    # Start keys are unique per organisation: the same key for another automation, or with
+    # another input, is a different start and must not return this run.
+    if (
+        existing["input_digest"] != start.digest
+        or existing["automation_id"] != target.automation_id
+    ):
+        raise StartKeyConflict(start_key=key, run_id=existing["id"])
+    return StartResult(
+        run_id=existing["id"], created=False, status=existing["status"], start_key=key
+    )
+
+
 def _started(start: _Start, target: _Target, inserted: list[dict[str, Any]]) -> StartResult:
     """After the run's INSERT: walk the new run on, or return the run its key started."""
     key = start.key(target)
+    if not inserted:
+        return _existing(start, target)
     with connection.cursor() as cursor:  # in run_start's transaction
-        if not inserted:
-            # This key already started a run (maybe a concurrent duplicate that just won).
-            cursor.execute(sql.EXISTING_RUN, {"org": start.org.pk, "key": key})
-            existing = fetch_dict(cursor)
-            assert existing is not None
-            # Start keys are unique per organisation: the same key for another automation, or
-            # with another input, is a different start and must not return this run.
-            if (
-                existing["input_digest"] != start.digest
-                or existing["automation_id"] != target.automation_id
-            ):
-                raise StartKeyConflict(start_key=key, run_id=existing["id"])
-            return StartResult(
-                run_id=existing["id"], created=False, status=existing["status"], start_key=key
-            )
         run_id, created_at = inserted[0]["id"], inserted[0]["created_at"]
         state = RunState(
             id=run_id, org_id=start.org.pk, version_id=target.version_id, status="running",

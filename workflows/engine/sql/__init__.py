@@ -11,6 +11,8 @@ raw SQL here selects JSON columns cast to ``json``, which psycopg decodes.
 
 from __future__ import annotations
 
+from .rows import LANE_CHANNEL_PREFIX
+
 # psycopg parses a statement's text for its placeholders once and caches the result, but only
 # for texts up to this long (psycopg/_queries.py MAX_CACHED_STATEMENT_LENGTH); a longer one is
 # parsed again at every execution. tests/test_states.py holds every statement here under it.
@@ -577,6 +579,63 @@ inserted AS (
     RETURNING id, created_at
 )
 SELECT target.automation_id, target.version_id, inserted.id, inserted.created_at
+  FROM target LEFT JOIN inserted ON true
+"""  # noqa: S608 (this module's constant fragments)
+
+# A start in one statement (engine/starts.py): INSERT_RUN_IF_CURRENT with the run's row as its
+# walk left it, and the walk's new steps, events and lane wake-ups, written only when the run
+# was inserted (each joins `inserted`). In autocommit it is a transaction of its own. The
+# walk ran before the run had an id: its rows carry none, each takes the inserted one. Rows
+# come as JSON arrays of objects keyed by column name, times as seconds from now().
+START_RUN = f"""
+WITH target AS ({START_TARGET}),
+inserted AS (
+    INSERT INTO workflows_run {_RUN_COLUMNS}
+    SELECT %(org)s, %(automation)s, %(version)s, %(key)s, %(derived)s, %(input)s, %(digest)s,
+           %(status)s, %(vars)s, %(outputs)s, %(entered)s, '', %(steps)s, %(max_steps)s,
+           now() + make_interval(secs => %(max_age)s), now()
+      FROM target
+     WHERE target.automation_id = %(automation)s AND target.version_id = %(version)s
+    ON CONFLICT (org_id, start_key) DO NOTHING
+    RETURNING id, created_at
+),
+steps AS (
+    INSERT INTO workflows_step (
+        org_id, run_id, step_id, iteration, type, lane, status, owner, attempt, release_count,
+        series_offset, max_attempts, lease_until, wait_kind, wake_at, wait_detail, output,
+        error, finished_at, fork_join_id, branch)
+    SELECT %(org)s, i.id, s.step_id, s.iteration, s.type, s.lane, s.status, s.owner,
+           s.attempt, s.release_count, s.series_offset, s.max_attempts,
+           now() + make_interval(secs => s.lease_until), s.wait_kind,
+           now() + make_interval(secs => s.wake_at), s.wait_detail, s.output, s.error,
+           now() + make_interval(secs => s.finished_at), s.fork_join_id, s.branch
+      FROM inserted i CROSS JOIN jsonb_to_recordset(%(new_steps)s) AS s(
+           step_id text, iteration integer, type text, lane text, status text, owner text,
+           attempt integer, release_count integer, series_offset integer,
+           max_attempts integer, lease_until float8, wait_kind text, wake_at float8,
+           wait_detail jsonb, output jsonb, error text, finished_at float8,
+           fork_join_id bigint, branch smallint)
+),
+events AS (
+    INSERT INTO workflows_runevent (org_id, run_id, kind, step_id, iteration, attempt, worker,
+                                    detail, at)
+    SELECT %(org)s, i.id, e.kind, e.step_id, e.iteration, e.attempt, e.worker, e.detail, now()
+      FROM inserted i CROSS JOIN ROWS FROM (jsonb_to_recordset(%(events)s) AS (kind text,
+           step_id text, iteration integer, attempt integer, worker text, detail jsonb))
+           WITH ORDINALITY AS e(kind, step_id, iteration, attempt, worker, detail, n)
+     ORDER BY e.n
+),
+woken AS (
+    INSERT INTO workflows_outbox (org_id, topic, payload, created_at)
+    SELECT %(org)s, 'lane.wake', jsonb_build_object('lane', w.lane, 'run', i.id), now()
+      FROM inserted i CROSS JOIN unnest(%(lanes)s::text[]) AS w(lane)
+    RETURNING payload->>'lane' AS lane
+)
+SELECT target.automation_id, target.version_id, inserted.id, inserted.created_at,
+       -- As rows.wakes_statement: a lane with an idle worker listed is notified at commit.
+       (SELECT count(pg_notify('{LANE_CHANNEL_PREFIX}' || idle.lane, '')) FROM (
+            SELECT DISTINCT lane FROM workflows_idleworker
+             WHERE lane IN (SELECT lane FROM woken) AND idle_until > now()) idle) AS notified
   FROM target LEFT JOIN inserted ON true
 """  # noqa: S608 (this module's constant fragments)
 

@@ -1,0 +1,77 @@
+"""A start in one statement: the new run's walk first, then the run and what its walk wrote.
+
+The ordinary start (services/runs.py) takes three round trips: BEGIN, the run's INSERT, and
+the walk's writes sent with COMMIT; psycopg's work per statement is most of a start's client
+CPU. When the start's walk only enters steps that workers run (the common case: the first
+step calls a provider, waits, or asks a person), it can be computed before the run exists.
+Its writes then go with the run's INSERT in one statement (sql.START_RUN), which in
+autocommit is a transaction of its own: it commits before it answers, so no start is
+acknowledged before its commit.
+
+The statement inserts the run only if the version the process last saw is still the
+automation's current one (as sql.INSERT_RUN_IF_CURRENT) and the start key is free; the walk's
+rows are written only with the run. Otherwise it writes nothing and says what it found, and
+the caller proceeds as the ordinary start does.
+
+The walk runs before the run has an id or a start time, so what would see them goes the
+ordinary way before any round trip: an inline step (its expressions see both), and what a
+walk does only in flush (a path's end, the run's end, a continuation); so does a walk that
+touches the database (forks and joins).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connection
+
+from ..states import RunStatus
+from . import sql
+from .speculative import NeedsDatabase, NoDatabase, refuse
+from .sql.rows import query_prepared
+from .walk import RunState, Walk
+
+# What the walk is given for the run's id and start time, which it must not read (see
+# _NewRunWalk): the statement writes the real ones.
+_NO_ID = 0
+_NO_TIME = datetime.min.replace(tzinfo=UTC)
+
+
+class _NewRunWalk(Walk):
+    """A new run's walk before its row exists: an inline step, whose expressions see the
+    run's id and start time, ends it (the start goes the ordinary way)."""
+
+    def context(self) -> dict[str, Any]:
+        raise NeedsDatabase
+
+
+def start_in_one_trip(
+    run_row: dict[str, Any],
+    *,
+    org_id: int,
+    version_id: int,
+    run_input: Any,
+    max_steps: int,
+    definition: Mapping[str, Any],
+) -> list[dict[str, Any]] | None:
+    """Start the run ``run_row`` describes (sql.START_RUN's parameters for the run's
+    INSERT) with its walk, in one statement; its rows (as INSERT_RUN_IF_CURRENT's), or None
+    when the walk cannot go in it (nothing was sent)."""
+    state = RunState(
+        id=_NO_ID, org_id=org_id, version_id=version_id, status=RunStatus.RUNNING,
+        input=run_input, vars={}, outputs={}, entered={}, steps_executed=0,
+        max_steps=max_steps, expired=False, created_at=_NO_TIME,
+    )  # fmt: skip
+    walk = _NewRunWalk(NoDatabase(), state, definition, speculative=True)
+    try:
+        with connection.execute_wrapper(refuse):
+            walk.start()
+    except NeedsDatabase:
+        return None
+    writes = walk.start_writes()
+    if writes is None:
+        return None
+    with connection.cursor() as cursor:
+        return query_prepared(cursor, sql.START_RUN, {**run_row, **writes})
