@@ -307,3 +307,14 @@ def test_authentication_loads_the_key_and_its_organisation_as_the_orm_does(org) 
         api_key_authenticate(raw[:-1] + ("x" if raw[-1] != "x" else "y"))
     with pytest.raises(InvalidApiKey):
         api_key_authenticate("wmk_000000000000_nothing")
+
+
+def test_a_cache_without_count_one_counts_with_add_and_incr(rates, org, settings) -> None:
+    """Another cache backend (Redis in production; here Django's local-memory one, whose add
+    and incr are atomic too) counts with add then incr, and the limit holds the same way."""
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    assert not hasattr(caches["default"], "count_one")
+    rates(api_key="3/min")
+    _, raw = api_key_create(org=org, name="busy")
+    busy = client_with(raw)
+    assert [busy.get("/api/v1/runs").status_code for _ in range(4)] == [200, 200, 200, 429]
