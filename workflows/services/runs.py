@@ -213,14 +213,8 @@ def _start_in_one_trip(start: _Start) -> StartResult | None:
         version_id=target.version_id, run_input=json.loads(canonical_json(start.run_input)),
         max_steps=target.max_steps, definition=target.definition,
     )  # fmt: skip
-    if rows is None:
-        return None
-    current = rows[0] if rows else None
-    if current is None or (current["automation_id"], current["version_id"]) != (
-        target.automation_id,
-        target.version_id,
-    ):
-        _LAST_SEEN.forget(start.org.pk, start.slug)
+    current = None if rows is None else _still_current(start, target, rows)
+    if current is None:
         return None
     if current["id"] is None:
         return _existing(start, target)
@@ -238,6 +232,18 @@ def _start_as_last_seen(start: _Start) -> StartResult | None:
     with connection.cursor() as cursor:
         params = {**start.row(target), "slug": start.slug}
         rows = query_prepared(cursor, sql.INSERT_RUN_IF_CURRENT, params)
+    current = _still_current(start, target, rows)
+    if current is None:
+        return None
+    inserted = [current] if current["id"] is not None else []
+    return _started(start, target, inserted)
+
+
+def _still_current(
+    start: _Start, target: _Target, rows: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The answer of an INSERT guarded by the version last seen (INSERT_RUN_IF_CURRENT,
+    START_RUN), if that version was still current; else None, and it is forgotten."""
     current = rows[0] if rows else None
     if current is None or (current["automation_id"], current["version_id"]) != (
         target.automation_id,
@@ -245,8 +251,7 @@ def _start_as_last_seen(start: _Start) -> StartResult | None:
     ):
         _LAST_SEEN.forget(start.org.pk, start.slug)
         return None
-    inserted = [current] if current["id"] is not None else []
-    return _started(start, target, inserted)
+    return current
 
 
 def _target(org: Organisation, slug: str) -> _Target:
