@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from importlib.util import find_spec
 from pathlib import Path
 
 import environ
@@ -210,6 +211,13 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("WAYMARK_MAX_REQUEST_BYTES", default=1_048
 CACHES = {"default": env.cache_url("WAYMARK_CACHE_URL", default="dbcache://waymark_cache")}
 if CACHES["default"]["BACKEND"] == "django.core.cache.backends.db.DatabaseCache":
     CACHES["default"]["BACKEND"] = "config.pg_cache.PostgresDatabaseCache"  # one upsert per set
+if CACHES["default"]["BACKEND"].endswith(".RedisCache") and find_spec("redis") is None:
+    # Said at start-up, not as a 500 at the first API request (the cache is imported lazily).
+    raise ImproperlyConfigured(
+        "WAYMARK_CACHE_URL names a Redis cache, but the redis package is not installed: "
+        "pip install 'waymark[redis]' (or redis), or unset WAYMARK_CACHE_URL to count in "
+        "the database"
+    )
 
 # --- API ------------------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -8,6 +8,7 @@ import os
 import secrets
 import subprocess
 import sys
+from importlib.util import find_spec
 from io import StringIO
 
 import pytest
@@ -56,6 +57,17 @@ def test_production_refuses_to_start_without_a_secret_key() -> None:
     refused = manage("check", **env)
     assert refused.returncode != 0
     assert "WAYMARK_SECRET_KEY is not" in refused.stderr
+
+
+def test_a_redis_cache_without_its_package_is_refused_at_start() -> None:
+    """WAYMARK_CACHE_URL=redis://… needs the redis package (the `redis` extra): said at
+    start-up, not as a 500 at every API request. Where it is installed, the check passes."""
+    checked = manage("check", WAYMARK_CACHE_URL="redis://127.0.0.1:6379/1")
+    if find_spec("redis") is None:
+        assert checked.returncode != 0
+        assert "pip install 'waymark[redis]'" in checked.stderr
+    else:
+        assert checked.returncode == 0, checked.stderr
 
 
 @pytest.mark.django_db
