@@ -2,8 +2,9 @@
 
 The ordinary start (services/runs.py) takes three round trips: BEGIN, the run's INSERT, and
 the walk's writes sent with COMMIT; psycopg's work per statement is most of a start's client
-CPU. When the start's walk only enters steps that workers run (the common case: the first
-step calls a provider, waits, or asks a person), it can be computed before the run exists.
+CPU. When the start's walk only enters steps that workers run and reads nothing of the run
+(the first step a worker's, as a provider call usually is), it can be computed before the run
+exists.
 Its writes then go with the run's INSERT in one statement (sql.START_RUN), which in
 autocommit is a transaction of its own: it commits before it answers, so no start is
 acknowledged before its commit.
@@ -14,9 +15,9 @@ rows are written only with the run. Otherwise it writes nothing and says what it
 the caller proceeds as the ordinary start does.
 
 The walk runs before the run has an id or a start time, so what would see them goes the
-ordinary way before any round trip: an inline step (its expressions see both), and what a
-walk does only in flush (a path's end, the run's end, a continuation); so does a walk that
-touches the database (forks and joins).
+ordinary way before any round trip: whatever reads the run's context (an inline step's
+expressions, a wait's duration), and what a walk does only in flush (a path's end, the run's
+end, a continuation); so does a walk that touches the database (forks and joins).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ _NO_TIME = datetime.min.replace(tzinfo=UTC)
 
 
 class _NewRunWalk(Walk):
-    """A new run's walk before its row exists: an inline step, whose expressions see the
-    run's id and start time, ends it (the start goes the ordinary way)."""
+    """A new run's walk before its row exists: reading the run's context (which has its id
+    and start time), as an inline step or a wait's duration does, ends it (the start goes
+    the ordinary way)."""
 
     def context(self) -> dict[str, Any]:
         raise NeedsDatabase
