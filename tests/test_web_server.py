@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import select
 import socket
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from waitress.task import ThreadedTaskDispatcher
 
 from .processes import ROOT, engine_env, wait_for
 
@@ -167,3 +169,15 @@ def test_each_request_is_logged_without_its_query_string(procs, tmp_path: Path) 
     )
     assert "waymark.access" in line and "127.0.0.1" in line
     assert "secret-value" not in out.read_text()
+
+
+def test_waitress_warns_of_its_queue_only_once_it_holds_a_threads_worth(caplog, settings) -> None:
+    """waitress warns for every request that waits for a thread; the log keeps the warning
+    only once the queue holds as many requests as a process has threads."""
+    dispatcher = ThreadedTaskDispatcher()  # no threads: every task waits
+    threads = settings.WAYMARK_WEB["THREADS"]
+    with caplog.at_level(logging.WARNING, logger="waitress.queue"):
+        for _ in range(threads):
+            dispatcher.add_task(object())  # type: ignore[arg-type]  # never run: no threads
+    depths = [record.getMessage() for record in caplog.records if record.name == "waitress.queue"]
+    assert depths == [f"Task queue depth is {threads}"]
