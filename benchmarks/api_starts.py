@@ -65,7 +65,7 @@ def relay_log(process: subprocess.Popen[str], serving: threading.Semaphore) -> N
     for line in process.stderr:
         if " waymark.web web process " in line:
             serving.release()
-        elif " INFO " not in line and "Task queue depth" not in line:
+        elif " INFO " not in line:
             sys.stderr.write(line)
 
 

@@ -80,9 +80,14 @@ class WindowThrottle(SimpleRateThrottle):
     def _window(self) -> int:
         return int(self.timer() // self.period)
 
+    def _counter(self, window: int) -> str:
+        """The cache key of this throttle's counter in ``window`` (":n": a counter, whose
+        value is a count, not a pickle as the counts before counters were)."""
+        return f"{self.key}:{window}:n"
+
     def _count_one(self, window: int) -> int:
         """This request counted in ``window``: the window's count with it."""
-        key, timeout = f"{self.key}:{window}:n", self.period + 1
+        key, timeout = self._counter(window), self.period + 1
         count_one = getattr(self.cache, "count_one", None)
         if count_one is not None:  # the database cache (config/pg_cache.py)
             return int(count_one(key, timeout))
@@ -90,7 +95,7 @@ class WindowThrottle(SimpleRateThrottle):
         return int(self.cache.incr(key))
 
     def _peek(self, window: int) -> int:
-        key = f"{self.key}:{window}:n"
+        key = self._counter(window)
         peek_count = getattr(self.cache, "peek_count", None)
         return int(peek_count(key) if peek_count is not None else self.cache.get(key, 0))
 

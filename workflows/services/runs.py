@@ -6,6 +6,7 @@ import hashlib
 import json
 import threading
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from django.conf import settings
@@ -124,20 +125,21 @@ def run_start(
     quotas.check_running_runs(org)
     start = _Start(org, automation_slug, start_key, run_input, digest)
     result = _start_in_one_trip(start)
-    if result is not None:
-        crash_point("run_start.after_commit")
-        return result
-    # One transaction for the lookup and the start: one commit per start, not two.
-    with transaction.atomic(durable=True):
-        result = _start_as_last_seen(start)
-        if result is None:
-            target = _target(org, automation_slug)
-            _LAST_SEEN.remember(org.pk, automation_slug, target)
-            with connection.cursor() as cursor:
-                inserted = query_prepared(cursor, sql.INSERT_RUN, start.row(target))
-            result = _started(start, target, inserted)
+    if result is None:
+        # One transaction for the lookup and the start: one commit per start, not two.
+        with transaction.atomic(durable=True):
+            result = _start_as_last_seen(start) or _start_looked_up(start)
     crash_point("run_start.after_commit")
     return result
+
+
+def _start_looked_up(start: _Start) -> StartResult:
+    """The start as the automation's current version, read now (and remembered)."""
+    target = _target(start.org, start.slug)
+    _LAST_SEEN.remember(start.org.pk, start.slug, target)
+    with connection.cursor() as cursor:
+        inserted = query_prepared(cursor, sql.INSERT_RUN, start.row(target))
+    return _started(start, target, inserted)
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,11 @@ class _Start:
     def key(self, target: _Target) -> str:
         """The start key: as given, or derived from the automation and the input's digest."""
         return self.start_key or f"{DERIVED_KEY_PREFIX}{target.automation_id}:{self.digest}"
+
+    @cached_property
+    def stored_input(self) -> Any:
+        """The input as the run stores it (its canonical JSON, read back): what a walk sees."""
+        return json.loads(canonical_json(self.run_input))
 
     def row(self, target: _Target) -> dict[str, Any]:
         return {
@@ -210,7 +217,7 @@ def _start_in_one_trip(start: _Start) -> StartResult | None:
         return None
     rows = start_in_one_trip(
         {**start.row(target), "slug": start.slug}, org_id=start.org.pk,
-        version_id=target.version_id, run_input=json.loads(canonical_json(start.run_input)),
+        version_id=target.version_id, run_input=start.stored_input,
         max_steps=target.max_steps, definition=target.definition,
     )  # fmt: skip
     current = None if rows is None else _still_current(start, target, rows)
@@ -292,14 +299,14 @@ def _existing(start: _Start, target: _Target) -> StartResult:
 
 def _started(start: _Start, target: _Target, inserted: list[dict[str, Any]]) -> StartResult:
     """After the run's INSERT: walk the new run on, or return the run its key started."""
-    key = start.key(target)
     if not inserted:
         return _existing(start, target)
+    key = start.key(target)
     with connection.cursor() as cursor:  # in run_start's transaction
         run_id, created_at = inserted[0]["id"], inserted[0]["created_at"]
         state = RunState(
             id=run_id, org_id=start.org.pk, version_id=target.version_id, status="running",
-            input=json.loads(canonical_json(start.run_input)), vars={}, outputs={},
+            input=start.stored_input, vars={}, outputs={},
             entered={}, steps_executed=0, max_steps=target.max_steps, expired=False,
             created_at=created_at,
         )  # fmt: skip
