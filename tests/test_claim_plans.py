@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from django.db import connection, transaction
 from workflows.engine import sql
 from workflows.engine.executors import StepResult
 from workflows.engine.lanes import lane_policy
+from workflows.engine.plans import FIRST_REFRESH, refresh_plans_when_due
+from workflows.engine.sql.rows import query_prepared
 from workflows.engine.steps import (
     PreparedClaims,
     claim,
@@ -212,3 +215,109 @@ def test_a_workers_connections_plan_the_claim_once(org) -> None:
 
     assert on_loop == {"generic": PLANNED, "custom": 0}
     assert tuple(seen["plans"]) == (PLANNED, 0)
+
+
+def _grow(run: Run, count: int) -> None:
+    """``count`` finished runs like ``run``, each with a finished step: the tables a claim
+    joins grow, its claimable work does not."""
+    columns = [
+        str(f.column) for f in Run._meta.concrete_fields if f.column not in ("id", "start_key")
+    ]
+    listed = ", ".join(columns)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO workflows_run ({listed}, start_key)"  # noqa: S608 (model columns)
+            f" SELECT {listed}, 'grown-' || g FROM workflows_run, generate_series(1, %(n)s) g"
+            " WHERE id = %(run)s",
+            {"n": count, "run": run.pk},
+        )
+        cursor.execute(
+            """
+            INSERT INTO workflows_step (org_id, run_id, step_id, iteration, type, lane, status,
+                attempt, release_count, series_offset, max_attempts, wait_kind, error, created_at)
+            SELECT org_id, id, 'grown', 1, 'noop', 'io', 'done', 1, 0, 0, 5, '', '', now()
+              FROM workflows_run WHERE start_key LIKE 'grown-%%'
+            """
+        )
+
+
+PREPARED_CLAIM = (
+    "SELECT name FROM pg_prepared_statements WHERE statement LIKE '%WITH RECURSIVE ahead%'"
+)
+
+
+def _claim_plan(conn: Any) -> str:
+    """The plan ``conn`` would run its prepared claim with now (its cached generic plan),
+    read with EXPLAIN EXECUTE on that same connection, as text."""
+    names: list[str] = []
+    for name in re.findall(r"%\((\w+)\)s", sql.CLAIM):
+        if name not in names:
+            names.append(name)
+    values = ", ".join(repr(CLAIM[name]) for name in names)
+    with conn.cursor() as cursor:
+        cursor.execute(PREPARED_CLAIM)
+        (row,) = cursor.fetchall()
+        prepared = row["name"] if isinstance(row, dict) else row[0]
+        cursor.execute(f"EXPLAIN EXECUTE {prepared}({values})")
+        return "\n".join(r["QUERY PLAN"] if isinstance(r, dict) else r[0]
+                         for r in cursor.fetchall())  # fmt: skip
+
+
+def _whole_table_scans(plan: str) -> list[str]:
+    return re.findall(r"Seq Scan on (workflows_run|workflows_step)\b", plan)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_planned_on_small_tables_is_planned_again_as_they_grow(org) -> None:
+    """A worker plans its claim once per connection (sql.GENERIC_PLANS). Planned while the
+    tables were nearly empty (a new install, a benchmark's first second), that plan read
+    ``workflows_run`` and ``workflows_step`` whole at every claim, for as long as the
+    connection lived. Both connections a worker claims on, its claim loop's and a settling
+    thread's, drop their plans after PlanAge's uses (plans.py): the claim is then planned
+    again for the tables as they are, by key lookups."""
+    automation_publish_definition(org=org, slug="one", definition=ONE)
+    run = Run.objects.get(pk=run_start(org=org, automation_slug="one", run_input={},
+                                       start_key="first").run_id)  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE workflows_run, workflows_step")  # small, as a new install's
+    # Claims that find nothing: the generic plan does not depend on the lane.
+    nowhere = replace(lane_policy("io"), name="nowhere")
+    loop = PreparedClaims()
+    claim(policy=nowhere, worker="w", limit=1, on=loop)  # planned now, on small tables
+
+    planned, grown, seen = threading.Event(), threading.Event(), {}
+
+    def settling_thread() -> None:  # a worker's settling thread: its connection opens here
+        try:
+            with connection.cursor() as cursor:
+                query_prepared(cursor, sql.CLAIM, {**CLAIM, "lane": "nowhere"})
+            planned.set()
+            grown.wait()
+            seen["before"] = _claim_plan(connection.connection)
+            for _ in range(FIRST_REFRESH):
+                refresh_plans_when_due()  # as each settle does first
+            seen["after"] = _claim_plan(connection.connection)
+        finally:
+            planned.set()
+            connection.close()
+
+    plan_claims_generically_from_now_on()  # as Worker.run does
+    thread = threading.Thread(target=settling_thread)
+    thread.start()
+    planned.wait()
+    _grow(run, 3000)
+    grown.set()
+    thread.join()
+
+    assert loop.conn is not None
+    loop_before = _claim_plan(loop.conn)
+    for _ in range(FIRST_REFRESH):
+        claim(policy=nowhere, worker="w", limit=1, on=loop)
+    loop_after = _claim_plan(loop.conn)
+    loop.close()
+
+    # The premise, on both: the plans made on small tables read them whole.
+    assert _whole_table_scans(loop_before), loop_before
+    assert _whole_table_scans(seen["before"]), seen["before"]
+    assert not _whole_table_scans(loop_after), loop_after
+    assert not _whole_table_scans(seen["after"]), seen["after"]
