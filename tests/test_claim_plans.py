@@ -19,7 +19,7 @@ from django.db import connection, transaction
 from workflows.engine import sql
 from workflows.engine.executors import StepResult
 from workflows.engine.lanes import lane_policy
-from workflows.engine.plans import FIRST_REFRESH, refresh_plans_when_due
+from workflows.engine.plans import FIRST_REFRESH, MOST_USES_BETWEEN, PlanAge
 from workflows.engine.sql.rows import query_prepared
 from workflows.engine.steps import (
     PreparedClaims,
@@ -273,8 +273,8 @@ def test_a_claim_planned_on_small_tables_is_planned_again_as_they_grow(org) -> N
     tables were nearly empty (a new install, a benchmark's first second), that plan read
     ``workflows_run`` and ``workflows_step`` whole at every claim, for as long as the
     connection lived. Both connections a worker claims on, its claim loop's and a settling
-    thread's, drop their plans after PlanAge's uses (plans.py): the claim is then planned
-    again for the tables as they are, by key lookups."""
+    thread's, drop their plans after PlanAge's uses of prepared statements (plans.py): the
+    claim is then planned again for the tables as they are, by key lookups."""
     automation_publish_definition(org=org, slug="one", definition=ONE)
     run = Run.objects.get(pk=run_start(org=org, automation_slug="one", run_input={},
                                        start_key="first").run_id)  # fmt: skip
@@ -295,7 +295,8 @@ def test_a_claim_planned_on_small_tables_is_planned_again_as_they_grow(org) -> N
             grown.wait()
             seen["before"] = _claim_plan(connection.connection)
             for _ in range(FIRST_REFRESH):
-                refresh_plans_when_due()  # as each settle does first
+                with connection.cursor() as cursor:
+                    query_prepared(cursor, sql.CLAIM, {**CLAIM, "lane": "nowhere"})
             seen["after"] = _claim_plan(connection.connection)
         finally:
             planned.set()
@@ -321,3 +322,17 @@ def test_a_claim_planned_on_small_tables_is_planned_again_as_they_grow(org) -> N
     assert _whole_table_scans(seen["before"]), seen["before"]
     assert not _whole_table_scans(loop_after), loop_after
     assert not _whole_table_scans(seen["after"]), seen["after"]
+
+
+def test_plans_are_dropped_ever_less_often_down_to_a_floor() -> None:
+    """PlanAge: after 32 uses, then after twice as many as the time before, up to every
+    MOST_USES_BETWEEN: often while a new connection's tables may be growing fast, then
+    rarely, and never stops."""
+    age, gaps, since = PlanAge(), [], 0
+    for _ in range(4 * MOST_USES_BETWEEN + 8_000):
+        since += 1
+        if age.due():
+            gaps.append(since)
+            since = 0
+    assert gaps[:8] == [32, 64, 128, 256, 512, 1024, 2048, 4096]
+    assert gaps[8:] and set(gaps[8:]) == {MOST_USES_BETWEEN}

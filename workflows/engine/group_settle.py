@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from django.db import connection, transaction
 
 from .executors import StepResult
-from .plans import refresh_plans_when_due
 from .steps import ClaimedStep, Settled, settle_and_take_next, settles_join_this_transaction
 from .walk import TakeNext
 
@@ -78,7 +77,6 @@ class GroupSettler:
 
     def _settle(self, batch: list[_Request]) -> None:
         try:
-            refresh_plans_when_due()
             if len(batch) == 1:
                 self._alone(batch[0])
             else:

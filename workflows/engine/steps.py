@@ -30,7 +30,7 @@ from .faults import crash_point
 from .hops import hop
 from .lanes import LanePolicy
 from .places import Entry, Place
-from .plans import DISCARD_PLANS, PlanAge, plans_made_now
+from .plans import refresh_plans_when_due
 from .sql.rows import (
     event_row,
     fetch_dicts,
@@ -109,7 +109,6 @@ class PreparedClaims:
 
     def __init__(self) -> None:
         self.conn: psycopg.Connection[dict[str, Any]] | None = None
-        self.age = PlanAge()  # its plans are made again while the tables grow (plans.py)
 
     def rows(self, statement: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         cursor = self._execute(statement, params)
@@ -123,10 +122,8 @@ class PreparedClaims:
         if self.conn is None or self.conn.closed:
             self.conn = own_connection(row_factory=dict_row)
             plan_claims_generically(connection=self.conn)
-            self.age = PlanAge()
         try:
-            if self.age.due():
-                self.conn.execute(DISCARD_PLANS)
+            refresh_plans_when_due(self.conn)  # its plans follow the tables (plans.py)
             return self.conn.execute(statement, params, prepare=True)
         except psycopg.Error:
             self.close()
@@ -139,12 +136,9 @@ class PreparedClaims:
 
 
 def plan_claims_generically(*, connection: Any, **_: Any) -> None:
-    """Set up a connection (Django's or psycopg's) to claim on: sql.GENERIC_PLANS; a Django
-    connection's plans are then made again while the tables grow (plans.py)."""
+    """Set up a connection (Django's or psycopg's) to claim on: sql.GENERIC_PLANS."""
     with connection.cursor() as cursor:
         cursor.execute(sql.GENERIC_PLANS)
-    if not isinstance(connection, psycopg.Connection):
-        plans_made_now(connection)
 
 
 def plan_claims_generically_from_now_on() -> None:

@@ -29,7 +29,6 @@ from .executors import StepDeferred, StepFailure, StepResult, executor_for
 from .faults import crash_point, heartbeats_paused
 from .group_settle import GroupSettler
 from .lanes import LanePolicy, engine_setting
-from .plans import refresh_plans_when_due
 from .steps import (
     ClaimedStep,
     PreparedClaims,
@@ -464,7 +463,6 @@ class Worker:
         for attempt in range(1, SETTLE_TRIES + 1):
             # No health check up front (it would cost a round trip per step): a dead
             # connection fails the settle, which is then retried on a fresh one.
-            refresh_plans_when_due()
             try:
                 return write()
             except (OperationalError, InterfaceError):

@@ -164,7 +164,8 @@ CLAIM = _compact(CLAIM)
 # matching the step_claimable index's predicate). Only server-side prepared statements are affected:
 # on those connections, the settle's, whose plans were generic under auto already. Behind a
 # transaction-mode pooler the setting may stay on another server connection: the claim is then
-# planned at every call, as before: slower, never wrong.
+# planned at every call, as before: slower, never wrong. The plan depends on the tables' size
+# when it was made, though: it is made again while they grow (plans.py).
 GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 
 # A suspect: a step whose last attempt never settled (its lease lapsed: the worker died, hung

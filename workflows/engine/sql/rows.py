@@ -15,6 +15,8 @@ import psycopg
 from django.db import models
 from psycopg.types.json import Jsonb
 
+from ..plans import refresh_plans_when_due
+
 M = TypeVar("M", bound=models.Model)
 
 
@@ -171,6 +173,8 @@ def _pipelined(
     for the last writes of a durable (outermost) atomic block, whose own commit then finds
     nothing to do."""
     conn = _psycopg_connection(cursor)
+    with _database_errors(cursor):
+        refresh_plans_when_due(conn)
     with _database_errors(cursor), conn.pipeline():
         cursors = [_execute_prepared(conn, sql, params) for sql, params in statements]
         if commit:
@@ -192,6 +196,7 @@ def query_prepared(cursor: Any, sql: str, params: Any) -> list[dict[str, Any]]:
     one interpreter)."""
     conn = _psycopg_connection(cursor)
     with _database_errors(cursor):
+        refresh_plans_when_due(conn)
         prepared = _execute_prepared(conn, sql, params)
         rows = fetch_dicts(prepared) if has_rows(prepared) else []
     prepared.close()
