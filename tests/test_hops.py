@@ -17,6 +17,7 @@ from django.db import connection
 from django.utils import timezone
 
 from workflows.engine.executors import StepResult
+from workflows.engine.group_settle import GroupSettler, _Request
 from workflows.engine.lanes import lane_policy
 from workflows.engine.steps import ClaimedStep, Settled, claim, claim_suspect, settle_and_take_next
 from workflows.engine.transport import own_connection
@@ -262,3 +263,79 @@ def test_a_worker_killed_as_it_hops_wrote_nothing_and_another_finishes_the_run(o
     assert Step.objects.get(run_id=run_id, step_id="a").attempt == 2
     succeeded = RunEvent.objects.filter(run_id=run_id, kind="step.succeeded")
     assert sorted(succeeded.values_list("step_id", flat=True)) == ["a", "b", "done"]
+
+
+# --- hops settled together (group_settle.py, hops.hops_together) ---------------------------
+
+
+def settle_together(steps: list[ClaimedStep], outputs: list[Any]) -> list[Settled]:
+    """The steps' successful results settled as one group, as a worker's settler does."""
+    settler = GroupSettler("w")
+    requests = [
+        _Request(step, StepResult(output=output, vars={"from_" + step.step_id: True}), TAKE)
+        for step, output in zip(steps, outputs, strict=True)
+    ]
+    settler._settle(requests)
+    assert [r.error for r in requests] == [None] * len(requests)
+    assert settler.groups == 1
+    return [r.outcome for r in requests if r.outcome is not None]
+
+
+def event_transactions(runs: list[Run], kind: str, step_id: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(DISTINCT xmin::text) FROM workflows_runevent"
+            " WHERE run_id = ANY(%s) AND kind = %s AND step_id = %s",
+            [[run.pk for run in runs], kind, step_id],
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db
+def test_hops_settled_together_write_what_each_writes_alone(org) -> None:
+    alone = [start(org, f"alone{n}") for n in range(3)]
+    together = [start(org, f"together{n}") for n in range(3)]
+    for run in alone:  # each of its two io steps hops alone, taking the next
+        settled = settle_and_take_next(claim_of(run), StepResult(output={"n": 5},
+                                       vars={"from_a": True}), worker="w", take=TAKE)  # fmt: skip
+        assert settled.next_step is not None
+        settle_and_take_next(settled.next_step, StepResult(output="b's", vars={"from_b": True}),
+                             worker="w", take=TAKE)  # fmt: skip
+    before = hops_so_far()
+
+    firsts = settle_together([claim_of(run) for run in together], [{"n": 5}] * 3)
+    seconds = [s.next_step for s in firsts]
+    assert all(s is not None and s.step_id == "b" and s.run_seen for s in seconds)
+    ended = settle_together([s for s in seconds if s is not None], ["b's"] * 3)
+
+    assert hops_so_far() - before == 6  # every settle was a hop
+    assert [s.ok for s in firsts + ended] == [True] * 6
+    assert event_transactions(together, "step.succeeded", "a") == 1  # one statement each time
+    assert event_transactions(together, "step.succeeded", "b") == 1
+    for one, other in zip(alone, together, strict=True):
+        assert run_row(one) == run_row(other)
+        assert run_row(other)[0] == "succeeded"
+        assert step_rows(one) == step_rows(other)
+        assert history(one) == history(other)
+
+
+@pytest.mark.django_db(transaction=True)  # each write its own transaction: a row's xmin moves
+def test_in_a_group_a_fenced_hop_writes_nothing_and_a_changed_run_goes_the_slow_way(org) -> None:
+    fenced_run, changed_run, plain_run = (start(org, key) for key in ("f", "c", "p"))
+    stale = claim_of(fenced_run)
+    changed, plain = claim_of(changed_run), claim_of(plain_run)
+    # The first step's lease lapses and another worker takes it over; the second run's row
+    # changes after its claim (an operator's edit, say).
+    Step.objects.filter(pk=stale.id).update(lease_until=timezone.now() - timedelta(seconds=1))
+    assert claim_suspect(policy=IO, worker="w2") is not None
+    Run.objects.filter(pk=changed_run.pk).update(vars={"meanwhile": 1})
+    fenced_before = (history(fenced_run), step_rows(fenced_run), run_row(fenced_run))
+
+    late, slow, hopped = settle_together([stale, changed, plain], [{"n": 5}] * 3)
+
+    assert not late.ok and late.next_step is None
+    assert (history(fenced_run), step_rows(fenced_run), run_row(fenced_run)) == fenced_before
+    assert slow.ok and slow.next_step is not None and slow.next_step.run_seen is None  # slow way
+    changed_run.refresh_from_db()
+    assert changed_run.vars == {"meanwhile": 1, "seen": "5", "from_a": True}
+    assert hopped.ok and hopped.next_step is not None and hopped.next_step.run_seen is not None

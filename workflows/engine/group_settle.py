@@ -18,12 +18,19 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from django.db import connection, transaction
 
 from .executors import StepResult
-from .steps import ClaimedStep, Settled, settle_and_take_next, settles_join_this_transaction
+from .hops import PlannedHop, hops_together, plan_hop
+from .steps import (
+    ClaimedStep,
+    Settled,
+    settle_and_take_next,
+    settled_by_hop,
+    settles_join_this_transaction,
+)
 from .walk import TakeNext
 
 logger = logging.getLogger(__name__)
@@ -87,6 +94,12 @@ class GroupSettler:
 
     def _together(self, batch: list[_Request]) -> None:
         batch.sort(key=lambda r: (r.step.run_id, r.step.id))
+        batch = self._hop_together(batch)
+        if len(batch) == 1:
+            self._alone(batch[0])
+            return
+        if not batch:
+            return
         try:
             with transaction.atomic(durable=True), settles_join_this_transaction():
                 outcomes = [
@@ -103,6 +116,40 @@ class GroupSettler:
         self.groups += 1
         for request, outcome in zip(batch, outcomes, strict=True):
             request.outcome = outcome
+
+    def _hop_together(self, batch: list[_Request]) -> list[_Request]:
+        """Settle as one statement those of the batch that can hop (hops.hops_together), in
+        the batch's order; return the others, to settle the slow way. A run's last hop claims
+        no step of the lane here (the worker's claim loop claims for the slots it frees).
+        Raises nothing: if the statement fails, none of them was written and all are
+        returned."""
+        planned: list[tuple[_Request, PlannedHop]] = []
+        rest: list[_Request] = []
+        for request in batch:
+            take = request.take
+            if take is not None and take.claim_lane:
+                take = replace(take, claim_lane=False)
+            hop = plan_hop(request.step, request.result, worker=self.worker, take=take)
+            if hop is None:
+                rest.append(request)
+            else:
+                planned.append((request, hop))
+        if len(planned) < 2:
+            return batch  # nothing to group: each settles as it would alone
+        try:
+            hopped = hops_together([hop for _, hop in planned])
+        except Exception:
+            logger.warning("a group of %s hops failed; settling each alone", len(planned),
+                           exc_info=True)  # fmt: skip
+            connection.close()
+            return batch
+        self.groups += 1
+        for (request, _), answer in zip(planned, hopped, strict=True):
+            if answer is None:
+                rest.append(request)  # its run changed: the slow way, from the run as it is
+            else:
+                request.outcome = settled_by_hop(request.step, answer)
+        return sorted(rest, key=lambda r: (r.step.run_id, r.step.id))
 
     def _alone(self, request: _Request) -> None:
         try:

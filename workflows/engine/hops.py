@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
+from psycopg.types.json import Jsonb
 
 from ..states import RunStatus
 from . import sql
@@ -57,9 +58,20 @@ class Hop:
     claimed: dict[str, Any] | None = None  # a step of the lane claimed with it (claim_lane)
 
 
-def hop(step: ClaimedStep, result: StepResult, *, worker: str, take: TakeNext | None) -> Hop | None:
-    """Settle ``step`` with ``result`` as a hop; None: it was not one (nothing was written),
-    and the caller settles the slow way."""
+@dataclass(frozen=True)
+class PlannedHop:
+    """A hop's walk and its writes (SETTLE_HOP's parameters), before any round trip."""
+
+    walk: Walk
+    params: dict[str, Any]
+    claims_lane: bool  # the run's last hop, with the lane's claim (TakeNext.claim_lane)
+
+
+def plan_hop(
+    step: ClaimedStep, result: StepResult, *, worker: str, take: TakeNext | None
+) -> PlannedHop | None:
+    """The hop that would settle ``step`` with ``result``; None: it cannot be one (nothing
+    was written), and the caller settles the slow way."""
     if step.run_seen is None or step.run_expired or result.park is not None:
         return None
     walk = _speculative_walk(step, result, worker=worker, take=take)
@@ -68,21 +80,59 @@ def hop(step: ClaimedStep, result: StepResult, *, worker: str, take: TakeNext | 
     writes = walk.hop(step.run_seen)
     if writes is None:
         return None
-    # As in the slow settle: a crash here has written nothing.
-    crash_point("settle.after_step_update")
     params = {**writes, "step": step.id, "attempt": step.attempt,
               "step_output": json_or_null(result.output)}  # fmt: skip
-    if walk.finish is not None and take is not None and take.claim_lane:
-        return _hop_and_claim(walk, params, take)
+    claims = walk.finish is not None and take is not None and take.claim_lane
+    return PlannedHop(walk, params, claims)
+
+
+def hop(step: ClaimedStep, result: StepResult, *, worker: str, take: TakeNext | None) -> Hop | None:
+    """Settle ``step`` with ``result`` as a hop; None: it was not one (nothing was written),
+    and the caller settles the slow way."""
+    planned = plan_hop(step, result, worker=worker, take=take)
+    if planned is None:
+        return None
+    # As in the slow settle: a crash here has written nothing.
+    crash_point("settle.after_step_update")
+    if planned.claims_lane:
+        assert take is not None
+        return _hop_and_claim(planned.walk, planned.params, take)
     # In autocommit, as every settle is called (the slow one opens a durable transaction),
     # the statement is a transaction of its own.
     with connection.cursor() as cursor:
-        answer = query_prepared(cursor, sql.SETTLE_HOP, params)[0]
+        answer = query_prepared(cursor, sql.SETTLE_HOP, planned.params)[0]
+    return _answered(planned, answer)
+
+
+def hops_together(planned: list[PlannedHop]) -> list[Hop | None]:
+    """Several hops (none claiming for its lane) in one statement, one transaction
+    (sql.SETTLE_HOPS), in the order given, which must be run id order (the one lock order);
+    each hop's answer as ``hop`` gives it. A statement that fails writes none of them."""
+    assert not any(each.claims_lane for each in planned)
+    crash_point("settle.after_step_update")
+    hops = Jsonb([_as_json(each.params) for each in planned])
+    with connection.cursor() as cursor:
+        answers = query_prepared(cursor, sql.SETTLE_HOPS, {"hops": hops})
+    return [_answered(each, answer) for each, answer in zip(planned, answers, strict=True)]
+
+
+def _answered(planned: PlannedHop, answer: dict[str, Any]) -> Hop | None:
     if answer["outcome"] == "fenced":
-        return Hop(False, walk)
+        return Hop(False, planned.walk)
     if answer["outcome"] != "settled":
         return None  # the run changed since the walk's view of it
-    return Hop(True, walk, answer["taken_id"], answer["run_xmin"])
+    return Hop(True, planned.walk, answer["taken_id"], answer["run_xmin"])
+
+
+def _as_json(params: dict[str, Any]) -> dict[str, Any]:
+    """SETTLE_HOP's parameters as one JSON object for SETTLE_HOPS: a JSON parameter is its
+    value, and a NULL is left out (a missing key reads as SQL NULL; a JSON null would be
+    jsonb 'null')."""
+    return {
+        name: value.obj if isinstance(value, Jsonb) else value
+        for name, value in params.items()
+        if value is not None
+    }
 
 
 class _Undone(Exception):

@@ -27,7 +27,7 @@ from . import sql
 from .definition_cache import definition_for
 from .executors import StepContext, StepDeferred, StepFailure, StepResult
 from .faults import crash_point
-from .hops import hop
+from .hops import Hop, hop
 from .lanes import LanePolicy
 from .places import Entry, Place
 from .plans import refresh_plans_when_due
@@ -321,11 +321,7 @@ def settle_and_take_next(
     if not getattr(_joining, "active", False):
         hopped = hop(step, result, worker=worker, take=take)
         if hopped is not None:
-            if not hopped.ok:
-                return _fenced_out(step)
-            if hopped.claimed is not None:
-                return Settled(True, ClaimedStep.from_row(hopped.claimed), from_lane=True)
-            return Settled(True, _taken_step(hopped.walk, hopped.taken_id, seen=hopped.seen))
+            return settled_by_hop(step, hopped)
     # Typed Any: psycopg adapts Jsonb, which the Django stubs do not list as a parameter.
     done: dict[str, Any] = {
         "id": step.id, "attempt": step.attempt, "output": json_or_null(result.output),
@@ -341,6 +337,15 @@ def settle_and_take_next(
             return Settled(True, next_step)
         claimed = _claim_for(walk.cursor, take)
     return Settled(True, claimed, from_lane=claimed is not None)
+
+
+def settled_by_hop(step: ClaimedStep, hopped: Hop) -> Settled:
+    """What a hop that reached the database did, as a settle's answer."""
+    if not hopped.ok:
+        return _fenced_out(step)
+    if hopped.claimed is not None:
+        return Settled(True, ClaimedStep.from_row(hopped.claimed), from_lane=True)
+    return Settled(True, _taken_step(hopped.walk, hopped.taken_id, seen=hopped.seen))
 
 
 def _fenced_out(step: ClaimedStep) -> Settled:

@@ -839,3 +839,9 @@ SELECT outcome, run_xmin, taken_id FROM waymark_settle_hop_v1(
     %(vars)s, %(outputs)s, %(entered)s, %(steps)s, %(status)s, %(output)s, %(error)s,
     %(new_steps)s, %(events)s, %(worker)s, %(taken_step)s, %(taken_iteration)s)
 """
+
+# Hops that finish together, as one statement (sql.functions.SETTLE_HOPS_V1): %(hops)s is a
+# JSON array of SETTLE_HOP's parameters (hops.settle_hops_together).
+SETTLE_HOPS = """
+SELECT n, outcome, run_xmin, taken_id FROM waymark_settle_hops_v1(%(hops)s) ORDER BY n
+"""

@@ -113,3 +113,33 @@ DROP FUNCTION IF EXISTS waymark_settle_hop_v1(
     bigint, xid, bigint, integer, jsonb, jsonb, jsonb, jsonb, integer, text, jsonb, text,
     jsonb, jsonb, text, text, integer)
 """
+
+# Hops that finish together in one worker (group_settle.py): each exactly as
+# waymark_settle_hop_v1 with its own parameters, in the order given (run id order: the one
+# lock order), in the caller's one transaction. ``p_hops`` is a JSON array of objects keyed by
+# SETTLE_HOP's parameter names; a missing key is SQL NULL (a JSON null is jsonb 'null').
+# Returns each hop's outcome with its position in the array (``n``, from 1).
+SETTLE_HOPS_V1 = """
+CREATE OR REPLACE FUNCTION waymark_settle_hops_v1(p_hops jsonb)
+RETURNS TABLE (n integer, outcome text, run_xmin text, taken_id bigint)
+LANGUAGE plpgsql AS $function$
+DECLARE
+    h jsonb;
+    i integer := 0;
+BEGIN
+    FOR h IN SELECT value FROM jsonb_array_elements(p_hops) LOOP
+        i := i + 1;
+        RETURN QUERY
+        SELECT i, r.outcome, r.run_xmin, r.taken_id
+          FROM waymark_settle_hop_v1(
+               (h->>'id')::bigint, (h->>'seen')::xid, (h->>'step')::bigint,
+               (h->>'attempt')::integer, h->'step_output', h->'vars', h->'outputs',
+               h->'entered', (h->>'steps')::integer, h->>'status', h->'output', h->>'error',
+               h->'new_steps', h->'events', h->>'worker', h->>'taken_step',
+               (h->>'taken_iteration')::integer) r;
+    END LOOP;
+END
+$function$
+"""
+
+DROP_SETTLE_HOPS_V1 = "DROP FUNCTION IF EXISTS waymark_settle_hops_v1(jsonb)"
