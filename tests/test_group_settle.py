@@ -3,15 +3,19 @@ settled exactly as alone, and one failing settle cannot take the others down."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
 from django.db import connection
 
 from workflows.engine.executors import StepResult
-from workflows.engine.group_settle import GroupSettler, _Request
+from workflows.engine.group_settle import GroupSettler, _Member
+from workflows.engine.hops import plan_hop
 from workflows.engine.lanes import lane_policy
-from workflows.engine.steps import claim
+from workflows.engine.steps import Settled, claim
+from workflows.engine.transport import own_connection
+from workflows.engine.walk import TakeNext
 from workflows.models import Run, RunEvent, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
@@ -73,23 +77,63 @@ def test_a_busy_worker_commits_steps_in_groups_and_each_settles_once(org) -> Non
     assert settle_transactions(list(io_steps.values_list("pk", flat=True))) < 450
 
 
-def test_a_failing_settle_in_a_group_leaves_the_others_settled(org) -> None:
+def members_of(steps: list, outputs: list) -> list[_Member]:
+    """Hops planned for these steps' results, as step threads hand them to their settler."""
+    members = []
+    for step, output in zip(steps, outputs, strict=True):
+        planned = plan_hop(step, StepResult(output=output), worker="w", take=None)
+        assert planned is not None
+        members.append(_Member(step, planned))
+    return members
+
+
+def test_a_group_whose_statement_fails_writes_nothing_and_hands_every_member_back(org) -> None:
     automation_publish_definition(org=org, slug="io", definition=IO_DEFINITION)
     for n in range(2):
         run_start(org=org, automation_slug="io", run_input={"n": n}, start_key=f"f{n}")
     good, other = claim(policy=lane_policy("io"), worker="w", limit=2)
-    broken = replace(other, run_id=other.run_id + 10_000)  # its run does not exist: it raises
+    broken = replace(other, run_seen="not a version")  # its hop's statement raises
+    members = members_of([good, broken], [1, 2])
     settler = GroupSettler("w")
-    requests = [_Request(good, StepResult(output=1), None), _Request(broken, StepResult(), None)]
-    settler._settle(requests)
-    assert requests[0].outcome is not None and requests[0].outcome.ok
-    assert isinstance(requests[1].error, LookupError)
-    assert all(r.done.is_set() for r in requests)
+    settler._settle(members)
+    assert [m.outcome for m in members] == [None, None]  # each goes back to its thread
+    assert settler.groups == 0
+    assert Step.objects.get(pk=good.id).status == "running"  # not written
+    # Its thread then settles it alone, as the worker does with what a group hands back.
+    assert settler.settle(good, StepResult(output=1), None).ok
     assert Run.objects.get(pk=good.run_id).status == "succeeded"
-    assert Step.objects.get(pk=other.id).status == "running"  # untouched: its lease will lapse
 
 
-def test_steps_of_one_run_can_share_a_group(org) -> None:
+def test_a_group_does_not_wait_for_a_run_another_transaction_holds(org) -> None:
+    automation_publish_definition(org=org, slug="io", definition=IO_DEFINITION)
+    for n in range(2):
+        run_start(org=org, automation_slug="io", run_input={"n": n}, start_key=f"h{n}")
+    held, free = claim(policy=lane_policy("io"), worker="w", limit=2)
+    members = members_of([held, free], [1, 2])
+    locker = own_connection(autocommit=False)
+    locker.execute("SELECT 1 FROM workflows_run WHERE id = %s FOR NO KEY UPDATE", [held.run_id])
+    settler = GroupSettler("w")
+
+    def settle() -> None:
+        try:
+            settler._settle(members)
+        finally:
+            connection.close()
+
+    try:
+        thread = threading.Thread(target=settle)
+        thread.start()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the group waited for the held run's lock"
+        assert Step.objects.get(pk=held.id).status == "running"  # skipped, not written
+    finally:
+        locker.close()
+    assert members[0].outcome is None  # back to its thread, which waits for that lock alone
+    assert members[1].outcome is not None and members[1].outcome.ok
+    assert Run.objects.get(pk=free.run_id).status == "succeeded"
+
+
+def test_steps_that_cannot_hop_settle_alone_through_the_settler(org) -> None:
     definition = {
         "start": "fork",
         "steps": [
@@ -104,14 +148,55 @@ def test_steps_of_one_run_can_share_a_group(org) -> None:
     run_id = run_start(org=org, automation_slug="fork", run_input={}, start_key="p").run_id
     x, y = claim(policy=lane_policy("io"), worker="w", limit=2)
     settler = GroupSettler("w")
-    requests = [
-        _Request(x, StepResult(output="x"), None),
-        _Request(y, StepResult(output="y"), None),
-    ]
-    settler._settle(requests)
-    assert [r.error for r in requests] == [None, None]
-    assert settler.groups == 1
+    answers: list = []
+
+    def settle(step) -> None:  # two step threads finishing together
+        try:
+            answers.append(settler.settle(step, StepResult(output=step.step_id), None))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=settle, args=(step,)) for step in (x, y)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert [a.ok for a in answers] == [True, True]
+    assert settler.groups == 0  # a join reads the database: no hop, no group
     assert Run.objects.get(pk=run_id).status == "succeeded"
+
+
+@pytest.mark.parametrize("leaders", [1, 3])
+def test_step_threads_finishing_together_each_settle_once(org, leaders: int) -> None:
+    """Sixteen step threads hand their results to one settler at the same moment: whoever
+    leads settles what waits; every step settles once (none also in a second group while
+    its first is in flight), and every thread gets its own answer."""
+    ids = start_three_io_runs(org, 16, "t")
+    steps = claim(policy=lane_policy("io"), worker="w", limit=16)
+    assert len(steps) == 16
+    settler = GroupSettler("w", max_group=4, leaders=leaders)
+    ready = threading.Barrier(16)
+    answers: dict[int, Settled] = {}
+    take = TakeNext(worker="w", lane="io", lease_seconds=30)
+
+    def settle(step) -> None:
+        try:
+            ready.wait(timeout=60)
+            answers[step.id] = settler.settle(step, StepResult(output=step.id), take)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=settle, args=(step,)) for step in steps]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(answers) == sorted(step.id for step in steps)
+    assert all(answer.ok and answer.next_step is not None for answer in answers.values())
+    taken = Step.objects.filter(run_id__in=ids, step_id="b", status="running", owner="w")
+    assert taken.count() == 16  # each run's next step, claimed once, for this worker
+    succeeded = RunEvent.objects.filter(run_id__in=ids, kind="step.succeeded", step_id="a")
+    assert succeeded.count() == 16
 
 
 def test_a_worker_killed_mid_group_loses_no_step_and_settles_none_twice(org) -> None:

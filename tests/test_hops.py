@@ -17,7 +17,8 @@ from django.db import connection
 from django.utils import timezone
 
 from workflows.engine.executors import StepResult
-from workflows.engine.group_settle import GroupSettler, _Request
+from workflows.engine.group_settle import GroupSettler, _Member
+from workflows.engine.hops import plan_hop
 from workflows.engine.lanes import lane_policy
 from workflows.engine.steps import ClaimedStep, Settled, claim, claim_suspect, settle_and_take_next
 from workflows.engine.transport import own_connection
@@ -269,16 +270,25 @@ def test_a_worker_killed_as_it_hops_wrote_nothing_and_another_finishes_the_run(o
 
 
 def settle_together(steps: list[ClaimedStep], outputs: list[Any]) -> list[Settled]:
-    """The steps' successful results settled as one group, as a worker's settler does."""
+    """The steps' successful results settled as one group, as a worker's leading step thread
+    settles what is waiting; a member the group hands back is settled alone, as its own
+    thread would."""
     settler = GroupSettler("w")
-    requests = [
-        _Request(step, StepResult(output=output, vars={"from_" + step.step_id: True}), TAKE)
+    results = [
+        StepResult(output=output, vars={"from_" + step.step_id: True})
         for step, output in zip(steps, outputs, strict=True)
     ]
-    settler._settle(requests)
-    assert [r.error for r in requests] == [None] * len(requests)
+    members = []
+    for step, result in zip(steps, results, strict=True):
+        planned = plan_hop(step, result, worker="w", take=TAKE)
+        assert planned is not None
+        members.append(_Member(step, planned))
+    settler._settle(members)
     assert settler.groups == 1
-    return [r.outcome for r in requests if r.outcome is not None]
+    return [
+        member.outcome or settle_and_take_next(member.step, result, worker="w", take=TAKE)
+        for member, result in zip(members, results, strict=True)
+    ]
 
 
 def event_transactions(runs: list[Run], kind: str, step_id: str) -> int:

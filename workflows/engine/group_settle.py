@@ -1,160 +1,109 @@
-"""Group settles: successful steps that finish together in one worker commit together.
+"""Group settles: hops that finish together in one worker commit together, as one statement.
 
-A worker's step threads hand their successful results to one settler thread and wait. The
-settler takes everything waiting (up to ``MAX_GROUP``) and settles it in one transaction,
-run by run in run id order (the one lock order, so two workers' groups cannot deadlock each
-other), each step exactly as a settle of its own would (the run lock, the fenced transition,
-the walk, the run's next step taken for this worker). Nothing is acknowledged before that
-commit: a step thread returns only once its group has committed.
+A step thread whose successful result can hop (hops.plan_hop) hands it to its worker's
+GroupSettler and waits. The first thread to arrive while fewer than ``leaders`` groups are in
+flight leads: it takes what is waiting (its own result first, up to ``max_group``), settles it
+as one statement (hops.hops_together: each member exactly as its hop alone, in run id order,
+the one lock order, in one transaction), hands each waiting thread its answer and returns.
+A lone result is settled by its own thread at once, without a thread switch: an idle engine
+pays nothing for grouping, a busy one pays one statement and one commit for many steps.
+Nothing is acknowledged before that commit: a waiting thread returns only once its group has
+committed.
 
-A lone result settles alone, as before; a group only forms while a settle is in flight, so
-an idle engine pays nothing for it and a busy one pays one commit for many steps. If any
-settle of a group raises, the group is rolled back and each of its steps is settled alone, so
-one bad step cannot fail the others.
+What a group does not settle goes back to its thread, which settles it alone the ordinary way
+(steps.settle_and_take_next): a result that cannot hop; a hop whose run changed since the walk
+saw it; a hop whose run another transaction has locked (the group skips it rather than wait
+for it: one long-held lock must not hold up every step of the worker); every member, when
+the statement failed. A fenced-out member writes nothing, as its hop alone would not.
+
+In a group, a run's last hop claims no step of the lane with it (TakeNext.claim_lane): the
+worker's claim loop claims for the slots the group frees, in one claim.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from django.db import connection, transaction
+from django.db import connection
 
 from .executors import StepResult
 from .hops import PlannedHop, hops_together, plan_hop
-from .steps import (
-    ClaimedStep,
-    Settled,
-    settle_and_take_next,
-    settled_by_hop,
-    settles_join_this_transaction,
-)
+from .steps import ClaimedStep, Settled, settle_and_take_next, settled_by_hop
 from .walk import TakeNext
 
 logger = logging.getLogger(__name__)
 
-MAX_GROUP = 3
+MAX_GROUP = 16
 
 
 @dataclass
-class _Request:
+class _Member:
     step: ClaimedStep
-    result: StepResult
-    take: TakeNext | None
-    done: threading.Event = field(default_factory=threading.Event)
-    outcome: Settled | None = None
-    error: BaseException | None = None
+    hop: PlannedHop
+    taken: bool = False  # in a group being settled (by whichever thread leads it)
+    done: bool = False
+    outcome: Settled | None = None  # None once done: its thread settles it alone
 
 
 class GroupSettler:
-    def __init__(self, worker: str, max_group: int = MAX_GROUP) -> None:
+    def __init__(self, worker: str, max_group: int = MAX_GROUP, leaders: int = 1) -> None:
         self.worker = worker
         self.max_group = max_group
-        self.requests: queue.Queue[_Request] = queue.Queue()
-        self.groups = 0  # transactions committed with more than one settle (for tests)
+        self.leaders = leaders  # groups settling at once
+        self.waiting: list[_Member] = []
+        self.leading = 0
+        self.turn = threading.Condition()
+        self.groups = 0  # statements that settled more than one hop (for tests)
 
     def settle(self, step: ClaimedStep, result: StepResult, take: TakeNext | None) -> Settled:
-        """Called by a step thread: returns once the step's settle has committed (or raises
-        what it raised, for the worker's retry)."""
-        request = _Request(step, result, take)
-        self.requests.put(request)
-        request.done.wait()
-        if request.error is not None:
-            raise request.error
-        assert request.outcome is not None
-        return request.outcome
+        """Called by a step thread: settle its successful result, with others waiting if it
+        can hop, alone the ordinary way otherwise. Returns once the settle has committed (or
+        raises what it raised, for the worker's retry)."""
+        grouped = replace(take, claim_lane=False) if take is not None else None
+        planned = plan_hop(step, result, worker=self.worker, take=grouped)
+        outcome = None if planned is None else self._in_a_group(_Member(step, planned))
+        if outcome is not None:
+            return outcome
+        return settle_and_take_next(step, result, worker=self.worker, take=take)
 
-    def run(self, halt: threading.Event) -> None:
-        """The settler thread's loop, until ``halt``."""
-        while not halt.is_set():
-            try:
-                first = self.requests.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            batch = [first]
-            while len(batch) < self.max_group:
-                try:
-                    batch.append(self.requests.get_nowait())
-                except queue.Empty:
-                    break
-            self._settle(batch)
-        connection.close()
-
-    def _settle(self, batch: list[_Request]) -> None:
+    def _in_a_group(self, member: _Member) -> Settled | None:
+        with self.turn:
+            self.waiting.append(member)
+            # Wait while another thread's group holds it, or while enough groups are in flight.
+            while not member.done and (member.taken or self.leading >= self.leaders):
+                self.turn.wait()
+            if member.done:
+                return member.outcome
+            self.leading += 1
+            # Its own first: a leader never leaves without its own answer.
+            others = [each for each in self.waiting if each is not member]
+            group = [member, *others[: self.max_group - 1]]
+            self.waiting = others[self.max_group - 1 :]
+            for each in group:
+                each.taken = True
         try:
-            if len(batch) == 1:
-                self._alone(batch[0])
-            else:
-                self._together(batch)
+            self._settle(group)
         finally:
-            for request in batch:
-                request.done.set()
+            with self.turn:
+                self.leading -= 1
+                for each in group:
+                    each.done = True
+                self.turn.notify_all()
+        return member.outcome
 
-    def _together(self, batch: list[_Request]) -> None:
-        batch.sort(key=lambda r: (r.step.run_id, r.step.id))
-        batch = self._hop_together(batch)
-        if len(batch) == 1:
-            self._alone(batch[0])
-            return
-        if not batch:
-            return
+    def _settle(self, group: list[_Member]) -> None:
+        """One statement for the group; each member's outcome, or None (settle it alone)."""
+        group = sorted(group, key=lambda m: (m.step.run_id, m.step.id))
         try:
-            with transaction.atomic(durable=True), settles_join_this_transaction():
-                outcomes = [
-                    settle_and_take_next(r.step, r.result, worker=self.worker, take=r.take)
-                    for r in batch
-                ]
+            answers = hops_together([member.hop for member in group])
         except Exception:
-            logger.warning("a group of %s settles failed; settling each alone", len(batch),
+            logger.warning("a group of %s hops failed; settling each alone", len(group),
                            exc_info=True)  # fmt: skip
             connection.close()
-            for request in batch:
-                self._alone(request)
             return
-        self.groups += 1
-        for request, outcome in zip(batch, outcomes, strict=True):
-            request.outcome = outcome
-
-    def _hop_together(self, batch: list[_Request]) -> list[_Request]:
-        """Settle as one statement those of the batch that can hop (hops.hops_together), in
-        the batch's order; return the others, to settle the slow way. A run's last hop claims
-        no step of the lane here (the worker's claim loop claims for the slots it frees).
-        Raises nothing: if the statement fails, none of them was written and all are
-        returned."""
-        planned: list[tuple[_Request, PlannedHop]] = []
-        rest: list[_Request] = []
-        for request in batch:
-            take = request.take
-            if take is not None and take.claim_lane:
-                take = replace(take, claim_lane=False)
-            hop = plan_hop(request.step, request.result, worker=self.worker, take=take)
-            if hop is None:
-                rest.append(request)
-            else:
-                planned.append((request, hop))
-        if len(planned) < 2:
-            return batch  # nothing to group: each settles as it would alone
-        try:
-            hopped = hops_together([hop for _, hop in planned])
-        except Exception:
-            logger.warning("a group of %s hops failed; settling each alone", len(planned),
-                           exc_info=True)  # fmt: skip
-            connection.close()
-            return batch
-        self.groups += 1
-        for (request, _), answer in zip(planned, hopped, strict=True):
-            if answer is None:
-                rest.append(request)  # its run changed: the slow way, from the run as it is
-            else:
-                request.outcome = settled_by_hop(request.step, answer)
-        return sorted(rest, key=lambda r: (r.step.run_id, r.step.id))
-
-    def _alone(self, request: _Request) -> None:
-        try:
-            request.outcome = settle_and_take_next(
-                request.step, request.result, worker=self.worker, take=request.take
-            )
-        except BaseException as exc:  # handed to the step thread, which retries or fails
-            request.error = exc
+        if len(group) > 1:
+            self.groups += 1
+        for member, answer in zip(group, answers, strict=True):
+            member.outcome = None if answer is None else settled_by_hop(member.step, answer)

@@ -106,8 +106,9 @@ def hop(step: ClaimedStep, result: StepResult, *, worker: str, take: TakeNext | 
 
 def hops_together(planned: list[PlannedHop]) -> list[Hop | None]:
     """Several hops (none claiming for its lane) in one statement, one transaction
-    (sql.SETTLE_HOPS), in the order given, which must be run id order (the one lock order);
-    each hop's answer as ``hop`` gives it. A statement that fails writes none of them."""
+    (sql.SETTLE_HOPS), in run id order; each hop's answer as ``hop`` gives it, and None too
+    for a hop whose run another transaction held (it wrote nothing). A statement that fails
+    writes none of them."""
     assert not any(each.claims_lane for each in planned)
     crash_point("settle.after_step_update")
     hops = Jsonb([_as_json(each.params) for each in planned])

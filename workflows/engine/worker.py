@@ -128,7 +128,11 @@ class Worker:
         # Successful steps that finish together commit together (group_settle.py); a
         # suspects-only worker runs one step at a time and has nothing to group.
         grouped = engine_setting("GROUP_SETTLES") and not suspects_only
-        self.settler = GroupSettler(self.name, engine_setting("GROUP_MAX")) if grouped else None
+        self.settler = (
+            GroupSettler(self.name, engine_setting("GROUP_MAX"), engine_setting("GROUP_SETTLERS"))
+            if grouped
+            else None
+        )
         # Executors past their timeout that never returned; past this many the process asks
         # to be replaced (``replace_requested``): a hung thread cannot be killed, only left.
         configured = engine_setting("WORKER_MAX_HUNG")
@@ -148,14 +152,6 @@ class Worker:
             for i in range(self.concurrency)
         ]
         threads.append(threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True))
-        if self.settler is not None:
-            # A few settlers: each commits what is waiting when it is free, so settles run in
-            # parallel on the database and still group while the others are busy.
-            threads += [
-                threading.Thread(target=self.settler.run, args=(self.halt,),
-                                 name=f"settler-{i}", daemon=True)
-                for i in range(min(engine_setting("GROUP_SETTLERS"), self.concurrency))
-            ]  # fmt: skip
         if not self.suspects_only:  # suspects come from lapsed leases, not wake-ups: it polls
             threads.append(
                 threading.Thread(

@@ -115,10 +115,12 @@ DROP FUNCTION IF EXISTS waymark_settle_hop_v1(
 """
 
 # Hops that finish together in one worker (group_settle.py): each exactly as
-# waymark_settle_hop_v1 with its own parameters, in the order given (run id order: the one
-# lock order), in the caller's one transaction. ``p_hops`` is a JSON array of objects keyed by
-# SETTLE_HOP's parameter names; a missing key is SQL NULL (a JSON null is jsonb 'null').
-# Returns each hop's outcome with its position in the array (``n``, from 1).
+# waymark_settle_hop_v1 with its own parameters, in the order given, in the caller's one
+# transaction. The runs are locked first, in id order (the one lock order), skipping any that
+# another transaction holds: such a hop is answered 'busy' and writes nothing (its worker then
+# settles it alone and waits for that lock there, not with the whole group). ``p_hops`` is a
+# JSON array of objects keyed by SETTLE_HOP's parameter names; a missing key is SQL NULL (a
+# JSON null is jsonb 'null'). Returns each hop's outcome with its position (``n``, from 1).
 SETTLE_HOPS_V1 = """
 CREATE OR REPLACE FUNCTION waymark_settle_hops_v1(p_hops jsonb)
 RETURNS TABLE (n integer, outcome text, run_xmin text, taken_id bigint)
@@ -126,9 +128,19 @@ LANGUAGE plpgsql AS $function$
 DECLARE
     h jsonb;
     i integer := 0;
+    v_locked bigint[];
 BEGIN
+    SELECT coalesce(array_agg(locked.id), '{}') INTO v_locked
+      FROM (SELECT r.id FROM workflows_run r
+             WHERE r.id IN (SELECT (e->>'id')::bigint FROM jsonb_array_elements(p_hops) e)
+             ORDER BY r.id
+               FOR NO KEY UPDATE SKIP LOCKED) locked;
     FOR h IN SELECT value FROM jsonb_array_elements(p_hops) LOOP
         i := i + 1;
+        IF NOT (h->>'id')::bigint = ANY(v_locked) THEN
+            RETURN QUERY SELECT i, 'busy'::text, NULL::text, NULL::bigint;
+            CONTINUE;
+        END IF;
         RETURN QUERY
         SELECT i, r.outcome, r.run_xmin, r.taken_id
           FROM waymark_settle_hop_v1(
