@@ -386,15 +386,16 @@ WAYMARK = {
     # A settle whose walk gives its worker no next step of the run claims a ready step of
     # the lane in the same transaction (walk.TakeNext.claim_lane): one commit per run fewer.
     "SETTLE_CLAIMS": env.bool("WAYMARK_SETTLE_CLAIMS", default=True),
-    # Successful steps that finish together in one worker commit in one transaction. Off by
-    # default: on the 2-core development machine (local disk, fsync 0.25 ms) it lowers commits
-    # per io step from 1.3-1.4 to 0.8-1.1 but the drained rate by ~15 %; turn it on where a
-    # commit costs more (network storage, a remote database).
-    "GROUP_SETTLES": env.bool("WAYMARK_GROUP_SETTLES", default=False),
-    # Settler threads per worker (each commits one group at a time).
-    "GROUP_SETTLERS": env.int("WAYMARK_GROUP_SETTLERS", default=6),
+    # Successful steps that finish together in one worker settle as one statement, in one
+    # transaction (engine/group_settle.py): on the 2-core development machine it lowers commits
+    # per io step from 0.9-1.1 to 0.3-0.5 and the CPU per io step by about a third, and raises
+    # the drained and end-to-end rates by 35-45 % (benchmarks/throughput.py). A lone result
+    # settles at once in its own thread: an idle engine pays nothing for it.
+    "GROUP_SETTLES": env.bool("WAYMARK_GROUP_SETTLES", default=True),
+    # Groups one worker settles at once (each led by one of its step threads).
+    "GROUP_SETTLERS": env.int("WAYMARK_GROUP_SETTLERS", default=2),
     # The most settles one group commits together.
-    "GROUP_MAX": env.int("WAYMARK_GROUP_MAX", default=3),
+    "GROUP_MAX": env.int("WAYMARK_GROUP_MAX", default=16),
     # Per-organisation quotas (an organisation's own fields override them; 0: no limit).
     # Reached: 409 quota_exceeded (automations, versions) or 429 (running runs).
     "QUOTA_AUTOMATIONS": env.int("WAYMARK_QUOTA_AUTOMATIONS", default=200),

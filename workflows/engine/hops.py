@@ -17,8 +17,9 @@ it is now: a hop never decides anything a locked settle would not.
 
 What a hop cannot carry goes the slow way before any round trip: a walk that reads or writes
 the database itself (forks and joins, a path's end that counts the run's live steps, an inline
-step that queries), wakes a lane or leaves a continuation; a parked result; a settle inside a
-group; a run past its max age.
+step that queries), wakes a lane or leaves a continuation; a parked result; a run past its
+max age. Hops that finish together in one worker go as one statement (hops_together,
+group_settle.py).
 
 A run's last settle, when the worker asked to claim another step of its lane with it
 (TakeNext.claim_lane), must commit that claim with the settle: that hop and the claim go in

@@ -257,20 +257,6 @@ def run_context(step: ClaimedStep) -> tuple[dict[str, Any], dict[str, Any]]:
     return step_def, context
 
 
-_joining = threading.local()
-
-
-@contextmanager
-def settles_join_this_transaction() -> Iterator[None]:
-    """Inside, a settle joins the caller's transaction instead of opening its own (a group
-    settle, group_settle.py). Outside, every settle is a durable transaction of its own."""
-    _joining.active = True
-    try:
-        yield
-    finally:
-        _joining.active = False
-
-
 @contextmanager
 def _settling(
     step: ClaimedStep,
@@ -285,9 +271,7 @@ def _settling(
     sql.locked_run_then's, both in one round trip), and yield the walk over the locked run's
     version, not the claim's (a migration may have moved the run in between). None: this
     attempt was fenced out. The caller walks and flushes inside the transaction."""
-    joining = getattr(_joining, "active", False)
-    atomic = transaction.atomic(savepoint=False) if joining else transaction.atomic(durable=True)
-    with atomic, connection.cursor() as cursor:
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
         rows = query_prepared(cursor, statement, {**params, "run": step.run_id})
         changed = rows[0].pop("changed") if rows else 0
         run = run_state(rows, step.run_id)
@@ -318,10 +302,9 @@ def settle_and_take_next(
     enters is claimed for it in the same transaction (see TakeNext)."""
     if result.park is not None:
         return Settled(_settle_park(step, result, worker=worker))
-    if not getattr(_joining, "active", False):
-        hopped = hop(step, result, worker=worker, take=take)
-        if hopped is not None:
-            return settled_by_hop(step, hopped)
+    hopped = hop(step, result, worker=worker, take=take)
+    if hopped is not None:
+        return settled_by_hop(step, hopped)
     # Typed Any: psycopg adapts Jsonb, which the Django stubs do not list as a parameter.
     done: dict[str, Any] = {
         "id": step.id, "attempt": step.attempt, "output": json_or_null(result.output),
