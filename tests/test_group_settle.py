@@ -83,7 +83,7 @@ def members_of(steps: list, outputs: list) -> list[_Member]:
     for step, output in zip(steps, outputs, strict=True):
         planned = plan_hop(step, StepResult(output=output), worker="w", take=None)
         assert planned is not None
-        members.append(_Member(step, planned))
+        members.append(_Member(step, planned, None))
     return members
 
 

@@ -282,7 +282,7 @@ def settle_together(steps: list[ClaimedStep], outputs: list[Any]) -> list[Settle
     for step, result in zip(steps, results, strict=True):
         planned = plan_hop(step, result, worker="w", take=TAKE)
         assert planned is not None
-        members.append(_Member(step, planned))
+        members.append(_Member(step, planned, TAKE))
     settler._settle(members)
     assert settler.groups == 1
     return [

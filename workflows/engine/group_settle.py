@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from django.db import connection
 
 from .executors import StepResult
-from .hops import PlannedHop, hops_together, plan_hop
+from .hops import PlannedHop, hop_planned, hops_together, plan_hop
 from .steps import ClaimedStep, Settled, settle_and_take_next, settled_by_hop
 from .walk import TakeNext
 
@@ -42,6 +42,7 @@ MAX_GROUP = 16
 class _Member:
     step: ClaimedStep
     hop: PlannedHop
+    take: TakeNext | None  # what the hop was planned with
     taken: bool = False  # in a group being settled (by whichever thread leads it)
     done: bool = False
     outcome: Settled | None = None  # None once done: its thread settles it alone
@@ -61,9 +62,10 @@ class GroupSettler:
         """Called by a step thread: settle its successful result, with others waiting if it
         can hop, alone the ordinary way otherwise. Returns once the settle has committed (or
         raises what it raised, for the worker's retry)."""
-        grouped = replace(take, claim_lane=False) if take is not None else None
-        planned = plan_hop(step, result, worker=self.worker, take=grouped)
-        outcome = None if planned is None else self._in_a_group(_Member(step, planned))
+        planned = plan_hop(step, result, worker=self.worker, take=take)
+        if planned is None:  # it cannot hop: the slow settle, without planning it again
+            return settle_and_take_next(step, result, worker=self.worker, take=take, hop=False)
+        outcome = self._in_a_group(_Member(step, planned, take))
         if outcome is not None:
             return outcome
         return settle_and_take_next(step, result, worker=self.worker, take=take)
@@ -94,10 +96,14 @@ class GroupSettler:
         return member.outcome
 
     def _settle(self, group: list[_Member]) -> None:
-        """One statement for the group; each member's outcome, or None (settle it alone)."""
+        """One statement for the group; each member's outcome, or None (settle it alone). A
+        group of one is a hop alone (a run's last one claims for its lane with it)."""
         group = sorted(group, key=lambda m: (m.step.run_id, m.step.id))
         try:
-            answers = hops_together([member.hop for member in group])
+            if len(group) == 1:
+                answers = [hop_planned(group[0].hop, group[0].take)]
+            else:
+                answers = hops_together([member.hop for member in group])
         except Exception:
             logger.warning("a group of %s hops failed; settling each alone", len(group),
                            exc_info=True)  # fmt: skip

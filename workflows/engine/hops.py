@@ -91,8 +91,12 @@ def hop(step: ClaimedStep, result: StepResult, *, worker: str, take: TakeNext | 
     """Settle ``step`` with ``result`` as a hop; None: it was not one (nothing was written),
     and the caller settles the slow way."""
     planned = plan_hop(step, result, worker=worker, take=take)
-    if planned is None:
-        return None
+    return None if planned is None else hop_planned(planned, take)
+
+
+def hop_planned(planned: PlannedHop, take: TakeNext | None) -> Hop | None:
+    """Write a planned hop (``take``: the one it was planned with), alone: one statement, or,
+    for a run's last hop claiming for its lane, the hop and the claim in one transaction."""
     # As in the slow settle: a crash here has written nothing.
     crash_point("settle.after_step_update")
     if planned.claims_lane:
@@ -106,11 +110,10 @@ def hop(step: ClaimedStep, result: StepResult, *, worker: str, take: TakeNext | 
 
 
 def hops_together(planned: list[PlannedHop]) -> list[Hop | None]:
-    """Several hops (none claiming for its lane) in one statement, one transaction
-    (sql.SETTLE_HOPS), in run id order; each hop's answer as ``hop`` gives it, and None too
-    for a hop whose run another transaction held (it wrote nothing). A statement that fails
-    writes none of them."""
-    assert not any(each.claims_lane for each in planned)
+    """Several hops in one statement, one transaction (sql.SETTLE_HOPS), in run id order;
+    each hop's answer as ``hop`` gives it, and None too for a hop whose run another
+    transaction held (it wrote nothing). A run's last hop claims no step of its lane here.
+    A statement that fails writes none of them."""
     crash_point("settle.after_step_update")
     hops = Jsonb([_as_json(each.params) for each in planned])
     with connection.cursor() as cursor:

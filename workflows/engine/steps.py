@@ -23,11 +23,11 @@ from psycopg.rows import dict_row
 
 from ..definitions.expressions import build_context
 from ..definitions.registry import registry
-from . import sql
+from . import hops, sql
 from .definition_cache import definition_for
 from .executors import StepContext, StepDeferred, StepFailure, StepResult
 from .faults import crash_point
-from .hops import Hop, hop
+from .hops import Hop
 from .lanes import LanePolicy
 from .places import Entry, Place
 from .plans import refresh_plans_when_due
@@ -296,13 +296,19 @@ def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> boo
 
 
 def settle_and_take_next(
-    step: ClaimedStep, result: StepResult, *, worker: str, take: TakeNext | None = None
+    step: ClaimedStep,
+    result: StepResult,
+    *,
+    worker: str,
+    take: TakeNext | None = None,
+    hop: bool = True,
 ) -> Settled:
     """settle_success, and, with ``take``, the first step of the worker's lane that the walk
-    enters is claimed for it in the same transaction (see TakeNext)."""
+    enters is claimed for it in the same transaction (see TakeNext). ``hop=False``: the
+    caller knows it cannot hop (hops.plan_hop said so)."""
     if result.park is not None:
         return Settled(_settle_park(step, result, worker=worker))
-    hopped = hop(step, result, worker=worker, take=take)
+    hopped = hops.hop(step, result, worker=worker, take=take) if hop else None
     if hopped is not None:
         return settled_by_hop(step, hopped)
     # Typed Any: psycopg adapts Jsonb, which the Django stubs do not list as a parameter.
