@@ -10,9 +10,10 @@ pays nothing for grouping, a busy one pays one statement and one commit for many
 Nothing is acknowledged before that commit: a waiting thread returns only once its group has
 committed.
 
-What a group does not settle goes back to its thread, which settles it alone the ordinary way
-(steps.settle_and_take_next): a result that cannot hop; a hop whose run changed since the walk
-saw it; a hop whose run another transaction has locked (the group skips it rather than wait
+What a group does not settle goes back to its thread, which settles it alone: the same hop
+on its own, then the slow settle (steps.settle_and_take_next) if that finds the run changed.
+So go a result that cannot hop (straight to the slow settle); a hop whose run changed since
+the walk saw it; a hop whose run another transaction has locked (the group skips it rather than wait
 for it: one long-held lock must not hold up every step of the worker); every member, when
 the statement failed. A fenced-out member writes nothing, as its hop alone would not.
 
@@ -68,7 +69,12 @@ class GroupSettler:
         outcome = self._in_a_group(_Member(step, planned, take))
         if outcome is not None:
             return outcome
-        return settle_and_take_next(step, result, worker=self.worker, take=take)
+        # Handed back: the same hop alone (it waits there for a run another transaction
+        # held), then the slow settle if its run changed; its walk is not planned again.
+        hopped = hop_planned(planned, take)
+        if hopped is not None:
+            return settled_by_hop(step, hopped)
+        return settle_and_take_next(step, result, worker=self.worker, take=take, hop=False)
 
     def _in_a_group(self, member: _Member) -> Settled | None:
         with self.turn:

@@ -125,7 +125,7 @@ def _answered(planned: PlannedHop, answer: dict[str, Any]) -> Hop | None:
     if answer["outcome"] == "fenced":
         return Hop(False, planned.walk)
     if answer["outcome"] != "settled":
-        return None  # the run changed since the walk's view of it
+        return None  # the run changed since the walk's view of it (or, in a group, was busy)
     return Hop(True, planned.walk, answer["taken_id"], answer["run_xmin"])
 
 

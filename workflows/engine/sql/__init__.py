@@ -841,7 +841,7 @@ SELECT outcome, run_xmin, taken_id FROM waymark_settle_hop_v1(
 """
 
 # Hops that finish together, as one statement (sql.functions.SETTLE_HOPS_V1): %(hops)s is a
-# JSON array of SETTLE_HOP's parameters (hops.settle_hops_together).
+# JSON array of SETTLE_HOP's parameters (hops.hops_together).
 SETTLE_HOPS = """
 SELECT n, outcome, run_xmin, taken_id FROM waymark_settle_hops_v1(%(hops)s) ORDER BY n
 """
