@@ -29,6 +29,7 @@ against five the slow way).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -105,7 +106,7 @@ def hop_planned(planned: PlannedHop, take: TakeNext | None) -> Hop | None:
     # In autocommit, as every settle is called (the slow one opens a durable transaction),
     # the statement is a transaction of its own.
     with connection.cursor() as cursor:
-        answer = query_prepared(cursor, sql.SETTLE_HOP, planned.params)[0]
+        answer = query_prepared(cursor, sql.SETTLE_HOP, _one_hop(planned.params))[0]
     return _answered(planned, answer)
 
 
@@ -129,6 +130,11 @@ def _answered(planned: PlannedHop, answer: dict[str, Any]) -> Hop | None:
     return Hop(True, planned.walk, answer["taken_id"], answer["run_xmin"])
 
 
+def _one_hop(params: dict[str, Any]) -> dict[str, str]:
+    """SETTLE_HOP's parameter: the hop as one JSON document (as a member of SETTLE_HOPS)."""
+    return {"hop": json.dumps(_as_json(params))}
+
+
 def _as_json(params: dict[str, Any]) -> dict[str, Any]:
     """SETTLE_HOP's parameters as one JSON object for SETTLE_HOPS: a JSON parameter is its
     value, and a NULL is left out (a missing key reads as SQL NULL; a JSON null would be
@@ -150,7 +156,7 @@ def _hop_and_claim(walk: Walk, params: dict[str, Any], take: TakeNext) -> Hop | 
     try:
         with transaction.atomic(durable=True), connection.cursor() as cursor:
             (answer,), claimed = query_pipelined(
-                cursor, [(sql.SETTLE_HOP, params), (sql.CLAIM, take.claim_params())]
+                cursor, [(sql.SETTLE_HOP, _one_hop(params)), (sql.CLAIM, take.claim_params())]
             )
             if answer["outcome"] != "settled":
                 raise _Undone(answer["outcome"])

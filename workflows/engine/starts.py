@@ -22,6 +22,7 @@ end, a continuation); so does a walk that touches the database (forks and joins)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -59,8 +60,9 @@ def start_in_one_trip(
     definition: Mapping[str, Any],
 ) -> list[dict[str, Any]] | None:
     """Start the run ``run_row`` describes (sql.START_RUN's parameters for the run's
-    INSERT) with its walk, in one statement; its rows (as INSERT_RUN_IF_CURRENT's), or None
-    when the walk cannot go in it (nothing was sent)."""
+    INSERT; its ``input`` is ``run_input``, the input as stored) with its walk, in one
+    statement; its rows (as INSERT_RUN_IF_CURRENT's, without created_at), or None when the
+    walk cannot go in it (nothing was sent)."""
     state = RunState(
         id=_NO_ID, org_id=org_id, version_id=version_id, status=RunStatus.RUNNING,
         input=run_input, vars={}, outputs={}, entered={}, steps_executed=0,
@@ -75,5 +77,10 @@ def start_in_one_trip(
     writes = walk.start_writes()
     if writes is None:
         return None
+    scalars, document = writes
+    # The JSON values go as one document, encoded once: a parameter each (and psycopg's
+    # JSON dumper for each) was a quarter of a start's client CPU.
+    params = {key: value for key, value in run_row.items() if key != "input"}
+    params["document"] = json.dumps({"input": run_input, **document})
     with connection.cursor() as cursor:
-        return query_prepared(cursor, sql.START_RUN, {**run_row, **writes})
+        return query_prepared(cursor, sql.START_RUN, {**params, **scalars})

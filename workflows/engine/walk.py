@@ -45,6 +45,7 @@ from .sql.rows import (
     json_or_null,
     json_rows,
     query_prepared,
+    row_objects,
     run_batch,
     wakes_statement,
 )
@@ -536,21 +537,25 @@ class Walk:
             "taken_iteration": taken.iteration if taken else None,
         }  # fmt: skip
 
-    def start_writes(self) -> dict[str, Any] | None:
-        """A new run's walk as sql.START_RUN's parameters (the run's row as the walk left it,
-        its new steps, events and lanes to wake); None when it needs what only flush does:
-        the count of live steps (a path ended), the ending of the run, a continuation."""
+    def start_writes(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """A new run's walk for sql.START_RUN: its scalar parameters (the run's status and
+        step count as the walk left them) and the values of its JSON document (the run's
+        vars, outputs and entered, its new steps, events and lanes to wake); None when it
+        needs what only flush does: the count of live steps (a path ended), the ending of
+        the run, a continuation."""
         if self.queue or self.finish is not None:
             return None
         if self.path_ended and self.live_added == 0:
             return None
         _, run = self._update_run()  # the run's values as flush writes them
-        return {
-            "status": run["status"], "vars": run["vars"], "outputs": run["outputs"],
-            "entered": run["entered"], "steps": run["steps"],
-            "new_steps": json_rows(STEP_COLUMNS, self.new_steps),
-            "events": json_rows(EVENT_COLUMNS, self.events), "lanes": sorted(self.wake_lanes),
+        scalars = {"status": run["status"], "steps": run["steps"]}
+        document = {
+            "vars": run["vars"].obj, "outputs": run["outputs"].obj,
+            "entered": run["entered"].obj,
+            "new_steps": row_objects(STEP_COLUMNS, self.new_steps),
+            "events": row_objects(EVENT_COLUMNS, self.events), "lanes": sorted(self.wake_lanes),
         }  # fmt: skip
+        return scalars, document
 
     def _taken_is_new(self) -> bool:
         """Whether the step taken for the worker is among the rows still to insert."""

@@ -45,8 +45,10 @@ class StartResult:
     start_key: str  # as given, or derived from the input
 
 
-def input_digest(run_input: Any) -> str:
-    return hashlib.sha256(canonical_json(run_input).encode()).hexdigest()
+def input_digest(run_input: Any, canonical: str | None = None) -> str:
+    """sha256 (hex) of the input's canonical JSON (``canonical``, when already made)."""
+    text = canonical_json(run_input) if canonical is None else canonical
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 MAX_INPUT_DEPTH = 32
@@ -65,26 +67,29 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def check_input(run_input: Any) -> None:
-    """A run input: a JSON object within the limits (see check_json_value)."""
+def check_input(run_input: Any) -> str:
+    """A run input: a JSON object within the limits (see check_json_value). Returns its
+    canonical JSON, which the start's digest and stored input are made from."""
     if not isinstance(run_input, dict):
         raise InvalidInput(reason="input must be a JSON object")
-    check_json_value(run_input, "input", "The run input")
+    return check_json_value(run_input, "input", "The run input")
 
 
-def check_json_value(value: Any, field: str, what: str) -> None:
+def check_json_value(value: Any, field: str, what: str) -> str:
     """A JSON value from a client that is to be stored (a run input, a signal payload): not
     nested too deep, storable by PostgreSQL, within WAYMARK_MAX_INPUT_BYTES. ``field`` names
-    it in messages, ``what`` in the size refusal."""
+    it in messages, ``what`` in the size refusal. Returns its canonical JSON."""
     if _depth(value) > MAX_INPUT_DEPTH:
         raise InvalidInput(reason=f"{field} nests deeper than {MAX_INPUT_DEPTH} levels")
     unstorable = unstorable_path(value)
     if unstorable is not None:
         raise InvalidInput(reason=f"{field}.{unstorable} {UNSTORABLE_REASON}")
-    size = len(canonical_json(value).encode())
+    canonical = canonical_json(value)
+    size = len(canonical.encode())
     limit = settings.WAYMARK["MAX_INPUT_BYTES"]
     if size > limit:
         raise PayloadTooLarge(what=what, size=size, limit=limit)
+    return canonical
 
 
 def _check_start_key(start_key: str) -> None:
@@ -118,12 +123,13 @@ def run_start(
     into one run (see docs/api.md). The same key with another input, or for another
     automation, is refused with start_key_conflict.
     """
-    check_input(run_input)
+    canonical = check_input(run_input)
     if start_key is not None:
         _check_start_key(start_key)
-    digest = input_digest(run_input)
     quotas.check_running_runs(org)
-    start = _Start(org, automation_slug, start_key, run_input, digest)
+    start = _Start(
+        org, automation_slug, start_key, run_input, input_digest(run_input, canonical), canonical
+    )
     result = _start_in_one_trip(start)
     if result is None:
         # One transaction for the lookup and the start: one commit per start, not two.
@@ -160,6 +166,7 @@ class _Start:
     start_key: str | None
     run_input: Any
     digest: str
+    canonical: str  # the input's canonical JSON (check_input made it)
 
     def key(self, target: _Target) -> str:
         """The start key: as given, or derived from the automation and the input's digest."""
@@ -168,7 +175,7 @@ class _Start:
     @cached_property
     def stored_input(self) -> Any:
         """The input as the run stores it (its canonical JSON, read back): what a walk sees."""
-        return json.loads(canonical_json(self.run_input))
+        return json.loads(self.canonical)
 
     def row(self, target: _Target) -> dict[str, Any]:
         return {

@@ -586,19 +586,22 @@ SELECT target.automation_id, target.version_id, inserted.id, inserted.created_at
 # A start in one statement (engine/starts.py): INSERT_RUN_IF_CURRENT with the run's row as its
 # walk left it, and the walk's new steps, events and lane wake-ups, written only when the run
 # was inserted (each joins `inserted`). In autocommit it is a transaction of its own. The
-# walk ran before the run had an id: its rows carry none, each takes the inserted one. Rows
-# come as JSON arrays of objects keyed by column name, times as seconds from now().
+# walk ran before the run had an id: its rows carry none, each takes the inserted one. The
+# JSON values come in one document (%(document)s: the run's input, vars, outputs and entered,
+# its steps and events as arrays of objects keyed by column name, times as seconds from
+# now(), and the lanes to wake).
 START_RUN = f"""
 WITH target AS ({START_TARGET}),
+doc AS (SELECT %(document)s::jsonb AS d),
 inserted AS (
     INSERT INTO workflows_run {_RUN_COLUMNS}
-    SELECT %(org)s, %(automation)s, %(version)s, %(key)s, %(derived)s, %(input)s, %(digest)s,
-           %(status)s, %(vars)s, %(outputs)s, %(entered)s, '', %(steps)s, %(max_steps)s,
-           now() + make_interval(secs => %(max_age)s), now()
-      FROM target
+    SELECT %(org)s, %(automation)s, %(version)s, %(key)s, %(derived)s, doc.d->'input',
+           %(digest)s, %(status)s, doc.d->'vars', doc.d->'outputs', doc.d->'entered', '',
+           %(steps)s, %(max_steps)s, now() + make_interval(secs => %(max_age)s), now()
+      FROM target CROSS JOIN doc
      WHERE target.automation_id = %(automation)s AND target.version_id = %(version)s
     ON CONFLICT (org_id, start_key) DO NOTHING
-    RETURNING id, created_at
+    RETURNING id
 ),
 steps AS (
     INSERT INTO workflows_step (
@@ -610,7 +613,7 @@ steps AS (
            now() + make_interval(secs => s.lease_until), s.wait_kind,
            now() + make_interval(secs => s.wake_at), s.wait_detail, s.output, s.error,
            now() + make_interval(secs => s.finished_at), s.fork_join_id, s.branch
-      FROM inserted i CROSS JOIN jsonb_to_recordset(%(new_steps)s) AS s(
+      FROM inserted i CROSS JOIN doc CROSS JOIN jsonb_to_recordset(doc.d->'new_steps') AS s(
            step_id text, iteration integer, type text, lane text, status text, owner text,
            attempt integer, release_count integer, series_offset integer,
            max_attempts integer, lease_until float8, wait_kind text, wake_at float8,
@@ -621,18 +624,19 @@ events AS (
     INSERT INTO workflows_runevent (org_id, run_id, kind, step_id, iteration, attempt, worker,
                                     detail, at)
     SELECT %(org)s, i.id, e.kind, e.step_id, e.iteration, e.attempt, e.worker, e.detail, now()
-      FROM inserted i CROSS JOIN ROWS FROM (jsonb_to_recordset(%(events)s) AS (kind text,
-           step_id text, iteration integer, attempt integer, worker text, detail jsonb))
+      FROM inserted i CROSS JOIN doc CROSS JOIN ROWS FROM (
+           jsonb_to_recordset(doc.d->'events') AS (kind text, step_id text, iteration integer,
+           attempt integer, worker text, detail jsonb))
            WITH ORDINALITY AS e(kind, step_id, iteration, attempt, worker, detail, n)
      ORDER BY e.n
 ),
 woken AS (
     INSERT INTO workflows_outbox (org_id, topic, payload, created_at)
     SELECT %(org)s, 'lane.wake', jsonb_build_object('lane', w.lane, 'run', i.id), now()
-      FROM inserted i CROSS JOIN unnest(%(lanes)s::text[]) AS w(lane)
+      FROM inserted i CROSS JOIN doc CROSS JOIN jsonb_array_elements_text(doc.d->'lanes') AS w(lane)
     RETURNING payload->>'lane' AS lane
 )
-SELECT target.automation_id, target.version_id, inserted.id, inserted.created_at,
+SELECT target.automation_id, target.version_id, inserted.id,
        -- As rows.wakes_statement: a lane with an idle worker listed is notified at commit.
        (SELECT count(pg_notify('{LANE_CHANNEL_PREFIX}' || idle.lane, '')) FROM (
             SELECT DISTINCT lane FROM workflows_idleworker
@@ -831,13 +835,20 @@ SETTLE_DONE_LOCKED = locked_run_then(SETTLE_DONE)
 SETTLE_FAILED_LOCKED = locked_run_then(SETTLE_FAILED)
 
 # A hop: a successful step's settle and its walk in one statement, when the run is still the
-# version of its row the walk started from (functions.SETTLE_HOP_V1, hops.py). The run's
-# values are UPDATE_RUN's parameters (Walk._update_run); the settled step's are step_*.
+# version of its row the walk started from (functions.SETTLE_HOP_V1, hops.py). %(hop)s is one
+# JSON object keyed by the function's parameter names, as each member of SETTLE_HOPS (a
+# missing key is SQL NULL): the run's values are UPDATE_RUN's parameters (Walk._update_run),
+# the settled step's are step_*. One document, encoded once: psycopg dumps a JSON parameter
+# in Python, and a hop has seven.
 SETTLE_HOP = """
-SELECT outcome, run_xmin, taken_id FROM waymark_settle_hop_v1(
-    %(id)s, %(seen)s::xid, %(step)s, %(attempt)s, %(step_output)s,
-    %(vars)s, %(outputs)s, %(entered)s, %(steps)s, %(status)s, %(output)s, %(error)s,
-    %(new_steps)s, %(events)s, %(worker)s, %(taken_step)s, %(taken_iteration)s)
+SELECT r.outcome, r.run_xmin, r.taken_id
+  FROM (SELECT %(hop)s::jsonb AS h) p,
+       waymark_settle_hop_v1(
+           (h->>'id')::bigint, (h->>'seen')::xid, (h->>'step')::bigint,
+           (h->>'attempt')::integer, h->'step_output', h->'vars', h->'outputs',
+           h->'entered', (h->>'steps')::integer, h->>'status', h->'output', h->>'error',
+           h->'new_steps', h->'events', h->>'worker', h->>'taken_step',
+           (h->>'taken_iteration')::integer) r
 """
 
 # Hops that finish together, as one statement (sql.functions.SETTLE_HOPS_V1): %(hops)s is a

@@ -81,7 +81,12 @@ def json_rows(columns: Sequence[str], rows: list[tuple]) -> Jsonb:
     """Rows as one JSON array of objects keyed by column name, for a server-side function
     (sql/functions.py): NOW is 0 and NowPlus(s) is s (the function adds now()), a Jsonb cell
     is its value."""
-    return Jsonb([dict(zip(columns, map(_json_cell, row), strict=True)) for row in rows])
+    return Jsonb(row_objects(columns, rows))
+
+
+def row_objects(columns: Sequence[str], rows: list[tuple]) -> list[dict[str, Any]]:
+    """The objects of json_rows, to go inside a larger JSON document."""
+    return [dict(zip(columns, map(_json_cell, row), strict=True)) for row in rows]
 
 
 def _json_cell(value: Any) -> Any:
