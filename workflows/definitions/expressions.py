@@ -673,18 +673,19 @@ def build_context(
     ``step_outputs`` maps step id -> that step's output; templates read it as
     ``steps.<id>.output``. Datetimes become ISO 8601 strings; other non-JSON values strings.
     """
-    return {
-        "input": _plain(run_input),
-        "vars": _plain(dict(variables or {})),
-        "steps": {
-            str(step_id): {"output": _plain(output)}
-            for step_id, output in (step_outputs or {}).items()
-        },
-        "run": {
-            "id": None if run_id is None else str(run_id),
-            "started_at": _plain(started_at),
-        },
-    }
+    # One copy of the whole (one JSON round trip), not one per part: a context is made for
+    # every step a worker runs.
+    context: dict[str, Any] = _plain(
+        {
+            "input": run_input,
+            "vars": dict(variables or {}),
+            "steps": {
+                str(step_id): {"output": output} for step_id, output in (step_outputs or {}).items()
+            },
+            "run": {"id": None if run_id is None else str(run_id), "started_at": started_at},
+        }
+    )
+    return context
 
 
 # The budget: imported last, since it imports this module (and is only used at call time).
