@@ -7,7 +7,7 @@ import threading
 from dataclasses import replace
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from workflows.engine.executors import StepResult
 from workflows.engine.group_settle import GroupSettler, _Member
@@ -102,6 +102,48 @@ def test_a_group_whose_statement_fails_writes_nothing_and_hands_every_member_bac
     # Its thread then settles it alone, as the worker does with what a group hands back.
     assert settler.settle(good, StepResult(output=1), None).ok
     assert Run.objects.get(pk=good.run_id).status == "succeeded"
+
+
+def run_table_scans() -> int:
+    """Sequential scans of workflows_run in this transaction so far."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'workflows_run'"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_a_group_finds_its_runs_by_key_however_many_runs_there_are(org) -> None:
+    """The group's lock reads its runs by primary key: with 3,000 other runs in the table,
+    settling a group scans none of them (v1 of the function was planned, at this size, as a
+    hash join over a sequential scan of the whole table, for every group)."""
+    automation_publish_definition(org=org, slug="io", definition=IO_DEFINITION)
+    ids = [
+        run_start(org=org, automation_slug="io", run_input={"n": n}, start_key=f"s{n}").run_id
+        for n in range(2)
+    ]
+    with connection.cursor() as cursor:  # other runs: as many as a busy table holds
+        cursor.execute(
+            """
+            INSERT INTO workflows_run (org_id, automation_id, version_id, start_key,
+                start_key_derived, input, input_digest, status, vars, outputs, entered, error,
+                steps_executed, max_steps, deadline_at)
+            SELECT org_id, automation_id, version_id, 'filler-' || n, false, '{}', '', 'succeeded',
+                   '{}', '{}', '{}', '', 0, max_steps, deadline_at
+              FROM workflows_run CROSS JOIN generate_series(1, 3000) n WHERE id = %s
+            """,
+            [ids[0]],
+        )
+        cursor.execute("ANALYZE workflows_run")
+    members = members_of(claim(policy=lane_policy("io"), worker="w", limit=2), [1, 2])
+    settler = GroupSettler("w")
+    with transaction.atomic():
+        before = run_table_scans()
+        settler._settle(members)
+        scans = run_table_scans() - before
+    assert [m.outcome is not None and m.outcome.ok for m in members] == [True, True]
+    assert settler.groups == 1
+    assert scans == 0
 
 
 def test_a_group_does_not_wait_for_a_run_another_transaction_holds(org) -> None:

@@ -155,3 +155,44 @@ $function$
 """
 
 DROP_SETTLE_HOPS_V1 = "DROP FUNCTION IF EXISTS waymark_settle_hops_v1(jsonb)"
+
+
+# As waymark_settle_hops_v1, but the runs are found by their primary key: v1's
+# `id IN (SELECT ... FROM jsonb_array_elements(p_hops))` was planned as a hash semi join over
+# a sequential scan of workflows_run, so a group's lock cost grew with every run in the table
+# (1.1 ms a group at 3,000 runs). `id = ANY(ARRAY(...))` is an index condition.
+SETTLE_HOPS_V2 = """
+CREATE OR REPLACE FUNCTION waymark_settle_hops_v2(p_hops jsonb)
+RETURNS TABLE (n integer, outcome text, run_xmin text, taken_id bigint)
+LANGUAGE plpgsql AS $function$
+DECLARE
+    h jsonb;
+    i integer := 0;
+    v_locked bigint[];
+BEGIN
+    SELECT coalesce(array_agg(locked.id), '{}') INTO v_locked
+      FROM (SELECT r.id FROM workflows_run r
+             WHERE r.id = ANY(ARRAY(SELECT (e->>'id')::bigint
+                                      FROM jsonb_array_elements(p_hops) e))
+             ORDER BY r.id
+               FOR NO KEY UPDATE SKIP LOCKED) locked;
+    FOR h IN SELECT value FROM jsonb_array_elements(p_hops) LOOP
+        i := i + 1;
+        IF NOT (h->>'id')::bigint = ANY(v_locked) THEN
+            RETURN QUERY SELECT i, 'busy'::text, NULL::text, NULL::bigint;
+            CONTINUE;
+        END IF;
+        RETURN QUERY
+        SELECT i, r.outcome, r.run_xmin, r.taken_id
+          FROM waymark_settle_hop_v1(
+               (h->>'id')::bigint, (h->>'seen')::xid, (h->>'step')::bigint,
+               (h->>'attempt')::integer, h->'step_output', h->'vars', h->'outputs',
+               h->'entered', (h->>'steps')::integer, h->>'status', h->'output', h->>'error',
+               h->'new_steps', h->'events', h->>'worker', h->>'taken_step',
+               (h->>'taken_iteration')::integer) r;
+    END LOOP;
+END
+$function$
+"""
+
+DROP_SETTLE_HOPS_V2 = "DROP FUNCTION IF EXISTS waymark_settle_hops_v2(jsonb)"
