@@ -45,12 +45,6 @@ class StartResult:
     start_key: str  # as given, or derived from the input
 
 
-def input_digest(run_input: Any, canonical: str | None = None) -> str:
-    """sha256 (hex) of the input's canonical JSON (``canonical``, when already made)."""
-    text = canonical_json(run_input) if canonical is None else canonical
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 MAX_INPUT_DEPTH = 32
 
 
@@ -127,9 +121,7 @@ def run_start(
     if start_key is not None:
         _check_start_key(start_key)
     quotas.check_running_runs(org)
-    start = _Start(
-        org, automation_slug, start_key, run_input, input_digest(run_input, canonical), canonical
-    )
+    start = _Start(org, automation_slug, start_key, run_input, canonical)
     result = _start_in_one_trip(start)
     if result is None:
         # One transaction for the lookup and the start: one commit per start, not two.
@@ -165,12 +157,17 @@ class _Start:
     slug: str
     start_key: str | None
     run_input: Any
-    digest: str
     canonical: str  # the input's canonical JSON (check_input made it)
 
     def key(self, target: _Target) -> str:
         """The start key: as given, or derived from the automation and the input's digest."""
         return self.start_key or f"{DERIVED_KEY_PREFIX}{target.automation_id}:{self.digest}"
+
+    @cached_property
+    def digest(self) -> str:
+        """sha256 (hex) of the input's canonical JSON: the derived start key, and what tells
+        a repeated start from a conflicting one."""
+        return hashlib.sha256(self.canonical.encode()).hexdigest()
 
     @cached_property
     def stored_input(self) -> Any:
