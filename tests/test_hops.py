@@ -59,14 +59,18 @@ def claim_of(run: Run, worker: str = "w") -> ClaimedStep:
     return step
 
 
-def hops_so_far() -> int:
-    """Calls of the hop's function in this transaction (a test's django_db transaction)."""
+def hops_so_far(function: str = "waymark_settle_hop_v1") -> int:
+    """Calls of the hop's function (or another) in this transaction (a test's django_db
+    transaction)."""
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL track_functions = 'pl'")
         cursor.execute(
-            "SELECT coalesce(pg_stat_get_xact_function_calls('waymark_settle_hop_v1'::regproc), 0)"
+            "SELECT coalesce(pg_stat_get_xact_function_calls(%s::regproc), 0)", [function]
         )
         return int(cursor.fetchone()[0])
+
+
+GROUP_FUNCTION = "waymark_settle_hops_v3"
 
 
 def history(run: Run) -> list[tuple]:
@@ -269,10 +273,12 @@ def test_a_worker_killed_as_it_hops_wrote_nothing_and_another_finishes_the_run(o
 # --- hops settled together (group_settle.py, hops.hops_together) ---------------------------
 
 
-def settle_together(steps: list[ClaimedStep], outputs: list[Any]) -> list[Settled]:
+def settle_together(
+    steps: list[ClaimedStep], outputs: list[Any], *, handed_back: int | None = None
+) -> list[Settled]:
     """The steps' successful results settled as one group, as a worker's leading step thread
     settles what is waiting; a member the group hands back is settled alone, as its own
-    thread would."""
+    thread would (``handed_back``: how many the group must hand back, when given)."""
     settler = GroupSettler("w")
     results = [
         StepResult(output=output, vars={"from_" + step.step_id: True})
@@ -285,6 +291,8 @@ def settle_together(steps: list[ClaimedStep], outputs: list[Any]) -> list[Settle
         members.append(_Member(step, planned, TAKE))
     settler._settle(members)
     assert settler.groups == 1
+    if handed_back is not None:
+        assert sum(member.outcome is None for member in members) == handed_back
     return [
         member.outcome or settle_and_take_next(member.step, result, worker="w", take=TAKE)
         for member, result in zip(members, results, strict=True)
@@ -311,14 +319,16 @@ def test_hops_settled_together_write_what_each_writes_alone(org) -> None:
         assert settled.next_step is not None
         settle_and_take_next(settled.next_step, StepResult(output="b's", vars={"from_b": True}),
                              worker="w", take=TAKE)  # fmt: skip
-    before = hops_so_far()
+    before, groups_before = hops_so_far(), hops_so_far(GROUP_FUNCTION)
 
-    firsts = settle_together([claim_of(run) for run in together], [{"n": 5}] * 3)
+    firsts = settle_together([claim_of(run) for run in together], [{"n": 5}] * 3, handed_back=0)
     seconds = [s.next_step for s in firsts]
     assert all(s is not None and s.step_id == "b" and s.run_seen for s in seconds)
-    ended = settle_together([s for s in seconds if s is not None], ["b's"] * 3)
+    ended = settle_together([s for s in seconds if s is not None], ["b's"] * 3, handed_back=0)
 
-    assert hops_so_far() - before == 6  # every settle was a hop
+    # Each group was one call of the group's function, and no member was settled alone.
+    assert hops_so_far(GROUP_FUNCTION) - groups_before == 2
+    assert hops_so_far() == before
     assert [s.ok for s in firsts + ended] == [True] * 6
     assert event_transactions(together, "step.succeeded", "a") == 1  # one statement each time
     assert event_transactions(together, "step.succeeded", "b") == 1
@@ -349,3 +359,53 @@ def test_in_a_group_a_fenced_hop_writes_nothing_and_a_changed_run_goes_the_slow_
     changed_run.refresh_from_db()
     assert changed_run.vars == {"meanwhile": 1, "seen": "5", "from_a": True}
     assert hopped.ok and hopped.next_step is not None and hopped.next_step.run_seen is not None
+
+
+def waiting_step(run: Run) -> Step:
+    """A step of another path of the run, waiting (a timer, say): live when the run ends."""
+    return Step.objects.create(
+        org_id=run.org_id, run=run, step_id="elsewhere", type="wait", lane="inline",
+        status="waiting", max_attempts=1, wait_kind="timer",
+        wake_at=timezone.now() + timedelta(hours=1),
+    )  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_group_that_ends_runs_cancels_their_live_steps_as_each_hop_alone_does(org) -> None:
+    alone = [start(org, f"alone{n}") for n in range(2)]
+    together = [start(org, f"together{n}") for n in range(2)]
+    for run in alone + together:
+        waiting_step(run)
+    for run in alone:
+        settle_all(run, hop=True)
+    groups_before = hops_so_far(GROUP_FUNCTION)
+
+    firsts = settle_together([claim_of(run) for run in together], [{"n": 5}] * 2, handed_back=0)
+    seconds = [s.next_step for s in firsts if s.next_step is not None]
+    settle_together(seconds, ["b's"] * 2, handed_back=0)
+
+    assert hops_so_far(GROUP_FUNCTION) - groups_before == 2
+    for one, other in zip(alone, together, strict=True):
+        assert run_row(other)[0] == "succeeded"
+        assert Step.objects.get(run=other, step_id="elsewhere").status == "cancelled"
+        assert step_rows(one) == step_rows(other)
+        assert history(one) == history(other)  # the cancellation before the run's end
+        assert ("step.cancelled", "elsewhere") in [(k, s) for k, s, *_ in history(other)]
+
+
+@pytest.mark.django_db
+def test_two_hops_of_one_run_in_a_group_settle_once_each_way(org) -> None:
+    """The group settles a run's first member only; another member of the same run (a
+    duplicate result here) is handed back and settled alone, from the run as it is now."""
+    run, other = start(org, "one"), start(org, "other")
+    step, other_step = claim_of(run), claim_of(other)
+
+    first, again, neighbour = settle_together([step, step, other_step], [{"n": 5}] * 3,
+                                              handed_back=1)  # fmt: skip
+
+    assert first.ok and first.next_step is not None and first.next_step.run_seen is not None
+    assert neighbour.ok and neighbour.next_step is not None
+    assert not again.ok and again.next_step is None  # alone: its attempt is settled already
+    kinds = [(kind, step_id) for kind, step_id, *_ in history(run)]
+    assert kinds.count(("step.succeeded", "a")) == 1
+    assert kinds.count(("step.claimed", "b")) == 1

@@ -851,8 +851,8 @@ SELECT r.outcome, r.run_xmin, r.taken_id
            (h->>'taken_iteration')::integer) r
 """
 
-# Hops that finish together, as one statement (sql.functions.SETTLE_HOPS_V2): %(hops)s is a
+# Hops that finish together, as one statement (sql.functions.SETTLE_HOPS_V3): %(hops)s is a
 # JSON array of SETTLE_HOP's parameters (hops.hops_together).
 SETTLE_HOPS = """
-SELECT n, outcome, run_xmin, taken_id FROM waymark_settle_hops_v2(%(hops)s) ORDER BY n
+SELECT n, outcome, run_xmin, taken_id FROM waymark_settle_hops_v3(%(hops)s) ORDER BY n
 """
