@@ -274,7 +274,11 @@ def test_a_worker_killed_as_it_hops_wrote_nothing_and_another_finishes_the_run(o
 
 
 def settle_together(
-    steps: list[ClaimedStep], outputs: list[Any], *, handed_back: int | None = None
+    steps: list[ClaimedStep],
+    outputs: list[Any],
+    *,
+    handed_back: int | None = None,
+    take: TakeNext = TAKE,
 ) -> list[Settled]:
     """The steps' successful results settled as one group, as a worker's leading step thread
     settles what is waiting; a member the group hands back is settled alone, as its own
@@ -286,15 +290,15 @@ def settle_together(
     ]
     members = []
     for step, result in zip(steps, results, strict=True):
-        planned = plan_hop(step, result, worker="w", take=TAKE)
+        planned = plan_hop(step, result, worker="w", take=take)
         assert planned is not None
-        members.append(_Member(step, planned, TAKE))
+        members.append(_Member(step, planned, take))
     settler._settle(members)
     assert settler.groups == 1
     if handed_back is not None:
         assert sum(member.outcome is None for member in members) == handed_back
     return [
-        member.outcome or settle_and_take_next(member.step, result, worker="w", take=TAKE)
+        member.outcome or settle_and_take_next(member.step, result, worker="w", take=take)
         for member, result in zip(members, results, strict=True)
     ]
 
@@ -409,3 +413,39 @@ def test_two_hops_of_one_run_in_a_group_settle_once_each_way(org) -> None:
     kinds = [(kind, step_id) for kind, step_id, *_ in history(run)]
     assert kinds.count(("step.succeeded", "a")) == 1
     assert kinds.count(("step.claimed", "b")) == 1
+
+
+@pytest.mark.django_db
+def test_a_group_that_ends_runs_claims_a_step_of_the_lane_for_each_in_its_transaction(org) -> None:
+    """As a run's last hop alone does (TakeNext.claim_lane): each member whose run the group
+    ends gets a ready step of the lane as its next step, claimed in the group's transaction,
+    and no more steps are claimed than such members."""
+    ending = [start(org, f"ending{n}") for n in range(2)]
+    last_steps = [claim_of(run) for run in ending]
+    waiting = [start(org, f"waiting{n}") for n in range(3)]
+    claiming = replace(TAKE, claim_lane=True)
+    groups_before = hops_so_far(GROUP_FUNCTION)
+
+    # n = 1: the walk goes from a straight to the end (HOPPING's branch).
+    settled = settle_together(last_steps, [{"n": 1}] * 2, handed_back=0, take=claiming)
+
+    assert hops_so_far(GROUP_FUNCTION) - groups_before == 1
+    assert [run_row(run)[0] for run in ending] == ["succeeded", "succeeded"]
+    nexts = [s.next_step for s in settled]
+    assert all(s.ok and s.from_lane for s in settled)
+    assert all(n is not None and n.step_id == "a" for n in nexts)
+    claimed_runs = {n.run_id for n in nexts if n is not None}
+    assert len(claimed_runs) == 2 and claimed_runs < {run.pk for run in waiting}
+    claimed = Step.objects.filter(run__in=waiting, status="running", owner="w")
+    assert sorted(claimed.values_list("run_id", flat=True)) == sorted(claimed_runs)
+    ready = Step.objects.filter(run__in=waiting, status="ready")
+    assert ready.count() == 1  # one step per ended run, no more
+    # One transaction: the runs' ends and the claims committed together.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(DISTINCT xmin::text) FROM workflows_runevent"
+            " WHERE (run_id = ANY(%s) AND kind = 'run.succeeded')"
+            " OR (run_id = ANY(%s) AND kind = 'step.claimed')",
+            [[run.pk for run in ending], list(claimed_runs)],
+        )
+        assert cursor.fetchone()[0] == 1

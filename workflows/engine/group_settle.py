@@ -19,8 +19,9 @@ the walk saw it; a hop whose run another transaction has locked (the group skips
 for it: one long-held lock must not hold up every step of the worker); every member, when
 the statement failed. A fenced-out member writes nothing, as its hop alone would not.
 
-In a group, a run's last hop claims no step of the lane with it (TakeNext.claim_lane): the
-worker's claim loop claims for the slots the group frees, in one claim.
+A run's last hop that claims a step of its lane with it (TakeNext.claim_lane) does so in a
+group too: the group claims, in its transaction, one step for each such hop it settled
+(hops.hops_together), and each goes to that hop's thread as its next step.
 """
 
 from __future__ import annotations
@@ -123,14 +124,15 @@ class GroupSettler:
             successor.wake.release()
 
     def _settle(self, group: list[_Member]) -> None:
-        """One statement for the group; each member's outcome, or None (settle it alone). A
-        group of one is a hop alone (a run's last one claims for its lane with it)."""
+        """One statement for the group (and, in its transaction, the claim for the runs it
+        ends); each member's outcome, or None (settle it alone). A group of one is a hop
+        alone (a run's last one claims for its lane with it)."""
         group = sorted(group, key=lambda m: (m.step.run_id, m.step.id))
         try:
             if len(group) == 1:
                 answers = [hop_planned(group[0].hop, group[0].take)]
             else:
-                answers = hops_together([member.hop for member in group])
+                answers = hops_together([member.hop for member in group], group[0].take)
         except Exception:
             logger.warning("a group of %s hops failed; settling each alone", len(group),
                            exc_info=True)  # fmt: skip

@@ -30,7 +30,7 @@ against five the slow way).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
@@ -42,7 +42,7 @@ from .definition_cache import definition_for
 from .executors import StepResult
 from .faults import crash_point
 from .speculative import NeedsDatabase, NoDatabase, refuse
-from .sql.rows import json_or_null, query_pipelined, query_prepared
+from .sql.rows import json_or_null, query_pipelined, query_prepared, run_batch
 from .walk import RunState, TakeNext, Walk
 
 if TYPE_CHECKING:
@@ -110,16 +110,42 @@ def hop_planned(planned: PlannedHop, take: TakeNext | None) -> Hop | None:
     return _answered(planned, answer)
 
 
-def hops_together(planned: list[PlannedHop]) -> list[Hop | None]:
+def hops_together(planned: list[PlannedHop], take: TakeNext | None = None) -> list[Hop | None]:
     """Several hops in one statement, one transaction (sql.SETTLE_HOPS), in run id order;
     each hop's answer as ``hop`` gives it, and None too for a hop whose run another
-    transaction held (it wrote nothing). A run's last hop claims no step of its lane here.
-    A statement that fails writes none of them."""
+    transaction held (it wrote nothing). A statement that fails writes none of them.
+
+    A run's last hop that asks to claim for its lane (PlannedHop.claims_lane) gets its claim
+    as it would alone (Hop.claimed), in the group's transaction: once the group has
+    answered, one claim (sql.CLAIM, with ``take``'s fairness) for as many steps as such hops
+    were settled, committed with the group in the same round trip. Otherwise each of those
+    slots would cost the worker's claim loop a claim and a commit of its own, and commits
+    are what a start waits behind (docs/operations.md)."""
     crash_point("settle.after_step_update")
-    hops = Jsonb([_as_json(each.params) for each in planned])
-    with connection.cursor() as cursor:
-        answers = query_prepared(cursor, sql.SETTLE_HOPS, {"hops": hops})
-    return [_answered(each, answer) for each, answer in zip(planned, answers, strict=True)]
+    hops = {"hops": Jsonb([_as_json(each.params) for each in planned])}
+    if take is None or not any(each.claims_lane for each in planned):
+        with connection.cursor() as cursor:  # in autocommit: a transaction of its own
+            answers = query_prepared(cursor, sql.SETTLE_HOPS, hops)
+        return [_answered(each, answer) for each, answer in zip(planned, answers, strict=True)]
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        (answers,) = query_pipelined(cursor, [(sql.SETTLE_HOPS, hops)])  # with its BEGIN
+        hopped = [_answered(each, answer) for each, answer in zip(planned, answers, strict=True)]
+        claiming = [
+            n for n, (each, hop) in enumerate(zip(planned, hopped, strict=True))
+            if each.claims_lane and hop is not None and hop.ok
+        ]  # fmt: skip
+        claimed: list[dict[str, Any]] = []
+        if claiming:
+            params = {**take.claim_params(), "n": len(claiming)}
+            # COMMIT in the same round trip, when this block is the outermost (not when a
+            # test's transaction holds it).
+            outermost = len(connection.atomic_blocks) == 1
+            _, claimed = run_batch(cursor, [], then=(sql.CLAIM, params), commit=outermost)
+    for n, row in zip(claiming, claimed, strict=False):  # fewer rows: nothing was ready
+        settled = hopped[n]
+        assert settled is not None
+        hopped[n] = replace(settled, claimed=row)
+    return hopped
 
 
 def _answered(planned: PlannedHop, answer: dict[str, Any]) -> Hop | None:
