@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from common import ROOT, THREE_IO, empty_run_tables, setup
+from common import ROOT, THREE_IO, empty_run_tables, setup, start_runs
 
 setup("waymark_bench")
 
@@ -38,7 +38,6 @@ from django.db import connection  # noqa: E402
 
 from workflows.models import Organisation  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
-from workflows.services.runs import run_start  # noqa: E402
 
 VALGRIND = shutil.which("valgrind") or "valgrind"
 SMALL_STARTS, LARGE_STARTS = 200, 1200
@@ -51,10 +50,9 @@ def organisation() -> Organisation:
     return org
 
 
-def start_runs(count: int, tag: str) -> None:
-    org = organisation()
-    for n in range(count):
-        run_start(org=org, automation_slug="three", run_input={"n": n}, start_key=f"{tag}-{n}")
+def start_three(count: int, tag: str) -> None:
+    """``count`` runs of the side-by-side shape, one after the other (one thread)."""
+    start_runs(organisation(), "three", count, tag, threads=1)
 
 
 def counted(command: list[str], *, until_done: bool = False) -> int:
@@ -95,7 +93,7 @@ def per_run() -> float:
     totals = []
     for count in (SMALL_RUNS, LARGE_RUNS):
         empty_run_tables()
-        start_runs(count, f"w{int(time.time())}")
+        start_three(count, f"w{int(time.time())}")
         worker = [sys.executable, "manage.py", "worker", "--lane", "io"]
         totals.append(counted(worker, until_done=True))
         with connection.cursor() as cursor:
@@ -113,8 +111,8 @@ def main() -> None:
     parser.add_argument("--tag", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.starts is not None:
-        start_runs(1, f"{args.tag}-warm")  # the automation remembered: the ordinary path
-        start_runs(args.starts, args.tag)
+        start_three(1, f"{args.tag}-warm")  # the automation remembered: the ordinary path
+        start_three(args.starts, args.tag)
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed: apt-get install valgrind")

@@ -42,7 +42,13 @@ from .definition_cache import definition_for
 from .executors import StepResult
 from .faults import crash_point
 from .speculative import NeedsDatabase, NoDatabase, refuse
-from .sql.rows import json_or_null, query_pipelined, query_prepared, run_batch
+from .sql.rows import (
+    in_outermost_block,
+    json_or_null,
+    query_pipelined,
+    query_prepared,
+    run_batch,
+)
 from .walk import RunState, TakeNext, Walk
 
 if TYPE_CHECKING:
@@ -126,26 +132,27 @@ def hops_together(planned: list[PlannedHop], take: TakeNext | None = None) -> li
     if take is None or not any(each.claims_lane for each in planned):
         with connection.cursor() as cursor:  # in autocommit: a transaction of its own
             answers = query_prepared(cursor, sql.SETTLE_HOPS, hops)
-        return [_answered(each, answer) for each, answer in zip(planned, answers, strict=True)]
+        return _all_answered(planned, answers)
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         (answers,) = query_pipelined(cursor, [(sql.SETTLE_HOPS, hops)])  # with its BEGIN
-        hopped = [_answered(each, answer) for each, answer in zip(planned, answers, strict=True)]
+        hopped = _all_answered(planned, answers)
         claiming = [
             n for n, (each, hop) in enumerate(zip(planned, hopped, strict=True))
             if each.claims_lane and hop is not None and hop.ok
         ]  # fmt: skip
         claimed: list[dict[str, Any]] = []
         if claiming:
-            params = {**take.claim_params(), "n": len(claiming)}
-            # COMMIT in the same round trip, when this block is the outermost (not when a
-            # test's transaction holds it).
-            outermost = len(connection.atomic_blocks) == 1
-            _, claimed = run_batch(cursor, [], then=(sql.CLAIM, params), commit=outermost)
+            claim = (sql.CLAIM, take.claim_params(len(claiming)))
+            _, claimed = run_batch(cursor, [], then=claim, commit=in_outermost_block())
     for n, row in zip(claiming, claimed, strict=False):  # fewer rows: nothing was ready
         settled = hopped[n]
         assert settled is not None
         hopped[n] = replace(settled, claimed=row)
     return hopped
+
+
+def _all_answered(planned: list[PlannedHop], answers: list[dict[str, Any]]) -> list[Hop | None]:
+    return [_answered(each, answer) for each, answer in zip(planned, answers, strict=True)]
 
 
 def _answered(planned: PlannedHop, answer: dict[str, Any]) -> Hop | None:

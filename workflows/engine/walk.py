@@ -92,9 +92,10 @@ class TakeNext:
     claim_lane: bool = False
     after_org: int = 0
 
-    def claim_params(self) -> dict[str, Any]:
-        """sql.CLAIM's parameters for the one step of the lane a settle claims (claim_lane)."""
-        return {"lane": self.lane, "n": 1, "worker": self.worker, "lease": self.lease_seconds,
+    def claim_params(self, n: int = 1) -> dict[str, Any]:
+        """sql.CLAIM's parameters for the steps of the lane a settle claims (claim_lane): one,
+        or one for each run's last hop a group settled."""
+        return {"lane": self.lane, "n": n, "worker": self.worker, "lease": self.lease_seconds,
                 "after_org": self.after_org}  # fmt: skip
 
 

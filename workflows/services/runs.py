@@ -19,7 +19,7 @@ from ..definitions.validator import canonical_json
 from ..engine import sql
 from ..engine.definition_cache import definition_for
 from ..engine.faults import crash_point
-from ..engine.sql.rows import fetch_dict, query_prepared
+from ..engine.sql.rows import fetch_dict, in_outermost_block, query_prepared
 from ..engine.starts import start_in_one_trip
 from ..engine.walk import RunState, Walk
 from ..errors import (
@@ -317,7 +317,7 @@ def _started(start: _Start, target: _Target, inserted: list[dict[str, Any]]) -> 
         walk = Walk(cursor, state, target.definition)
         walk.start()
         # The start's last writes: its COMMIT goes with them, one round trip for both, when
-        # run_start's block is the outermost (not when a test's transaction holds it).
-        walk.flush(commit=len(connection.atomic_blocks) == 1)
+        # run_start's block is the outermost.
+        walk.flush(commit=in_outermost_block())
     status = walk.finish[0] if walk.finish is not None else state.status
     return StartResult(run_id=run_id, created=True, status=status, start_key=key)

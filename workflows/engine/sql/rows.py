@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
-from django.db import models
+from django.db import connection, models
 from psycopg.types.json import Jsonb
 
 from ..plans import refresh_plans_when_due
@@ -130,6 +130,12 @@ def insert_statement(table: str, columns: Sequence[str], rows: list[tuple]) -> S
         groups.append(f"({', '.join(cells)})")
     sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join(groups)}"  # noqa: S608
     return sql, params
+
+
+def in_outermost_block() -> bool:
+    """Whether the caller's atomic block is the outermost one: only then may its COMMIT go
+    with its last writes (run_batch's ``commit``), not when a test's transaction holds it."""
+    return len(connection.atomic_blocks) == 1
 
 
 def run_batch(
