@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/starts.py [--runs 4000] [--threads 8] [--ordinary]
 
 Each start is `run_start` (the run, its first step, its events and its wake-up, one
-transaction) with its own start key. Prints starts/s, commits per start and this process's
-CPU per start; asserts nothing, but exits non-zero when a start did not create its run.
+transaction) with its own start key. Prints starts/s, commits per start, and the CPU per start
+of this process and of the database server (when it runs on this machine); asserts nothing,
+but exits non-zero when a start did not create its run.
 --ordinary: never the one-statement start (engine/starts.py), to compare the two.
 """
 
@@ -14,7 +15,7 @@ import argparse
 import threading
 import time
 
-from common import THREE_IO, commits, setup
+from common import THREE_IO, commits, database_cpu_seconds, setup
 
 setup("waymark_bench_starts")
 
@@ -54,15 +55,19 @@ def main() -> None:
         thread.start()
     before = commits()
     barrier.wait()
-    began, cpu = time.monotonic(), time.process_time()
+    began, cpu, server = time.monotonic(), time.process_time(), database_cpu_seconds()
     for thread in threads:
         thread.join()
     elapsed, cpu = time.monotonic() - began, time.process_time() - cpu
+    server_after = database_cpu_seconds()
     spent = commits() - before
     print(f"starts: {args.runs} in {elapsed:.2f}s with {args.threads} threads")
     print(f"starts/s: {args.runs / elapsed:.0f}")
     print(f"commits per start: {spent / args.runs:.2f}")
     print(f"CPU per start (this process): {cpu / args.runs * 1e6:.0f} us")
+    if server is not None and server_after is not None:
+        server_us = (server_after - server) / args.runs * 1e6
+        print(f"CPU per start (database server): {server_us:.0f} us")
     if failures:
         raise SystemExit(f"{len(failures)} starts did not create their run")
 

@@ -174,15 +174,16 @@ ONE = {
 PLANNED = 8  # past the five custom plans after which PostgreSQL may settle on a generic one
 CLAIM_PLANS = """
 SELECT coalesce(sum(generic_plans), 0) AS generic, coalesce(sum(custom_plans), 0) AS custom
-  FROM pg_prepared_statements WHERE statement LIKE '%%WITH RECURSIVE ahead%%'
+  FROM pg_prepared_statements WHERE statement LIKE '%%ahead(org_id, depth) AS%%'
 """
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_workers_connections_plan_the_claim_once(org) -> None:
-    """Both connections a worker claims on, its claim loop's and a settling thread's (whose
-    settle claims the lane's next step when its run ends), run the claim on a generic plan:
-    planned once per connection, not on every call (sql.GENERIC_PLANS)."""
+    """Both connections a worker claims on, its claim loop's (sql.CLAIM) and a settling
+    thread's (whose settle claims the lane's next step when its run ends: sql.
+    CLAIM_AFTER_HOPS), run the claim on a generic plan: planned once per connection, not on
+    every call (sql.GENERIC_PLANS)."""
     automation_publish_definition(org=org, slug="one", definition=ONE)
     for n in range(2 * PLANNED):
         run_start(org=org, automation_slug="one", run_input={}, start_key=f"k{n}")

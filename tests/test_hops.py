@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from workflows.engine.executors import StepResult
 from workflows.engine.group_settle import GroupSettler, _Member
-from workflows.engine.hops import plan_hop
+from workflows.engine.hops import hop, plan_hop
 from workflows.engine.lanes import lane_policy
 from workflows.engine.steps import ClaimedStep, Settled, claim, claim_suspect, settle_and_take_next
 from workflows.engine.transport import own_connection
@@ -363,6 +363,63 @@ def test_in_a_group_a_fenced_hop_writes_nothing_and_a_changed_run_goes_the_slow_
     changed_run.refresh_from_db()
     assert changed_run.vars == {"meanwhile": 1, "seen": "5", "from_a": True}
     assert hopped.ok and hopped.next_step is not None and hopped.next_step.run_seen is not None
+
+
+def claimed_in(runs: list[Run]) -> list[Step]:
+    return list(Step.objects.filter(run__in=runs, status="running", owner="w"))
+
+
+@pytest.mark.django_db(transaction=True)  # the engine's own transactions, as in a worker
+def test_a_group_claims_for_the_runs_it_ended_only_in_its_own_round_trip(org) -> None:
+    """The group's claim goes with its statement, before their answers (sql.CLAIM_AFTER_HOPS,
+    rows.transaction_pipelined): it claims one step for each run's last hop that wrote, none
+    for one that was fenced out, and commits with the group, in one transaction."""
+    ending = [start(org, f"ending{n}") for n in range(3)]
+    last_steps = [claim_of(run) for run in ending]
+    waiting = [start(org, f"waiting{n}") for n in range(4)]
+    # The third run's step is taken over by another worker (its lease lapsed): fenced.
+    Step.objects.filter(pk=last_steps[2].id).update(lease_until=timezone.now())
+    assert claim_suspect(policy=IO, worker="w2") is not None
+
+    settled = settle_together(last_steps, [{"n": 1}] * 3, handed_back=0,
+                              take=replace(TAKE, claim_lane=True))  # fmt: skip
+
+    assert [s.ok for s in settled] == [True, True, False]
+    assert settled[2].next_step is None
+    nexts = [s.next_step for s in settled[:2]]
+    assert all(n is not None and n.step_id == "a" for n in nexts)
+    claimed = claimed_in(waiting)
+    assert sorted(step.pk for step in claimed) == sorted(n.id for n in nexts if n is not None)
+    assert Step.objects.filter(run__in=waiting, status="ready").count() == 2  # two, no more
+    assert [run_row(run)[0] for run in ending] == ["succeeded", "succeeded", "running"]
+    with connection.cursor() as cursor:  # the runs' ends and the claims: one transaction
+        cursor.execute(
+            "SELECT count(DISTINCT xmin::text) FROM workflows_runevent"
+            " WHERE (run_id = ANY(%s) AND kind = 'run.succeeded')"
+            " OR (run_id = ANY(%s) AND kind = 'step.claimed')",
+            [[run.pk for run in ending], [run.pk for run in waiting]],
+        )
+        assert cursor.fetchone()[0] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_runs_last_hop_alone_claims_only_when_it_wrote(org) -> None:
+    """Alone, a run's last hop and its claim go in one round trip too: when the run changed
+    since the walk's view of it, the hop writes nothing and the claim takes nothing."""
+    claiming = replace(TAKE, claim_lane=True)
+    changed, ending = start(org, "changed"), start(org, "ending")
+    waiting = [start(org, f"waiting{n}") for n in range(2)]
+    stale, step = claim_of(changed), claim_of(ending)
+    Run.objects.filter(pk=changed.pk).update(vars={"meanwhile": 1})
+
+    assert hop(stale, StepResult(output={"n": 1}), worker="w", take=claiming) is None
+    assert claimed_in(waiting) == []
+    assert not RunEvent.objects.filter(run__in=waiting, kind="step.claimed").exists()
+
+    hopped = hop(step, StepResult(output={"n": 1}), worker="w", take=claiming)
+    assert hopped is not None and hopped.ok and hopped.claimed is not None
+    assert [s.pk for s in claimed_in(waiting)] == [hopped.claimed["id"]]
+    assert run_row(ending)[0] == "succeeded"
 
 
 def waiting_step(run: Run) -> Step:

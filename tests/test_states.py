@@ -40,6 +40,9 @@ STEP_CHANGES = [
     (sql.CLAIM, StepStatus.RUNNING, CLAIM_GUARD),
     (sql.CLAIM, StepStatus.WAITING, CLAIM_GUARD),  # run paused
     (sql.CLAIM, StepStatus.CANCELLED, CLAIM_GUARD),  # run ended
+    (sql.CLAIM_AFTER_HOPS, StepStatus.RUNNING, CLAIM_GUARD),
+    (sql.CLAIM_AFTER_HOPS, StepStatus.WAITING, CLAIM_GUARD),
+    (sql.CLAIM_AFTER_HOPS, StepStatus.CANCELLED, CLAIM_GUARD),
     (sql.CLAIM_SUSPECT, StepStatus.RUNNING, CLAIM_GUARD),
     (sql.CLAIM_SUSPECT, StepStatus.WAITING, CLAIM_GUARD),
     (sql.CLAIM_SUSPECT, StepStatus.CANCELLED, CLAIM_GUARD),

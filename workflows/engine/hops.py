@@ -22,9 +22,10 @@ max age. Hops that finish together in one worker go as one statement (hops_toget
 group_settle.py).
 
 A run's last settle, when the worker asked to claim another step of its lane with it
-(TakeNext.claim_lane), must commit that claim with the settle: that hop and the claim go in
-one round trip, in a transaction committed only when the hop wrote (two round trips in all,
-against five the slow way).
+(TakeNext.claim_lane), must commit that claim with the settle, and only when the hop wrote:
+BEGIN, that hop, the claim and COMMIT go in one round trip (rows.transaction_pipelined; five
+the slow way). The claim goes before the hop's answer is known, so it is the claim that
+finds out whether the hop wrote (sql.CLAIM_AFTER_HOPS).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from django.db import connection, transaction
+from django.db import connection
 from psycopg.types.json import Jsonb
 
 from ..states import RunStatus
@@ -42,13 +43,7 @@ from .definition_cache import definition_for
 from .executors import StepResult
 from .faults import crash_point
 from .speculative import NeedsDatabase, NoDatabase, refuse
-from .sql.rows import (
-    in_outermost_block,
-    json_or_null,
-    query_pipelined,
-    query_prepared,
-    run_batch,
-)
+from .sql.rows import json_or_null, query_prepared, transaction_pipelined
 from .walk import RunState, TakeNext, Walk
 
 if TYPE_CHECKING:
@@ -108,7 +103,7 @@ def hop_planned(planned: PlannedHop, take: TakeNext | None) -> Hop | None:
     crash_point("settle.after_step_update")
     if planned.claims_lane:
         assert take is not None
-        return _hop_and_claim(planned.walk, planned.params, take)
+        return _hop_and_claim(planned, take)
     # In autocommit, as every settle is called (the slow one opens a durable transaction),
     # the statement is a transaction of its own.
     with connection.cursor() as cursor:
@@ -122,29 +117,26 @@ def hops_together(planned: list[PlannedHop], take: TakeNext | None = None) -> li
     transaction held (it wrote nothing). A statement that fails writes none of them.
 
     A run's last hop that asks to claim for its lane (PlannedHop.claims_lane) gets its claim
-    as it would alone (Hop.claimed), in the group's transaction: once the group has
-    answered, one claim (sql.CLAIM, with ``take``'s fairness) for as many steps as such hops
-    were settled, committed with the group in the same round trip. Otherwise each of those
-    slots would cost the worker's claim loop a claim and a commit of its own, and commits
-    are what a start waits behind (docs/operations.md)."""
+    as it would alone (Hop.claimed), in the group's transaction: one claim (sql.
+    CLAIM_AFTER_HOPS, with ``take``'s fairness) for as many steps as such hops wrote, sent
+    with the group's statement and committed with it, in one round trip. Otherwise each of
+    those slots would cost the worker's claim loop a claim and a commit of its own, and
+    commits are what a start waits behind (docs/operations.md)."""
     crash_point("settle.after_step_update")
     hops = {"hops": Jsonb([_as_json(each.params) for each in planned])}
-    if take is None or not any(each.claims_lane for each in planned):
+    claiming = [n for n, each in enumerate(planned) if each.claims_lane]
+    if take is None or not claiming:
         with connection.cursor() as cursor:  # in autocommit: a transaction of its own
             answers = query_prepared(cursor, sql.SETTLE_HOPS, hops)
         return _all_answered(planned, answers)
-    with transaction.atomic(durable=True), connection.cursor() as cursor:
-        (answers,) = query_pipelined(cursor, [(sql.SETTLE_HOPS, hops)])  # with its BEGIN
-        hopped = _all_answered(planned, answers)
-        claiming = [
-            n for n, (each, hop) in enumerate(zip(planned, hopped, strict=True))
-            if each.claims_lane and hop is not None and hop.ok
-        ]  # fmt: skip
-        claimed: list[dict[str, Any]] = []
-        if claiming:
-            claim = (sql.CLAIM, take.claim_params(len(claiming)))
-            _, claimed = run_batch(cursor, [], then=claim, commit=in_outermost_block())
-    for n, row in zip(claiming, claimed, strict=False):  # fewer rows: nothing was ready
+    claim = take.claim_after_hops_params([planned[n].params["step"] for n in claiming])
+    with connection.cursor() as cursor:
+        answers, claimed = transaction_pipelined(
+            cursor, [(sql.SETTLE_HOPS, hops), (sql.CLAIM_AFTER_HOPS, claim)]
+        )
+    hopped = _all_answered(planned, answers)
+    takers = [n for n in claiming if (each := hopped[n]) is not None and each.ok]
+    for n, row in zip(takers, claimed, strict=False):  # fewer rows: nothing more was ready
         settled = hopped[n]
         assert settled is not None
         hopped[n] = replace(settled, claimed=row)
@@ -179,23 +171,18 @@ def _as_json(params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class _Undone(Exception):
-    """The hop wrote nothing: its transaction (and the claim in it) is rolled back."""
-
-
-def _hop_and_claim(walk: Walk, params: dict[str, Any], take: TakeNext) -> Hop | None:
-    """The run's last hop and the lane's claim (sql.CLAIM, as steps._claim_for) in one
-    round trip, committed together only when the hop wrote."""
-    try:
-        with transaction.atomic(durable=True), connection.cursor() as cursor:
-            (answer,), claimed = query_pipelined(
-                cursor, [(sql.SETTLE_HOP, _one_hop(params)), (sql.CLAIM, take.claim_params())]
-            )
-            if answer["outcome"] != "settled":
-                raise _Undone(answer["outcome"])
-    except _Undone as undone:
-        return Hop(False, walk) if undone.args[0] == "fenced" else None
-    return Hop(True, walk, claimed=claimed[0] if claimed else None)
+def _hop_and_claim(planned: PlannedHop, take: TakeNext) -> Hop | None:
+    """The run's last hop and the lane's claim (sql.CLAIM_AFTER_HOPS: none when the hop wrote
+    nothing) as one transaction, in one round trip."""
+    claim = take.claim_after_hops_params([planned.params["step"]])
+    with connection.cursor() as cursor:
+        (answer,), claimed = transaction_pipelined(
+            cursor, [(sql.SETTLE_HOP, _one_hop(planned.params)), (sql.CLAIM_AFTER_HOPS, claim)]
+        )
+    hopped = _answered(planned, answer)
+    if hopped is None or not hopped.ok or not claimed:
+        return hopped
+    return replace(hopped, claimed=claimed[0])
 
 
 def _speculative_walk(

@@ -98,6 +98,11 @@ class TakeNext:
         return {"lane": self.lane, "n": n, "worker": self.worker, "lease": self.lease_seconds,
                 "after_org": self.after_org}  # fmt: skip
 
+    def claim_after_hops_params(self, hopped: list[int]) -> dict[str, Any]:
+        """sql.CLAIM_AFTER_HOPS's parameters: a step of the lane for each step in ``hopped``
+        (the ids of the steps of hops that end their runs) that its hop settled."""
+        return {**self.claim_params(), "hopped": hopped}
+
 
 @dataclass(frozen=True)
 class Taken:

@@ -154,6 +154,21 @@ picked AS (
 )
 CLAIM = _compact(CLAIM)
 
+# CLAIM, sent with hops that end runs (hops.hops_together, hops._hop_and_claim) in their
+# transaction and their round trip, before their answers are known: one step for each of the
+# hops' steps in %(hopped)s that this transaction wrote (its row's xmin is this transaction's:
+# the hop settled it), none for a hop that wrote nothing (fenced, its run changed or held).
+# So the claim commits only with a hop that wrote, as when it waited for the hop's answer, a
+# round trip later. pg_current_xact_id_if_assigned: a transaction that wrote nothing has no
+# id yet, and then claims nothing.
+CLAIM_AFTER_HOPS = CLAIM.replace(
+    "WITH RECURSIVE ahead(",
+    "WITH RECURSIVE wanted(n) AS (SELECT count(*)::int FROM workflows_step"
+    " WHERE id = ANY(%(hopped)s::bigint[]) AND xmin = pg_current_xact_id_if_assigned()::xid),\n"
+    "ahead(",
+    1,
+).replace("%(n)s", "(SELECT n FROM wanted)")
+
 
 # Set on every connection that claims (a worker's: its claim loop's, steps.PreparedClaims, and its
 # settling threads', steps.plan_claims_generically_from_now_on), before its first claim. Under the

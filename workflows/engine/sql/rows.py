@@ -7,7 +7,7 @@ positionally: adding a column to a statement cannot shift another field.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -171,13 +171,47 @@ def query_pipelined(cursor: Any, statements: list[Statement]) -> list[list[dict[
         return [fetch_dicts(each) if has_rows(each) else [] for each in cursors]
 
 
+def transaction_pipelined(cursor: Any, statements: list[Statement]) -> list[list[dict[str, Any]]]:
+    """Several queries as one transaction in one round trip: BEGIN, each statement (server-side
+    prepared), COMMIT, in one pipeline; the rows of each, by column name. Committed when this
+    returns. Inside the caller's atomic block (a test's transaction) they are only pipelined,
+    in that transaction.
+
+    Not in Django's atomic block: there psycopg begins the transaction with a BEGIN it waits
+    for, a round trip of its own even in a pipeline, and the COMMIT is another; with a
+    group's statement in between, three trips where one does. A statement that fails makes
+    the server skip the rest, the COMMIT too (a pipeline stops at its first error): this rolls
+    the transaction back and raises, and nothing was written."""
+    if connection.in_atomic_block:
+        return query_pipelined(cursor, statements)
+    conn = _psycopg_connection(cursor)
+    if not conn.autocommit:  # Django's connection outside an atomic block always is
+        raise RuntimeError("transaction_pipelined needs a connection in autocommit")
+    try:
+        with _pipelined(cursor, statements, begin=True, commit=True) as cursors:
+            return [fetch_dicts(each) if has_rows(each) else [] for each in cursors]
+    except BaseException:
+        _roll_back(conn)
+        raise
+
+
+def _roll_back(conn: psycopg.Connection[Any]) -> None:
+    """End a transaction a failed pipeline left open (BEGIN ran, COMMIT was skipped); a
+    broken connection has none left to end (the caller closes it)."""
+    if conn.closed or conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        return
+    with suppress(psycopg.Error):  # it broke meanwhile: the server ends the transaction with it
+        conn.execute("ROLLBACK")
+
+
 @contextmanager
 def _pipelined(
-    cursor: Any, statements: list[Statement], *, commit: bool = False
+    cursor: Any, statements: list[Statement], *, begin: bool = False, commit: bool = False
 ) -> Iterator[list[psycopg.Cursor[Any]]]:
     """The statements sent in one pipeline on the connection behind ``cursor``, each
     prepared; their cursors, closed when the block ends.
 
+    ``begin``: BEGIN first, in the same pipeline (see transaction_pipelined).
     ``commit``: then COMMIT, in the same pipeline. The caller's transaction is committed when
     this returns; if a statement failed, the server skipped the COMMIT (a pipeline stops at
     its first error), this raises and the caller's atomic block rolls back as usual. Only
@@ -187,6 +221,8 @@ def _pipelined(
     with _database_errors(cursor):
         refresh_plans_when_due(conn)
     with _database_errors(cursor), conn.pipeline():
+        if begin:
+            psycopg.Cursor(conn).execute("BEGIN")
         cursors = [_execute_prepared(conn, sql, params) for sql, params in statements]
         if commit:
             psycopg.Cursor(conn).execute("COMMIT")
