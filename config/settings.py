@@ -396,6 +396,10 @@ WAYMARK = {
     # the drained and end-to-end rates by 35-45 % (benchmarks/throughput.py). A lone result
     # settles at once in its own thread: an idle engine pays nothing for it.
     "GROUP_SETTLES": env.bool("WAYMARK_GROUP_SETTLES", default=True),
+    # How much lower than its parent's a worker process's CPU priority is (os.nice): the
+    # processes that take requests and start runs come first when the machine's cores are
+    # all busy, and the engine, whose group settles grow as it falls behind, catches up.
+    "WORKER_NICE": env.int("WAYMARK_WORKER_NICE", default=10),
     # Groups one worker settles at once (each led by one of its step threads).
     "GROUP_SETTLERS": env.int("WAYMARK_GROUP_SETTLERS", default=2),
     # The most settles one group commits together.

@@ -7,6 +7,7 @@ the tests run quickly; every wait is bounded.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -298,3 +299,19 @@ def test_an_attempt_past_its_timeout_is_stopped_and_retried(org, procs) -> None:
     retries = kinds(run_id, "step.retry_scheduled")
     errors = [(e.attempt, (e.detail or {}).get("error")) for e in retries]
     assert errors == [(1, "timed out after 1.5 s")]
+
+
+def test_a_worker_process_yields_the_cpu_to_the_processes_that_start_runs(org, procs) -> None:
+    """WAYMARK_WORKER_NICE (default 10): a worker runs at a lower CPU priority than its
+    parent (runengine, or here this test), so on busy cores the web and API processes that
+    start runs come first (docs/operations.md, "Speed, side by side"); 0 leaves it as is."""
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    default, level = spawn_worker(), spawn_worker(WAYMARK_WORKER_NICE="0")
+    procs.extend([default, level])
+    for worker in (default, level):  # listed idle: past its start-up, nice already applied
+        wait_for(
+            lambda w=worker: IdleWorker.objects.filter(worker__contains=f":{w.pid}:").exists(),
+            what=f"worker {worker.pid} listed idle",
+        )
+    assert os.getpriority(os.PRIO_PROCESS, default.pid) == min(ours + 10, 19)
+    assert os.getpriority(os.PRIO_PROCESS, level.pid) == ours

@@ -1,6 +1,8 @@
+import os
 import sys
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from workflows.engine.lanes import WORKER_LANES, lane_policy
@@ -24,6 +26,8 @@ class Command(BaseCommand):
                suspects_only: bool, **options: Any) -> None:  # fmt: skip
         if concurrency is not None and concurrency < 1:
             raise CommandError("invalid_concurrency: --concurrency must be at least 1")
+        if settings.WAYMARK["WORKER_NICE"]:
+            os.nice(settings.WAYMARK["WORKER_NICE"])
         worker = Worker(
             lane_policy(lane), concurrency=concurrency, grace_seconds=grace,
             suspects_only=suspects_only,
