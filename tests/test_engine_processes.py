@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 
 import pytest
 from django.db import connection
@@ -301,6 +302,10 @@ def test_an_attempt_past_its_timeout_is_stopped_and_retried(org, procs) -> None:
     assert errors == [(1, "timed out after 1.5 s")]
 
 
+def listed_idle(pid: int) -> bool:
+    return IdleWorker.objects.filter(worker__contains=f":{pid}:").exists()
+
+
 def test_a_worker_process_yields_the_cpu_to_the_processes_that_start_runs(org, procs) -> None:
     """WAYMARK_WORKER_NICE (default 10): a worker runs at a lower CPU priority than its
     parent (runengine, or here this test), so on busy cores the web and API processes that
@@ -309,9 +314,6 @@ def test_a_worker_process_yields_the_cpu_to_the_processes_that_start_runs(org, p
     default, level = spawn_worker(), spawn_worker(WAYMARK_WORKER_NICE="0")
     procs.extend([default, level])
     for worker in (default, level):  # listed idle: past its start-up, nice already applied
-        wait_for(
-            lambda w=worker: IdleWorker.objects.filter(worker__contains=f":{w.pid}:").exists(),
-            what=f"worker {worker.pid} listed idle",
-        )
+        wait_for(partial(listed_idle, worker.pid), what=f"worker {worker.pid} listed idle")
     assert os.getpriority(os.PRIO_PROCESS, default.pid) == min(ours + 10, 19)
     assert os.getpriority(os.PRIO_PROCESS, level.pid) == ours
