@@ -92,16 +92,19 @@ class TakeNext:
     claim_lane: bool = False
     after_org: int = 0
 
-    def claim_params(self, n: int = 1) -> dict[str, Any]:
-        """sql.CLAIM's parameters for the steps of the lane a settle claims (claim_lane): one,
-        or one for each run's last hop a group settled."""
-        return {"lane": self.lane, "n": n, "worker": self.worker, "lease": self.lease_seconds,
-                "after_org": self.after_org}  # fmt: skip
+    def claim_params(self) -> dict[str, Any]:
+        """sql.CLAIM's parameters for the one step of the lane a settle claims (claim_lane)."""
+        return {**self._claimer(), "n": 1}
 
     def claim_after_hops_params(self, hopped: list[int]) -> dict[str, Any]:
         """sql.CLAIM_AFTER_HOPS's parameters: a step of the lane for each step in ``hopped``
         (the ids of the steps of hops that end their runs) that its hop settled."""
-        return {**self.claim_params(), "hopped": hopped}
+        return {**self._claimer(), "hopped": hopped}
+
+    def _claimer(self) -> dict[str, Any]:
+        """Who claims, for how long, and where its fair claim goes on from: both claims'."""
+        return {"lane": self.lane, "worker": self.worker, "lease": self.lease_seconds,
+                "after_org": self.after_org}  # fmt: skip
 
 
 @dataclass(frozen=True)
