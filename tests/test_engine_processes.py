@@ -317,3 +317,37 @@ def test_a_worker_process_yields_the_cpu_to_the_processes_that_start_runs(org, p
         wait_for(partial(listed_idle, worker.pid), what=f"worker {worker.pid} listed idle")
     assert os.getpriority(os.PRIO_PROCESS, default.pid) == min(ours + 10, 19)
     assert os.getpriority(os.PRIO_PROCESS, level.pid) == ours
+
+
+def without_the_right_to_raise_priority() -> None:
+    """In the child before exec: no CAP_SYS_NICE after exec (dropped from the bounding set,
+    which root may do; others never had it) and no RLIMIT_NICE head-room, as for an ordinary
+    user."""
+    import ctypes
+    import resource
+
+    pr_capbset_drop, cap_sys_nice = 24, 23
+    ctypes.CDLL(None, use_errno=True).prctl(pr_capbset_drop, cap_sys_nice, 0, 0, 0)
+    resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
+
+
+def test_a_negative_worker_nice_that_may_not_be_applied_stops_the_worker_with_a_clear_error(
+    org,
+) -> None:
+    """Raising a worker's priority needs root or CAP_SYS_NICE. Without them the worker says
+    so with a stable code and exits with EXIT_CONFIG (78), so runengine's supervisor stops
+    with the reason instead of restarting a worker that can never start."""
+    from workflows.engine.supervisor import EXIT_CONFIG
+
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "worker", "--lane", "io"],
+        cwd=ROOT,
+        env=engine_env(WAYMARK_WORKER_NICE="-5"),
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=without_the_right_to_raise_priority,
+    )
+    _, err = worker.communicate(timeout=60)
+    assert worker.returncode == EXIT_CONFIG, err
+    assert "invalid_worker_nice: WAYMARK_WORKER_NICE=-5" in err
+    assert "Traceback" not in err

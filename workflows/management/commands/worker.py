@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from workflows.engine.lanes import WORKER_LANES, lane_policy
+from workflows.engine.supervisor import EXIT_CONFIG
 from workflows.engine.worker import EXIT_REPLACE_ME, Worker
 
 
@@ -26,8 +27,7 @@ class Command(BaseCommand):
                suspects_only: bool, **options: Any) -> None:  # fmt: skip
         if concurrency is not None and concurrency < 1:
             raise CommandError("invalid_concurrency: --concurrency must be at least 1")
-        if settings.WAYMARK["WORKER_NICE"]:
-            os.nice(settings.WAYMARK["WORKER_NICE"])
+        lower_priority(settings.WAYMARK["WORKER_NICE"])
         worker = Worker(
             lane_policy(lane), concurrency=concurrency, grace_seconds=grace,
             suspects_only=suspects_only,
@@ -37,3 +37,20 @@ class Command(BaseCommand):
             # Hung executors cannot be stopped, only left behind: exit so the supervisor
             # (runengine, or systemd and the like) starts a fresh process with every slot.
             sys.exit(EXIT_REPLACE_ME)
+
+
+def lower_priority(nice: int) -> None:
+    """Lower this process's CPU priority by ``nice`` (WAYMARK_WORKER_NICE). A negative value
+    raises it, which needs root or CAP_SYS_NICE: refused, the worker exits with EXIT_CONFIG,
+    so runengine stops with the reason instead of restarting a worker that cannot start."""
+    if not nice:
+        return
+    try:
+        os.nice(nice)
+    except PermissionError:
+        sys.stderr.write(
+            f"invalid_worker_nice: WAYMARK_WORKER_NICE={nice} would raise the worker's CPU "
+            "priority, which this user may not do (it needs root or CAP_SYS_NICE); "
+            "set it to 0 or more\n"
+        )
+        sys.exit(EXIT_CONFIG)
