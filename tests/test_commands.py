@@ -112,3 +112,34 @@ def test_bootstrap_demo_replaces_a_revoked_key(settings, tmp_path: Path) -> None
     second = bootstrap_demo()
     assert second.api_key is not None and second.api_key != first.api_key
     assert api_key_authenticate(second.api_key).org.slug == DEMO_ORG
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("run_input", "message", "vip"),
+    [
+        ({"name": "Ada", "tier": "gold"}, "Hello Ada", True),
+        ({"name": "Sam", "tier": "silver"}, "Hello Sam", False),
+        # What docs/api.md's examples send: neither field. A new user's first call must not
+        # end in a failed run with undefined_value.
+        ({"email": "ada@example.com"}, "Hello there", False),
+        ({}, "Hello there", False),
+    ],
+)
+def test_the_demo_automation_succeeds_with_or_without_its_optional_input(
+    settings, tmp_path: Path, run_input: dict, message: str, vip: bool
+) -> None:
+    from workflows.models import Run, Step
+    from workflows.services.runs import run_start
+
+    from .effect_setup import drive
+
+    settings.DATA_DIR = tmp_path
+    bootstrap_demo()
+    org = Organisation.objects.get(slug=DEMO_ORG)
+    run_id = run_start(org=org, automation_slug="follow-up", run_input=run_input).run_id
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.error) == ("succeeded", "")
+    assert run.output == {"message": message}
+    assert Step.objects.filter(run_id=run_id, step_id="vip_note").exists() is vip
