@@ -7,9 +7,19 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(sys.argv)
+    try:
+        execute_from_command_line(sys.argv)
+    except ImproperlyConfigured as error:
+        # A setting the operator gave that cannot work (config/settings.py says which and
+        # why): that one line, not a traceback, and sysexits' EX_CONFIG, on which runengine's
+        # supervisor stops with the reason instead of restarting the process.
+        from workflows.engine.supervisor import EXIT_CONFIG
+
+        sys.stderr.write(f"{error}\n")
+        sys.exit(EXIT_CONFIG)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,33 @@ import logging
 import secrets
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-env = environ.Env()
+
+_EXPECTED = {int: "a whole number", float: "a number"}
+
+
+class _Env(environ.Env):
+    """django-environ, with a value that does not parse reported by the variable's name and
+    what it expects (``invalid_setting``) instead of a bare ValueError from inside the
+    settings. The value itself is not repeated: some variables hold secrets."""
+
+    def get_value(self, var: str, cast: Any = None, default: Any = environ.Env.NOTSET,
+                  parse_default: bool = False) -> Any:  # fmt: skip
+        try:
+            return super().get_value(var, cast=cast, default=default, parse_default=parse_default)
+        except ValueError:
+            expected = _EXPECTED.get(cast, f"a valid {getattr(cast, '__name__', 'value')}")
+            raise ImproperlyConfigured(
+                f"invalid_setting: {var} must be {expected}; unset it for the default"
+            ) from None
+
+
+env = _Env()
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env")
 

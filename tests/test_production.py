@@ -59,6 +59,29 @@ def test_production_refuses_to_start_without_a_secret_key() -> None:
     assert "WAYMARK_SECRET_KEY is not" in refused.stderr
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("WAYMARK_WORKER_NICE", "ten", "must be a whole number"),
+        ("WAYMARK_IO_LEASE_SECONDS", "soon", "must be a number"),
+        ("WAYMARK_MAX_REQUEST_BYTES", "1e6", "must be a whole number"),
+    ],
+)
+def test_a_setting_that_does_not_parse_is_one_clear_line_and_exit_78(
+    variable: str, value: str, expected: str
+) -> None:
+    """A management command (runengine, worker, …) with a setting that does not parse says
+    which variable and what it expects, with a stable code, in one line (no traceback), and
+    exits with 78 (EX_CONFIG), on which runengine's supervisor stops instead of restarting."""
+    from workflows.engine.supervisor import EXIT_CONFIG
+
+    refused = manage("check", **{variable: value})
+    assert refused.returncode == EXIT_CONFIG, refused.stderr
+    assert refused.stderr == f"invalid_setting: {variable} {expected}; unset it for the default\n"
+    # The same variable, valid, passes.
+    assert manage("check", **{variable: "3"}).returncode == 0
+
+
 def test_a_redis_cache_without_its_package_is_refused_at_start() -> None:
     """WAYMARK_CACHE_URL=redis://… needs the redis package (the `redis` extra): said at
     start-up, not as a 500 at every API request. Where it is installed, the check passes."""
