@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import transaction
 
 from effects.models import Connection
 from effects.secrets import SecretUnreadable, decrypt, rotate
+from workflows.management.base import MigratedCommand
 
 
-class Command(BaseCommand):
+class Command(MigratedCommand):
     help = "Re-encrypt every connection secret with the first configured key."
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from timers.recompute import recompute_pending
+from workflows.management.base import MigratedCommand
 
 
-class Command(BaseCommand):
+class Command(MigratedCommand):
     help = "Recompute pending timers from their intent and zone (after a tz database update)."
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -1,13 +1,14 @@
 import os
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from workflows.demo.bootstrap import bootstrap_demo
 from workflows.errors import WaymarkError
+from workflows.management.base import MigratedCommand
 
 
-class Command(BaseCommand):
+class Command(MigratedCommand):
     help = "Create (or refresh) the demo organisation, admin user, API key and automation."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -1,15 +1,16 @@
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
 from workflows.errors import WaymarkError
+from workflows.management.base import MigratedCommand
 from workflows.selectors import organisation_get
 from workflows.services.tenancy import api_key_create
 
 
-class Command(BaseCommand):
+class Command(MigratedCommand):
     help = "Create an API key for an organisation and print it once; only its hash is stored."
 
     def add_arguments(self, parser: CommandParser) -> None:

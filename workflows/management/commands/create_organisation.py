@@ -1,11 +1,12 @@
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from workflows.management.base import MigratedCommand
 from workflows.services.tenancy import organisation_ensure
 
 
-class Command(BaseCommand):
+class Command(MigratedCommand):
     help = "Create an organisation (or show the existing one with that slug)."
 
     def add_arguments(self, parser: CommandParser) -> None:

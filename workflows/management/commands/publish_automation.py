@@ -2,14 +2,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from workflows.errors import InvalidDefinitionError, WaymarkError
+from workflows.management.base import MigratedCommand
 from workflows.selectors import organisation_get
 from workflows.services.automations import automation_publish_definition
 
 
-class Command(BaseCommand):
+class Command(MigratedCommand):
     help = "Publish a definition file as the next version of an automation (created if needed)."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -1,11 +1,12 @@
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from workflows.engine.retention import purge_finished_runs, retention_seconds
+from workflows.management.base import MigratedCommand
 
 
-class Command(BaseCommand):
+class Command(MigratedCommand):
     help = (
         "Delete finished runs (with their steps and history) that finished more than "
         "--older-than-days ago (default: WAYMARK_RETENTION_DAYS), in batches."

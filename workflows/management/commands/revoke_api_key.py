@@ -1,12 +1,13 @@
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from workflows.errors import WaymarkError
+from workflows.management.base import MigratedCommand
 from workflows.services.tenancy import api_key_revoke
 
 
-class Command(BaseCommand):
+class Command(MigratedCommand):
     help = "Revoke an API key by its public prefix (the part after wmk_)."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -1,15 +1,16 @@
 import getpass
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from workflows.errors import WaymarkError
+from workflows.management.base import MigratedCommand
 from workflows.selectors import organisation_get
 from workflows.services.control import ACTIONS, run_act, runs_act_bulk
 from workflows.states import RunStatus
 
 
-class Command(BaseCommand):
+class Command(MigratedCommand):
     help = (
         "Cancel, pause, resume or retry runs: one (--run ID) or every run a filter matches "
         "(--status / --automation), counted first unless --yes is given."

@@ -1,0 +1,28 @@
+"""What Waymark's management commands share."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.migrations.executor import MigrationExecutor
+
+
+class MigratedCommand(BaseCommand):
+    """A command that reads or writes Waymark's tables. On a database whose migrations are not
+    all applied (a fresh checkout before its first `./waymark run`, a deploy that skipped
+    `migrate`) it stops at once with ``database_not_migrated`` and what to run, instead of a
+    ProgrammingError traceback from its first query, or, for runengine, children that die and
+    are restarted forever. Migrations the database has and this code lacks (older code on a
+    newer schema) are not counted: only what this code needs."""
+
+    requires_migrations_checks = True
+
+    def check_migrations(self) -> None:
+        executor = MigrationExecutor(connections[DEFAULT_DB_ALIAS])
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        if plan:
+            apps = ", ".join(sorted({migration.app_label for migration, _ in plan}))
+            raise CommandError(
+                f"database_not_migrated: {len(plan)} migration(s) not applied ({apps}); "
+                "run `./waymark manage migrate` first (`./waymark run` does it)"
+            )
