@@ -175,3 +175,21 @@ def test_a_command_on_a_database_without_migrations_says_to_migrate_instead_of_c
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f'DROP DATABASE IF EXISTS "{bare}" WITH (FORCE)')
+
+
+@pytest.mark.parametrize(
+    ("arguments", "detail"),
+    [
+        (["Bad Slug!"], "slug: Enter a valid"),
+        ([""], "slug: Enter a valid"),
+        (["a" * 64], "slug: 64 characters; the limit is 63"),
+        (["acme", "--name", "n" * 201], "name: 201 characters; the limit is 200"),
+    ],
+)
+def test_create_organisation_refuses_what_the_admin_would(
+    arguments: list[str], detail: str
+) -> None:
+    with pytest.raises(CommandError, match=f"^invalid_input: {detail}"):
+        _call("create_organisation", *arguments)
+    assert not Organisation.objects.exists()
+    assert "organisation acme" in _call("create_organisation", "acme", "--name", "n" * 200)

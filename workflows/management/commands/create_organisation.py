@@ -1,7 +1,8 @@
 from typing import Any
 
-from django.core.management.base import CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from workflows.errors import WaymarkError
 from workflows.management.base import MigratedCommand
 from workflows.services.tenancy import organisation_ensure
 
@@ -14,5 +15,8 @@ class Command(MigratedCommand):
         parser.add_argument("--name", default="")
 
     def handle(self, *args: Any, slug: str, name: str, **options: Any) -> None:
-        org = organisation_ensure(slug=slug, name=name)
+        try:
+            org = organisation_ensure(slug=slug, name=name)
+        except WaymarkError as exc:
+            raise CommandError(f"{exc.code}: {exc.detail}") from exc
         self.stdout.write(f"organisation {org.slug} (id {org.pk})")
