@@ -11,9 +11,11 @@ class MigratedCommand(BaseCommand):
     """A command that reads or writes Waymark's tables. On a database whose migrations are not
     all applied (a fresh checkout before its first `./waymark run`, a deploy that skipped
     `migrate`) it stops at once with ``database_not_migrated`` and what to run, instead of a
-    ProgrammingError traceback from its first query, or, for runengine, children that die and
-    are restarted forever. Migrations the database has and this code lacks (older code on a
-    newer schema) are not counted: only what this code needs."""
+    ProgrammingError traceback from its first query. Migrations the database has and this code
+    lacks (older code on a newer schema) are not counted: only what this code needs.
+
+    Not for runengine and the processes it supervises: they must start while the database is
+    unreachable (the web answers /livez, the others retry), which a check at start cannot."""
 
     requires_migrations_checks = True
 

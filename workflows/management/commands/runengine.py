@@ -6,19 +6,18 @@ import threading
 from typing import Any, TextIO
 
 from django.conf import settings
-from django.core.management.base import CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from config.web import PortInUse, bind, web_argv
 from workflows.engine.lanes import WORKER_LANES, lane_policy
 from workflows.engine.supervisor import Child, Supervisor
-from workflows.management.base import MigratedCommand
 
 # Beyond the grace, how long a stopping worker gets to hand its remaining steps back before
 # the supervisor kills it. Killing it earlier would leave those steps to wait out their leases.
 RELEASE_MARGIN_SECONDS = 5.0
 
 
-class Command(MigratedCommand):
+class Command(BaseCommand):
     help = (
         "Run web, relay, sweep, one worker and one suspects-only worker per lane on this "
         "machine, supervised."
