@@ -192,3 +192,35 @@ def test_create_organisation_refuses_what_the_admin_would(
         _call("create_organisation", *arguments)
     assert not Organisation.objects.exists()
     assert "organisation acme" in _call("create_organisation", "acme", "--name", "n" * 200)
+
+
+@pytest.mark.parametrize("days", ["nan", "inf", "-1", "36501"])
+def test_purge_runs_refuses_an_age_that_is_not_a_span(days: str) -> None:
+    with pytest.raises(CommandError, match=r"^invalid_age: --older-than-days must be from 0"):
+        _call("purge_runs", "--older-than-days", days)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "detail"),
+    [
+        (["--expires-in-days", "1e9"], "--expires-in-days must be more than 0 and at most"),
+        (["--expires-in-days", "nan"], "--expires-in-days must be more than 0 and at most"),
+        (["--expires-in-days", "0"], "--expires-in-days must be more than 0 and at most"),
+        (["--name", "n" * 101], "--name: 101 characters; the limit is 100"),
+    ],
+)
+def test_create_api_key_refuses_what_it_cannot_store(arguments: list[str], detail: str) -> None:
+    _call("create_organisation", "acme")
+    with pytest.raises(CommandError, match=f"^invalid_input: {detail}"):
+        _call("create_api_key", "--org", "acme", *arguments)
+    assert not ApiKey.objects.exists()
+
+
+def test_publish_automation_refuses_a_slug_no_url_could_name(tmp_path: Path) -> None:
+    _call("create_organisation", "acme")
+    path = tmp_path / "def.json"
+    path.write_text(json.dumps(linear_definition("a")))
+    for slug, detail in (("Bad Slug", "slug: Enter a valid"), ("s" * 64, "slug: 64 characters")):
+        with pytest.raises(CommandError, match=f"^invalid_input: {detail}"):
+            _call("publish_automation", "--org", "acme", "--slug", slug, "--file", str(path))
+    assert not AutomationVersion.objects.exists()

@@ -6,6 +6,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
+# The longest span, in days, a command takes (--older-than-days, --expires-in-days): a hundred
+# years. Far beyond it a date overflows Python's datetime or PostgreSQL's interval.
+MAX_DAYS = 36_500
+
 
 class MigratedCommand(BaseCommand):
     """A command that reads or writes Waymark's tables. On a database whose migrations are not

@@ -17,6 +17,7 @@ from ..errors import (
 )
 from ..models import Automation, AutomationVersion, Organisation
 from . import quotas
+from .naming import check_slug_and_name
 
 
 def _validated(definition: Any, *, for_publish: bool = False) -> str:
@@ -29,6 +30,7 @@ def _validated(definition: Any, *, for_publish: bool = False) -> str:
 
 
 def automation_create(*, org: Organisation, slug: str, name: str = "") -> Automation:
+    check_slug_and_name(Automation, slug=slug, name=name)
     try:
         with transaction.atomic():
             quotas.lock_organisation(org)

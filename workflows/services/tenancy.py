@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.core.exceptions import ValidationError
-from django.core.validators import validate_slug
 from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -13,23 +11,17 @@ from django.utils import timezone
 
 from ..engine import sql
 from ..engine.sql.rows import model_from_row, query_prepared
-from ..errors import ApiKeyExpired, ApiKeyRevoked, InvalidApiKey, InvalidInput, NotFound
+from ..errors import ApiKeyExpired, ApiKeyRevoked, InvalidApiKey, NotFound
 from ..models import ApiKey, Organisation
 from ..models.tenancy import KEY_PREFIX, hash_key, new_raw_key
+from .naming import check_slug_and_name
 
 
 def organisation_ensure(*, slug: str, name: str = "") -> Organisation:
     """The organisation with ``slug``, created (named ``name``, or its slug) when missing. The
     slug names it in commands (``--org``) and the admin: checked as the admin's form checks
     it, so no command makes an organisation the admin could not."""
-    for field, value in (("slug", slug), ("name", name)):
-        limit = getattr(Organisation._meta.get_field(field), "max_length", 0)
-        if len(value) > limit:
-            raise InvalidInput(reason=f"{field}: {len(value)} characters; the limit is {limit}")
-    try:
-        validate_slug(slug)
-    except ValidationError as error:
-        raise InvalidInput(reason=f"slug: {' '.join(error.messages)}") from None
+    check_slug_and_name(Organisation, slug=slug, name=name)
     org, _ = Organisation.objects.get_or_create(slug=slug, defaults={"name": name or slug})
     return org
 

@@ -5,7 +5,8 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
 from workflows.errors import WaymarkError
-from workflows.management.base import MigratedCommand
+from workflows.management.base import MAX_DAYS, MigratedCommand
+from workflows.models import ApiKey
 from workflows.selectors import organisation_get
 from workflows.services.tenancy import api_key_create
 
@@ -30,8 +31,15 @@ class Command(MigratedCommand):
         expires_in_days: float | None,
         **options: Any,
     ) -> None:
-        if expires_in_days is not None and expires_in_days <= 0:
-            raise CommandError("invalid_input: --expires-in-days must be positive")
+        if expires_in_days is not None and not 0 < expires_in_days <= MAX_DAYS:  # nan too
+            raise CommandError(
+                f"invalid_input: --expires-in-days must be more than 0 and at most {MAX_DAYS}"
+            )
+        limit = ApiKey._meta.get_field("name").max_length or 0
+        if len(name) > limit:
+            raise CommandError(
+                f"invalid_input: --name: {len(name)} characters; the limit is {limit}"
+            )
         expires_at = None
         if expires_in_days is not None:
             expires_at = timezone.now() + timedelta(days=expires_in_days)

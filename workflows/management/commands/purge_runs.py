@@ -3,7 +3,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from workflows.engine.retention import purge_finished_runs, retention_seconds
-from workflows.management.base import MigratedCommand
+from workflows.management.base import MAX_DAYS, MigratedCommand
 
 
 class Command(MigratedCommand):
@@ -16,8 +16,8 @@ class Command(MigratedCommand):
         parser.add_argument("--older-than-days", type=float, default=None)
 
     def handle(self, *args: Any, older_than_days: float | None, **options: Any) -> None:
-        if older_than_days is not None and older_than_days < 0:
-            raise CommandError("invalid_age: --older-than-days must be 0 or more")
+        if older_than_days is not None and not 0 <= older_than_days <= MAX_DAYS:  # nan too
+            raise CommandError(f"invalid_age: --older-than-days must be from 0 to {MAX_DAYS}")
         age = retention_seconds() if older_than_days is None else older_than_days * 86_400
         if age <= 0 and older_than_days is None:
             self.stdout.write("retention is off (WAYMARK_RETENTION_DAYS=0): nothing deleted")
