@@ -15,8 +15,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from workflows.models import Automation, AutomationVersion, Organisation
+from workflows.models import Automation, AutomationVersion, Organisation, Run
 from workflows.services.automations import automation_publish_definition
+from workflows.services.runs import run_start
 from workflows.services.tenancy import api_key_create
 
 from .factories import linear_definition
@@ -328,3 +329,51 @@ def test_the_curl_example_runs_against_a_live_server(service: dict[str, str]) ->
     assert detail["id"] == started["id"] and detail["output"] == {"to": "ada@example.com"}
     assert [run["id"] for run in found["results"]] == [started["id"]]
     assert failed == {"next": None, "previous": None, "results": []}
+
+
+# --- bodies: a field an endpoint does not take is refused, never ignored --------------------
+
+MISSPELT_BODIES = [
+    # A misspelt start key would start a run without the key that makes a retry safe.
+    ("/api/v1/runs", {"automation": "quick", "start_kye": "k1"}, ["start_kye"]),
+    # A misspelt filter would widen a bulk action to every run of the status.
+    (
+        "/api/v1/runs/bulk/cancel",
+        {"status": "running", "automaton": "quick", "dry_run": False},
+        ["automaton"],
+    ),
+    ("/api/v1/automations", {"slug": "other", "nmae": "Other"}, ["nmae"]),
+    # A bare definition, without its wrapper: both errors in one answer.
+    ("/api/v1/automations/quick/versions", QUICK, ["definition", "start", "steps"]),
+    ("/api/v1/signals", {"name": "paid", "corelation": "order-1"}, ["corelation"]),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "named"), MISSPELT_BODIES)
+def test_a_body_field_the_endpoint_does_not_take_is_refused_and_named(
+    api: APIClient, quick: Automation, path: str, body: dict[str, Any], named: list[str]
+) -> None:
+    # A run that waits for a worker (none runs here): the misspelt bulk cancel must leave it.
+    automation_publish_definition(org=quick.org, slug="with-io", definition=WITH_IO)
+    running = run_start(org=quick.org, automation_slug="with-io", run_input={}).run_id
+    before = (Run.objects.count(), Automation.objects.count(), AutomationVersion.objects.count())
+    response = api.post(path, body, format="json")
+    assert response.status_code == 400, response.content
+    answer = response.json()
+    assert answer["code"] == "invalid_input"
+    assert sorted(answer["errors"]) == named
+    after = (Run.objects.count(), Automation.objects.count(), AutomationVersion.objects.count())
+    assert after == before
+    assert Run.objects.get(pk=running).status == "running"  # the bulk cancel did nothing
+
+
+def test_a_field_a_signals_start_does_not_take_is_refused_too(
+    api: APIClient, quick: Automation
+) -> None:
+    body = {"name": "paid", "start": {"automation": "quick", "start_key": "k", "imput": {}}}
+    response = api.post("/api/v1/signals", body, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"] == {
+        "start": {"imput": ["Unknown field; this takes: automation, start_key, input."]}
+    }
+    assert not Run.objects.exists()

@@ -33,28 +33,12 @@ class AutomationOut(serializers.ModelSerializer):
         fields = ["slug", "name", "created_at", "current_version"]
 
 
-class AutomationIn(serializers.Serializer):
-    slug = serializers.SlugField(max_length=63)
-    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
-
-
-class DefinitionIn(serializers.Serializer):
-    definition = serializers.JSONField()
-
-
 class StrictInput(serializers.Serializer):
     """A request body that refuses fields it does not take (a misspelt ``max_concurency``
-    would otherwise be ignored, and the client would believe it was set) and anything but a
-    JSON object. The other apps' APIs use it too."""
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(
-            self.initial_data, dict) else []  # fmt: skip
-        if unknown:
-            raise serializers.ValidationError(
-                {name: [self.unknown_message(name)] for name in unknown}
-            )
-        return attrs
+    would otherwise be ignored, and the client would believe it was set; a misspelt
+    ``start_kye`` would start a run without the key that makes a retry safe) and anything but
+    a JSON object. Checked where the data arrives, so a nested object (a signal's ``start``)
+    is checked too. The other apps' APIs use it too."""
 
     def unknown_message(self, name: str) -> str:
         return f"Unknown field; this takes: {', '.join(self.fields)}."
@@ -64,10 +48,32 @@ class StrictInput(serializers.Serializer):
             raise serializers.ValidationError(
                 {"non_field_errors": ["The body must be a JSON object."]}
             )
-        return super().to_internal_value(data)
+        # Both kinds of error in one answer: a bare definition sent without its "definition"
+        # wrapper is told that field is required as well as that its keys are unknown.
+        errors: dict[str, Any] = {
+            name: [self.unknown_message(name)] for name in sorted(set(data) - set(self.fields))
+        }
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as error:
+            if not isinstance(error.detail, dict):
+                raise
+            errors = {**error.detail, **errors}
+        if errors:
+            raise serializers.ValidationError(errors)
+        return value
 
 
-class RunStartIn(serializers.Serializer):
+class AutomationIn(StrictInput):
+    slug = serializers.SlugField(max_length=63)
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+
+class DefinitionIn(StrictInput):
+    definition = serializers.JSONField()
+
+
+class RunStartIn(StrictInput):
     automation = serializers.SlugField(max_length=63)
     # Kept exactly as sent: trimming would let two different keys collide.
     start_key = serializers.CharField(
@@ -197,7 +203,7 @@ class RunActionOut(serializers.Serializer):
                                              "made ready or retried.")  # fmt: skip
 
 
-class RunBulkIn(serializers.Serializer):
+class RunBulkIn(StrictInput):
     status = serializers.ChoiceField(
         choices=RunStatus.choices,
         required=False,

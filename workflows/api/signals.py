@@ -16,11 +16,11 @@ from ..models import Signal
 from ..services.signals import SignalSent, inbound_email, signal_send
 from .auth import request_key
 from .filters import SignalFilter
-from .serializers import ErrorOut, check_client_start_key, run_links
+from .serializers import ErrorOut, StrictInput, check_client_start_key, run_links
 from .views import CursorPage, ListEndpoint
 
 
-class SignalStartIn(serializers.Serializer):
+class SignalStartIn(StrictInput):
     automation = serializers.SlugField(max_length=63)
     start_key = serializers.CharField(max_length=255, trim_whitespace=False)
     input = serializers.JSONField(required=False, default=dict)
@@ -29,7 +29,7 @@ class SignalStartIn(serializers.Serializer):
         return check_client_start_key(value)
 
 
-class SignalIn(serializers.Serializer):
+class SignalIn(StrictInput):
     name = serializers.CharField(max_length=100)
     correlation = serializers.CharField(max_length=500, required=False, default="",
                                         allow_blank=True, trim_whitespace=False)  # fmt: skip
@@ -67,6 +67,7 @@ class SignalOut(serializers.ModelSerializer):
         return "consumed" if signal.consumed_at is not None else "pending"
 
 
+# Not strict: it takes what mail providers post, which carries fields it has no use for.
 class InboundEmailIn(serializers.Serializer):
     message_id = serializers.CharField(max_length=200, required=False, default="")
     in_reply_to = serializers.CharField(max_length=500, required=False, default="",
