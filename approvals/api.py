@@ -20,8 +20,6 @@ as the rate limits read it (``services.client_ip``: ``WAYMARK_NUM_PROXIES``).
 
 from __future__ import annotations
 
-from typing import Any
-
 import django_filters
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
@@ -31,7 +29,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from workflows.api.auth import request_key
-from workflows.api.serializers import ErrorOut
+from workflows.api.serializers import ErrorOut, StrictInput
 from workflows.api.views import CursorPage, ListEndpoint
 
 from .models import ApprovalRequest, RequestKind, RequestStatus
@@ -82,21 +80,7 @@ class TaskFilter(django_filters.FilterSet):
         fields = ["status"]
 
 
-class Strict(serializers.Serializer):
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, dict):
-            raise serializers.ValidationError(
-                {"non_field_errors": ["The body must be a JSON object."]}
-            )
-        unknown = sorted(set(data) - set(self.fields))
-        if unknown:
-            raise serializers.ValidationError(
-                {unknown[0]: [f"Unknown field; this takes: {', '.join(self.fields)}."]}
-            )
-        return super().to_internal_value(data)
-
-
-class DecideIn(Strict):
+class DecideIn(StrictInput):
     decision = serializers.ChoiceField(choices=["approve", "reject"])
     # Longer comments reach decide(), which refuses them (and records the attempt).
     comment = serializers.CharField(
@@ -107,7 +91,7 @@ class DecideIn(Strict):
     )
 
 
-class SubmitIn(Strict):
+class SubmitIn(StrictInput):
     answer = serializers.JSONField()
     comment = serializers.CharField(
         required=False, allow_blank=True, trim_whitespace=False, max_length=MAX_COMMENT_CHARS * 10

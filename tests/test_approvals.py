@@ -99,6 +99,21 @@ def test_an_api_decision_wakes_the_step_and_the_run_goes_on(org, api) -> None:
     assert attempts(approval) == [("api", True, "accepted")]
 
 
+def test_a_decision_with_a_field_it_does_not_take_is_refused_and_decides_nothing(org, api) -> None:
+    """A misspelt comment ("commnet") is named, not dropped; the approval stays open."""
+    _, approval = open_request(org)
+    answer = api.post(
+        f"/api/v1/approvals/{approval.pk}/decide",
+        {"decision": "approve", "commnet": "ok", "by": "x"},
+        format="json",
+    )
+    assert answer.status_code == 400, answer.json()
+    assert answer.json()["code"] == "invalid_input"
+    assert sorted(answer.json()["errors"]) == ["by", "commnet"]
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+
+
 def test_the_second_decision_is_told_the_first_one_won(org, api) -> None:
     run, approval = open_request(org)
     first = api.post(
