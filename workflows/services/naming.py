@@ -12,11 +12,19 @@ from ..errors import InvalidInput
 
 
 def check_slug_and_name(model: type[Model], *, slug: str, name: str) -> None:
-    for field, value in (("slug", slug), ("name", name)):
-        limit = getattr(model._meta.get_field(field), "max_length", 0)
-        if len(value) > limit:
-            raise InvalidInput(reason=f"{field}: {len(value)} characters; the limit is {limit}")
+    check_length(model, "slug", slug)
+    check_length(model, "name", name)
     try:
         validate_slug(slug)
     except ValidationError as error:
         raise InvalidInput(reason=f"slug: {' '.join(error.messages)}") from None
+
+
+def check_length(model: type[Model], field: str, value: str, *, label: str = "") -> None:
+    """``value`` fits ``model``'s column ``field``; ``label`` names it in the error (a
+    command's option, say), by default the field."""
+    limit = getattr(model._meta.get_field(field), "max_length", 0)
+    if len(value) > limit:
+        raise InvalidInput(
+            reason=f"{label or field}: {len(value)} characters; the limit is {limit}"
+        )

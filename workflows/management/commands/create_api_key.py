@@ -8,6 +8,7 @@ from workflows.errors import WaymarkError
 from workflows.management.base import MAX_DAYS, MigratedCommand
 from workflows.models import ApiKey
 from workflows.selectors import organisation_get
+from workflows.services.naming import check_length
 from workflows.services.tenancy import api_key_create
 
 
@@ -35,11 +36,10 @@ class Command(MigratedCommand):
             raise CommandError(
                 f"invalid_input: --expires-in-days must be more than 0 and at most {MAX_DAYS}"
             )
-        limit = ApiKey._meta.get_field("name").max_length or 0
-        if len(name) > limit:
-            raise CommandError(
-                f"invalid_input: --name: {len(name)} characters; the limit is {limit}"
-            )
+        try:
+            check_length(ApiKey, "name", name, label="--name")
+        except WaymarkError as exc:
+            raise CommandError(f"{exc.code}: {exc.detail}") from exc
         expires_at = None
         if expires_in_days is not None:
             expires_at = timezone.now() + timedelta(days=expires_in_days)

@@ -3,10 +3,10 @@ import sys
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from workflows.engine.lanes import WORKER_LANES, lane_policy
-from workflows.engine.supervisor import EXIT_CONFIG
 from workflows.engine.worker import EXIT_REPLACE_ME, Worker
 
 
@@ -41,16 +41,16 @@ class Command(BaseCommand):
 
 def lower_priority(nice: int) -> None:
     """Lower this process's CPU priority by ``nice`` (WAYMARK_WORKER_NICE). A negative value
-    raises it, which needs root or CAP_SYS_NICE: refused, the worker exits with EXIT_CONFIG,
-    so runengine stops with the reason instead of restarting a worker that cannot start."""
+    raises it, which needs root or CAP_SYS_NICE: refused as a setting that cannot work
+    (manage.py prints it in one line and exits with EXIT_CONFIG, on which runengine stops
+    with the reason instead of restarting a worker that cannot start)."""
     if not nice:
         return
     try:
         os.nice(nice)
     except PermissionError:
-        sys.stderr.write(
+        raise ImproperlyConfigured(
             f"invalid_worker_nice: WAYMARK_WORKER_NICE={nice} would raise the worker's CPU "
             "priority, which this user may not do (it needs root or CAP_SYS_NICE); "
-            "set it to 0 or more\n"
-        )
-        sys.exit(EXIT_CONFIG)
+            "set it to 0 or more"
+        ) from None
