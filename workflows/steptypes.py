@@ -84,8 +84,9 @@ def run_set(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContex
 
 
 SET = StepType(
-    name="set", lane="inline", validate=validate_set, execute=run_set, built=True, app="workflows"
-)
+    name="set", lane="inline", validate=validate_set, execute=run_set, built=True,
+    app="workflows", pure=True,
+)  # fmt: skip
 
 
 # --- branch ---------------------------------------------------------------------------------
@@ -175,6 +176,7 @@ BRANCH = StepType(
     outcomes=branch_outcomes,
     built=True,
     app="workflows",
+    pure=True,
 )
 
 
@@ -200,6 +202,7 @@ END = StepType(
     terminal=True,
     built=True,
     app="workflows",
+    pure=True,
 )
 
 

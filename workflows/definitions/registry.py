@@ -76,6 +76,14 @@ class StepType:
               using it validate, but publishing them is refused.
     app       the Django app label that registered it (for docs and error messages).
     retry     its RetryPolicy; None: the lane's.
+    pure      (inline types) its ``execute`` reads only the step's definition and the run's
+              template context and writes nothing: no statement, no outside call, no clock.
+              A walk computed before its transaction (a settle's hop, the one-statement start,
+              workflows/engine/speculative.py) may run it. False, the default and what a
+              plugin's type gets without saying anything: such a walk hands the hop to the
+              ordinary walk, which enters the step inside the run's locked transaction. Steps
+              of worker lanes are only written as rows by a walk, never run in it: for them
+              it changes nothing.
     """
 
     name: str
@@ -88,10 +96,16 @@ class StepType:
     built: bool = False
     app: str = ""
     retry: RetryPolicy | None = None
+    pure: bool = False
     references: Callable[[Mapping[str, Any]], dict[str, str]] = field(
         default=lambda step: {}, compare=False
     )
     """Step ids this type refers to outside ``next`` (e.g. parallel branches), by field path."""
+
+    def runs_ahead(self) -> bool:
+        """Whether a walk with no transaction yet (speculative.py) may enter a step of this
+        type: a worker lane's (the walk only writes its row) or a pure inline type's."""
+        return self.lane != INLINE or self.pure
 
     def __post_init__(self) -> None:
         if self.lane not in LANES:

@@ -42,7 +42,7 @@ from . import sql
 from .definition_cache import definition_for
 from .executors import StepResult
 from .faults import crash_point
-from .speculative import NeedsDatabase, NoDatabase, refuse
+from .speculative import NoDatabase, walked_ahead
 from .sql.rows import json_or_null, query_prepared, transaction_pipelined
 from .walk import RunState, TakeNext, Walk
 
@@ -199,11 +199,8 @@ def _speculative_walk(
     )  # fmt: skip
     walk = Walk(NoDatabase(), run, definition_for(run.version_id), worker=worker,
                 take_next=take, speculative=True)  # fmt: skip
-    try:
-        with connection.execute_wrapper(refuse):
-            walk.worker_step_succeeded(
-                step.step_id, step.iteration, step.attempt, result, step.place
-            )
-    except NeedsDatabase:
-        return None
-    return walk
+
+    def succeeded() -> None:
+        walk.worker_step_succeeded(step.step_id, step.iteration, step.attempt, result, step.place)
+
+    return walk if walked_ahead(succeeded, run_id=step.run_id) else None

@@ -31,7 +31,7 @@ from django.db import connection
 
 from ..states import RunStatus
 from . import sql
-from .speculative import NeedsDatabase, NoDatabase, refuse
+from .speculative import NeedsTransaction, NoDatabase, walked_ahead
 from .sql.rows import query_prepared
 from .walk import RunState, Walk
 
@@ -47,7 +47,7 @@ class _NewRunWalk(Walk):
     the ordinary way)."""
 
     def context(self) -> dict[str, Any]:
-        raise NeedsDatabase
+        raise NeedsTransaction("the run's context")
 
 
 def start_in_one_trip(
@@ -69,10 +69,7 @@ def start_in_one_trip(
         max_steps=max_steps, expired=False, created_at=_NO_TIME,
     )  # fmt: skip
     walk = _NewRunWalk(NoDatabase(), state, definition, speculative=True)
-    try:
-        with connection.execute_wrapper(refuse):
-            walk.start()
-    except NeedsDatabase:
+    if not walked_ahead(walk.start, run_id=_NO_ID):
         return None
     writes = walk.start_writes()
     if writes is None:

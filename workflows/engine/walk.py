@@ -30,6 +30,7 @@ from .executors import StepContext, StepFailure, StepResult, executor_for
 from .forks import FORK_TYPE, Forks
 from .lanes import engine_setting, lane_policy
 from .places import TOP, Entry, Place
+from .speculative import NeedsTransaction
 from .sql import CANCEL_LIVE_STEPS_LOGGED, LIVE_STEPS, LOCK_RUN, STEP_ID_OF, UPDATE_RUN
 from .sql.rows import (
     EVENT_COLUMNS,
@@ -173,6 +174,7 @@ class Walk:
         self.changed_entered: dict[str, int] = {}
         self.forks = Forks(self)
         self.draining = False
+        self.speculative = speculative
         # Inline work is bounded per transaction: past either limit, the rest is continued
         # by a worker from a continuation row, so no definition can make a start request or
         # a settle hold the run's lock for long.
@@ -394,6 +396,11 @@ class Walk:
         self.run.steps_executed += 1
         step_type = registry.get(step["type"])
         assert step_type is not None, step["type"]
+        if self.speculative and not step_type.runs_ahead():
+            # Asked of the type's declaration, before anything of the step runs: a wait
+            # writes its timer, a signal wait takes a signal, a fork reads its join (all in
+            # the run's transaction), and a plugin's type is assumed to need it too.
+            raise NeedsTransaction(f"a {step_type.name} step")
         if step_type.name == FORK_TYPE:
             self.inline_left -= 1
             self.forks.fork(step, iteration, place)
