@@ -34,6 +34,15 @@ calls with it). It returns a ``StepResult`` (``output``, an ``outcome`` for a ma
 ``StepFailure`` (``retryable=False`` to skip the remaining attempts). A step type on the
 ``inline`` lane runs inside the walk's transaction and must not call anything outside the
 database. See docs/definitions.md, "Your own step types".
+
+The rule of the fast paths: the engine walks some runs ahead of their transaction (a settle's
+hop, a group of hops, the one-statement start) and must then write exactly what its ordinary
+walk, inside the run's locked transaction, would. It asks your type's declaration first: an
+``inline`` type is entered only by the ordinary walk unless it says ``pure=True`` (its
+``execute`` reads only ``step`` and ``context`` and writes nothing: no statement, no outside
+call, no clock). Say nothing and your type is always safe; declare ``pure`` only when it is,
+to let runs pass through it without a lock. Worker-lane types are never run inside a walk, so
+the flag changes nothing for them. See docs/architecture.md, "The one rule of the fast paths".
 """
 
 from __future__ import annotations
