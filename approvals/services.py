@@ -303,16 +303,7 @@ def _decide(
             f"This request expired at {_when(approval.expires_at)}; "
             "decisions are no longer accepted.",
         )
-    run_status = Run.objects.filter(pk=approval.run_id).values_list("status", flat=True).first()
-    if run_status == RunStatus.CANCELLED:
-        raise Refused("run_cancelled", "The run was cancelled; this request is closed.")
-    if run_status not in (RunStatus.RUNNING, RunStatus.PAUSED):
-        raise Refused("run_finished", f"The run has ended ({run_status}); this request is closed.")
-    step_status = (
-        Step.objects.filter(pk=approval.step_row_id).values_list("status", flat=True).first()
-    )
-    if step_status not in LIVE_STEP:
-        raise Refused("step_closed", "The step no longer waits for this request.")
+    _check_still_open(approval)
     if digest is not None and digest != approval.digest:
         raise Refused(
             "content_changed",
@@ -370,13 +361,26 @@ def _decide(
         # or the step waits out a retry's backoff (the Slack post is tried again) or its
         # paused run. The executor reads the decision when it runs next, and the sweep wakes
         # the step if it parks meanwhile without having seen it.
-        step_status = (
-            Step.objects.filter(pk=approval.step_row_id).values_list("status", flat=True).first()
-        )
-        if step_status not in LIVE_STEP:
-            raise Refused("step_closed", "The step no longer waits for this request.")
+        # Or its run ended another way since the check above (a cancel that committed
+        # first): wake_step holds the run's lock now, so this reads who won.
+        _check_still_open(approval)
         ApprovalRequest.objects.filter(pk=approval.pk).update(wake_owed=True)
     return approval
+
+
+def _check_still_open(approval: ApprovalRequest) -> None:
+    """Refused when the request's run or step has ended another way, saying which: a
+    cancel, the run's end, the step's."""
+    run_status = Run.objects.filter(pk=approval.run_id).values_list("status", flat=True).first()
+    if run_status == RunStatus.CANCELLED:
+        raise Refused("run_cancelled", "The run was cancelled; this request is closed.")
+    if run_status not in (RunStatus.RUNNING, RunStatus.PAUSED):
+        raise Refused("run_finished", f"The run has ended ({run_status}); this request is closed.")
+    step_status = (
+        Step.objects.filter(pk=approval.step_row_id).values_list("status", flat=True).first()
+    )
+    if step_status not in LIVE_STEP:
+        raise Refused("step_closed", "The step no longer waits for this request.")
 
 
 def _already(approval: ApprovalRequest) -> Refused:

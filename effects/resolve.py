@@ -45,7 +45,9 @@ def resolve_effect(effect_id: int, action: str, *, by: str, result: Any = None,
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         effect = _locked_effect(cursor, effect_id)
         if effect["state"] != EffectState.NEEDS_REVIEW:
-            raise ResolveError("not_in_review", f"effect is {effect['state']}, not needs_review")
+            moved = _last_moved_by(cursor, effect)
+            raise ResolveError("not_in_review",
+                               f"effect is {effect['state']}, not needs_review{moved}")  # fmt: skip
         params: dict[str, Any] = {"id": effect_id, "by": by}
         if action == DONE:
             params |= {"result": _json(result), "sources": sources(EffectState.SETTLED)}
@@ -81,6 +83,22 @@ def _locked_effect(cursor: Any, effect_id: int) -> dict[str, Any]:
     if effect is None:
         raise ResolveError("not_found", "no such effect")
     return effect
+
+
+def _last_moved_by(cursor: Any, effect: dict[str, Any]) -> str:
+    """Who moved the effect last, from its run's history, for a resolution that came too
+    late (another person's, or the provider's own answer that arrived meanwhile): the loser
+    is told who won. "" when the history says nothing."""
+    cursor.execute(sql.EFFECT_LAST_MOVE, {"run_id": effect["run_id"], "key": effect["key"]})
+    event = fetch_dict(cursor)
+    if event is None:
+        return ""
+    detail = event["detail"] or {}
+    if event["kind"] == "effect.resolved":
+        return f": resolved by {detail.get('by') or event['worker']} ({detail.get('action')})"
+    if event["kind"] == "effect.settled":
+        return ": settled by the provider's own answer"
+    return f": reconciled ({detail.get('action')})"
 
 
 def repair_connection(conn: Connection, *, by: str) -> int:

@@ -191,6 +191,17 @@ UPDATE effects_effect
 RETURNING id
 """
 
+# The last event that moved an effect out of review (or settled it), from its run's history
+# (event_run_order): who won, for a resolution that came too late.
+EFFECT_LAST_MOVE = """
+SELECT kind, worker, detail::json AS detail
+  FROM workflows_runevent
+ WHERE run_id = %(run_id)s AND detail->>'key' = %(key)s
+   AND kind IN ('effect.resolved', 'effect.settled', 'effect.reconciled')
+ ORDER BY id DESC
+ LIMIT 1
+"""
+
 # A person fails the effect (and so its step).
 FAIL_REVIEWED = """
 UPDATE effects_effect

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from approvals.models import ApprovalRequest, DecisionAttempt
 from approvals.services import Actor, Outcome, decide
@@ -18,6 +18,7 @@ from workflows.engine.waits import fire_due_deadlines
 from workflows.models import Run, RunEvent
 
 from .effect_setup import drive
+from .processes import wait_for
 from .test_approvals_setup import open_request, person
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -149,3 +150,78 @@ def test_a_decision_racing_the_deadline_moves_the_run_once(org) -> None:
             assert (outcome.code, attempt.reason) == ("expired", "expired")
             assert (run.status, run.output) == ("succeeded", "late")
     assert seen <= {"approved", "expired"}
+
+
+def lock_waiters() -> int:
+    """How many connections of this database wait for a lock now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def lock_waiters_are(count: int) -> Callable[[], bool]:
+    return lambda: lock_waiters() == count
+
+
+def test_a_decision_that_loses_to_a_cancel_is_told_the_run_was_cancelled(org) -> None:
+    """The decision checks the run (running), then waits for the run's lock behind a cancel,
+    which commits first: the decision is refused ``run_cancelled`` (who won), not a vague
+    ``step_closed``, and changes nothing. The order is made, not hoped for: a third
+    connection holds the run's lock until the cancel, then the decision, wait in line."""
+    from workflows.services.control import run_act
+
+    alice = person(org, "alice")
+    run, approval = open_request(org)
+    holding, release = threading.Event(), threading.Event()
+    answers: dict[str, Any] = {}
+
+    def hold() -> None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT id FROM workflows_run WHERE id = %s FOR UPDATE", [run.pk])
+            holding.set()
+            release.wait(timeout=60)
+
+    def cancel() -> None:
+        answers["cancel"] = run_act(org=org, run_id=run.pk, action="cancel", actor="op")
+
+    def decision() -> None:
+        answers["decision"] = deciding(approval.pk, alice, "approve")()
+
+    threads = []
+    for index, (work, waiters) in enumerate(((hold, 0), (cancel, 1), (decision, 2))):
+        threads.append(in_thread(work))
+        if index == 0:
+            assert holding.wait(timeout=30), "the run was never locked"
+        else:
+            wait_for(lock_waiters_are(waiters),
+                     what=f"{waiters} connection(s) waiting for the run's lock")  # fmt: skip
+    release.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+
+    assert answers["cancel"].status == "cancelled"
+    outcome = answers["decision"]
+    assert (outcome.accepted, outcome.code) == (False, "run_cancelled"), outcome
+    approval.refresh_from_db()
+    assert approval.status == "pending"  # the decision changed nothing (the sweep closes it)
+    attempt = DecisionAttempt.objects.get(approval=approval)
+    assert (attempt.accepted, attempt.reason) == (False, "run_cancelled")
+    assert "step.approval" not in ask_events(run)
+
+
+def in_thread(work: Callable[[], None]) -> threading.Thread:
+    def body() -> None:
+        try:
+            work()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread

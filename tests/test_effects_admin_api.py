@@ -797,6 +797,41 @@ def test_a_bad_result_is_a_form_error_and_changes_nothing(
     assert effect.state == "needs_review" and resolved_events(effect) == []
 
 
+@pytest.mark.django_db(transaction=True)
+def test_two_resolutions_at_once_one_wins_and_the_other_is_told_who(org: Organisation) -> None:
+    """Two keys resolve the same effect at once (done, retry): one is applied; the other is
+    409 ``not_in_review`` naming the winner's key and action, as the run's history does."""
+    from .concurrency import race
+
+    done: dict[str, Any] = {"action": "done", "result": {"id": "c_1"}}
+    bodies = [done, {"action": "retry"}]
+    clients = [client_for(org), client_for(org)]
+    for round_no in range(6):
+        effect = in_review(start_run_keyed(org, f"k{round_no}"))
+        answers = race(2, resolving(clients, effect, bodies))
+
+        codes = sorted(answer.status_code for answer in answers)
+        assert codes == [200, 409], [answer.content for answer in answers]
+        loser = next(answer.json() for answer in answers if answer.status_code == 409)
+        (winner,) = details(effect)  # one resolution recorded
+        effect.refresh_from_db()
+        assert effect.state == ("settled" if winner["action"] == "done" else "failed")
+        assert loser["code"] == "not_in_review"
+        assert f"resolved by {winner['by']} ({winner['action']})" in loser["detail"], loser
+
+
+def resolving(clients: list[APIClient], effect: Effect, bodies: list[dict[str, Any]]) -> Any:
+    """Client ``i`` sends resolution ``i`` of the effect."""
+    url = f"/api/v1/effects/{effect.pk}/resolve"
+    return lambda i: clients[i].post(url, bodies[i], format="json")
+
+
+def start_run_keyed(org: Organisation, key: str) -> Run:
+    automation_publish_definition(org=org, slug="io", definition=IO_DEFINITION)
+    return Run.objects.get(pk=run_start(org=org, automation_slug="io", run_input={},
+                                        start_key=key).run_id)  # fmt: skip
+
+
 def test_a_refused_resolution_is_an_admin_error_message(admin_client: Client, run: Run) -> None:
     effect = in_review(run)
     resolve(admin_client, effect, "retry")  # resolved once; the page's buttons are stale now

@@ -1,9 +1,11 @@
 """Signals: delivering them to waiting steps, exactly once.
 
 - ``deliver`` stores the signal under its identity (a duplicate is recognised and changes
-  nothing), then, in a second transaction, wakes the oldest step waiting for it: waking the
-  step (``waits.wake_step``: the run walks on) and marking the signal consumed commit
-  together. A signal nobody waits for yet stays pending.
+  nothing) and, in the same transaction, wakes the oldest step waiting for it: storing it,
+  waking the step (``waits.wake_step``: the run walks on) and marking it consumed commit
+  together. Nothing else sees the signal before its own delivery was tried, so the answer
+  (consumed, by whom; or pending) is what happened, never a sweep's delivery of a signal
+  it reported pending. A signal nobody waits for yet stays pending.
 - A step entering a wait (``take_pending``, from the `wait_signal` step) takes the oldest
   pending signal meant for it in the walk's transaction, so a signal that came first is
   consumed when the run gets there.
@@ -74,43 +76,85 @@ def deliver(
         "payload": json_or_null(payload), "source": source, "correlations": correlations,
         "dedup": float(engine_setting("SIGNAL_DEDUP_SECONDS")),
     }  # fmt: skip
+    # Stored and delivered in one transaction: nothing else (the sweep's late matching, a wait
+    # entering) can take the signal between the two, leaving this sender to answer "pending"
+    # for a signal that another path consumed.
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        stored = _store_once(cursor, params, derived)
+        if isinstance(stored, Delivered):
+            return stored
+        signal = {**params, "id": stored, "payload": payload}
+        return Delivered(stored, False, _wake_a_waiter_now(signal))
+
+
+def _store_once(cursor: Any, params: dict[str, Any], derived: bool) -> int | Delivered:
+    """The new signal's id; or, for a duplicate, the first one as it stands (committed: a
+    sender of the same identity waits here until the first's delivery committed)."""
     for _ in range(2):
-        with transaction.atomic(durable=True), connection.cursor() as cursor:
-            cursor.execute(sql.SIGNAL_INSERT, params)
-            inserted = fetch_dict(cursor)
-            if inserted is not None:
-                break
-            cursor.execute(sql.SIGNAL_BY_IDENTITY, params)
-            first = fetch_dict(cursor)
-            assert first is not None
-            spent = first["consumed_at"] is not None or first["dropped_at"] is not None
-            if not (derived and spent and first["past_dedup"]):
-                return Delivered(first["id"], True, first["consumed_by"])
-            cursor.execute(sql.SIGNAL_RETIRE_IDENTITY, {"id": first["id"]})
-    assert inserted is not None
-    signal = {**params, "id": inserted["id"], "payload": payload}
-    return Delivered(inserted["id"], False, _wake_a_waiter(signal))
+        cursor.execute(sql.SIGNAL_INSERT, params)
+        inserted = fetch_dict(cursor)
+        if inserted is not None:
+            return int(inserted["id"])
+        cursor.execute(sql.SIGNAL_BY_IDENTITY, params)
+        first = fetch_dict(cursor)
+        assert first is not None
+        spent = first["consumed_at"] is not None or first["dropped_at"] is not None
+        if not (derived and spent and first["past_dedup"]):
+            return Delivered(first["id"], True, first["consumed_by"])
+        cursor.execute(sql.SIGNAL_RETIRE_IDENTITY, {"id": first["id"]})
+    raise AssertionError("a retired identity was taken again in the same transaction")
 
 
-def _wake_a_waiter(signal: dict[str, Any]) -> str:
-    """Give the signal to the oldest step waiting for it: wake and consume in one
-    transaction. The step it woke ("run/step/iteration"), or "" when none waits."""
-    with connection.cursor() as cursor:
-        cursor.execute(sql.SIGNAL_WAITERS, signal)
-        waiters = fetch_dicts(cursor)
-    for waiter in waiters:
-        taker = f"{waiter['run_id']}/{waiter['step_id']}/{waiter['iteration']}"
-        by = f"signal:{signal['identity']}"[:100]
-        wake = Wake(outcome=RECEIVED, output=_output(signal), reason="signal", by=by)
+def _wake_a_waiter_now(signal: dict[str, Any]) -> str:
+    """In the transaction that stored the signal, which nobody else sees yet: wake the oldest
+    step waiting for it, the signal consumed in the round trip of the walk's writes. The step
+    it woke ("run/step/iteration"), or "" when none waits. Should waking fail (an engine
+    error, a deadlock), the savepoint keeps the signal stored, pending: the sweep tries again
+    next tick."""
+    try:
+        with transaction.atomic():  # a savepoint
+            for waiter in _waiters(signal):
+                taker = _taker(waiter)
+                consume = (sql.SIGNAL_CONSUMED, {"id": signal["id"], "by": taker})
+                if wake_step(step_pk=waiter["id"], wake=_wake(signal), run_id=waiter["run_id"],
+                             also=[consume]):  # fmt: skip
+                    return taker
+    except Exception:
+        logger.exception("delivering signal %s failed: it stays pending", signal["id"])
+    return ""
+
+
+def _wake_a_waiter_late(signal: dict[str, Any]) -> str:
+    """The sweep's delivery of a stored signal (visible to every consumer now): consume it and
+    wake the oldest step waiting for it in one transaction per try. The step it woke, or ""
+    when none waits or a wait entering took it first."""
+    for waiter in _waiters(signal):
+        taker = _taker(waiter)
         with transaction.atomic(durable=True), connection.cursor() as cursor:
             # The signal first (the one order every consumer takes), then the run and step.
             cursor.execute(sql.SIGNAL_CONSUMED, {"id": signal["id"], "by": taker})
             if cursor.fetchone() is None:
                 return ""  # consumed meanwhile (a wait took it as it entered)
-            if wake_step(step_pk=waiter["id"], wake=wake):
+            if wake_step(step_pk=waiter["id"], wake=_wake(signal), run_id=waiter["run_id"]):
                 return taker
             transaction.set_rollback(True)  # that step stopped waiting: try the next
     return ""
+
+
+def _waiters(signal: dict[str, Any]) -> list[dict[str, Any]]:
+    """The steps waiting for this signal, oldest first."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.SIGNAL_WAITERS, signal)
+        return fetch_dicts(cursor)
+
+
+def _taker(waiter: dict[str, Any]) -> str:
+    return f"{waiter['run_id']}/{waiter['step_id']}/{waiter['iteration']}"
+
+
+def _wake(signal: dict[str, Any]) -> Wake:
+    by = f"signal:{signal['identity']}"[:100]
+    return Wake(outcome=RECEIVED, output=_output(signal), reason="signal", by=by)
 
 
 def take_pending(
@@ -127,14 +171,16 @@ def take_pending(
 
 
 def match_late(*, limit: int = 200) -> int:
-    """The sweep's backstop: deliver pending signals that a waiting step now matches."""
+    """The sweep's backstop: deliver pending signals that a waiting step now matches. It
+    only sees signals whose sender's own delivery has committed (``deliver``), so it never
+    takes one its sender is still delivering and would report pending."""
     with connection.cursor() as cursor:
         cursor.execute(sql.SIGNALS_MATCHED_LATE, {"n": limit})
         late = fetch_dicts(cursor)
     matched = 0
     for signal in late:
         try:
-            matched += bool(_wake_a_waiter(signal))
+            matched += bool(_wake_a_waiter_late(signal))
         except Exception:
             logger.exception("matching signal %s failed", signal["id"])
     return matched
