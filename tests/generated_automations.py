@@ -272,7 +272,8 @@ FLAGS = ("f1", "f2", "f3")
 
 def singles() -> st.SearchStrategy[Block]:
     return st.one_of(
-        st.sampled_from(["set", "noop", *EFFECTS]).map(Single),
+        st.sampled_from(EFFECTS).map(Single),
+        st.sampled_from(["set", "noop"]).map(Single),
         st.builds(Single, st.just("wait"), st.integers(1, 2)),
         st.builds(Single, st.just("wait_until"), st.integers(0, 1)),
         st.builds(SignalWait, st.booleans(), st.integers(1, 2)),
@@ -282,10 +283,13 @@ def singles() -> st.SearchStrategy[Block]:
 
 
 def blocks(depth: int = 2) -> st.SearchStrategy[Block]:
+    """Mostly single steps (so every type meets every other often), sometimes a shape."""
     if depth == 0:
         return singles()
-    inner = sequences(depth - 1, max_size=2)
+    inner = sequences(depth - 1, max_size=3)
     return st.one_of(
+        singles(),
+        singles(),
         singles(),
         st.builds(Branch, st.sampled_from(FLAGS), inner, inner),
         st.builds(Parallel, st.lists(inner, min_size=2, max_size=3).map(tuple)),
@@ -293,7 +297,7 @@ def blocks(depth: int = 2) -> st.SearchStrategy[Block]:
     )
 
 
-def sequences(depth: int = 2, *, max_size: int = 4) -> st.SearchStrategy[Sequence]:
+def sequences(depth: int = 2, *, max_size: int = 6) -> st.SearchStrategy[Sequence]:
     return st.lists(blocks(depth), min_size=1, max_size=max_size).map(
         lambda items: Sequence(tuple(items))
     )

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
@@ -37,18 +37,36 @@ from approvals.models import ApprovalRequest
 from workflows.models import Organisation, Run, Step
 
 from .effect_setup import connect
-from .generated_automations import EFFECTS, Automation, RunInput, automations, run_inputs
+from .generated_automations import (
+    EFFECTS,
+    Automation,
+    RunInput,
+    Sequence,
+    Single,
+    automations,
+    run_inputs,
+)
 from .processes import ROOT, engine_env, kill_tree
 from .stubs.model import ModelStub
 from .stubs.provider import ProviderStub
 from .stubs.slack import SlackStub
 from .stubs.smtp import SmtpStub
 
+# Always tried first: the reproduction that opened "Correct together" (a worker step, then a
+# wait: the settle's walk ahead entered the wait and failed the run).
+ISSUE_REPRODUCTION = Automation(Sequence((Single("noop"), Single("wait", 1))))
+NO_FLAGS = {"f1": False, "f2": False, "f3": False}
 EXAMPLES = int(os.environ.get("WAYMARK_GENERATED_EXAMPLES", "6"))
 RUNS_PER_AUTOMATION = 2
 # Bounds, not budgets: a run of the longest drawn shape waits a few seconds in all.
 RUN_DEADLINE_SECONDS = 120.0
 TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def _effect_key(sent: str) -> str:
+    """The effect's key (run/step/iteration) from what a provider saw: some carry the
+    request's digest after a colon."""
+    return sent.partition(":")[0]
 
 
 @dataclass
@@ -62,15 +80,14 @@ class Stubs:
         """Every effect key a provider saw, as many times as it saw it."""
         keys: Counter[str] = Counter()
         for request in self.provider.requests:
-            # An http step's key carries its request's digest after a colon.
-            key = request["headers"].get("idempotency-key", "").partition(":")[0]
+            key = _effect_key(request["headers"].get("idempotency-key", ""))
             if key and (request["path"] == "/items" or request["path"].startswith("/contacts/")):
                 keys[key] += 1
         for message in self.smtp.messages:
-            keys[message.headers.get("x-waymark-effect-key", "")] += 1
+            keys[_effect_key(message.headers.get("x-waymark-effect-key", ""))] += 1
         for posted in self.slack.messages:
             metadata = posted.get("metadata") or {}
-            keys[metadata.get("event_payload", {}).get("effect_key", "")] += 1
+            keys[_effect_key(metadata.get("event_payload", {}).get("effect_key", ""))] += 1
         return keys
 
     def model_prompts(self) -> Counter[str]:
@@ -278,6 +295,7 @@ def test_generated_automations_run_as_their_definitions_say(
               suppress_health_check=list(HealthCheck))  # fmt: skip
     @given(automations(), st.lists(run_inputs(), min_size=RUNS_PER_AUTOMATION,
                                    max_size=RUNS_PER_AUTOMATION))  # fmt: skip
+    @example(ISSUE_REPRODUCTION, [NO_FLAGS, NO_FLAGS])
     def runs_as_defined(automation: Automation, inputs: list[dict[str, bool]]) -> None:
         check_automation(driver, automation, inputs, checked)
 
