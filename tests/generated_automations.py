@@ -83,7 +83,6 @@ class Single(Block):
         return Counter({self.ids[0]: 1})
 
 
-
 def _fields(kind: str, sid: str, seconds: int) -> Step:
     if kind == "set":
         return {"type": "set", "values": {f"v_{sid}": "{{ input.key }}"}}
@@ -147,9 +146,9 @@ class Person(Block):
         self.ids = (sid, marker)
         deadline = "1s" if self.decision == "timeout" else "1h"
         if self.kind == "approval":
+            outcomes = {"approved": next_id, "rejected": marker, "timed_out": marker}
             ask = {"id": sid, "type": "approval", "approvers": ["*"], "deadline": deadline,
-                   "message": f"{sid} for {{{{ input.key }}}}?",
-                   "next": {"approved": next_id, "rejected": marker, "timed_out": marker}}  # fmt: skip
+                   "message": f"{sid} for {{{{ input.key }}}}?", "next": outcomes}  # fmt: skip
         else:
             ask = {"id": sid, "type": "task", "assignees": ["*"], "deadline": deadline,
                    "message": f"{sid}", "form": {"fields": [{"name": "x", "type": "text"}]},
@@ -198,7 +197,8 @@ class Branch(Block):
         self.ids = (sid,)
         yes_first, yes_steps = self.yes.compile(ids, next_id)
         no_first, no_steps = self.no.compile(ids, next_id)
-        branch = {"id": sid, "type": "branch", "when": [{"outcome": "yes", "if": f"input.{self.flag}"}],
+        when = [{"outcome": "yes", "if": f"input.{self.flag}"}]
+        branch = {"id": sid, "type": "branch", "when": when,
                   "next": {"yes": yes_first, "default": no_first}}  # fmt: skip
         return sid, [branch, *yes_steps, *no_steps]
 

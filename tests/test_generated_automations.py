@@ -247,10 +247,10 @@ def check_automation(driver: Driver, automation: Automation, inputs: list[dict[s
     given = [RunInput(key=f"{slug}-r{n}", flags=flags) for n, flags in enumerate(inputs)]
     started: dict[int, Automation] = {}
     inputs_of: dict[int, RunInput] = {}
-    for run in given:
-        run_id = driver.start(slug, run)
-        started[run_id], inputs_of[run_id] = automation, run
-        driver.send_signals(automation, run)
+    for each in given:
+        run_id = driver.start(slug, each)
+        started[run_id], inputs_of[run_id] = automation, each
+        driver.send_signals(automation, each)
     runs = driver.finish(started)
     expected: Counter[str] = Counter()
     for run_id, run in runs.items():

@@ -205,3 +205,81 @@ def test_a_parallel_whose_next_is_not_a_join_is_refused() -> None:
         ],
     })  # fmt: skip
     assert [(i.code, i.step, i.field) for i in issues] == [("invalid_field", "fan", "next")]
+
+
+def test_a_branch_that_splits_into_paths_of_its_own_counts_once_at_the_join(org) -> None:
+    """A join-less parallel inside a branch: its two paths each reach (or end at) the join's
+    fork, but the branch arrives once; the join still waits for the other branch."""
+    run = start(org, {
+        "start": "fan",
+        "steps": [
+            {"id": "fan", "type": "parallel", "branches": ["a", "split"], "next": "meet"},
+            {"id": "a", "type": "noop", "next": "meet"},
+            {"id": "split", "type": "parallel", "branches": ["c", "d"]},
+            {"id": "c", "type": "noop", "next": "meet"},
+            {"id": "d", "type": "noop"},
+            {"id": "meet", "type": "join", "wait_for": ["a", "c"], "next": "done"},
+            {"id": "done", "type": "end"},
+        ],
+    })  # fmt: skip
+    steps = claim_io()
+    assert settle(steps["c"]) and settle(steps["d"])  # the second branch arrives, twice over
+    run.refresh_from_db()
+    assert run.status == "running"  # the join still waits for branch a
+    assert Step.objects.get(run=run, step_id="a").status == "running"
+    assert settle(steps["a"])
+    run.refresh_from_db()
+    assert run.status == "succeeded"
+    arrived = kinds(run, "join.arrived")
+    assert [e.detail["branch"] for e in arrived] == [1, 0]
+
+
+@pytest.mark.parametrize(
+    ("shape", "code", "step", "message_names"),
+    [
+        (
+            {"start": "p1", "steps": [
+                {"id": "p1", "type": "parallel", "branches": ["a", "p2"], "next": "j"},
+                {"id": "a", "type": "noop", "next": "j"},
+                {"id": "p2", "type": "parallel", "branches": ["c", "d"], "next": "j"},
+                {"id": "c", "type": "noop", "next": "j"},
+                {"id": "d", "type": "noop", "next": "j"},
+                {"id": "j", "type": "join", "wait_for": ["a", "c", "d"], "next": "done"},
+                {"id": "done", "type": "end"}]},
+            "join_shared", "p2", ('"p1"', '"p2"', '"j"'),
+        ),
+        (
+            {"start": "p", "steps": [
+                {"id": "p", "type": "parallel", "branches": ["a", "b"], "next": "j"},
+                {"id": "a", "type": "noop", "next": "after"},
+                {"id": "b", "type": "noop", "next": "j"},
+                {"id": "j", "type": "join", "wait_for": ["a", "b"], "next": "after"},
+                {"id": "after", "type": "email", "connection": "mail", "to": "a@example.com",
+                 "subject": "s", "body": "b", "next": "done"},
+                {"id": "done", "type": "end"}]},
+            "branch_leaves_fork", "p", ('"p"', '"after"', '"j"'),
+        ),
+    ],
+)  # fmt: skip
+def test_parallel_shapes_the_engine_cannot_run_as_written_are_refused_naming_both_steps(
+    shape: dict[str, Any], code: str, step: str, message_names: tuple[str, ...]
+) -> None:
+    from workflows.definitions.validator import validate_definition
+
+    (issue,) = validate_definition(shape)
+    assert (issue.code, issue.step) == (code, step)
+    assert all(name in issue.message for name in message_names), issue.message
+
+
+def test_branches_sharing_an_end_step_and_a_loop_around_the_fork_are_not_refused() -> None:
+    from workflows.definitions.validator import validate_definition
+
+    assert validate_definition({"start": "p", "limits": {"max_steps": 50}, "steps": [
+        {"id": "p", "type": "parallel", "branches": ["a", "b"], "next": "j"},
+        {"id": "a", "type": "noop", "next": "j", "on_failure": "stop"},
+        {"id": "b", "type": "noop", "next": "j"},
+        {"id": "j", "type": "join", "wait_for": ["a", "b"], "next": "again"},
+        {"id": "again", "type": "branch", "when": [{"outcome": "yes", "if": "input.loop"}],
+         "next": {"yes": "p", "default": "stop"}},
+        {"id": "stop", "type": "end"},
+    ]}) == []  # fmt: skip

@@ -38,6 +38,7 @@ from workflows.definitions.fields import (
     show,
     type_label,
 )
+from workflows.definitions.fork_shapes import fork_issues
 from workflows.definitions.graph import shortest_cycle, strongly_connected_components
 from workflows.definitions.registry import Registry, StepType
 from workflows.definitions.registry import registry as default_registry
@@ -84,6 +85,8 @@ ISSUE_CODES = (
     "invalid_limits",
     "template_too_large",
     "too_many_conditions",
+    "join_shared",
+    "branch_leaves_fork",
 )
 
 
@@ -387,6 +390,7 @@ class _Validation:
                             None,
                         )
                     )
+        self.check_forks(definition, successors)
         limits = definition.get("limits")
         if isinstance(limits, dict) and "max_steps" in limits:
             return  # an explicit step limit bounds every loop
@@ -402,6 +406,13 @@ class _Validation:
             loops.append((position[first], first, members))
         for _, first, members in sorted(loops, key=lambda loop: loop[0]):
             self.report_loop(first, members, successors, position)
+
+    def check_forks(self, definition: dict[Any, Any], successors: dict[str, list[str]]) -> None:
+        """Parallel shapes the engine cannot run as written (fork_shapes.py)."""
+        steps = {sid: definition["steps"][index] for sid, index in self.ids.items()}
+        terminal = {sid for sid, step_type in self.types.items() if step_type.terminal}
+        for issue in fork_issues(steps, successors, terminal):
+            self.issues.append(DefinitionIssue(issue.code, issue.message, issue.step, issue.field))
 
     def report_loop(
         self,

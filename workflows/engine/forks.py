@@ -108,7 +108,8 @@ class Forks:
         row = fetch_dict(walk.cursor)
         join_step_id = self.join_step_of(place.fork_join)
         if row is None:
-            # The join completed without this branch (`first`, or a number of branches).
+            # The join completed without this branch (`first`, or a number of branches), or
+            # this branch arrived already (by another of its paths).
             walk.event("join.arrived_late", join_step_id, detail={"branch": place.branch})
             return
         detail = {"branch": place.branch, "arrived": row["wait_detail"]["arrived"]}

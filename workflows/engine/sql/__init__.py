@@ -520,6 +520,9 @@ UPDATE workflows_step
                                >= (wait_detail ->> 'need')::int
                           THEN now() END
  WHERE id = %(id)s AND status = 'waiting' AND wait_kind = 'join'
+   -- A branch counts once: one that split into join-less parallel paths arrives with the
+   -- first of them (a second arrival would complete the join without another branch).
+   AND NOT (wait_detail -> 'arrived') @> to_jsonb(%(branch)s::int)
 RETURNING status, step_id, iteration, fork_join_id, branch, wait_detail::json AS wait_detail
 """
 
