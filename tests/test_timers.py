@@ -3,11 +3,14 @@ fires it once with its run, fairly across organisations, in people's time zones.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from timers.calendar import spread_offset
@@ -144,9 +147,10 @@ def test_a_timer_that_fails_to_fire_fails_alone_and_its_batch_goes_on(org, monke
 
 def test_a_batch_closes_with_its_last_wake_or_alone_when_that_step_no_longer_waits(org):
     """A batch's closing writes (timers fired, organisation served) travel with its last
-    wake's walk writes; when the last timer's step no longer waits (its run was cancelled)
-    they are sent on their own. Either way every timer of the batch is spent once, and the
-    batch knows when the next pending timer is due."""
+    wake's walk writes; when the last timer's step no longer waits (its run was cancelled
+    while its timer was held, so the cancel skipped it) they are sent on their own, and
+    that timer is recorded as cancelled. Either way every timer of the batch is spent once,
+    and the batch knows when the next pending timer is due."""
     from timers.models import OrgSweep
     from workflows.services.control import run_act
 
@@ -157,14 +161,18 @@ def test_a_batch_closes_with_its_last_wake_or_alone_when_that_step_no_longer_wai
         for ago, run_id in zip((3, 2, 1), runs, strict=True):  # the last is the latest due
             Timer.objects.filter(run_id=run_id).update(due_at=Now() - timedelta(seconds=ago))
         if cancel_last:
-            run_act(org=org, run_id=runs[-1], action="cancel", actor="test")
+            with timer_held(Timer.objects.get(run_id=runs[-1]).pk):
+                run_act(org=org, run_id=runs[-1], action="cancel", actor="test")
+            assert Timer.objects.get(run_id=runs[-1]).cancelled_at is None  # skipped
         OrgSweep.objects.all().delete()
         batch = fire_due_timers()
         assert (batch.fired, batch.orgs) == (3, 1)
         assert batch.next_due_at is not None  # the timers an hour ahead
         assert 3500 < batch.next_due_at - time.monotonic() <= 3600
-        spent = Timer.objects.filter(run_id__in=runs, fired_at__isnull=False).count()
-        assert spent == 3 and OrgSweep.objects.filter(org_id=org.pk).exists()
+        fired = Timer.objects.filter(run_id__in=runs, fired_at__isnull=False).count()
+        cancelled = Timer.objects.filter(run_id__in=runs, cancelled_at__isnull=False).count()
+        assert (fired, cancelled) == ((2, 1) if cancel_last else (3, 0))
+        assert OrgSweep.objects.filter(org_id=org.pk).exists()
         assert fire_due_timers().fired == 0
     assert Timer.objects.get(run_id=pending).fired_at is None
     statuses = [Run.objects.get(pk=r).status for runs in batches for r in runs]
@@ -173,19 +181,43 @@ def test_a_batch_closes_with_its_last_wake_or_alone_when_that_step_no_longer_wai
     assert woken == 5
 
 
+@contextmanager
+def timer_held(timer_pk: int) -> Iterator[None]:
+    """The timer's row locked by another transaction (as a firing batch holds it) while the
+    block runs."""
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                Timer.objects.select_for_update().get(pk=timer_pk)
+                locked.set()
+                release.wait(60)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        assert locked.wait(30), "the timer was never locked"
+        yield
+    finally:
+        release.set()
+        holder.join(timeout=30)
+
+
 def test_a_firing_thread_busy_with_a_batch_does_not_hold_back_the_other_parts_timers(
     org, monkeypatch
 ):
-    """A sweeper's firing threads each serve one part of the timers (mod(id, parts)): while
-    one is stuck in a batch, the other part's timers fire. Real threads, a real sweeper."""
-    import threading
-
+    """A sweeper's firing threads each serve one part of the timers (mod(run_id, parts)):
+    while one is stuck in a batch, the other part's timers fire. Real threads, a real
+    sweeper."""
     import timers.sweep as sweep
 
     runs = [start(org, waits({"type": "wait", "duration": "1h"}), key=f"k{i}") for i in range(6)]
     timers = list(Timer.objects.filter(run_id__in=runs))
-    stuck_runs = {t.run_id for t in timers if t.pk % 2 == 0}
-    free_runs = {t.run_id for t in timers if t.pk % 2 == 1}
+    stuck_runs = {t.run_id for t in timers if t.run_id % 2 == 0}
+    free_runs = {t.run_id for t in timers if t.run_id % 2 == 1}
     assert stuck_runs and free_runs
     held, release = threading.Event(), threading.Event()
     real_wake = sweep.wake_step
@@ -276,3 +308,84 @@ def test_recompute_timers_reports_what_moved(org):
     call_command("recompute_timers", stdout=out)
     assert "2 pending timer(s) checked, 1 moved" in out.getvalue()
     assert RunEvent.objects.filter(run_id=run_id, kind="timer.recomputed").count() == 1
+
+
+# --- cancelled with their step ------------------------------------------------------------------
+
+
+def timer_of(run_id: int, step_id: str = "pause") -> Timer:
+    return Timer.objects.get(run_id=run_id, step_id=step_id)
+
+
+def test_a_cancelled_runs_timer_is_cancelled_with_it_and_never_fires(org):
+    from workflows.services.control import run_act
+
+    run_id = start(org, waits({"type": "wait", "duration": "1h"}))
+    run_act(org=org, run_id=run_id, action="cancel", actor="test")
+    timer = timer_of(run_id)
+    assert timer.cancelled_at is not None and timer.fired_at is None and timer.error == ""
+    make_due(pk=timer.pk)
+    assert fire_due_timers().fired == 0  # its time came: nothing to fire
+    assert seconds_until_next_due() is None  # nor to wait for
+    timer.refresh_from_db()
+    assert timer.fired_at is None
+    assert not RunEvent.objects.filter(run_id=run_id, kind="step.timer_fired").exists()
+    assert Run.objects.get(pk=run_id).status == "cancelled"
+
+
+def branches(*steps: dict, **join: object) -> dict:
+    """A parallel of the given branch steps (each one step long), joined."""
+    ids = [step["id"] for step in steps]
+    return {
+        "start": "fan",
+        "steps": [
+            {"id": "fan", "type": "parallel", "branches": ids, "next": "join"},
+            *({**step, "next": step.get("next", "join")} for step in steps),
+            {"id": "join", "type": "join", "wait_for": ids, **join, "next": "done"},
+            {"id": "done", "type": "end"},
+        ],
+    }
+
+
+def test_a_branch_that_ends_the_run_cancels_the_other_branchs_timer(org):
+    """The run ends on one branch (its wait fires, then `end`) while another waits an hour:
+    the waiting step is cancelled by the run's end, and its timer with it, in the firing
+    batch's own transaction."""
+    definition = branches(
+        {"id": "slow", "type": "wait", "duration": "1h"},
+        {"id": "fast", "type": "wait", "duration": "1h", "next": "stop"},
+    )
+    definition["steps"].append({"id": "stop", "type": "end"})
+    run_id = start(org, definition)
+    make_due(run_id=run_id, step_id="fast")
+    assert fire_due_timers().fired == 1
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+    slow = timer_of(run_id, "slow")
+    assert slow.cancelled_at is not None and slow.fired_at is None
+    make_due(pk=slow.pk)
+    assert fire_due_timers().fired == 0
+
+
+def test_a_branch_that_fails_the_run_cancels_the_other_branchs_timer(org):
+    definition = branches(
+        {"id": "slow", "type": "wait", "duration": "1h"},
+        {"id": "bad", "type": "wait_until", "rule": {"time": "09:00"},
+         "timezone": "{{ input.tz }}"},
+    )  # fmt: skip
+    run_id = start(org, definition, run_input={"tz": "Mars/Olympus"})
+    assert Run.objects.get(pk=run_id).status == "failed"
+    slow = timer_of(run_id, "slow")
+    assert slow.cancelled_at is not None and slow.fired_at is None
+
+
+def test_a_join_complete_without_a_branch_cancels_its_timer(org):
+    definition = branches(
+        {"id": "slow", "type": "wait", "duration": "1h"},
+        {"id": "fast", "type": "wait", "duration": "1h"},
+        complete="first",
+    )
+    run_id = start(org, definition)
+    make_due(run_id=run_id, step_id="fast")
+    assert fire_due_timers().fired == 1
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+    assert timer_of(run_id, "slow").cancelled_at is not None
