@@ -389,3 +389,14 @@ def test_a_join_complete_without_a_branch_cancels_its_timer(org):
     assert fire_due_timers().fired == 1
     assert Run.objects.get(pk=run_id).status == "succeeded"
     assert timer_of(run_id, "slow").cancelled_at is not None
+
+
+def test_a_zero_spread_is_accepted_on_a_step_as_on_the_definition(org):
+    """`spread: "0s"` on a step, as docs/definitions.md says (and as `timer_spread`): the
+    definition publishes, and the run's timer has no offset."""
+    rule = {"type": "wait_until", "rule": {"time": "09:00"}, "spread": "0s"}
+    run_id = start(org, waits(rule, timer_spread="10m"))  # the step's own spread wins
+    timer = timer_of(run_id)
+    assert (timer.spread_seconds, timer.offset_seconds) == (0, 0)
+    local = timer.due_at.astimezone(UTC)
+    assert (local.hour, local.minute, local.second) == (9, 0, 0)
