@@ -145,6 +145,41 @@ def test_a_timer_that_fails_to_fire_fails_alone_and_its_batch_goes_on(org, monke
     assert fire_due_timers().fired == 0
 
 
+@pytest.mark.parametrize("failing_pass", ["optimistic", "one by one"])
+def test_a_transient_database_error_is_retried_never_a_timers_error(org, monkeypatch, failing_pass):
+    """A wake that meets a deadlock (raised by the server, as a real one is) is not the
+    timer's fault: the batch is rolled back and fired again, each timer fires once and none
+    records the error. In the one-by-one pass too (before, it marked the timer fired with
+    'deadlock detected', and its step waited forever)."""
+    import timers.sweep as sweep
+
+    runs = [start(org, waits({"type": "wait", "duration": "1h"}), key=f"k{i}") for i in range(4)]
+    bad = Step.objects.get(run_id=runs[1], step_id="pause").pk
+    real_wake = sweep.wake_step
+    # What each wake of the bad step meets, in turn: a bug first sends the batch one by one.
+    meets = ["deadlock"] if failing_pass == "optimistic" else ["bug", "deadlock"]
+
+    def wake_step(*, step_pk: int, **kwargs: object) -> bool:
+        trouble = meets.pop(0) if step_pk == bad and meets else None
+        if trouble == "bug":
+            raise RuntimeError("a bug: the batch goes one by one")
+        if trouble == "deadlock":
+            with connection.cursor() as cursor:  # a real server error, SQLSTATE 40P01
+                cursor.execute("DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' "
+                               "USING ERRCODE = '40P01'; END $$")  # fmt: skip
+        return real_wake(step_pk=step_pk, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sweep, "wake_step", wake_step)
+    make_due()
+    assert fire_due_timers().fired == 4
+    timers = Timer.objects.filter(run_id__in=runs)
+    assert [t.error for t in timers] == [""] * 4
+    assert all(t.fired_at is not None for t in timers)
+    assert set(Run.objects.filter(pk__in=runs).values_list("status", flat=True)) == {"succeeded"}
+    woken = RunEvent.objects.filter(run_id__in=runs, kind="step.timer_fired").count()
+    assert woken == 4 and meets == []
+
+
 def test_a_batch_closes_with_its_last_wake_or_alone_when_that_step_no_longer_waits(org):
     """A batch's closing writes (timers fired, organisation served) travel with its last
     wake's walk writes; when the last timer's step no longer waits (its run was cancelled
