@@ -383,6 +383,46 @@ def test_a_refused_start_is_recorded_and_the_other_schedules_go_on(org) -> None:
 
 
 @transactional
+def test_a_start_that_meets_a_lock_timeout_is_tried_again_not_recorded_as_an_error(org) -> None:
+    """The database's passing trouble (here a lock timeout: another transaction holds the
+    organisation's row, which the run's insert must share) is not the schedule's error: it
+    is not recorded, and the same occurrence starts once the claim lapses."""
+    import threading
+
+    from django.db import transaction
+
+    schedule = scheduled(published(org))
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_organisation() -> None:
+        try:
+            with transaction.atomic():
+                Organisation.objects.select_for_update().get(pk=org.pk)
+                held.set()
+                release.wait(60)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_organisation, daemon=True)
+    holder.start()
+    try:
+        assert held.wait(30)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '200ms'")
+        assert fire_due_schedules("test") == 0
+    finally:
+        release.set()
+        holder.join(timeout=30)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    schedule.refresh_from_db()
+    assert (schedule.last_error, schedule.last_started_at) == ("", None)
+    Schedule.objects.filter(pk=schedule.pk).update(claimed_until=None)  # as if it lapsed
+    assert fire_due_schedules("test") == 1
+    assert len(runs_of(schedule)) == 1
+
+
+@transactional
 def test_a_start_refused_by_the_running_runs_quota_is_tried_again_with_the_same_key(org) -> None:
     io = published(org, "io", IO_DEFINITION)
     run_start(org=org, automation_slug="io", run_input={}, start_key="holds-the-quota")

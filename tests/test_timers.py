@@ -3,11 +3,14 @@ fires it once with its run, fairly across organisations, in people's time zones.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from timers.calendar import spread_offset
@@ -142,11 +145,47 @@ def test_a_timer_that_fails_to_fire_fails_alone_and_its_batch_goes_on(org, monke
     assert fire_due_timers().fired == 0
 
 
+@pytest.mark.parametrize("failing_pass", ["optimistic", "one by one"])
+def test_a_transient_database_error_is_retried_never_a_timers_error(org, monkeypatch, failing_pass):
+    """A wake that meets a deadlock (raised by the server, as a real one is) is not the
+    timer's fault: the batch is rolled back and fired again, each timer fires once and none
+    records the error. In the one-by-one pass too (before, it marked the timer fired with
+    'deadlock detected', and its step waited forever)."""
+    import timers.sweep as sweep
+
+    runs = [start(org, waits({"type": "wait", "duration": "1h"}), key=f"k{i}") for i in range(4)]
+    bad = Step.objects.get(run_id=runs[1], step_id="pause").pk
+    real_wake = sweep.wake_step
+    # What each wake of the bad step meets, in turn: a bug first sends the batch one by one.
+    meets = ["deadlock"] if failing_pass == "optimistic" else ["bug", "deadlock"]
+
+    def wake_step(*, step_pk: int, **kwargs: object) -> bool:
+        trouble = meets.pop(0) if step_pk == bad and meets else None
+        if trouble == "bug":
+            raise RuntimeError("a bug: the batch goes one by one")
+        if trouble == "deadlock":
+            with connection.cursor() as cursor:  # a real server error, SQLSTATE 40P01
+                cursor.execute("DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' "
+                               "USING ERRCODE = '40P01'; END $$")  # fmt: skip
+        return real_wake(step_pk=step_pk, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sweep, "wake_step", wake_step)
+    make_due()
+    assert fire_due_timers().fired == 4
+    timers = Timer.objects.filter(run_id__in=runs)
+    assert [t.error for t in timers] == [""] * 4
+    assert all(t.fired_at is not None for t in timers)
+    assert set(Run.objects.filter(pk__in=runs).values_list("status", flat=True)) == {"succeeded"}
+    woken = RunEvent.objects.filter(run_id__in=runs, kind="step.timer_fired").count()
+    assert woken == 4 and meets == []
+
+
 def test_a_batch_closes_with_its_last_wake_or_alone_when_that_step_no_longer_waits(org):
     """A batch's closing writes (timers fired, organisation served) travel with its last
-    wake's walk writes; when the last timer's step no longer waits (its run was cancelled)
-    they are sent on their own. Either way every timer of the batch is spent once, and the
-    batch knows when the next pending timer is due."""
+    wake's walk writes; when the last timer's step no longer waits (its run was cancelled
+    while its timer was held, so the cancel skipped it) they are sent on their own, and
+    that timer is recorded as cancelled. Either way every timer of the batch is spent once,
+    and the batch knows when the next pending timer is due."""
     from timers.models import OrgSweep
     from workflows.services.control import run_act
 
@@ -157,14 +196,18 @@ def test_a_batch_closes_with_its_last_wake_or_alone_when_that_step_no_longer_wai
         for ago, run_id in zip((3, 2, 1), runs, strict=True):  # the last is the latest due
             Timer.objects.filter(run_id=run_id).update(due_at=Now() - timedelta(seconds=ago))
         if cancel_last:
-            run_act(org=org, run_id=runs[-1], action="cancel", actor="test")
+            with timer_held(Timer.objects.get(run_id=runs[-1]).pk):
+                run_act(org=org, run_id=runs[-1], action="cancel", actor="test")
+            assert Timer.objects.get(run_id=runs[-1]).cancelled_at is None  # skipped
         OrgSweep.objects.all().delete()
         batch = fire_due_timers()
         assert (batch.fired, batch.orgs) == (3, 1)
         assert batch.next_due_at is not None  # the timers an hour ahead
         assert 3500 < batch.next_due_at - time.monotonic() <= 3600
-        spent = Timer.objects.filter(run_id__in=runs, fired_at__isnull=False).count()
-        assert spent == 3 and OrgSweep.objects.filter(org_id=org.pk).exists()
+        fired = Timer.objects.filter(run_id__in=runs, fired_at__isnull=False).count()
+        cancelled = Timer.objects.filter(run_id__in=runs, cancelled_at__isnull=False).count()
+        assert (fired, cancelled) == ((2, 1) if cancel_last else (3, 0))
+        assert OrgSweep.objects.filter(org_id=org.pk).exists()
         assert fire_due_timers().fired == 0
     assert Timer.objects.get(run_id=pending).fired_at is None
     statuses = [Run.objects.get(pk=r).status for runs in batches for r in runs]
@@ -173,19 +216,43 @@ def test_a_batch_closes_with_its_last_wake_or_alone_when_that_step_no_longer_wai
     assert woken == 5
 
 
+@contextmanager
+def timer_held(timer_pk: int) -> Iterator[None]:
+    """The timer's row locked by another transaction (as a firing batch holds it) while the
+    block runs."""
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                Timer.objects.select_for_update().get(pk=timer_pk)
+                locked.set()
+                release.wait(60)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        assert locked.wait(30), "the timer was never locked"
+        yield
+    finally:
+        release.set()
+        holder.join(timeout=30)
+
+
 def test_a_firing_thread_busy_with_a_batch_does_not_hold_back_the_other_parts_timers(
     org, monkeypatch
 ):
-    """A sweeper's firing threads each serve one part of the timers (mod(id, parts)): while
-    one is stuck in a batch, the other part's timers fire. Real threads, a real sweeper."""
-    import threading
-
+    """A sweeper's firing threads each serve one part of the timers (mod(run_id, parts)):
+    while one is stuck in a batch, the other part's timers fire. Real threads, a real
+    sweeper."""
     import timers.sweep as sweep
 
     runs = [start(org, waits({"type": "wait", "duration": "1h"}), key=f"k{i}") for i in range(6)]
     timers = list(Timer.objects.filter(run_id__in=runs))
-    stuck_runs = {t.run_id for t in timers if t.pk % 2 == 0}
-    free_runs = {t.run_id for t in timers if t.pk % 2 == 1}
+    stuck_runs = {t.run_id for t in timers if t.run_id % 2 == 0}
+    free_runs = {t.run_id for t in timers if t.run_id % 2 == 1}
     assert stuck_runs and free_runs
     held, release = threading.Event(), threading.Event()
     real_wake = sweep.wake_step
@@ -276,3 +343,95 @@ def test_recompute_timers_reports_what_moved(org):
     call_command("recompute_timers", stdout=out)
     assert "2 pending timer(s) checked, 1 moved" in out.getvalue()
     assert RunEvent.objects.filter(run_id=run_id, kind="timer.recomputed").count() == 1
+
+
+# --- cancelled with their step ------------------------------------------------------------------
+
+
+def timer_of(run_id: int, step_id: str = "pause") -> Timer:
+    return Timer.objects.get(run_id=run_id, step_id=step_id)
+
+
+def test_a_cancelled_runs_timer_is_cancelled_with_it_and_never_fires(org):
+    from workflows.services.control import run_act
+
+    run_id = start(org, waits({"type": "wait", "duration": "1h"}))
+    run_act(org=org, run_id=run_id, action="cancel", actor="test")
+    timer = timer_of(run_id)
+    assert timer.cancelled_at is not None and timer.fired_at is None and timer.error == ""
+    make_due(pk=timer.pk)
+    assert fire_due_timers().fired == 0  # its time came: nothing to fire
+    assert seconds_until_next_due() is None  # nor to wait for
+    timer.refresh_from_db()
+    assert timer.fired_at is None
+    assert not RunEvent.objects.filter(run_id=run_id, kind="step.timer_fired").exists()
+    assert Run.objects.get(pk=run_id).status == "cancelled"
+
+
+def branches(*steps: dict, **join: object) -> dict:
+    """A parallel of the given branch steps (each one step long), joined."""
+    ids = [step["id"] for step in steps]
+    return {
+        "start": "fan",
+        "steps": [
+            {"id": "fan", "type": "parallel", "branches": ids, "next": "join"},
+            *({**step, "next": step.get("next", "join")} for step in steps),
+            {"id": "join", "type": "join", "wait_for": ids, **join, "next": "done"},
+            {"id": "done", "type": "end"},
+        ],
+    }
+
+
+def test_a_branch_that_ends_the_run_cancels_the_other_branchs_timer(org):
+    """The run ends on one branch (its wait fires, then `end`) while another waits an hour:
+    the waiting step is cancelled by the run's end, and its timer with it, in the firing
+    batch's own transaction."""
+    definition = branches(
+        {"id": "slow", "type": "wait", "duration": "1h"},
+        {"id": "fast", "type": "wait", "duration": "1h", "next": "stop"},
+    )
+    definition["steps"].append({"id": "stop", "type": "end"})
+    run_id = start(org, definition)
+    make_due(run_id=run_id, step_id="fast")
+    assert fire_due_timers().fired == 1
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+    slow = timer_of(run_id, "slow")
+    assert slow.cancelled_at is not None and slow.fired_at is None
+    make_due(pk=slow.pk)
+    assert fire_due_timers().fired == 0
+
+
+def test_a_branch_that_fails_the_run_cancels_the_other_branchs_timer(org):
+    definition = branches(
+        {"id": "slow", "type": "wait", "duration": "1h"},
+        {"id": "bad", "type": "wait_until", "rule": {"time": "09:00"},
+         "timezone": "{{ input.tz }}"},
+    )  # fmt: skip
+    run_id = start(org, definition, run_input={"tz": "Mars/Olympus"})
+    assert Run.objects.get(pk=run_id).status == "failed"
+    slow = timer_of(run_id, "slow")
+    assert slow.cancelled_at is not None and slow.fired_at is None
+
+
+def test_a_join_complete_without_a_branch_cancels_its_timer(org):
+    definition = branches(
+        {"id": "slow", "type": "wait", "duration": "1h"},
+        {"id": "fast", "type": "wait", "duration": "1h"},
+        complete="first",
+    )
+    run_id = start(org, definition)
+    make_due(run_id=run_id, step_id="fast")
+    assert fire_due_timers().fired == 1
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+    assert timer_of(run_id, "slow").cancelled_at is not None
+
+
+def test_a_zero_spread_is_accepted_on_a_step_as_on_the_definition(org):
+    """`spread: "0s"` on a step, as docs/definitions.md says (and as `timer_spread`): the
+    definition publishes, and the run's timer has no offset."""
+    rule = {"type": "wait_until", "rule": {"time": "09:00"}, "spread": "0s"}
+    run_id = start(org, waits(rule, timer_spread="10m"))  # the step's own spread wins
+    timer = timer_of(run_id)
+    assert (timer.spread_seconds, timer.offset_seconds) == (0, 0)
+    local = timer.due_at.astimezone(UTC)
+    assert (local.hour, local.minute, local.second) == (9, 0, 0)

@@ -4,7 +4,10 @@ A timer is one durable wait of one step execution: the intent (a duration, a mom
 weekly rule), the zone it is read in, the spread and the deterministic offset within it, and
 the UTC instant it fires at (``due_at``, offset included). It is written in the same
 transaction that enters its step, and fired by the due sweep in the same transaction that
-moves its run on. See ``timers/sweep.py``.
+moves its run on. See ``timers/sweep.py``. A timer whose step is cancelled first (its run
+cancelled or ended, its fork completed without it) is cancelled with it, in the same
+transaction (``cancelled_at``; ``sql.CANCEL_WITH_STEP_V1``), and never fires. Pending:
+neither fired nor cancelled.
 
 A schedule starts runs of an automation on a cron schedule in a zone (``timers/schedules.py``).
 """
@@ -33,6 +36,9 @@ class Timer(models.Model):
     offset_seconds = models.FloatField(default=0)  # hash(run id) mod spread: stable
     due_at = models.DateTimeField()
     fired_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)  # its step was cancelled first
+    # What firing raised, when it was not the database's passing trouble (a deadlock, a lost
+    # connection: those are retried, never recorded here).
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
 
@@ -45,11 +51,12 @@ class Timer(models.Model):
         ]
         indexes = [
             # The fair sweep: per organisation, earliest first, pending timers only. Fired
-            # timers leave the index, so a backlog of history costs the sweep nothing.
+            # and cancelled timers leave the index, so a backlog of history costs the sweep
+            # nothing.
             models.Index(
                 fields=["org", "due_at"],
                 name="timer_pending",
-                condition=models.Q(fired_at__isnull=True),
+                condition=models.Q(fired_at__isnull=True, cancelled_at__isnull=True),
             ),
             # The earliest pending instant of all (the sweeper sleeps until it). Its predicate
             # names `org_id > 0` on purpose: a query for one organisation's timers
@@ -59,7 +66,7 @@ class Timer(models.Model):
             models.Index(
                 fields=["due_at"],
                 name="timer_next_due",
-                condition=models.Q(fired_at__isnull=True, org_id__gt=0),
+                condition=models.Q(fired_at__isnull=True, cancelled_at__isnull=True, org_id__gt=0),
             ),
         ]
 

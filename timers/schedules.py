@@ -49,6 +49,7 @@ from django.db.models.functions import Now
 
 from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
 from workflows.engine.faults import crash_point
+from workflows.engine.transient import is_transient, lost_connection
 from workflows.errors import RunningRunsQuota, StartKeyConflict, WaymarkError
 from workflows.services.runs import check_input, run_start
 
@@ -329,9 +330,14 @@ def fire_due_schedules(by: str = "sweep", *, batch: int = BATCH) -> int:
         try:
             started += _fire(schedule, now, budget, by)
         except Exception as exc:  # one schedule's failure is its own: the others go on
-            logger.exception("schedule %s (%s) failed; tried again later", schedule.pk, by)
             # The claim is left to lapse: the same occurrences are tried again with the
             # same keys after CLAIM_SECONDS.
+            if is_transient(exc):  # the database's passing trouble, not the schedule's
+                logger.warning("schedule %s (%s) met %s; tried again later", schedule.pk, by, exc)
+                if lost_connection(exc):
+                    connection.close()  # a fresh one for the next schedule
+                continue
+            logger.exception("schedule %s (%s) failed; tried again later", schedule.pk, by)
             Schedule.objects.filter(pk=schedule.pk).update(
                 last_error=_error_text(f"{type(exc).__name__}: {exc}"), last_error_at=Now()
             )

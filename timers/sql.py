@@ -1,7 +1,15 @@
 """Every SQL statement of timers and the due sweep, kept together.
 
-Time is the database's now(). Rows are read by column name. Lock order: timers (the batch,
-FOR UPDATE SKIP LOCKED), then each timer's run, then its step (``waits.wake_step``).
+Time is the database's now(). Rows are read by column name. A timer is pending while it is
+neither fired nor cancelled (``fired_at IS NULL AND cancelled_at IS NULL``, the predicate of
+both partial indexes).
+
+Lock order. A batch takes its timers FOR UPDATE SKIP LOCKED (never waiting for anyone),
+then their runs in run id order, each run before its steps (the engine's one lock order,
+``waits.wake_step``): two batches that meet on the same runs queue behind each other, never
+in a cycle. Whoever cancels a step holds its run already and wants its timer after it: the
+other way round, so it skips a timer a batch holds (SKIP LOCKED), and that batch, getting
+the run next, finds the step cancelled and records the timer so (MARK_FIRED).
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ WITH timer AS (
     ON CONFLICT (run_id, step_id, iteration) DO UPDATE
        SET intent = EXCLUDED.intent, zone = EXCLUDED.zone,
            spread_seconds = EXCLUDED.spread_seconds, offset_seconds = EXCLUDED.offset_seconds,
-           due_at = EXCLUDED.due_at, fired_at = NULL, error = ''
+           due_at = EXCLUDED.due_at, fired_at = NULL, cancelled_at = NULL, error = ''
     RETURNING id, due_at
 )
 SELECT timer.id, timer.due_at,
@@ -45,15 +53,19 @@ UPDATE timers_sweeplease SET lease_until = now()
 """
 
 # Seconds until the earliest pending timer of one part (negative: overdue; NULL: none). A
-# sweeper's firing threads each serve one part of the timers (mod(id, parts) = part; one
+# sweeper's firing threads each serve one part of the timers (mod(run_id, parts) = part; one
 # part: all of them), so one thread's batch never delays a timer another is free to fire.
+# A part is a set of runs, not of timers: all the timers of one run are one thread's, so two
+# threads never lock the same run (split by timer id, two batches took the same runs'
+# locks in opposite orders and deadlocked).
 # From the clock, not now(): read at the end of a batch, in its transaction, now() would be
 # the batch's start and the sweeper would oversleep by the batch's length.
 NEXT_DUE = """
 SELECT EXTRACT(EPOCH FROM min(due_at) - clock_timestamp())::float AS seconds
   FROM timers_timer
- WHERE fired_at IS NULL AND org_id > 0  -- the timer_next_due index (see its comment)
-   AND mod(id, %(parts)s) = %(part)s
+ WHERE fired_at IS NULL AND cancelled_at IS NULL
+   AND org_id > 0  -- the timer_next_due index (see its comment)
+   AND mod(run_id, %(parts)s) = %(part)s
 """
 
 # One fair batch of due timers, locked (FOR UPDATE SKIP LOCKED: a second sweeper, or a
@@ -70,12 +82,12 @@ SELECT EXTRACT(EPOCH FROM min(due_at) - clock_timestamp())::float AS seconds
 DUE_BATCH = """
 WITH RECURSIVE orgs(org_id, depth) AS (
     (SELECT org_id, 1 FROM timers_timer
-      WHERE fired_at IS NULL AND mod(id, %(parts)s) = %(part)s
+      WHERE fired_at IS NULL AND cancelled_at IS NULL AND mod(run_id, %(parts)s) = %(part)s
       ORDER BY org_id LIMIT 1)
     UNION ALL
     SELECT (SELECT t.org_id FROM timers_timer t
-             WHERE t.fired_at IS NULL AND t.org_id > orgs.org_id
-               AND mod(t.id, %(parts)s) = %(part)s
+             WHERE t.fired_at IS NULL AND t.cancelled_at IS NULL AND t.org_id > orgs.org_id
+               AND mod(t.run_id, %(parts)s) = %(part)s
              ORDER BY t.org_id LIMIT 1),
            orgs.depth + 1
       FROM orgs WHERE orgs.org_id IS NOT NULL AND orgs.depth < %(scan)s
@@ -86,8 +98,8 @@ due_orgs AS (
     SELECT orgs.org_id FROM orgs
      WHERE orgs.org_id IS NOT NULL
        AND (SELECT t.due_at FROM timers_timer t
-             WHERE t.org_id = orgs.org_id AND t.fired_at IS NULL
-               AND mod(t.id, %(parts)s) = %(part)s
+             WHERE t.org_id = orgs.org_id AND t.fired_at IS NULL AND t.cancelled_at IS NULL
+               AND mod(t.run_id, %(parts)s) = %(part)s
              ORDER BY t.org_id, t.due_at LIMIT 1) <= now()
 ),
 chosen AS (
@@ -107,8 +119,8 @@ batch AS (
           SELECT id, org_id, run_id, step_id, iteration, kind, intent, zone, offset_seconds,
                  created_at, due_at
             FROM timers_timer
-           WHERE org_id = chosen.org_id AND fired_at IS NULL AND due_at <= now()
-             AND mod(id, %(parts)s) = %(part)s
+           WHERE org_id = chosen.org_id AND fired_at IS NULL AND cancelled_at IS NULL
+             AND due_at <= now() AND mod(run_id, %(parts)s) = %(part)s
            ORDER BY org_id, due_at
            LIMIT share.n
              FOR UPDATE SKIP LOCKED
@@ -123,19 +135,38 @@ SELECT t.id, t.org_id, t.run_id, t.step_id, t.iteration, t.kind, t.intent::json 
        -- needs no query of its own (it is sent with the last wake's writes).
        (SELECT EXTRACT(EPOCH FROM min(x.due_at) - clock_timestamp())::float
           FROM timers_timer x
-         WHERE x.fired_at IS NULL AND x.org_id > 0 AND mod(x.id, %(parts)s) = %(part)s
+         WHERE x.fired_at IS NULL AND x.cancelled_at IS NULL AND x.org_id > 0
+           AND mod(x.run_id, %(parts)s) = %(part)s
            AND x.id NOT IN (SELECT id FROM batch)) AS next_seconds
   FROM batch t
   LEFT JOIN workflows_step step
          ON step.run_id = t.run_id AND step.step_id = t.step_id AND step.iteration = t.iteration
+ -- The order the batch wakes its timers in, so the order it locks their runs in: by run id,
+ -- as every path that locks several runs does (a group settle too).
+ ORDER BY t.run_id, t.id
 """
 
+# The batch's timers spent: fired (with an error when firing raised), or cancelled when
+# their step was cancelled before the batch got its run (a cancel that skipped the timer,
+# locked by this batch; see the lock order above). A timer the batch cancelled itself (its
+# walk ended the run: the step's cancel cancelled its timer) is left as it is.
 MARK_FIRED = """
+WITH spent AS (
+    SELECT data.id, data.error,
+           EXISTS (SELECT 1 FROM workflows_step s
+                    WHERE s.run_id = t.run_id AND s.step_id = t.step_id
+                      AND s.iteration = t.iteration AND s.status = 'cancelled') AS cancelled
+      FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS data(id, error)
+      JOIN timers_timer t ON t.id = data.id
+)
 UPDATE timers_timer
    -- The moment it was fired, not the batch transaction's start (now()).
-   SET fired_at = clock_timestamp(), error = data.error
-  FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS data(id, error)
- WHERE timers_timer.id = data.id AND timers_timer.fired_at IS NULL
+   SET fired_at = CASE WHEN spent.cancelled THEN NULL ELSE clock_timestamp() END,
+       cancelled_at = CASE WHEN spent.cancelled THEN clock_timestamp() END,
+       error = spent.error
+  FROM spent
+ WHERE timers_timer.id = spent.id
+   AND timers_timer.fired_at IS NULL AND timers_timer.cancelled_at IS NULL
 """
 
 MARK_SERVED = """
@@ -150,7 +181,7 @@ SELECT t.id, t.org_id, t.run_id, t.step_id, t.iteration, t.kind,
        t.intent::json AS intent, t.zone, t.spread_seconds, t.offset_seconds, t.due_at,
        t.created_at
   FROM timers_timer t
- WHERE t.fired_at IS NULL AND t.id > %(after)s
+ WHERE t.fired_at IS NULL AND t.cancelled_at IS NULL AND t.id > %(after)s
  ORDER BY t.id
  LIMIT %(n)s
    FOR UPDATE SKIP LOCKED
@@ -166,6 +197,38 @@ SELECT id, input::json AS input, vars::json AS vars, outputs::json AS outputs, c
 
 RECOMPUTED = """
 UPDATE timers_timer SET due_at = %(due_at)s, zone = %(zone)s
- WHERE id = %(id)s AND fired_at IS NULL
+ WHERE id = %(id)s AND fired_at IS NULL AND cancelled_at IS NULL
 RETURNING id
+"""
+
+
+# A waiting step cancelled (its run cancelled, failed or ended by another branch, its fork
+# completed without it): its pending timer is cancelled with it, in the same transaction, by
+# a trigger the timers app installs on the engine's steps (the engine knows nothing of
+# timers). It skips a timer a firing batch holds: that batch waits for the run this
+# transaction holds, then finds the step cancelled and marks the timer so itself.
+# A shipped version is never edited: a change is a new version (``_v2``) and a migration.
+CANCEL_WITH_STEP_V1 = """
+CREATE OR REPLACE FUNCTION timers_cancel_with_step_v1() RETURNS trigger
+LANGUAGE plpgsql AS $function$
+BEGIN
+    UPDATE timers_timer SET cancelled_at = clock_timestamp()
+     WHERE id IN (SELECT t.id FROM timers_timer t
+                   WHERE t.run_id = NEW.run_id AND t.step_id = NEW.step_id
+                     AND t.iteration = NEW.iteration
+                     AND t.fired_at IS NULL AND t.cancelled_at IS NULL
+                     FOR UPDATE SKIP LOCKED);
+    RETURN NULL;
+END
+$function$;
+
+CREATE TRIGGER timers_cancel_with_step
+ AFTER UPDATE OF status ON workflows_step
+ FOR EACH ROW WHEN (OLD.status = 'waiting' AND NEW.status = 'cancelled')
+ EXECUTE FUNCTION timers_cancel_with_step_v1();
+"""
+
+DROP_CANCEL_WITH_STEP_V1 = """
+DROP TRIGGER IF EXISTS timers_cancel_with_step ON workflows_step;
+DROP FUNCTION IF EXISTS timers_cancel_with_step_v1();
 """

@@ -24,6 +24,7 @@ from workflows.plugins import (
 )
 
 from .store import enter_wait
+from .timing import NO_SPREAD
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 TIME_OF_DAY_RE = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9]")
@@ -108,7 +109,8 @@ def validate_wait_until(step: Mapping[str, Any], report: StepReport) -> None:
             "timezone",
             'must be an IANA time zone name such as "Europe/Berlin", or a template',
         )
-    check_duration(step, "spread", report, required=False)
+    if step.get("spread") not in NO_SPREAD:  # "0s": no spread, as the top-level timer_spread
+        check_duration(step, "spread", report, required=False)
 
 
 WAIT_UNTIL = StepType(

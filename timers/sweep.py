@@ -9,6 +9,13 @@
 - **Exactly once.** One batch is one transaction: waking each timer's step and walking its
   run on (``waits.wake_step``) commit together with the timers marked fired. A sweeper
   killed mid-batch rolls the whole batch back; the next one fires it.
+- **One lock order, and no lost timer.** A batch wakes its timers in run id order, so it
+  takes their runs' locks in the engine's one order; a sweeper's firing threads split the
+  timers by run, so two of them never meet on one run. A transient database error
+  (deadlock, serialization failure, lock or statement timeout, lost connection:
+  ``workflows.engine.transient``) rolls the batch back and the batch is fired again; it is
+  never recorded as a timer's error (a timer marked fired with it left its step waiting
+  forever).
 - **On time.** The sweeper sleeps until the earliest pending timer (read from the database,
   so no clock skew), at most one tick. A timer written due before that tick tells it at
   commit (NOTIFY ``waymark_timers``, the fast path); a lost notification delays a timer by
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -38,6 +46,7 @@ from workflows.engine.lanes import engine_setting
 from workflows.engine.retention import purge_finished_runs
 from workflows.engine.sql.rows import Statement, fetch_dict, query_prepared, run_batch
 from workflows.engine.sweep import sweep_once
+from workflows.engine.transient import is_transient, lost_connection
 from workflows.engine.transport import listen
 from workflows.engine.waits import Wake, wake_step
 from workflows.plugins import SWEEP_TASKS
@@ -53,6 +62,7 @@ BATCH = 500  # timers per batch (one transaction)
 ORGS_PER_BATCH = 50  # organisations served per batch
 ORG_SCAN = 10_000  # organisations with pending timers looked at per batch
 RETENTION_EVERY_SECONDS = 60.0
+BATCH_TRIES = 5  # a batch that meets a transient database error is fired again, this often
 
 
 @dataclass(frozen=True)
@@ -81,14 +91,39 @@ def fire_due_timers(
     transaction is rolled back and the batch is fired again with a savepoint per timer, so
     one that fails fails alone, recorded on the timer, and the rest fire.
 
+    A transient database error (a deadlock, a lost connection) is nobody's timer's fault:
+    the batch is rolled back and fired again, up to BATCH_TRIES times, then it is raised
+    (the firing thread looks again at its next look). It is never recorded on a timer.
+
     ``part`` of ``parts``: only the timers of that part (sql.NEXT_DUE); a sweeper's firing
     threads each serve one."""
     where = {"part": part, "parts": parts}
+    for attempt in range(1, BATCH_TRIES):
+        try:
+            return _fire_optimistically(by=by, batch=batch, where=where)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            _before_trying_again(exc, attempt)
+    return _fire_optimistically(by=by, batch=batch, where=where)
+
+
+def _fire_optimistically(*, by: str, batch: int, where: dict[str, int]) -> Batch:
     try:
         return _fire_batch(by=by, batch=batch, where=where, alone=False)
     except _FiringFailed:
         logger.info("a timer of the batch failed to fire: firing them one by one")
     return _fire_batch(by=by, batch=batch, where=where, alone=True)
+
+
+def _before_trying_again(exc: Exception, attempt: int) -> None:
+    """A batch met a transient error (rolled back): a fresh connection when it was lost, and
+    a short random pause, so two batches that deadlocked do not meet again in step."""
+    logger.warning("a batch of timers met a transient database error (try %s), firing it "
+                   "again: %s", attempt, exc)  # fmt: skip
+    if lost_connection(exc):
+        connection.close()
+    time.sleep(random.uniform(0, 0.05 * attempt))  # noqa: S311 (jitter, not a secret)
 
 
 def _fire_batch(*, by: str, batch: int, where: dict[str, int], alone: bool) -> Batch:
@@ -138,16 +173,21 @@ def _fire_together(due: list[dict[str, Any]], by: str, closing: list[Statement])
         try:
             closed = _wake(timer, by, also=closing if last else ())
         except Exception as exc:
+            if is_transient(exc):
+                raise  # not this timer's doing: the whole batch is fired again
             raise _FiringFailed from exc
     return closed
 
 
 def _fire_alone(timer: dict[str, Any], by: str) -> str:
-    """Fire one timer under a savepoint; its error ('' when it fired)."""
+    """Fire one timer under a savepoint; its error ('' when it fired). A transient database
+    error is raised instead: it is not the timer's, and the batch is fired again."""
     try:
         with transaction.atomic():  # a savepoint
             _wake(timer, by)
     except Exception as exc:
+        if is_transient(exc):
+            raise
         logger.exception("firing timer %s failed", timer["id"])
         return f"{type(exc).__name__}: {exc}"[:2000]
     return ""
@@ -204,8 +244,8 @@ class Sweeper:
     Its threads, each on its own database connection:
     - the main one holds the lease (renewed every third of a tick);
     - ``firers`` firing threads (``WAYMARK_TIMER_FIRERS``), each serving one part of the
-      timers and doing nothing else, so a timer is never late by another's batch, by the
-      lease's renewal or by the housekeeping;
+      timers (those of one part of the runs) and doing nothing else, so a timer is never
+      late by another's batch, by the lease's renewal or by the housekeeping;
     - one does the housekeeping once a tick;
     - the listener for the fast path."""
 

@@ -26,6 +26,7 @@ from workflows.plugins import StepFailure, render
 from .calendar import WeeklyRule, instant_at, next_occurrence, spread_offset, zone_named
 
 UTC = ZoneInfo("UTC")
+NO_SPREAD = ("0", "0s")  # a spread of zero, as written in a definition (a duration is positive)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,6 @@ def _duration(value: object, field: str) -> timedelta:
 
 
 def _spread(value: object) -> float:
-    if value in (None, "0", "0s", 0):
+    if value in (None, 0, *NO_SPREAD):
         return 0.0
     return _duration(value, "spread").total_seconds()

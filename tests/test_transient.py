@@ -1,0 +1,66 @@
+"""Which database errors are transient (retried, never recorded as anything's result): real
+errors from the real PostgreSQL, raised by the server with their SQLSTATE."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+
+from workflows.engine.transient import is_transient, lost_connection
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def raised_by_server(sqlstate: str) -> DatabaseError:
+    """The error Django raises for a server error with this SQLSTATE."""
+    statement = (
+        f"DO $$ BEGIN RAISE EXCEPTION 'as the server would' USING ERRCODE = '{sqlstate}'; END $$"
+    )
+    with (
+        pytest.raises(DatabaseError) as caught,
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(statement)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    "sqlstate",
+    ["40001", "40P01", "55P03", "57014"],
+    ids=["serialization", "deadlock", "lock-timeout", "statement-timeout"],
+)
+def test_retry_and_lock_errors_are_transient(sqlstate: str) -> None:
+    error = raised_by_server(sqlstate)
+    assert is_transient(error) and not lost_connection(error)
+
+
+@pytest.mark.parametrize("sqlstate", ["08006", "57P01"], ids=["connection", "admin-shutdown"])
+def test_a_lost_connection_is_transient_and_says_so(sqlstate: str) -> None:
+    error = raised_by_server(sqlstate)
+    assert is_transient(error) and lost_connection(error)
+
+
+@pytest.mark.parametrize(
+    "sqlstate", ["22012", "23505", "P0001", "42P01"], ids=["zero", "unique", "raise", "table"]
+)
+def test_an_error_of_the_work_itself_is_not(sqlstate: str) -> None:
+    assert not is_transient(raised_by_server(sqlstate))
+
+
+def test_a_wrapper_raised_from_a_transient_error_is_transient_too() -> None:
+    class Wrapped(Exception):
+        pass
+
+    deadlock = raised_by_server("40P01")
+    try:
+        raise Wrapped("a walk that met it") from deadlock
+    except Wrapped as exc:
+        assert is_transient(exc)
+    try:
+        try:
+            raise deadlock
+        except DatabaseError:
+            raise Wrapped("its own error, raised while handling it")  # noqa: B904
+    except Wrapped as exc:
+        assert exc.__context__ is deadlock and not is_transient(exc)

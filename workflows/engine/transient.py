@@ -1,0 +1,63 @@
+"""Transient database errors: retried, never recorded as anything's result.
+
+A deadlock, a serialization failure, a lock or statement timeout, a lost connection: none of
+them says anything about the work (the timer, the step, the decision) that met it. The same
+work, tried again in a new transaction, succeeds. So every path that does work on behalf of
+something else (a timer fired, a deadline, a late signal, a settle) rolls its transaction
+back and tries again; it never writes such an error as the work's outcome (a timer marked
+fired with "deadlock detected" leaves its step waiting forever).
+
+Django wraps the driver's error (``django.db.OperationalError`` and friends) with the
+psycopg error as its ``__cause__``; both are looked at.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from django.db import InterfaceError as DjangoInterfaceError
+
+# serialization_failure, deadlock_detected, lock_not_available (lock_timeout, NOWAIT),
+# query_canceled (statement_timeout, a cancel request).
+RETRY_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014"})
+# The connection is gone: class 08 (connection exception), and the server shutting down or
+# restarting under it (57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now).
+LOST_CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when ``exc`` is (or was caused by) a database error that trying again in a new
+    transaction can cure."""
+    return any(_transient(each) for each in _chain(exc))
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """True when ``exc`` means the connection itself is gone: close it before trying again."""
+    return any(_lost(each) for each in _chain(exc))
+
+
+def _transient(exc: BaseException) -> bool:
+    if _lost(exc):
+        return True
+    return isinstance(exc, psycopg.Error) and exc.sqlstate in RETRY_SQLSTATES
+
+
+def _lost(exc: BaseException) -> bool:
+    if isinstance(exc, DjangoInterfaceError | psycopg.InterfaceError):
+        return True  # "connection already closed": the driver's connection is gone
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    # No SQLSTATE at all: the server never answered (the socket closed under the query).
+    return state is None or state.startswith("08") or state in LOST_CONNECTION_SQLSTATES
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it was raised from (``raise ... from``: Django's wrapper of the
+    driver's error, a caller's own wrapper), once each. Not what it was merely raised while
+    handling: an error of its own that met a deadlock on the way is still its own."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not each for each in seen):
+        seen.append(current)
+        current = current.__cause__
+    return seen
