@@ -444,9 +444,18 @@ def _start_in_one_trip(org: Organisation, slug: str, key: str) -> Run:
 
 @pytest.mark.parametrize("type_name", sorted(FOLLOWERS))
 def test_the_one_statement_start_writes_what_the_ordinary_start_writes(
-    org: Organisation, type_name: str
+    org: Organisation, type_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     setup_org(org)
+    in_one_trip: list[bool] = []
+    real = run_service.start_in_one_trip
+
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        rows = real(*args, **kwargs)
+        in_one_trip.append(rows is not None)
+        return rows
+
+    monkeypatch.setattr(run_service, "start_in_one_trip", spied)
     definition = as_first_step(type_name)
     automation_publish_definition(org=org, slug="first", definition=definition)
     mark = outbox_mark()
@@ -458,3 +467,8 @@ def test_the_one_statement_start_writes_what_the_ordinary_start_writes(
     assert not differences(rows, reference), f"{type_name} first: " + "; ".join(
         differences(rows, reference)
     )
+    # A worker step first goes in one statement; an inline one reads the run's context (or
+    # may not run ahead) and goes the ordinary way.
+    step_type = registry.get(type_name)
+    assert step_type is not None
+    assert in_one_trip[-1] == (step_type.lane != "inline"), in_one_trip
