@@ -277,6 +277,26 @@ def chain(*kinds: str) -> Plan:
     return _plan(" -> ".join(kinds), fragments[0].entry, [fragments], [], output)
 
 
+def fork(branches: tuple[str, ...], then: tuple[str, ...] = ()) -> Plan:
+    """``parallel(b1, b2, …) → join → t1 → … → end``: one step per branch (ids p1, p2, …),
+    the chain ``then`` after the join (ids s1, s2, …)."""
+    after = _chain_fragments(then, DONE) if then else []
+    arms = [fragment(kind, f"p{index}", "join") for index, kind in enumerate(branches, 1)]
+    assert not any(arm.ends for arm in arms), "an end in a branch ends the run: use pair()"
+    heads = [arm.entry for arm in arms]
+    head = Fragment(
+        [
+            {"id": "fork", "type": "parallel", "branches": heads, "next": "join"},
+            {"id": "join", "type": "join", "wait_for": heads,
+             "next": after[0].entry if after else DONE},
+        ],
+        ["fork"],
+    )  # fmt: skip
+    name = f"parallel({', '.join(branches)}) -> join" + "".join(f" -> {k}" for k in then)
+    return _plan(name, "fork", [[head, *arms, Fragment([], ["join"]), *after]], [],
+                 {"ended": after[-1].entry if after and after[-1].ends else DONE})  # fmt: skip
+
+
 def _chain_fragments(kinds: tuple[str, ...], last: str) -> list[Fragment]:
     fragments: list[Fragment] = []
     nxt = last

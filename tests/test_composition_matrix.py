@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from .composition import KINDS, Plan, loop, pair, run_plans
+from workflows.models import Run
+
+from .composition import KINDS, Plan, chain, fork, loop, pair, problems, run_input, run_plans
 from .engine_harness import Harness
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,3 +44,79 @@ def test_every_step_type_in_a_loop_entered_twice(harness: Harness) -> None:
     found = run_plans(harness, [loop(kind) for kind in FIRST])
 
     assert not found, report(found)
+
+
+# --- the shapes issue 26 names -------------------------------------------------------------------
+
+# The issue's reproduction, as it was filed: every run of it failed with "a wait is entered
+# in the walk's transaction".
+NOOP_WAIT_END = {
+    "start": "a",
+    "steps": [
+        {"id": "a", "type": "noop", "next": "w"},
+        {"id": "w", "type": "wait", "duration": "1s", "next": "done"},
+        {"id": "done", "type": "end"},
+    ],
+}
+
+
+def test_the_issues_reproduction_succeeds_every_time(harness: Harness) -> None:
+    slug = harness.publish(NOOP_WAIT_END)
+    runs = [harness.start(slug, {"n": n}) for n in range(3)]
+
+    finished = harness.wait_finished(runs)
+
+    for run_id in runs:
+        assert (finished[run_id].status, finished[run_id].error) == ("succeeded", "")
+        assert harness.path(run_id) == [("a", 1, "done"), ("w", 1, "done"), ("done", 1, "done")]
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        ("http", "wait", "branch"),
+        ("email", "wait_signal_timeout", "email"),
+        ("approval", "http", "wait"),
+    ],
+    ids=" -> ".join,
+)
+def test_a_named_chain_runs_as_its_definition_says(
+    harness: Harness, kinds: tuple[str, ...]
+) -> None:
+    found = run_plans(harness, [chain(*kinds)])
+
+    assert not found, report(found)
+
+
+def test_a_fork_of_an_effect_and_a_wait_joins_then_sends(harness: Harness) -> None:
+    """parallel(http, wait) → join → email."""
+    found = run_plans(harness, [fork(("http", "wait"), then=("email",))])
+
+    assert not found, report(found)
+
+
+def test_a_loop_through_an_effect_and_a_wait_makes_one_effect_per_pass(harness: Harness) -> None:
+    """http → wait → branch back, twice: each pass's effect reaches the stub under its own
+    iteration's key, once."""
+    plan = loop("http", "wait")
+    found = run_plans(harness, [plan])
+
+    assert not found, report(found)
+    (run_id,) = Run.objects.filter(org=harness.org).values_list("pk", flat=True)
+    assert harness.stub_hits(f"{run_id}/s1/1") == harness.stub_hits(f"{run_id}/s1/2") == 1
+    assert harness.stub_hits(f"{run_id}/s1/3") == 0
+
+
+def test_the_checks_see_a_run_that_took_the_wrong_turn(harness: Harness) -> None:
+    """The matrix's check is not vacuous: with ``go`` 0 the branch takes its default, to the
+    failing end, and the check names the status, the path and the output."""
+    plan = pair("http", "branch")
+    slug = harness.publish(plan.definition)
+    run_id = harness.start(slug, {**run_input(harness), "go": 0})
+
+    run = harness.wait_finished([run_id])[run_id]
+
+    found = problems(harness, run, plan)
+    assert run.status == "failed"
+    assert [p.split(" ")[0] for p in found] == ["run", "path"]
+    assert harness.stub_hits(f"{run_id}/a/1") == 1  # the effect before the branch went out
