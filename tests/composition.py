@@ -30,6 +30,11 @@ KINDS = (
     "http", "email", "slack_message", "model", "crm_upsert", "wait", "wait_until", "approval",
     "task",
 )  # fmt: skip
+# Two more ways into and out of a step, used beside the matrix: a signal sent before the run
+# waits for it (kept, taken when the step is entered), and an http call whose answer was
+# lost (needs_review), resolved through the API, which wakes its step.
+VARIANTS = ("wait_signal_early", "http_review")
+REVIEW_PATH = "/echo/review"  # the provider stub drops the answer (see run_plans)
 Step = dict[str, Any]
 
 
@@ -40,6 +45,8 @@ class Fragment:
     keyed: list[str] = field(default_factory=list)  # effects counted by key at the stubs
     prompts: list[str] = field(default_factory=list)  # model steps, counted by prompt marker
     silent: list[str] = field(default_factory=list)  # wait_signal steps left to time out
+    early: list[str] = field(default_factory=list)  # wait_signal steps signalled at the start
+    reviewed: list[str] = field(default_factory=list)  # effects resolved after a lost answer
     ends: bool = False  # an end step: the run stops here
 
     @property
@@ -85,6 +92,14 @@ def _wait_signal_timeout(sid: str, nxt: str) -> Fragment:
     return Fragment([step], [sid], silent=[sid])
 
 
+def _wait_signal_early(sid: str, nxt: str) -> Fragment:
+    # A short timeout, to the failing end: a signal kept but not taken shows in seconds.
+    step = {"id": sid, "type": "wait_signal", "signal": SIGNAL,
+            "correlation": "{{ run.id }}-" + sid, "timeout": "5s",
+            "next": {"received": nxt, "timed_out": OFF}}  # fmt: skip
+    return Fragment([step], [sid], early=[sid])
+
+
 def _parallel(sid: str, nxt: str) -> Fragment:
     left, right, join = f"{sid}_l", f"{sid}_r", f"{sid}_join"
     steps: list[Step] = [
@@ -105,6 +120,12 @@ def _http(sid: str, nxt: str) -> Fragment:
     request = {"method": "POST", "url": "{{ input.api }}/items", "body": {"step": sid}}
     step = {"id": sid, "type": "http", "connection": "api", "request": request, "next": nxt}
     return Fragment([step], [sid], keyed=[sid])
+
+
+def _http_review(sid: str, nxt: str) -> Fragment:
+    request = {"method": "POST", "url": "{{ input.api }}" + REVIEW_PATH, "body": {"step": sid}}
+    step = {"id": sid, "type": "http", "connection": "plain", "request": request, "next": nxt}
+    return Fragment([step], [sid], keyed=[sid], reviewed=[sid])
 
 
 def _email(sid: str, nxt: str) -> Fragment:
@@ -160,9 +181,9 @@ BUILDERS: dict[str, Callable[[str, str], Fragment]] = {
     "wait_signal_timeout": _wait_signal_timeout, "parallel": _parallel, "join": _join,
     "http": _http, "email": _email, "slack_message": _slack, "model": _model,
     "crm_upsert": _crm, "wait": _wait, "wait_until": _wait_until, "approval": _approval,
-    "task": _task,
+    "task": _task, "wait_signal_early": _wait_signal_early, "http_review": _http_review,
 }  # fmt: skip
-assert set(BUILDERS) == set(KINDS)
+assert set(BUILDERS) == {*KINDS, *VARIANTS}
 
 
 def model_marker(run_id: int | str, sid: str) -> str:
@@ -184,6 +205,8 @@ class Plan:
     silent: set[str]  # wait_signal steps the test does not answer
     output: Any
     cancelled: set[str] = field(default_factory=set)  # rows an end cancels (a fork's join)
+    early: set[str] = field(default_factory=set)  # wait_signal steps signalled at the start
+    reviewed: set[tuple[str, int]] = field(default_factory=set)  # effects resolved by the test
 
 
 def _plan(name: str, start: str, passes: list[list[Fragment]], extra: list[Step],
@@ -203,6 +226,7 @@ def _plan(name: str, start: str, passes: list[list[Fragment]], extra: list[Step]
     path: Counter[tuple[str, int]] = Counter()
     keyed: set[tuple[str, int]] = set()
     prompts: Counter[str] = Counter()
+    reviewed: set[tuple[str, int]] = set()
     turns: Counter[str] = Counter()
     for fragments in passes:
         for f in fragments:
@@ -210,11 +234,14 @@ def _plan(name: str, start: str, passes: list[list[Fragment]], extra: list[Step]
                 turns[sid] += 1
                 path[(sid, turns[sid])] += 1
             keyed |= {(sid, turns[sid]) for sid in f.keyed}
+            reviewed |= {(sid, turns[sid]) for sid in f.reviewed}
             prompts.update(f.prompts)
     if not any(f.ends for f in passes[-1]):
         path[(DONE, 1)] += 1
     silent = {sid for f in unique.values() for sid in f.silent}
-    return Plan(name, definition, path, keyed, prompts, silent, output)
+    early = {sid for f in unique.values() for sid in f.early}
+    return Plan(name, definition, path, keyed, prompts, silent, output, early=early,
+                reviewed=reviewed)  # fmt: skip
 
 
 def _targets(step: Step, target: str) -> bool:
@@ -316,14 +343,21 @@ def run_input(harness: Harness) -> dict[str, Any]:
 
 
 def script_for(plans: dict[int, Plan]) -> Script:
-    """Answer every signal but those a plan leaves to time out; approve, fill every form."""
+    """Answer every signal but those a plan leaves to time out (or sent at the start);
+    approve, fill every form; resolve the effects a plan has lose their answer as done."""
 
     def signal(waiting: Waiting) -> dict[str, Any] | None:
-        if waiting.step_id in plans[waiting.run_id].silent:
+        plan = plans[waiting.run_id]
+        if waiting.step_id in plan.silent | plan.early:
             return None
         return {"from": "test"}
 
-    return Script(signal=signal)
+    def review(waiting: Waiting) -> dict[str, Any] | None:
+        if (waiting.step_id, waiting.iteration) not in plans[waiting.run_id].reviewed:
+            return None
+        return {"action": "done", "result": {"status": 201, "body": {"resolved": True}}}
+
+    return Script(signal=signal, review=review)
 
 
 def problems(harness: Harness, run: Run, plan: Plan) -> list[str]:
@@ -362,8 +396,14 @@ def run_plans(harness: Harness, plans: list[Plan], *, timeout: float = 240.0
     """Publish every plan, start one run of each, answer them, wait for them all: the
     problems of each plan that has any."""
     slugs = [harness.publish(plan.definition) for plan in plans]
+    lost = sum(len(plan.reviewed) for plan in plans)
+    if lost:
+        harness.stubs.provider.drop_next(lost, path_prefix=REVIEW_PATH)
     started = {harness.start(slug, run_input(harness)): plan
                for slug, plan in zip(slugs, plans, strict=True)}  # fmt: skip
+    for run_id, plan in started.items():
+        for sid in plan.early:
+            harness.send_signal(SIGNAL, f"{run_id}-{sid}", f"early/{run_id}/{sid}", {"at": "start"})
     finished = harness.wait_finished(started, script=script_for(started), timeout=timeout)
     found = {}
     for run_id, plan in started.items():

@@ -32,7 +32,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest
-from effects.models import EgressAllow
+from effects.models import Effect, EgressAllow
 from workflows.models import Organisation, Run, Step
 from workflows.services.tenancy import api_key_create
 
@@ -148,8 +148,10 @@ def connections_for(stubs: Stubs) -> list[dict[str, Any]]:
         "provider": "model", "base_url": stubs.model.url + "/v1", "options": {"model": "stub-1"}
     }  # fmt: skip
     crm: dict[str, Any] = {"provider": "crm_upsert", "base_url": stubs.provider.url}
+    # No idempotency keys, no lookup: a call whose answer was lost waits for a person.
+    plain: dict[str, Any] = {"provider": "http", "base_url": stubs.provider.url}
     named = [("api", http), ("payments", http), ("mail", mail), ("mailer", mail),
-             ("slack", slack), ("model", model), ("crm", crm)]  # fmt: skip
+             ("slack", slack), ("model", model), ("crm", crm), ("plain", plain)]  # fmt: skip
     return [{"name": name, **settings} for name, settings in named]
 
 
@@ -171,6 +173,10 @@ def send_every_signal(waiting: Waiting) -> dict[str, Any] | None:
 
 def approve_all(waiting: Waiting) -> str | None:
     return "approve"
+
+
+def leave_for_review(waiting: Waiting) -> dict[str, Any] | None:
+    return None
 
 
 def fill_form(waiting: Waiting, form: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -199,6 +205,8 @@ class Script:
     signal: Callable[[Waiting], dict[str, Any] | None] = send_every_signal
     decision: Callable[[Waiting], str | None] = approve_all  # "approve" | "reject"
     answer: Callable[[Waiting, Mapping[str, Any]], dict[str, Any] | None] = fill_form
+    # An effect in needs_review: the body of POST /effects/{id}/resolve, or None to leave it.
+    review: Callable[[Waiting], dict[str, Any] | None] = leave_for_review
 
 
 # --- the user -------------------------------------------------------------------------------
@@ -275,6 +283,16 @@ class Harness:
             self._signal(step, script)
         for request in ApprovalRequest.objects.filter(run_id__in=ids, status="pending"):
             self._decide(request, script)
+        for effect in Effect.objects.filter(run_id__in=ids, state="needs_review"):
+            self._review(effect, script)
+
+    def send_signal(self, name: str, correlation: str, signal_id: str,
+                    payload: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
+        """POST /api/v1/signals: the answer (201 whether a step took it or it is kept)."""
+        body = {"name": name, "correlation": correlation, "id": signal_id,
+                "payload": dict(payload)}  # fmt: skip
+        answer: dict[str, Any] = self.call("POST", "/api/v1/signals", body, expect=201)
+        return answer
 
     def _signal(self, step: Step, script: Script) -> None:
         waiting = Waiting(step.run_id, step.step_id, step.iteration)
@@ -285,10 +303,17 @@ class Harness:
         payload = script.signal(waiting)
         if payload is None:
             return
-        body = {"name": detail["signal"], "correlation": detail["correlation"],
-                "id": f"{waiting.run_id}/{waiting.step_id}/{waiting.iteration}",
-                "payload": payload}  # fmt: skip
-        self.call("POST", "/api/v1/signals", body, expect=201)
+        signal_id = f"{waiting.run_id}/{waiting.step_id}/{waiting.iteration}"
+        self.send_signal(detail["signal"], detail["correlation"], signal_id, payload)
+
+    def _review(self, effect: Effect, script: Script) -> None:
+        waiting = Waiting(effect.run_id, effect.step_id, effect.iteration)
+        if ("review", waiting) in self.answered:
+            return
+        self.answered.add(("review", waiting))
+        resolution = script.review(waiting)
+        if resolution is not None:
+            self.call("POST", f"/api/v1/effects/{effect.pk}/resolve", resolution, expect=200)
 
     def _decide(self, request: ApprovalRequest, script: Script) -> None:
         waiting = Waiting(request.run_id, request.step_id, request.iteration)

@@ -11,9 +11,11 @@ the end-to-end proof that every pair composes. tests/composition.py builds the d
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
-from workflows.models import Run
+from workflows.models import Run, RunEvent, Signal
 
 from .composition import KINDS, Plan, chain, fork, loop, pair, problems, run_input, run_plans
 from .engine_harness import Harness
@@ -44,6 +46,25 @@ def test_every_step_type_in_a_loop_entered_twice(harness: Harness) -> None:
     found = run_plans(harness, [loop(kind) for kind in FIRST])
 
     assert not found, report(found)
+
+
+def test_an_early_signal_and_a_resolved_effect_next_to_every_step_type(harness: Harness) -> None:
+    """Two more ways a run moves: a signal sent at the start, kept until the run reaches its
+    step (after every type, and before every type); an http call whose answer was lost,
+    parked for review and resolved through the API, which wakes it (before every type)."""
+    plans = [pair(a, "wait_signal_early") for a in FIRST]
+    plans += [pair("wait_signal_early", b) for b in KINDS]
+    plans += [pair("http_review", b) for b in KINDS]
+
+    found = run_plans(harness, plans)
+
+    assert not found, report(found)
+    resolved = RunEvent.objects.filter(run__org=harness.org, kind="effect.resolved").count()
+    assert resolved == len(KINDS)
+    kept = [s.consumed_at - s.received_at for s in Signal.objects.filter(org=harness.org)
+            if s.consumed_at is not None]  # fmt: skip
+    # Kept ahead at least behind a wait and a wait_signal's timeout (a second each).
+    assert sum(1 for held in kept if held > dt.timedelta(seconds=0.5)) >= 2, kept
 
 
 # --- the shapes issue 26 names -------------------------------------------------------------------
