@@ -248,10 +248,13 @@ class Harness:
             body["start_key"] = start_key
         return int(self.call("POST", "/api/v1/runs", body, expect=201)["id"])
 
-    def call(self, method: str, path: str, body: Any = None, *, expect: int) -> Any:
+    def call(self, method: str, path: str, body: Any = None, *, expect: int | tuple[int, ...]
+             ) -> Any:  # fmt: skip
+        """The API's answer, after checking its status is (one of) ``expect``."""
         response = self.api.generic(method, path, _json(body), content_type="application/json")
         data = response.json() if response.content else None
-        assert response.status_code == expect, f"{method} {path}: {response.status_code} {data}"
+        allowed = expect if isinstance(expect, tuple) else (expect,)
+        assert response.status_code in allowed, f"{method} {path}: {response.status_code} {data}"
         return data
 
     # --- driving runs -------------------------------------------------------------------
@@ -274,6 +277,16 @@ class Harness:
             if left:
                 time.sleep(0.1)
         return {run.pk: run for run in Run.objects.filter(pk__in=ids)}
+
+    def wait_quiet(self, run_ids: Iterable[int], *, timeout: float = 60.0) -> None:
+        """Until no step of the runs is ready or running: each has finished, or waits (on
+        time, a signal, people, or its paused run)."""
+        ids = list(run_ids)
+        deadline = time.monotonic() + timeout
+        while Step.objects.filter(run_id__in=ids, status__in=("ready", "running")).exists():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"runs still busy after {timeout}s: {_stuck(ids)}")
+            time.sleep(0.1)
 
     def drive_people_and_signals(self, run_ids: Iterable[int], script: Script) -> None:
         """One pass: send the signals waited for, decide the approvals, answer the tasks,
@@ -381,8 +394,11 @@ def _stuck(run_ids: Iterable[int]) -> str:
     lines = []
     for run in Run.objects.filter(pk__in=run_ids).order_by("pk")[:20]:
         live = Step.objects.filter(run=run).exclude(status__in=("done", "failed", "cancelled"))
-        shown = [(s.step_id, s.iteration, s.status, s.wait_kind) for s in live]
-        lines.append(f"\n  run {run.pk} {run.status} {run.error!r} live steps {shown}")
+        shown = [(s.step_id, s.iteration, s.status, s.wait_kind, s.wait_detail, s.error[:200])
+                 for s in live]  # fmt: skip
+        effects = list(Effect.objects.filter(run=run).values_list("step_id", "state", "error"))
+        lines.append(f"\n  run {run.pk} {run.status} {run.error!r} live steps {shown}, "
+                     f"effects {effects}")  # fmt: skip
     return "".join(lines)
 
 
