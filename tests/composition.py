@@ -33,7 +33,9 @@ KINDS = (
 # Two more ways into and out of a step, used beside the matrix: a signal sent before the run
 # waits for it (kept, taken when the step is entered), and an http call whose answer was
 # lost (needs_review), resolved through the API, which wakes its step.
-VARIANTS = ("wait_signal_early", "http_review")
+# And a call refused for good (a 404) that goes on along its declared failure path: its
+# `failed` outcome, or `on_failure`.
+VARIANTS = ("wait_signal_early", "http_review", "http_failed", "http_on_failure")
 REVIEW_PATH = "/echo/review"  # the provider stub drops the answer (see run_plans)
 Step = dict[str, Any]
 
@@ -47,6 +49,7 @@ class Fragment:
     silent: list[str] = field(default_factory=list)  # wait_signal steps left to time out
     early: list[str] = field(default_factory=list)  # wait_signal steps signalled at the start
     reviewed: list[str] = field(default_factory=list)  # effects resolved after a lost answer
+    failed: list[str] = field(default_factory=list)  # steps that fail, and the run goes on
     ends: bool = False  # an end step: the run stops here
 
     @property
@@ -128,6 +131,19 @@ def _http_review(sid: str, nxt: str) -> Fragment:
     return Fragment([step], [sid], keyed=[sid], reviewed=[sid])
 
 
+def _http_failed(sid: str, nxt: str) -> Fragment:
+    request = {"method": "POST", "url": "{{ input.api }}/missing", "body": {"step": sid}}
+    step = {"id": sid, "type": "http", "connection": "api", "request": request,
+            "next": {"ok": OFF, "failed": nxt}}  # fmt: skip
+    return Fragment([step], [], keyed=[sid], failed=[sid])
+
+
+def _http_on_failure(sid: str, nxt: str) -> Fragment:
+    made = _http_failed(sid, nxt)
+    made.steps[0] |= {"next": OFF, "on_failure": nxt}
+    return made
+
+
 def _email(sid: str, nxt: str) -> Fragment:
     step = {"id": sid, "type": "email", "connection": "mail", "to": "ada@example.com",
             "subject": "Run {{ run.id }}", "body": "From " + sid, "next": nxt}  # fmt: skip
@@ -182,6 +198,7 @@ BUILDERS: dict[str, Callable[[str, str], Fragment]] = {
     "http": _http, "email": _email, "slack_message": _slack, "model": _model,
     "crm_upsert": _crm, "wait": _wait, "wait_until": _wait_until, "approval": _approval,
     "task": _task, "wait_signal_early": _wait_signal_early, "http_review": _http_review,
+    "http_failed": _http_failed, "http_on_failure": _http_on_failure,
 }  # fmt: skip
 assert set(BUILDERS) == {*KINDS, *VARIANTS}
 
@@ -205,6 +222,7 @@ class Plan:
     silent: set[str]  # wait_signal steps the test does not answer
     output: Any
     cancelled: set[str] = field(default_factory=set)  # rows an end cancels (a fork's join)
+    failed: set[str] = field(default_factory=set)  # rows that fail while the run goes on
     early: set[str] = field(default_factory=set)  # wait_signal steps signalled at the start
     reviewed: set[tuple[str, int]] = field(default_factory=set)  # effects resolved by the test
 
@@ -230,9 +248,10 @@ def _plan(name: str, start: str, passes: list[list[Fragment]], extra: list[Step]
     turns: Counter[str] = Counter()
     for fragments in passes:
         for f in fragments:
-            for sid in f.path:
+            for sid in [*f.path, *f.failed]:
                 turns[sid] += 1
-                path[(sid, turns[sid])] += 1
+                if sid in f.path:  # a failed step's row is not among the done ones
+                    path[(sid, turns[sid])] += 1
             keyed |= {(sid, turns[sid]) for sid in f.keyed}
             reviewed |= {(sid, turns[sid]) for sid in f.reviewed}
             prompts.update(f.prompts)
@@ -240,8 +259,9 @@ def _plan(name: str, start: str, passes: list[list[Fragment]], extra: list[Step]
         path[(DONE, 1)] += 1
     silent = {sid for f in unique.values() for sid in f.silent}
     early = {sid for f in unique.values() for sid in f.early}
+    failed = {sid for f in unique.values() for sid in f.failed}
     return Plan(name, definition, path, keyed, prompts, silent, output, early=early,
-                reviewed=reviewed)  # fmt: skip
+                reviewed=reviewed, failed=failed)  # fmt: skip
 
 
 def _targets(step: Step, target: str) -> bool:
@@ -365,7 +385,8 @@ def problems(harness: Harness, run: Run, plan: Plan) -> list[str]:
     found = []
     if (run.status, run.error, run.output) != ("succeeded", "", plan.output):
         found.append(f"run {run.status} {run.error!r} output {run.output!r}")
-    rows = harness.path(run.pk)
+    # The engine's own rows (a walk continued after a pause: "~continue") are not steps.
+    rows = [row for row in harness.path(run.pk) if not row[0].startswith("~")]
     # A done step keeps the message of an attempt deferred on the way (a connection at its
     # concurrency cap): only the engine's own failure is one here.
     errors = [(s, e) for s, e in _step_errors(run) if "engine_error" in e]
@@ -373,7 +394,8 @@ def problems(harness: Harness, run: Run, plan: Plan) -> list[str]:
         found.append(f"engine errors {errors}")
     taken = Counter((sid, it) for sid, it, status in rows if status == "done")
     others = [(sid, status) for sid, _, status in rows if status != "done"]
-    unexpected = [row for row in others if row[1] != "cancelled" or row[0] not in plan.cancelled]
+    allowed = {(sid, "cancelled") for sid in plan.cancelled} | {(s, "failed") for s in plan.failed}
+    unexpected = [row for row in others if row not in allowed]
     if taken != plan.path or unexpected:
         found.append(f"path {rows}, expected {sorted(plan.path.elements())}")
     keys = harness.effect_keys(run.pk)
@@ -395,15 +417,28 @@ def run_plans(harness: Harness, plans: list[Plan], *, timeout: float = 240.0
               ) -> dict[str, list[str]]:  # fmt: skip
     """Publish every plan, start one run of each, answer them, wait for them all: the
     problems of each plan that has any."""
+    return finish_plans(harness, start_plans(harness, plans), timeout=timeout)
+
+
+def start_plans(harness: Harness, plans: list[Plan]) -> dict[int, Plan]:
+    """Publish every plan and start one run of each (sending the signals meant to arrive
+    first): the plan of each run."""
     slugs = [harness.publish(plan.definition) for plan in plans]
     lost = sum(len(plan.reviewed) for plan in plans)
     if lost:
         harness.stubs.provider.drop_next(lost, path_prefix=REVIEW_PATH)
-    started = {harness.start(slug, run_input(harness)): plan
-               for slug, plan in zip(slugs, plans, strict=True)}  # fmt: skip
-    for run_id, plan in started.items():
-        for sid in plan.early:
+    started = {}
+    for slug, plan in zip(slugs, plans, strict=True):
+        run_id = harness.start(slug, run_input(harness))
+        started[run_id] = plan
+        for sid in plan.early:  # at once: before a run that waits first gets to its step
             harness.send_signal(SIGNAL, f"{run_id}-{sid}", f"early/{run_id}/{sid}", {"at": "start"})
+    return started
+
+
+def finish_plans(harness: Harness, started: dict[int, Plan], *, timeout: float = 240.0
+                 ) -> dict[str, list[str]]:  # fmt: skip
+    """Answer the runs until they all finish: the problems of each plan that has any."""
     finished = harness.wait_finished(started, script=script_for(started), timeout=timeout)
     found = {}
     for run_id, plan in started.items():

@@ -17,7 +17,19 @@ import pytest
 
 from workflows.models import Run, RunEvent, Signal
 
-from .composition import KINDS, Plan, chain, fork, loop, pair, problems, run_input, run_plans
+from .composition import (
+    KINDS,
+    Plan,
+    chain,
+    finish_plans,
+    fork,
+    loop,
+    pair,
+    problems,
+    run_input,
+    run_plans,
+    start_plans,
+)
 from .engine_harness import Harness
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,13 +60,16 @@ def test_every_step_type_in_a_loop_entered_twice(harness: Harness) -> None:
     assert not found, report(found)
 
 
-def test_an_early_signal_and_a_resolved_effect_next_to_every_step_type(harness: Harness) -> None:
-    """Two more ways a run moves: a signal sent at the start, kept until the run reaches its
+def test_an_early_signal_a_resolved_effect_and_a_failure_path_next_to_every_step_type(
+    harness: Harness,
+) -> None:
+    """More ways a run moves: a signal sent at the start, kept until the run reaches its
     step (after every type, and before every type); an http call whose answer was lost,
-    parked for review and resolved through the API, which wakes it (before every type)."""
+    parked for review and resolved through the API, which wakes it; a call refused for good
+    that goes on along its `failed` outcome or its `on_failure` (before every type)."""
     plans = [pair(a, "wait_signal_early") for a in FIRST]
     plans += [pair("wait_signal_early", b) for b in KINDS]
-    plans += [pair("http_review", b) for b in KINDS]
+    plans += [pair(a, b) for a in ("http_review", "http_failed", "http_on_failure") for b in KINDS]
 
     found = run_plans(harness, plans)
 
@@ -141,3 +156,22 @@ def test_the_checks_see_a_run_that_took_the_wrong_turn(harness: Harness) -> None
     assert run.status == "failed"
     assert [p.split(" ")[0] for p in found] == ["run", "path"]
     assert harness.stub_hits(f"{run_id}/a/1") == 1  # the effect before the branch went out
+
+
+def test_a_pause_and_a_resume_anywhere_in_a_pair_change_nothing(harness: Harness) -> None:
+    """Paused at once after its start (before, at or after its first step), quiet (what a
+    step leads to waits), then resumed: each run still does what its definition says."""
+    started = start_plans(
+        harness, [pair(a, b) for a in ("noop", "wait", "approval") for b in KINDS]
+    )
+    for run_id in started:  # 409: the run had already ended (a → end, both quick)
+        harness.call("POST", f"/api/v1/runs/{run_id}/pause", expect=(200, 409))
+    harness.wait_quiet(started)
+    paused = Run.objects.filter(pk__in=started, status="paused").values_list("pk", flat=True)
+    assert len(paused) > len(started) // 2
+    for run_id in paused:
+        harness.call("POST", f"/api/v1/runs/{run_id}/resume", expect=200)
+
+    found = finish_plans(harness, started)
+
+    assert not found, report(found)
