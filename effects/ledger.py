@@ -31,6 +31,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -531,7 +532,20 @@ def _review_park(effect: Mapping[str, Any]) -> Park:
         deadline_seconds=effects_setting("RECHECK_SECONDS"), refund_attempt=True,
         detail={"parked_on": f"effect:{effect['id']}", "effect": effect["key"],
                 "reason": f"effect needs review: {effect.get('error') or 'outcome unknown'}"},
+        woken_meanwhile=partial(_resolved_meanwhile, effect["id"]),
     )  # fmt: skip
+
+
+def _resolved_meanwhile(effect_id: int, cursor: Any) -> dict[str, Any] | None:
+    """The review was resolved while its step was parking: the wake resolve_effect would have
+    sent (it holds the run's lock too, so it either found the parked step or came first)."""
+    cursor.execute("SELECT key, state, resolution FROM effects_effect WHERE id = %(id)s",
+                   {"id": effect_id})  # fmt: skip
+    effect = fetch_dict(cursor)
+    if effect is None or effect["state"] == EffectState.NEEDS_REVIEW:
+        return None
+    action = effect["resolution"] or "done"
+    return {"resolution": action, "effect": effect["key"], "reason": "resolved while parking"}
 
 
 # --- small helpers --------------------------------------------------------------------------

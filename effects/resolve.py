@@ -18,6 +18,7 @@ from django.utils import timezone
 from workflows.engine.sql.rows import event_row, fetch_dict, fetch_dicts, insert_events
 from workflows.engine.sql.rows import json_or_null as _json
 from workflows.engine.waits import Wake, wake_step
+from workflows.engine.walk import lock_run
 
 from . import sql
 from .models import Connection
@@ -43,6 +44,10 @@ def resolve_effect(effect_id: int, action: str, *, by: str, result: Any = None,
     if action not in ACTIONS:
         raise ResolveError("invalid_action", f"action must be one of {', '.join(ACTIONS)}")
     with transaction.atomic(durable=True), connection.cursor() as cursor:
+        # The run first, as every transition does: a step parking on this effect right now
+        # is then either parked when we look for it, or sees the resolution as it parks
+        # (ledger._resolved_meanwhile, in the park's transaction under the same lock).
+        _lock_run_of(cursor, effect_id)
         effect = _locked_effect(cursor, effect_id)
         if effect["state"] != EffectState.NEEDS_REVIEW:
             moved = _last_moved_by(cursor, effect)
@@ -70,6 +75,13 @@ def resolve_effect(effect_id: int, action: str, *, by: str, result: Any = None,
                                          worker=by, detail=detail)])  # fmt: skip
         payload = {"resolution": action, "effect": effect["key"], "reason": reason}
         wake_parked(cursor, effect["org_id"], f"effect:{effect_id}", payload, "effect_resolved", by)
+
+
+def _lock_run_of(cursor: Any, effect_id: int) -> None:
+    cursor.execute("SELECT run_id FROM effects_effect WHERE id = %(id)s", {"id": effect_id})
+    found = cursor.fetchone()
+    if found is not None:  # none: _locked_effect says so
+        lock_run(cursor, found[0])
 
 
 def _locked_effect(cursor: Any, effect_id: int) -> dict[str, Any]:

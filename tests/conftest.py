@@ -8,6 +8,8 @@ from rest_framework.test import APIClient
 from workflows.models import ApiKey, Organisation
 from workflows.services.tenancy import api_key_create
 
+# The engine as processes and a user of it through the API (tests/engine_harness.py).
+from .engine_harness import e2e_engine, harness  # noqa: F401
 from .factories import OrganisationFactory
 from .processes import kill_tree
 

@@ -4,10 +4,12 @@ a secret."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from effects.ledger import Call, _mark_broken
@@ -16,6 +18,9 @@ from effects.perform import PROVIDERS, load_connection
 from effects.providers.base import AuthFailed
 from effects.resolve import reconcile_budgets, resolve_effect
 from workflows.engine.executors import StepContext
+from workflows.engine.lanes import lane_policy
+from workflows.engine.steps import claim, promote_due_retries, settle_and_take_next
+from workflows.engine.worker import Attempt, Worker
 from workflows.models import Run, Step
 from workflows.services.control import run_act
 
@@ -145,3 +150,41 @@ def test_a_secret_with_a_line_break_is_refused(api):
     answer = api.post("/api/v1/connections", body, format="json")
     assert answer.status_code == 400
     assert "secret" in str(answer.json())
+
+
+def test_a_review_resolved_while_its_step_is_parking_wakes_the_step_at_once(
+    org, provider_stub, api
+):
+    """The call's answer is lost; the step's next attempt finds no way to tell what it made,
+    puts the effect in review and returns its park, and a person resolves the effect before
+    the worker has parked the step. The resolution found no step to wake; the park sees it
+    was resolved and wakes the step at once, instead of leaving it to its recheck
+    (WAYMARK_EFFECTS_RECHECK_SECONDS, 5 minutes). Found by the composition matrix on real
+    processes (tests/test_composition_matrix.py)."""
+    connect(org, base_url=provider_stub.url)  # no idempotency keys, no lookup: a person decides
+    provider_stub.drop_next(1)
+    run_id = start(org, one_step(post_item(provider_stub.url)))
+    drive(rounds=1, fast_forward=False)  # the call, its answer lost: the step will retry
+    worker = Worker(lane_policy("io"), concurrency=1, name="test-worker")
+    Step.objects.filter(run_id=run_id).update(wake_at=Now())
+    promote_due_retries(lane="io", worker=worker.name)
+    (claimed,) = claim(policy=worker.policy, worker=worker.name, limit=1)
+    result, failure = worker._run_executor(
+        Attempt(claimed, deadline=time.monotonic() + 60, extended=time.monotonic())
+    )
+    assert failure is None and result is not None and result.park is not None
+    effect = Effect.objects.get(run_id=run_id)
+    assert effect.state == "needs_review" and send_step(run_id).status == "running"
+
+    answer = api.post(f"/api/v1/effects/{effect.pk}/resolve",
+                      {"action": "done", "result": {"status": 201, "body": {"id": "item_9"}}},
+                      format="json")  # fmt: skip
+    assert answer.status_code == 200, answer.json()
+    settle_and_take_next(claimed, result, worker=worker.name)
+
+    step = send_step(run_id)
+    assert (step.status, step.wait_kind) == ("ready", "")  # woken at the park
+    assert [e.kind for e in events(run_id, "step.woken_at_park")] == ["step.woken_at_park"]
+    drive(fast_forward=False)
+    assert (run_of(run_id).status, run_of(run_id).output) == ("succeeded", "item_9")
+    assert len(provider_stub.created) == 1  # the lost call, never made again

@@ -35,6 +35,14 @@ class Park:
     # True when the park is not the step's doing (a broken connection, an exhausted budget):
     # the attempt that parked does not count against max_attempts.
     refund_attempt: bool = False
+    # What the step waits for may happen between the executor's return and the park's commit
+    # (a person resolves the effect in review): its wake then finds no parked step. Asked in
+    # the park's transaction, under the run's lock, this returns the wake's payload when it
+    # already happened (the step is woken at once), else None. The other side must lock the
+    # run before it looks for parked steps, so one of the two always sees the other.
+    woken_meanwhile: Callable[[Any], dict[str, Any] | None] | None = field(
+        default=None, compare=False
+    )
 
 
 @dataclass

@@ -25,7 +25,7 @@ from ..definitions.expressions import build_context
 from ..definitions.registry import registry
 from . import hops, sql
 from .definition_cache import definition_for
-from .executors import StepContext, StepDeferred, StepFailure, StepResult
+from .executors import Park, StepContext, StepDeferred, StepFailure, StepResult
 from .faults import crash_point
 from .hops import Hop
 from .lanes import LanePolicy
@@ -40,6 +40,7 @@ from .sql.rows import (
     query_prepared,
 )
 from .transport import own_connection
+from .waits import Wake, wake_step
 from .walk import CONTINUATION_TYPE, TakeNext, Walk, lock_run, run_state
 
 logger = logging.getLogger(__name__)
@@ -418,7 +419,19 @@ def _settle_park(step: ClaimedStep, result: StepResult, *, worker: str) -> bool:
             **park.detail, "deadline_seconds": park.deadline_seconds,
             "on_deadline": park.on_deadline,
         })])  # fmt: skip
+        _wake_if_woken_meanwhile(cursor, step, park, worker=worker)
     return True
+
+
+def _wake_if_woken_meanwhile(cursor: Any, step: ClaimedStep, park: Park, *, worker: str) -> None:
+    """Its awaited event came before the park (its wake found no parked step): wake it now,
+    as that event would have a moment later (see Park.woken_meanwhile)."""
+    if park.woken_meanwhile is None:
+        return
+    payload = park.woken_meanwhile(cursor)
+    if payload is not None:
+        wake = Wake(payload=payload, reason="woken_at_park", by=worker)
+        wake_step(step_pk=step.id, wake=wake, run_id=step.run_id)
 
 
 def settle_continuation(step: ClaimedStep, *, worker: str) -> bool:
