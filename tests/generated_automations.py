@@ -103,11 +103,16 @@ def _fields(kind: str, sid: str, seconds: int) -> Step:
         return {"type": "slack_message", "connection": "slack", "channel": "C0GEN",
                 "text": f"{sid} of {{{{ run.id }}}}"}  # fmt: skip
     if kind == "model":
-        return {"type": "model", "connection": "llm", "prompt": f"{{{{ run.id }}}}/{sid}"}
+        return {"type": "model", "connection": "model", "prompt": model_marker("{{ run.id }}", sid)}
     if kind == "crm_upsert":
         return {"type": "crm_upsert", "connection": "crm", "object": "contacts",
                 "external_id": f"{{{{ run.id }}}}-{sid}", "fields": {"step": sid}}  # fmt: skip
     raise ValueError(kind)
+
+
+def model_marker(run: str, sid: str) -> str:
+    """A model step's prompt, which names its run and step (the model API gets no key)."""
+    return f"<model {run}/{sid}>"
 
 
 @dataclass(eq=False)
@@ -335,9 +340,10 @@ class Automation:
                 return block.decision
         raise KeyError(step_id)
 
-    def signals_sent(self) -> list[str]:
-        """The step ids of signal waits whose signal is sent."""
-        return [b.ids[0] for b in _walk(self.body) if isinstance(b, SignalWait) and b.sent]
+    def signal_sent(self, step_id: str) -> bool:
+        """Whether the signal of the signal wait ``step_id`` is sent (else it times out)."""
+        return any(isinstance(b, SignalWait) and b.sent and b.ids[0] == step_id
+                   for b in _walk(self.body))  # fmt: skip
 
 
 def _walk(block: Block) -> Iterator[Block]:
