@@ -126,8 +126,11 @@ class SignalWait(Block):
     def compile(self, ids: Ids, next_id: str) -> tuple[str, list[Step]]:
         sid, marker = ids.new(), ids.new()
         self.ids = (sid, marker)
+        # A signal that is sent gets an hour: the test sends it once it sees the step wait,
+        # and on a busy machine a second can pass first (the prediction would not hold).
+        timeout = "1h" if self.sent else f"{self.timeout}s"
         wait = {"id": sid, "type": "wait_signal", "signal": f"sig.{sid}",
-                "correlation": "{{ input.key }}", "timeout": f"{self.timeout}s",
+                "correlation": "{{ input.key }}", "timeout": timeout,
                 "next": {"received": next_id, "timed_out": marker}}  # fmt: skip
         note = {"id": marker, "type": "set", "values": {f"timed_out_{sid}": True},
                 "next": next_id}  # fmt: skip
