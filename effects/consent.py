@@ -7,11 +7,36 @@ email on Monday), and never for an effect already made (its stored answer stands
 
 from __future__ import annotations
 
+from email.errors import HeaderParseError
+from email.headerregistry import Address
+from email.utils import getaddresses
 from typing import Any
 
 from workflows.engine.sql.rows import fetch_dict
 
 from . import sql
+
+
+class NotOneAddress(ValueError):
+    """What a step would send to is not exactly one well-formed email address."""
+
+
+def canonical_email(text: str) -> str:
+    """The one mailbox ``text`` names, as the suppression list stores it (``local@domain``,
+    lowercased, quotes and display name gone): ``Friend <Unsub@Victim.example>``,
+    ``<unsub@victim.example>`` and ``"unsub"@victim.example`` are all ``unsub@victim.example``,
+    the mailbox the mail server is given. Parsed as Django's mail delivery parses it, so what
+    is checked is what is sent to. Raises NotOneAddress for none, several or a malformed one."""
+    found = [(name, spec) for name, spec in getaddresses([text]) if name or spec]
+    if len(found) != 1:
+        raise NotOneAddress(f"{len(found)} addresses, not one")
+    try:
+        address = Address(addr_spec=found[0][1])
+    except (HeaderParseError, ValueError, IndexError) as exc:
+        raise NotOneAddress("not an email address") from exc
+    if not address.username or not address.domain:
+        raise NotOneAddress("not an email address")
+    return f"{address.username}@{address.domain}".lower()
 
 
 def suppression(cursor: Any, org_id: int, channel: str, address: str) -> str | None:

@@ -157,6 +157,41 @@ def test_a_suppressed_address_is_never_sent_to_and_the_run_goes_on(org, smtp_stu
     assert not Effect.objects.filter(run_id=gone).exists()
 
 
+@pytest.mark.parametrize(
+    "written",
+    ["Friend <unsub@victim.example>", "<unsub@victim.example>", '"unsub"@victim.example',
+     "UNSUB@Victim.Example", '"Un Sub" <"unsub"@VICTIM.example>'],
+)  # fmt: skip
+def test_a_suppressed_address_is_not_sent_to_however_it_is_written(org, smtp_stub, written):
+    connect(org, provider="email", name="mail",
+            options={"host": smtp_stub.host, "port": smtp_stub.port})  # fmt: skip
+    Suppression.objects.create(org=org, channel="email", address="unsub@victim.example",
+                               reason="unsubscribed")  # fmt: skip
+    definition = one_step(email_step("{{ input.to }}"), output="{{ steps.send.output }}")
+    definition["steps"][0]["next"] = {"ok": "done", "suppressed": "done"}
+    run_id = start(org, definition, key="w", run_input={"to": written, "name": "x"})
+    drive()
+    assert smtp_stub.messages == []
+    assert send_step(run_id).output == {"suppressed": True, "to": "unsub@victim.example",
+                                        "reason": "unsubscribed"}  # fmt: skip
+
+
+@pytest.mark.parametrize("written", ["a@example.com, b@example.com", "nobody", "a@", "@x"])
+def test_an_email_to_anything_but_one_address_fails_the_step_and_sends_nothing(
+    org, smtp_stub, written
+):
+    connect(org, provider="email", name="mail",
+            options={"host": smtp_stub.host, "port": smtp_stub.port})  # fmt: skip
+    run_id = start(org, one_step(email_step("{{ input.to }}")), key="bad",
+                   run_input={"to": written, "name": "x"})  # fmt: skip
+    drive()
+    assert smtp_stub.messages == []
+    step = send_step(run_id)
+    assert (step.status, run_of(run_id).status) == ("failed", "failed")
+    assert "to must be one email address" in step.error
+    assert step.attempt == 1  # not retried: it would fail the same way
+
+
 # --- connection gates -----------------------------------------------------------------------------
 
 

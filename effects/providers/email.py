@@ -24,6 +24,7 @@ from django.core.mail import EmailMessage, get_connection
 
 from workflows.plugins import StepFailure, render
 
+from ..consent import NotOneAddress, canonical_email
 from ..egress import EgressRefused, vet_host
 from .base import (
     Ambiguous,
@@ -92,13 +93,18 @@ class EmailProvider(Provider):
         self, step: Mapping[str, Any], context: Mapping[str, Any], conn: ConnectionInfo | None
     ) -> Request:
         to = str(render(step["to"], dict(context))).strip()
-        if "@" not in to:
-            raise StepFailure(f"no email address to send to ({to[:100]!r})", retryable=False)
+        try:
+            # The mailbox the server is given, however the address is written: what the
+            # suppression list is checked against.
+            recipient = canonical_email(to)
+        except NotOneAddress as exc:
+            raise StepFailure(f"to must be one email address ({exc}): {to[:100]!r}",
+                              retryable=False) from exc  # fmt: skip
         subject = str(render(step["subject"], dict(context)))
         body = str(render(step["body"], dict(context)))
         payload = {"to": to, "subject": subject, "body": body}
         return Request(payload=payload, summary={"to": to, "subject": subject},
-                       recipient=to.lower())  # fmt: skip
+                       recipient=recipient)  # fmt: skip
 
     def call(self, request: Request, key: str, conn: ConnectionInfo | None) -> Answer:
         options = conn.options if conn else {}
