@@ -35,6 +35,7 @@ from workflows.engine.executors import StepFailure
 from workflows.errors import AlreadyExists, NotFound, WaymarkError
 from workflows.models import Organisation
 
+from .consent import stored_address
 from .models import Connection, Effect, Suppression
 from .resolve import (
     ACTIONS,
@@ -447,14 +448,15 @@ class SuppressionIn(StrictInput):
     channel = ChannelField(default="any")
     address = serializers.CharField(
         max_length=320, validators=[storable_text],
-        help_text="Stored lowercased, without surrounding spaces.",
+        help_text="Stored as the mailbox it names, lowercased (Name <A@B.example> is "
+        "a@b.example); a Slack channel lowercased, without surrounding spaces.",
     )  # fmt: skip
     reason = serializers.CharField(
         max_length=200, required=False, allow_blank=True, default="", validators=[storable_text]
     )
 
     def validate_address(self, value: str) -> str:
-        return value.strip().lower()
+        return stored_address(value)
 
 
 class SuppressionFilter(django_filters.FilterSet):
@@ -474,7 +476,7 @@ class SuppressionFilter(django_filters.FilterSet):
     def by_address(
         self, queryset: QuerySet[Suppression], name: str, value: str
     ) -> QuerySet[Suppression]:
-        return queryset.filter(address=value.strip().lower())
+        return queryset.filter(address=stored_address(value))
 
 
 def suppression_get(org: Organisation, suppression_id: int) -> Suppression:

@@ -39,6 +39,18 @@ def canonical_email(text: str) -> str:
     return f"{address.username}@{address.domain}".lower()
 
 
+def stored_address(text: str) -> str:
+    """An address as the suppression list keeps and looks it up: an email address as the
+    mailbox it names (``Name <A@B.example>`` is ``a@b.example``, as the check at send time
+    sees it), anything else (a Slack channel) stripped and lowercased."""
+    if "@" in text:
+        try:
+            return canonical_email(text)
+        except NotOneAddress:
+            pass  # kept as written: it matches only a recipient written the same way
+    return text.strip().lower()
+
+
 def suppression(cursor: Any, org_id: int, channel: str, address: str) -> str | None:
     """Why ``address`` must not be contacted on ``channel``, or None when it may be."""
     params: dict[str, Any] = {"org_id": org_id, "channel": channel, "address": address.lower()}

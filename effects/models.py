@@ -11,6 +11,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
+from .consent import stored_address
 from .states import CircuitState, ConnectionStatus, EffectState
 
 
@@ -136,7 +137,7 @@ class Suppression(models.Model):
         "workflows.Organisation", on_delete=models.CASCADE, related_name="suppressions"
     )
     channel = models.CharField(max_length=10, choices=CHANNELS, default="any")
-    address = models.CharField(max_length=320)  # stored lowercased
+    address = models.CharField(max_length=320)  # consent.stored_address: a mailbox, lowercased
     reason = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
 
@@ -149,7 +150,7 @@ class Suppression(models.Model):
         ]
 
     def save(self, *args: object, **kwargs: object) -> None:
-        self.address = self.address.strip().lower()
+        self.address = stored_address(self.address)
         super().save(*args, **kwargs)  # type: ignore[arg-type]
 
     def __str__(self) -> str:

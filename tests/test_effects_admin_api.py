@@ -318,6 +318,21 @@ def test_a_suppression_is_stored_lowercased_and_a_duplicate_is_a_409(
     assert Suppression.objects.get(org=org).reason == "bounced"
 
 
+def test_a_suppression_written_with_a_name_is_stored_as_its_mailbox_and_found_so(
+    writer: APIClient, org: Organisation
+) -> None:
+    body = {"channel": "email", "address": 'Ann <"Ann"@Example.COM>'}
+    created = writer.post("/api/v1/suppressions", body, format="json")
+    again = writer.post("/api/v1/suppressions", {"channel": "email", "address": "ann@example.com"},
+                        format="json")  # fmt: skip
+    found = writer.get("/api/v1/suppressions?address=<ANN@example.com>").json()["results"]
+
+    assert created.status_code == 201, created.content
+    assert created.json()["address"] == "ann@example.com"
+    assert again.status_code == 409
+    assert [s["id"] for s in found] == [created.json()["id"]]
+
+
 def test_suppressions_are_listed_filtered_and_deleted(writer: APIClient, org: Organisation) -> None:
     email = writer.post(
         "/api/v1/suppressions", {"channel": "email", "address": "a@x.example"}, format="json"
