@@ -290,6 +290,10 @@ SPECTACULAR_SETTINGS = {
 # Lanes: each step type names one. "inline" steps run inline in the walk and have no workers.
 # A step's own `retry.max_attempts` overrides its lane's. `timeout_seconds` bounds one
 # attempt: past it the worker stops heartbeating it and records a (retryable) failure.
+# `org_share` and `reserve` are fractions of a worker's slots (lanes.FairShare): each
+# organisation is owed `org_share` of them, and a claim serves what is owed first; past its
+# share an organisation only borrows, and only while `reserve` of the slots stay free for an
+# organisation that arrives later. 0.25 lets at least four organisations progress on a lane.
 # Each value can be set from the environment as WAYMARK_<LANE>_<NAME>, e.g.
 # WAYMARK_IO_LEASE_SECONDS=10.
 LANE_DEFAULTS: dict[str, dict[str, float | int]] = {
@@ -305,6 +309,8 @@ LANE_DEFAULTS: dict[str, dict[str, float | int]] = {
         "max_attempts": 5,
         "backoff_base_seconds": 1.0,
         "backoff_cap_seconds": 60.0,
+        "org_share": 0.25,
+        "reserve": 0.25,
     },
     "slow": {
         "processes": 1,
@@ -314,6 +320,8 @@ LANE_DEFAULTS: dict[str, dict[str, float | int]] = {
         "max_attempts": 2,
         "backoff_base_seconds": 5.0,
         "backoff_cap_seconds": 300.0,
+        "org_share": 0.25,
+        "reserve": 0.25,
     },
     "human": {
         "processes": 1,
@@ -323,6 +331,8 @@ LANE_DEFAULTS: dict[str, dict[str, float | int]] = {
         "max_attempts": 3,
         "backoff_base_seconds": 1.0,
         "backoff_cap_seconds": 60.0,
+        "org_share": 0.25,
+        "reserve": 0.25,
     },
 }
 

@@ -18,7 +18,7 @@ from django.db import connection, transaction
 
 from workflows.engine import sql
 from workflows.engine.executors import StepResult
-from workflows.engine.lanes import lane_policy
+from workflows.engine.lanes import UNSHARED, lane_policy
 from workflows.engine.plans import FIRST_REFRESH, MOST_USES_BETWEEN, PlanAge
 from workflows.engine.sql.rows import query_prepared
 from workflows.engine.steps import (
@@ -114,7 +114,7 @@ def add_steps(run: Run, count: int, *, status: str, wait_kind: str = "") -> None
         cursor.execute("ANALYZE workflows_step")
 
 
-CLAIM = {"lane": "io", "n": 16, "worker": "w", "lease": 30, "after_org": 0}
+CLAIM = {"lane": "io", "n": 16, "worker": "w", "lease": 30, "after_org": 0, **UNSHARED.params(16)}
 PROMOTE = {"lane": "io", "n": 500, "worker": "w"}
 
 
@@ -247,6 +247,13 @@ PREPARED_CLAIM = (
 )
 
 
+def _literal(value: Any) -> str:
+    """``value`` as EXECUTE's parameter list spells it (a list as an array literal)."""
+    if isinstance(value, list):
+        return "'{" + ",".join(str(v) for v in value) + "}'"
+    return repr(value)
+
+
 def _claim_plan(conn: Any) -> str:
     """The plan ``conn`` would run its prepared claim with now (its cached generic plan),
     read with EXPLAIN EXECUTE on that same connection, as text."""
@@ -254,7 +261,7 @@ def _claim_plan(conn: Any) -> str:
     for name in re.findall(r"%\((\w+)\)s", sql.CLAIM):
         if name not in names:
             names.append(name)
-    values = ", ".join(repr(CLAIM[name]) for name in names)
+    values = ", ".join(_literal(CLAIM[name]) for name in names)
     with conn.cursor() as cursor:
         cursor.execute(PREPARED_CLAIM)
         (row,) = cursor.fetchall()

@@ -6,5 +6,6 @@ from .model import ModelStub
 from .provider import ProviderStub
 from .slack import SlackStub
 from .smtp import SmtpMessage, SmtpStub
+from .tarpit import Tarpit
 
-__all__ = ["ModelStub", "ProviderStub", "SlackStub", "SmtpMessage", "SmtpStub"]
+__all__ = ["ModelStub", "ProviderStub", "SlackStub", "SmtpMessage", "SmtpStub", "Tarpit"]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import random
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +13,9 @@ from django.conf import settings
 
 from ..definitions.registry import INLINE, WORKER_LANES, RetryPolicy
 
-__all__ = ["INLINE", "WORKER_LANES", "LanePolicy", "engine_setting", "lane_policy"]
+__all__ = [
+    "INLINE", "WORKER_LANES", "FairShare", "LanePolicy", "engine_setting", "lane_policy",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,22 @@ class LanePolicy:
     backoff_base_seconds: float
     backoff_cap_seconds: float
     processes: int = 1  # worker processes runengine starts for the lane
+    org_share: float = 0.25  # of a worker's slots, owed to each organisation (FairShare)
+    reserve: float = 0.25  # of a worker's slots, kept free from borrowing (FairShare)
+
+    def fair_share(self, slots: int, held: Iterable[int]) -> FairShare:
+        """What a claim of a worker with ``slots`` slots may take per organisation, given the
+        organisations of the attempts it holds (``held``, one entry per attempt)."""
+        holding = Counter(held)
+        share = max(1, min(slots, math.floor(slots * self.org_share)))
+        reserve = min(math.ceil(slots * self.reserve), slots - share)
+        free = slots - holding.total()
+        return FairShare(
+            share=share,
+            borrowable=max(0, free - reserve),
+            held_orgs=tuple(holding),
+            held_counts=tuple(holding.values()),
+        )
 
     def backoff(
         self,
@@ -39,6 +60,37 @@ class LanePolicy:
             (base if base is not None else self.backoff_base_seconds) * 2 ** (failed_attempts - 1),
         )
         return (rng or random).uniform(0, ceiling)
+
+
+@dataclass(frozen=True)
+class FairShare:
+    """How one worker's slots of a lane are shared between organisations, as sql.CLAIM reads
+    it: each organisation is owed ``share`` slots, less those it holds already; a claim takes
+    what is owed first, then lets organisations borrow, round-robin, at most ``borrowable``
+    slots in all (less what it took as owed), so that the reserve stays free for an
+    organisation whose work arrives later. Without it, one organisation whose calls hang
+    would hold every slot while another's one-step run waited for them.
+
+    Kept per worker, from the attempts it holds: no query counts anything, and with several
+    workers each shares its own slots the same way."""
+
+    share: int
+    borrowable: int
+    held_orgs: tuple[int, ...] = ()
+    held_counts: tuple[int, ...] = ()
+
+    def params(self, most: int) -> dict[str, Any]:
+        """sql.CLAIM's parameters for a claim of at most ``most`` steps."""
+        return {
+            "share": self.share, "borrowable": self.borrowable,
+            "held_orgs": list(self.held_orgs), "held_counts": list(self.held_counts),
+            # How many organisations the claim looks at (sql.CLAIM).
+            "orgs": most + 3 + len(self.held_orgs),
+        }  # fmt: skip
+
+
+# A claim by a caller that is not a worker (tests, tools): every organisation is owed it all.
+UNSHARED = FairShare(share=1_000_000, borrowable=0)
 
 
 def lane_policy(lane: str) -> LanePolicy:

@@ -28,7 +28,7 @@ from .definition_cache import definition_for
 from .executors import Park, StepContext, StepDeferred, StepFailure, StepResult
 from .faults import crash_point
 from .hops import Hop
-from .lanes import LanePolicy
+from .lanes import UNSHARED, FairShare, LanePolicy
 from .places import Entry, Place
 from .plans import refresh_plans_when_due
 from .sql.rows import (
@@ -163,15 +163,17 @@ def claim(
     worker: str,
     limit: int,
     after_org: int = 0,
+    share: FairShare = UNSHARED,
     on: PreparedClaims | None = None,
 ) -> list[ClaimedStep]:
-    """Up to ``limit`` ready steps of the lane, fairly across organisations (sql.CLAIM), on
-    Django's connection or, for a worker, on its prepared-claims connection (``on``)."""
+    """Up to ``limit`` ready steps of the lane, fairly across organisations (sql.CLAIM) and
+    within each one's share of the worker's slots (``share``), on Django's connection or, for
+    a worker, on its prepared-claims connection (``on``)."""
     if limit <= 0:
         return []
     params = {
         "lane": policy.name, "n": limit, "worker": worker, "lease": policy.lease_seconds,
-        "after_org": after_org,
+        "after_org": after_org, **share.params(limit),
     }  # fmt: skip
     return [ClaimedStep.from_row(row) for row in _rows(on, sql.CLAIM, params)]
 

@@ -28,7 +28,7 @@ from ..definitions.registry import registry
 from ..states import RunStatus, StepStatus, WaitKind
 from .executors import StepContext, StepFailure, StepResult, executor_for
 from .forks import FORK_TYPE, Forks
-from .lanes import engine_setting, lane_policy
+from .lanes import UNSHARED, FairShare, engine_setting, lane_policy
 from .places import TOP, Entry, Place
 from .speculative import NeedsTransaction
 from .sql import CANCEL_LIVE_STEPS_LOGGED, LIVE_STEPS, LOCK_RUN, STEP_ID_OF, UPDATE_RUN
@@ -92,15 +92,16 @@ class TakeNext:
     lease_seconds: float
     claim_lane: bool = False
     after_org: int = 0
+    share: FairShare = UNSHARED  # the worker's holdings as the settle began (lanes.FairShare)
 
     def claim_params(self) -> dict[str, Any]:
         """sql.CLAIM's parameters for the one step of the lane a settle claims (claim_lane)."""
-        return {**self._claimer(), "n": 1}
+        return {**self._claimer(), **self.share.params(1), "n": 1}
 
     def claim_after_hops_params(self, hopped: list[int]) -> dict[str, Any]:
         """sql.CLAIM_AFTER_HOPS's parameters: a step of the lane for each step in ``hopped``
         (the ids of the steps of hops that end their runs) that its hop settled."""
-        return {**self._claimer(), "hopped": hopped}
+        return {**self._claimer(), **self.share.params(len(hopped)), "hopped": hopped}
 
     def _claimer(self) -> dict[str, Any]:
         """Who claims, for how long, and where its fair claim goes on from: both claims'."""

@@ -28,7 +28,7 @@ from . import sql
 from .executors import StepDeferred, StepFailure, StepResult, executor_for
 from .faults import crash_point, heartbeats_paused
 from .group_settle import GroupSettler
-from .lanes import LanePolicy, engine_setting
+from .lanes import FairShare, LanePolicy, engine_setting
 from .steps import (
     ClaimedStep,
     PreparedClaims,
@@ -191,6 +191,7 @@ class Worker:
                     self.slot_free.wait(self.poll_seconds)
                 free = self.concurrency - len(self.inflight)
                 idle = not self.inflight
+                share = self._fair_share()
             if self.stop.is_set():
                 return
             self.wake.clear()
@@ -198,7 +199,7 @@ class Worker:
                 promoted = self._promote_due_retries()
                 claimed = [] if self.suspects_only else claim(
                     policy=self.policy, worker=self.name, limit=free, after_org=self.after_org,
-                    on=self.claims,
+                    share=share, on=self.claims,
                 )  # fmt: skip
                 alone = False
                 if not claimed and idle and self._suspects_due():
@@ -273,6 +274,15 @@ class Worker:
             logger.warning("worker %s could not update its idle listing", self.name, exc_info=True)
             return False
         return True
+
+    def _fair_share(self, settling: ClaimedStep | None = None) -> FairShare:
+        """This worker's slots as a claim may share them out now (lanes.FairShare); call
+        with ``self.lock`` held. ``settling``: a step whose settle claims, its slot given back."""
+        held = [
+            attempt.step.org_id for attempt in self.inflight.values()
+            if settling is None or attempt.step is not settling
+        ]  # fmt: skip
+        return self.policy.fair_share(self.concurrency, held)
 
     def _no_slot(self) -> bool:
         """No claim while every slot is taken, or while a suspect runs alone."""
@@ -422,8 +432,11 @@ class Worker:
         take = None if self.stop.is_set() else self.take_next
         if take is not None and take.claim_lane:
             # A settle's claim is the lane's fair claim: it goes on from where this worker's
-            # claims left off (after_org), as the claim loop's would.
-            take = replace(take, after_org=self.after_org)
+            # claims left off (after_org), as the claim loop's would, and within each
+            # organisation's share of the slots, this step's own given back.
+            with self.lock:
+                share = self._fair_share(settling=step)
+            take = replace(take, after_org=self.after_org, share=share)
         settler = self.settler
         if settler is not None and result.park is None:
             return lambda: settler.settle(step, result, take)

@@ -20,9 +20,10 @@ PSYCOPG_CACHED_LENGTH = 4096
 
 
 def _compact(statement: str) -> str:
-    """The statement without its indentation and comment lines (the comments stay in this
-    file's source), so that a long one stays under PSYCOPG_CACHED_LENGTH."""
-    lines = (line.strip() for line in statement.splitlines())
+    """The statement without its indentation, its alignment and its comment lines (the
+    comments stay in this file's source), so that a long one stays under
+    PSYCOPG_CACHED_LENGTH. Runs of spaces become one: no literal in these statements has two."""
+    lines = (" ".join(line.split()) for line in statement.splitlines())
     return "\n".join(line for line in lines if line and not line.startswith("--"))
 
 
@@ -80,10 +81,16 @@ SELECT * FROM claimed WHERE status = 'running'
 # index scan (one index probe per organisation, whatever its backlog): first those after the
 # organisation this worker served last, then, wrapping around, those up to it, at most n + 3
 # of each, so a claim costs O(n) probes however many organisations wait, and who leads
-# rotates. The 3 spare organisations keep a claim for one slot from coming back empty when
-# the first organisation's rows are all locked by other claimers. Each organisation served
-# gets at most ceil(n / organisations) of the batch: one organisation's 100,000 ready steps
-# cannot crowd out another's few. The rows are
+# rotates: %(orgs)s of them, n and 3 spare ones, which keep a claim for one slot from coming
+# back empty when the first organisation's rows are all locked by other claimers, and one
+# more per organisation the worker holds steps of, which may be owed nothing (see below). Each
+# organisation served gets at most ceil(n / organisations) of the batch: one organisation's
+# 100,000 ready steps cannot crowd out another's few. Nor can it hold the claiming worker's
+# slots (lanes.FairShare, from the worker's holdings in %(held_orgs)s and %(held_counts)s): an
+# organisation is owed %(share)s slots less those it holds, `owed` rows are taken first, and
+# rows past an organisation's due (`borrowed`) fill at most %(borrowable)s slots less the
+# owed ones taken, round-robin, so the reserve stays free for an organisation whose work
+# comes later. The rows are
 # locked in a CTE (FOR UPDATE SKIP LOCKED inside a LIMITed lateral subquery, never a LIMIT
 # inside IN (...)) that feeds the UPDATE; the claim increments `attempt`, which is returned
 # as the fencing token, and records the transition.
@@ -102,7 +109,7 @@ WITH RECURSIVE ahead(org_id, depth) AS (
                AND s.lease_until <= now() AND s.org_id > ahead.org_id
              ORDER BY s.org_id LIMIT 1),
            ahead.depth + 1
-      FROM ahead WHERE ahead.org_id IS NOT NULL AND ahead.depth < %(n)s + 3
+      FROM ahead WHERE ahead.org_id IS NOT NULL AND ahead.depth < %(orgs)s::int
 ),
 behind(org_id, depth) AS (
     (SELECT org_id, 1 FROM workflows_step
@@ -116,37 +123,47 @@ behind(org_id, depth) AS (
                AND s.org_id <= %(after_org)s
              ORDER BY s.org_id LIMIT 1),
            behind.depth + 1
-      FROM behind WHERE behind.org_id IS NOT NULL AND behind.depth < %(n)s + 3
+      FROM behind WHERE behind.org_id IS NOT NULL AND behind.depth < %(orgs)s::int
 ),
-served AS (
-    SELECT org_id, turn, count(*) OVER () AS k
+owed AS (
+    SELECT org_id, turn, greatest(%(share)s::int - coalesce(h.n, 0), 0) AS owed
       FROM (SELECT org_id, row_number() OVER (ORDER BY part, org_id) AS turn
               FROM (SELECT org_id, 0 AS part FROM ahead WHERE org_id IS NOT NULL
                     UNION ALL
                     SELECT org_id, 1 FROM behind WHERE org_id IS NOT NULL) found
              ORDER BY part, org_id
-             LIMIT %(n)s + 3) first_n
+             LIMIT %(orgs)s::int) first_n
+      LEFT JOIN unnest(%(held_orgs)s::bigint[], %(held_counts)s::int[]) h(org_id, n)
+     USING (org_id)
 ),
+served AS (
+    SELECT org_id, turn, owed, count(*) OVER () AS k
+      FROM owed WHERE owed + %(borrowable)s::int > 0
+),
+-- `rank`: the row's place in its organisation's turn; past `owed`, it is borrowed.
 locked AS (
-    SELECT p.id, p.lease_until, served.org_id, served.turn
-      FROM served
+    SELECT p.id, v.turn, v.owed,
+           row_number() OVER (PARTITION BY v.org_id ORDER BY p.lease_until) AS rank
+      FROM served v
       CROSS JOIN LATERAL (
           SELECT s.id, s.lease_until
             FROM workflows_step s
-           WHERE s.lane = %(lane)s AND s.org_id = served.org_id
+           WHERE s.lane = %(lane)s AND s.org_id = v.org_id
              AND s.status = 'ready' AND s.lease_until <= now()
            ORDER BY s.lease_until
-           LIMIT ceil(%(n)s::numeric / served.k)::int
+           LIMIT least(ceil(%(n)s::numeric / v.k)::int, v.owed + %(borrowable)s)
            FOR UPDATE SKIP LOCKED
       ) p
 ),
 picked AS (
     SELECT id FROM (
-        SELECT id, turn,
-               row_number() OVER (PARTITION BY org_id ORDER BY lease_until) AS rank
+        SELECT id, turn, rank, rank > owed AS borrowed,
+               row_number() OVER (PARTITION BY rank > owed ORDER BY rank, turn) AS place,
+               count(*) FILTER (WHERE rank <= owed) OVER () AS owed_taken
           FROM locked
-    ) ranked
-     ORDER BY rank, turn
+    ) placed
+     WHERE NOT borrowed OR place <= %(borrowable)s - owed_taken
+     ORDER BY borrowed, rank, turn
      LIMIT %(n)s
 ),
 """  # noqa: S608 (constant SQL joined with constant SQL)
