@@ -464,6 +464,11 @@ EFFECTS = {
     # A step parked on a broken connection, a review or a spent model budget looks again
     # this often (no attempt spent); a repair, a decision or a raise wakes it at once.
     "RECHECK_SECONDS": env.float("WAYMARK_EFFECTS_RECHECK_SECONDS", default=300.0),
+    # What an organisation may set on its connections: a call's timeout (seconds) and calls
+    # in flight at once. Larger values are refused when written, and a connection written
+    # before a limit was lowered is held to it when called.
+    "MAX_TIMEOUT_SECONDS": env.float("WAYMARK_EFFECTS_MAX_TIMEOUT_SECONDS", default=120.0),
+    "MAX_CONCURRENCY": env.int("WAYMARK_EFFECTS_MAX_CONCURRENCY", default=64),
     # Email: Django's backend (SMTP unless set otherwise).
     "EMAIL_BACKEND": env.str(
         "WAYMARK_EFFECTS_EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend"

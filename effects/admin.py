@@ -39,6 +39,7 @@ from workflows.engine.executors import StepFailure
 
 from .api import CONNECTION_NAME, MAX_REASON_CHARS, MAX_SECRET_CHARS, json_problem, provider_names
 from .egress import Allowlist
+from .limits import limit_problem
 from .models import Connection, Effect, EgressAllow, ModelBudget, Suppression
 from .resolve import (
     DONE,
@@ -157,12 +158,18 @@ class ConnectionForm(forms.ModelForm):
         value: int = self.cleaned_data["max_concurrency"]
         if value < 1:
             raise ValidationError("At least 1: no call could ever be made.")
+        problem = limit_problem("max_concurrency", value)
+        if problem is not None:
+            raise ValidationError(problem)
         return value
 
     def clean_timeout_seconds(self) -> float:
         value: float = self.cleaned_data["timeout_seconds"]
         if not 0.1 <= value <= 3600:  # False for NaN too
             raise ValidationError("From 0.1 to 3600 seconds.")
+        problem = limit_problem("timeout_seconds", value)
+        if problem is not None:
+            raise ValidationError(problem)
         return value
 
 

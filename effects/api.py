@@ -36,6 +36,7 @@ from workflows.errors import AlreadyExists, NotFound, WaymarkError
 from workflows.models import Organisation
 
 from .consent import stored_address
+from .limits import limit_problem
 from .models import Connection, Effect, Suppression
 from .resolve import (
     ACTIONS,
@@ -229,6 +230,15 @@ class ConnectionSettingsIn(StrictInput):
     def validate_timeout_seconds(self, value: float) -> float:
         if not math.isfinite(value):
             raise serializers.ValidationError("Must be a finite number of seconds.")
+        problem = limit_problem("timeout_seconds", value)
+        if problem is not None:
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate_max_concurrency(self, value: int) -> int:
+        problem = limit_problem("max_concurrency", value)
+        if problem is not None:
+            raise serializers.ValidationError(problem)
         return value
 
 

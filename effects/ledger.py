@@ -44,6 +44,7 @@ from workflows.engine.transport import own_connection
 
 from . import sql
 from .consent import suppression
+from .limits import operator_limit
 from .providers.base import (
     Answer,
     AuthFailed,
@@ -230,11 +231,12 @@ def _pass_gate(cursor: Any, call: Call, gate: dict[str, Any] | None) -> None:
         # A probe usually answers in moments, and its lease is only its worst case: look
         # again shortly rather than waiting out the lease.
         raise StepDeferred(defer, f"the circuit of connection {_name(call)!r} is being probed")
-    if gate["in_flight"] >= gate["max_concurrency"]:
+    # Held to the operator's limit too, for a connection written before it was lowered.
+    cap = min(gate["max_concurrency"], int(operator_limit("max_concurrency")))
+    if gate["in_flight"] >= cap:
         raise StepDeferred(
             max(defer, min(gate["first_free_seconds"] or defer, 30.0)),
-            f"connection {_name(call)!r} is at its concurrency cap "
-            f"({gate['max_concurrency']} calls in flight)",
+            f"connection {_name(call)!r} is at its concurrency cap ({cap} calls in flight)",
         )
     if gate["circuit"] != "closed":  # its cool-down has passed: one probe goes through
         cursor.execute(sql.CIRCUIT_PROBE, {"connection_id": call.conn_id, "lease": call.lease})

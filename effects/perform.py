@@ -8,12 +8,14 @@ providers are named in ``PROVIDERS``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from workflows.engine.executors import StepContext, StepFailure, StepResult
 
 from .egress import Allowlist
 from .ledger import Call, run_effect
+from .limits import operator_limit
 from .models import Connection, EgressAllow
 from .providers.base import ConnectionInfo, Provider
 from .providers.crm import CrmUpsertProvider
@@ -22,6 +24,8 @@ from .providers.http import HttpProvider
 from .providers.model import ModelProvider
 from .providers.slack import SlackMessageProvider
 from .secrets import SecretUnreadable, decrypt
+
+MIN_CALL_SECONDS = 1.0  # a call begun just before its attempt's deadline still gets this
 
 PROVIDERS: dict[str, Provider] = {
     provider.name: provider
@@ -45,7 +49,7 @@ def executor_for_provider(
         step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     ) -> StepResult:
         provider = PROVIDERS[name]
-        conn = load_connection(ctx.org_id, step.get("connection"), provider)
+        conn = within_limits(load_connection(ctx.org_id, step.get("connection"), provider), ctx)
         request = provider.prepare(step, context, conn)
         # Consent is checked by the ledger when (and only if) a call is about to begin: an
         # effect already made keeps its answer, and nothing new goes to a suppressed address.
@@ -79,6 +83,20 @@ def load_connection(org_id: int, name: str | None, provider: Provider) -> Connec
         options=row.options or {}, secret=secret, timeout_seconds=row.timeout_seconds,
         allow=_allowlist(org_id), secret_version=row.secret_version,
     )  # fmt: skip
+
+
+def within_limits(conn: ConnectionInfo | None, ctx: StepContext) -> ConnectionInfo | None:
+    """The connection with its timeout held to what the operator allows
+    (WAYMARK_EFFECTS_MAX_TIMEOUT_SECONDS) and to the attempt's time left: a tenant's timeout
+    of an hour would otherwise keep a slot past the lane's timeout, so that the attempt came
+    back as a suspect to hang again."""
+    if conn is None:
+        return None
+    limit = min(conn.timeout_seconds, operator_limit("timeout_seconds"))
+    left = ctx.seconds_left()
+    if left is not None:
+        limit = min(limit, max(MIN_CALL_SECONDS, left))
+    return conn if limit == conn.timeout_seconds else replace(conn, timeout_seconds=limit)
 
 
 def _allowlist(org_id: int) -> Allowlist:

@@ -18,6 +18,7 @@ from effects.secrets import encrypt
 from workflows.models import Run, Step
 
 from .effect_setup import connect, drive, events, one_step, post_item, start
+from .stubs import Tarpit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -215,6 +216,33 @@ def test_the_concurrency_cap_defers_without_spending_attempts(org, provider_stub
     Effect.objects.filter(key="x/elsewhere/1").delete()
     drive()
     assert [run_of(r).status for r in runs] == ["succeeded", "succeeded"]
+
+
+def test_a_connection_written_past_the_operators_limits_is_held_to_them_when_called(
+    org, settings
+):
+    """A connection stored before the operator lowered the limits (or written around the
+    API): its 10,000 calls in flight and its hour's timeout are not what the engine uses."""
+    settings.EFFECTS = {**settings.EFFECTS, "MAX_CONCURRENCY": 1, "MAX_TIMEOUT_SECONDS": 0.5}
+    with Tarpit() as tarpit:
+        conn = connect(org, base_url=tarpit.url, max_concurrency=10_000, timeout_seconds=3600)
+        runs = [start(org, one_step(post_item(tarpit.url)), key=f"h{i}") for i in range(2)]
+        Effect.objects.create(
+            org=org, run_id=runs[0], step_id="elsewhere", iteration=1, key="x/elsewhere/1",
+            provider="http", connection=conn, state="in_flight", token="t",
+            lease_until="2999-01-01T00:00:00Z",
+        )  # fmt: skip
+        drive(rounds=1, fast_forward=False)
+        assert tarpit.accepted == 0  # at the cap of 1: both deferred
+        for run_id in runs:
+            [deferred] = events(run_id, "step.deferred")
+            assert "concurrency cap (1 calls in flight)" in info(deferred)["error"]
+
+        Effect.objects.filter(key="x/elsewhere/1").delete()
+        drive(rounds=1)  # each call waits half a second for an answer, not an hour
+        assert tarpit.accepted == 2
+        for waited in Effect.objects.filter(run_id__in=runs, connection=conn):
+            assert "no answer in time" in waited.error, waited.error
 
 
 def test_the_circuit_opens_after_repeated_failures_and_half_opens_to_probe(org, provider_stub):

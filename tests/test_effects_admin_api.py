@@ -176,6 +176,9 @@ def test_a_connection_without_a_secret_says_so(writer: APIClient) -> None:
         ({"name": "has space", "provider": "http"}, "name"),
         ({"name": "crm", "provider": "http", "options": ["not", "an", "object"]}, "options"),
         ({"name": "crm", "provider": "http", "max_concurrency": 0}, "max_concurrency"),
+        # Past what the operator allows a tenant (WAYMARK_EFFECTS_MAX_*, 64 and 120 s).
+        ({"name": "crm", "provider": "http", "max_concurrency": 10_000}, "max_concurrency"),
+        ({"name": "crm", "provider": "http", "timeout_seconds": 3600}, "timeout_seconds"),
         ({"name": "crm", "provider": "http", "timeout_seconds": "nan"}, "timeout_seconds"),
         ({"name": "crm", "provider": "http", "secret": ""}, "secret"),
         ({"name": "crm", "provider": "http", "max_concurency": 2}, "max_concurency"),
@@ -675,6 +678,8 @@ def test_a_new_secret_in_the_admin_repairs_a_broken_connection(
         ({"options": "[" * 5000 + "]" * 5000}, "nests too deeply"),
         ({"name": "has space"}, "letters, digits"),
         ({"max_concurrency": "0"}, "At least 1"),
+        ({"max_concurrency": "10000"}, "At most 64"),
+        ({"timeout_seconds": "3600"}, "At most 120"),
     ],
 )
 def test_bad_connection_forms_are_form_errors(

@@ -47,8 +47,18 @@ class Tarpit:
     def held(self) -> int:
         """Connections open now: each is a call still waiting for an answer."""
         with self._lock:
-            self._held = [sock for sock in self._held if _open(sock)]
+            self._prune()
             return len(self._held)
+
+    def _prune(self) -> None:
+        """Forget (and close) the connections their clients gave up on."""
+        kept = []
+        for sock in self._held:
+            if _open(sock):
+                kept.append(sock)
+            else:
+                sock.close()
+        self._held = kept
 
     def wait_held(self, count: int, timeout: float) -> int:
         """Until at least ``count`` connections are open (or ``timeout``): how many are."""
@@ -68,7 +78,7 @@ class Tarpit:
                     return
                 self._held.append(sock)
                 self.accepted += 1
-                self._held = [held for held in self._held if _open(held)]
+                self._prune()
                 self.most_held = max(self.most_held, len(self._held))
                 self._lock.notify_all()
 
