@@ -6,7 +6,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -37,10 +37,10 @@ class LanePolicy:
         holding = Counter(held)
         share = max(1, min(slots, math.floor(slots * self.org_share)))
         reserve = min(math.ceil(slots * self.reserve), slots - share)
-        free = slots - holding.total()
         return FairShare(
             share=share,
-            borrowable=max(0, free - reserve),
+            free=slots - holding.total(),
+            reserve=reserve,
             held_orgs=tuple(holding),
             held_counts=tuple(holding.values()),
         )
@@ -75,9 +75,18 @@ class FairShare:
     workers each shares its own slots the same way."""
 
     share: int
-    borrowable: int
+    free: int  # slots free now
+    reserve: int = 0  # slots borrowing must leave free
     held_orgs: tuple[int, ...] = ()
     held_counts: tuple[int, ...] = ()
+
+    @property
+    def borrowable(self) -> int:
+        return max(0, self.free - self.reserve)
+
+    def freeing(self, slots: int) -> FairShare:
+        """The same, with ``slots`` more slots given back (steps settled together)."""
+        return replace(self, free=self.free + slots)
 
     def params(self, most: int) -> dict[str, Any]:
         """sql.CLAIM's parameters for a claim of at most ``most`` steps."""
@@ -90,7 +99,7 @@ class FairShare:
 
 
 # A claim by a caller that is not a worker (tests, tools): every organisation is owed it all.
-UNSHARED = FairShare(share=1_000_000, borrowable=0)
+UNSHARED = FairShare(share=1_000_000, free=0)
 
 
 def lane_policy(lane: str) -> LanePolicy:

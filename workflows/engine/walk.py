@@ -101,7 +101,9 @@ class TakeNext:
     def claim_after_hops_params(self, hopped: list[int]) -> dict[str, Any]:
         """sql.CLAIM_AFTER_HOPS's parameters: a step of the lane for each step in ``hopped``
         (the ids of the steps of hops that end their runs) that its hop settled."""
-        return {**self._claimer(), **self.share.params(len(hopped)), "hopped": hopped}
+        # Every hop of the group gives its slot back, not only the one the share was read for.
+        share = self.share.freeing(len(hopped) - 1)
+        return {**self._claimer(), **share.params(len(hopped)), "hopped": hopped}
 
     def _claimer(self) -> dict[str, Any]:
         """Who claims, for how long, and where its fair claim goes on from: both claims'."""
