@@ -15,7 +15,10 @@ import logging
 
 import pytest
 
+from effects.egress import Allowlist
 from effects.models import Effect
+from effects.providers.base import ConnectionInfo, Invalid
+from effects.providers.slack import slack_call
 from workflows.models import Run, Step
 
 from .effect_setup import connect, drive, one_step, start
@@ -130,3 +133,17 @@ def test_a_sender_address_with_a_header_injection(org, smtp_stub, errors):
     drive()
     failed_at_once(run_id, "the email cannot be sent", errors)
     assert smtp_stub.messages == []
+
+
+def test_a_slack_call_slack_sdk_cannot_build_is_invalid_not_unknown(slack_stub):
+    """slack-sdk serialises the call before handing it to the transport: what fails there
+    never left (before, it was taken for an unreadable answer: it may have posted)."""
+    conn = ConnectionInfo(id=None, name="s", provider="slack_message",
+                          base_url=f"{slack_stub.url}/api/", options={}, secret="xoxb-stub",
+                          allow=Allowlist.parse(["127.0.0.1/32"]))  # fmt: skip
+    with pytest.raises(Invalid) as invalid:
+        slack_call(conn, "chat_postMessage", channel="C0OPS", text="hi",
+                   metadata={"event_type": "x", "event_payload": {"not_json": {1, 2}}})  # fmt: skip
+    assert str(invalid.value).startswith("invalid_request: ")
+    assert invalid.value.made == "no" and not invalid.value.retryable
+    assert slack_stub.requests == []
