@@ -226,9 +226,10 @@ class _GuardedBackend(httpcore.SyncBackend):
 
 def vet_host(host: str, port: int, allow: Allowlist) -> list[str]:
     """The host's addresses, resolved once, when none of them is refused for ``allow``;
-    raises EgressRefused (or httpcore.ConnectError when the name does not resolve). Clients
-    that cannot connect to the vetted address themselves (slack-sdk's urllib, smtplib) call
-    this before connecting: that leaves them a DNS-rebinding window the httpx client has not.
+    raises EgressRefused (or httpcore.ConnectError when the name does not resolve). A client
+    must then connect to one of these addresses itself, as the httpx transport here and the
+    email provider's VettedSMTP do: one that resolves the name again could be handed another
+    answer (DNS rebinding).
     """
     addresses = _resolve(host, port)
     # Refuse if ANY answer is refused: otherwise a name answering with one public and one
@@ -291,6 +292,11 @@ def egress_client(
 
     ``ssl_context`` defaults to httpx's (certifi) trust store; pass one to trust a private
     CA. Certificate and host name verification are never switched off here.
+
+    A followed redirect keeps the request's headers except Authorization on a hop to another
+    origin (httpx's rule): a credential in any other header would travel on. The providers
+    therefore never follow redirects (``providers.http.send`` passes follow_redirects=False);
+    a caller that does must not put credentials in its headers.
     """
     if ssl_context is None:
         ssl_context = httpx.create_ssl_context(trust_env=False)

@@ -11,12 +11,17 @@ It declares what makes a repeat safe:
   simply asked again, at the cost of the budget it reserved.
 
 A call ends with an ``Answer`` (the effect is made), or raises one of the ``CallError``
-kinds below, each saying whether anything may have been made.
+kinds below, each saying whether anything may have been made. Whatever else escapes a call
+is taken as "it may have left" (the ledger cannot tell), so a provider builds what goes on
+the wire inside ``before_sending()``: a request that cannot be built (a header value that is
+not ASCII, a URL that is not one, a header with a line break) is then ``Invalid``, a
+permanent failure with nothing made, never an unknown outcome for a person to review.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, ClassVar
@@ -93,6 +98,33 @@ class Refused(CallError):
     made = "no"
     error_class = "bad_request"
     retryable = False
+
+
+class Invalid(Refused):
+    """The request cannot be sent as it stands, found on our side before a byte left: nothing
+    was made, and sending it again would fail the same way. The message starts with the
+    stable code ``invalid_request``."""
+
+    error_class = "invalid_request"
+
+    def __init__(self, message: str, response: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{INVALID_REQUEST}: {message}", response)
+
+
+INVALID_REQUEST = "invalid_request"
+
+
+@contextmanager
+def before_sending(what: str) -> Iterator[None]:
+    """Around the code that turns a request into what goes on the wire, before anything is
+    sent: whatever it raises means nothing left, so it is ``Invalid`` (a CallError it raises
+    is kept as it is). ``what`` names the request in the message."""
+    try:
+        yield
+    except CallError:
+        raise
+    except Exception as exc:
+        raise Invalid(f"{what} cannot be sent ({type(exc).__name__}: {str(exc)[:300]})") from exc
 
 
 class RateLimited(CallError):

@@ -3,6 +3,9 @@
 ``PUT {base_url}/{object}/{external_id}`` with the fields as JSON. An upsert by external id
 is its own idempotency: repeating it leaves one record, so an unknown outcome is simply
 repeated, for ever. The lookup is a GET of the same URL.
+
+A redirect is refused, never followed (``http.refuse_redirect``): it upserted nothing, and
+following it would carry the credentials to a host nobody vetted for them.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from urllib.parse import quote
 from workflows.plugins import StepFailure, render
 
 from .base import Answer, ConnectionInfo, Provider, Request
-from .http import auth_headers, raise_for_status, response_body, send, summary
+from .http import auth_headers, raise_for_status, refuse_redirect, response_body, send, summary
 
 
 def record_url(conn: ConnectionInfo | None, payload: Mapping[str, Any]) -> str:
@@ -41,6 +44,7 @@ class CrmUpsertProvider(Provider):
         headers = {**auth_headers(conn), "Idempotency-Key": key}
         response = send(conn, "PUT", record_url(conn, request.payload),
                         json=request.payload["fields"], headers=headers)  # fmt: skip
+        refuse_redirect(response, "the CRM")
         raise_for_status(response, keyed=False)
         said = summary(response)
         return Answer(result=said, response=said)
@@ -49,9 +53,12 @@ class CrmUpsertProvider(Provider):
         response = send(conn, "GET", record_url(conn, request.payload), headers=auth_headers(conn))
         if response.status_code == 404:
             return None
+        refuse_redirect(response, "the CRM")
         raise_for_status(response, keyed=False)
         return Answer(result={"status": 200, "body": response_body(response), "reconciled": True})
 
     def probe(self, conn: ConnectionInfo) -> None:
         url = str(conn.options.get("health_url") or conn.base_url)
-        raise_for_status(send(conn, "GET", url, headers=auth_headers(conn)), keyed=False)
+        response = send(conn, "GET", url, headers=auth_headers(conn))
+        refuse_redirect(response, "the CRM")
+        raise_for_status(response, keyed=False)

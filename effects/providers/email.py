@@ -7,6 +7,17 @@ DATA) is parked for a person, never sent twice on a guess.
 
 Connection options: ``host``, ``port``, ``use_tls``, ``use_ssl``, ``username``,
 ``from_address``; the secret is the SMTP password.
+
+The mail server is an outside address like any other. With Django's SMTP backend (the
+default) the connection is opened to the address the egress guard vetted (``VettedSMTP``),
+so the password goes to that address and no other: smtplib would resolve the name again
+itself, and a rebinding DNS answer could hand it a private one. TLS still verifies the
+server's certificate for the host name.
+
+A message that cannot be sent as rendered (a subject with a line break: header injection; a
+``to`` that is not one address) fails the step in ``prepare`` with ``invalid_request``; the
+whole message is built again inside ``before_sending`` before the server is contacted, so
+whatever Django refuses to build fails the same way, never as an unknown outcome.
 """
 
 from __future__ import annotations
@@ -16,16 +27,20 @@ import re
 import smtplib
 import socket
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import httpcore
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
+from django.core.mail.backends.smtp import EmailBackend as SmtpBackend
+from django.core.mail.message import sanitize_address
+from django.utils.module_loading import import_string
 
-from workflows.plugins import StepFailure, render
+from workflows.plugins import render
 
 from ..consent import NotOneAddress, canonical_email
-from ..egress import EgressRefused, vet_host
+from ..egress import Allowlist, EgressRefused, vet_host
 from .base import (
     Ambiguous,
     Answer,
@@ -36,8 +51,9 @@ from .base import (
     Refused,
     Request,
     Unreachable,
+    before_sending,
 )
-from .http import EgressDenied
+from .http import EgressDenied, invalid_input
 
 KEY_HEADER = "X-Waymark-Effect-Key"
 
@@ -48,6 +64,15 @@ def message_id(key: str, conn: ConnectionInfo | None) -> str:
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     left = re.sub(r"[^A-Za-z0-9_-]+", ".", key)  # dot-atom text only (RFC 5322)
     return f"<{left}.{digest}@{domain}>"
+
+
+def _build(message: EmailMessage) -> None:
+    """Build ``message`` as Django's SMTP backend does before it sends (the addresses
+    sanitised, the MIME message rendered): whatever raises here would raise there."""
+    encoding = message.encoding or settings.DEFAULT_CHARSET
+    for address in [message.from_email, *message.recipients()]:
+        sanitize_address(address, encoding)
+    message.message().as_bytes()
 
 
 def smtp_error(exc: Exception) -> CallError:
@@ -74,16 +99,62 @@ def smtp_error(exc: Exception) -> CallError:
     return Ambiguous(f"{type(exc).__name__}: {exc}")
 
 
-def _vet_mail_server(conn: ConnectionInfo) -> None:
-    """The mail server is an outside address like any other: the egress guard applies (an
-    organisation allowlists its internal relay)."""
-    host, port = str(conn.options.get("host", "localhost")), int(conn.options.get("port", 25))
+def vetted_addresses(host: str, port: int, allow: Allowlist) -> list[str]:
+    """The mail server's addresses once the egress guard passed them (an organisation
+    allowlists its internal relay)."""
     try:
-        vet_host(host, port, conn.allow)
+        return vet_host(host, port, allow)
     except EgressRefused as exc:
         raise EgressDenied(str(exc)) from exc
     except httpcore.ConnectError as exc:
         raise Unreachable(str(exc)) from exc
+
+
+class VettedSMTP(smtplib.SMTP):
+    """smtplib.SMTP that connects to an address the egress guard vetted, not to whatever the
+    name resolves to when smtplib connects (``_get_socket`` is smtplib's own extension
+    point: SMTP_SSL and LMTP override it too)."""
+
+    def __init__(self, *args: Any, allow: Allowlist, **kwargs: Any) -> None:
+        self._allow = allow  # before __init__, which connects
+        super().__init__(*args, **kwargs)
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        last: OSError | None = None
+        for address in vetted_addresses(host, port, self._allow):
+            try:
+                return socket.create_connection((address, port), timeout, self.source_address)
+            except OSError as exc:  # refused or unreachable: the next vetted address
+                last = exc
+        assert last is not None  # vet_host never returns an empty list
+        raise last
+
+
+class VettedSMTPSSL(smtplib.SMTP_SSL, VettedSMTP):
+    """SMTP over TLS: SMTP_SSL's _get_socket wraps the socket VettedSMTP opened (its super()
+    is VettedSMTP here), verifying the certificate for the host name."""
+
+    def __init__(self, *args: Any, allow: Allowlist, **kwargs: Any) -> None:
+        self._allow = allow  # SMTP_SSL.__init__ calls SMTP.__init__ directly, not ours
+        smtplib.SMTP_SSL.__init__(self, *args, **kwargs)
+
+
+class VettedSmtpBackend(SmtpBackend):
+    """Django's SMTP backend, connecting only to vetted addresses."""
+
+    def __init__(self, *, allow: Allowlist, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.allow = allow
+
+    @property
+    def connection_class(self) -> Any:
+        return partial(VettedSMTPSSL if self.use_ssl else VettedSMTP, allow=self.allow)
+
+
+def check_header_text(name: str, value: str) -> None:
+    """A line break in a header is a second header (``Hi\r\nBcc: x@y``): never sent."""
+    if any(char in value for char in "\r\n\0"):
+        raise invalid_input(f"{name} has a line break in it (it would add mail headers)")
 
 
 class EmailProvider(Provider):
@@ -98,9 +169,10 @@ class EmailProvider(Provider):
             # suppression list is checked against.
             recipient = canonical_email(to)
         except NotOneAddress as exc:
-            raise StepFailure(f"to must be one email address ({exc}): {to[:100]!r}",
-                              retryable=False) from exc  # fmt: skip
+            raise invalid_input(f"to must be one email address ({exc}): {to[:100]!r}") from exc
+        check_header_text("to", to)
         subject = str(render(step["subject"], dict(context)))
+        check_header_text("subject", subject)
         body = str(render(step["body"], dict(context)))
         payload = {"to": to, "subject": subject, "body": body}
         return Request(payload=payload, summary={"to": to, "subject": subject},
@@ -114,10 +186,14 @@ class EmailProvider(Provider):
             subject=request.payload["subject"], body=request.payload["body"],
             from_email=sender, to=[request.payload["to"]],
             headers={"Message-ID": msgid, KEY_HEADER: key},
-            connection=self._backend(conn),
         )  # fmt: skip
+        with before_sending("the email"):
+            _build(message)  # what the backend would refuse to send, before it connects
+        message.connection = self._backend(conn)
         try:
             message.send(fail_silently=False)
+        except CallError:  # the egress guard refused the address, or it did not resolve
+            raise
         except Exception as exc:
             raise smtp_error(exc) from exc
         result = {"message_id": msgid, "to": request.payload["to"]}
@@ -125,21 +201,29 @@ class EmailProvider(Provider):
 
     def _backend(self, conn: ConnectionInfo | None) -> Any:
         options = conn.options if conn else {}
-        if conn is not None:
-            _vet_mail_server(conn)
-        return get_connection(
-            settings.EFFECTS["EMAIL_BACKEND"], fail_silently=False,
-            host=options.get("host", "localhost"), port=int(options.get("port", 25)),
-            username=options.get("username", ""), password=conn.secret if conn else "",
-            use_tls=bool(options.get("use_tls", False)),
-            use_ssl=bool(options.get("use_ssl", False)),
-            timeout=conn.timeout_seconds if conn else 30.0,
-        )  # fmt: skip
+        host, port = str(options.get("host", "localhost")), int(options.get("port", 25))
+        allow = conn.allow if conn else Allowlist()
+        kwargs: dict[str, Any] = {
+            "fail_silently": False, "host": host, "port": port,
+            "username": options.get("username", ""), "password": conn.secret if conn else "",
+            "use_tls": bool(options.get("use_tls", False)),
+            "use_ssl": bool(options.get("use_ssl", False)),
+            "timeout": conn.timeout_seconds if conn else 30.0,
+        }  # fmt: skip
+        path = settings.EFFECTS["EMAIL_BACKEND"]
+        if import_string(path) is SmtpBackend:
+            return VettedSmtpBackend(allow=allow, **kwargs)
+        # Another backend connects its own way: vet the host before it does (it may resolve
+        # the name again; only Django's SMTP backend is made to connect to this answer).
+        vetted_addresses(host, port, allow)
+        return get_connection(path, **kwargs)
 
     def probe(self, conn: ConnectionInfo) -> None:
         backend = self._backend(conn)
         try:
             backend.open()
+        except CallError:
+            raise
         except Exception as exc:
             raise smtp_error(exc) from exc
         finally:

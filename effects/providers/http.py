@@ -9,12 +9,25 @@ credentials and no idempotency):
   (a non-empty JSON object, list, or ``{"items": [...]}``) or 404 / an empty list;
 - ``auth_header`` (default ``Authorization``) and ``auth_scheme`` (default ``Bearer``) for
   the secret.
+
+Redirects are never followed by an effect call (``send``): the request already acted, and a
+hop would carry the connection's credentials (a custom ``auth_header`` too, which httpx keeps
+across origins) to a host nobody vetted for them. The generic ``http`` step returns a 3xx as
+its answer; the API providers built on ``send`` (model, crm_upsert, Slack) refuse it
+(``refuse_redirect``).
+
+A request that cannot be sent as rendered (a header value that is not ASCII or has a line
+break, a URL that is not one) fails the step in ``prepare`` with ``invalid_request``, before
+the ledger claims anything; what only the call builds (the connection's credential header) is
+built inside ``before_sending``, so it fails the same way and never counts as "it may have
+left".
 """
 
 from __future__ import annotations
 
 import email.utils
 import json
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,24 +35,63 @@ from urllib.parse import quote
 
 import httpx
 
-from workflows.plugins import render
+from workflows.plugins import StepFailure, render
 
 from ..egress import Allowlist, EgressRefused, egress_client
 from .base import (
+    INVALID_REQUEST,
     Ambiguous,
     Answer,
     AuthFailed,
     CallError,
     ConnectionInfo,
+    Invalid,
     KeyInUse,
     Provider,
     RateLimited,
     Refused,
     Request,
     Unreachable,
+    before_sending,
 )
 
 MAX_BODY_KEPT = 16_384  # characters of a provider's answer kept in the ledger
+# What httpx (and HTTP/1.1) can put in a header value: visible ASCII, space and tab. httpx
+# encodes values as ASCII, and h11 refuses line breaks and other control characters.
+_HEADER_VALUE_RE = re.compile(r"[\t\x20-\x7e]*")
+
+
+def invalid_input(message: str) -> StepFailure:
+    """The step's rendered input can never be sent: a permanent failure, code first."""
+    return StepFailure(f"{INVALID_REQUEST}: {message}", retryable=False,
+                       error_class=INVALID_REQUEST)  # fmt: skip
+
+
+def check_url(url: str) -> None:
+    """Raise invalid_input unless ``url`` is an http(s) URL with a host that httpx accepts
+    (``http://0177.0.0.1/`` is not one: an octal-looking address httpx refuses to guess)."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        raise invalid_input(f"the URL is not valid ({exc})") from None
+    if parsed.scheme not in ("http", "https"):
+        raise invalid_input(f"the URL must start with http:// or https://, not {url[:100]!r}")
+    if not parsed.host:
+        raise invalid_input(f"the URL has no host: {url[:100]!r}")
+
+
+def check_headers(headers: Mapping[str, str]) -> None:
+    """Raise invalid_input when a header value cannot be sent. The message names the header,
+    never its value (a header may carry a credential)."""
+    for name, value in headers.items():
+        if not value.isascii():
+            raise invalid_input(
+                f"header {name} has a non-ASCII value (HTTP header values are ASCII: "
+                "percent-encode it or send it in the body)"
+            )
+        if not _HEADER_VALUE_RE.fullmatch(value):
+            raise invalid_input(f"header {name} has a line break or control character in "
+                                "its value")  # fmt: skip
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -92,9 +144,11 @@ def transport_error(exc: httpx.HTTPError) -> CallError:
     """A transport failure: never sent (nothing made) or cut off mid-way (unknown)."""
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return Unreachable(f"could not connect: {exc}")
-    if isinstance(exc, httpx.LocalProtocolError | httpx.UnsupportedProtocol | httpx.InvalidURL):
-        # Refused on our side before anything was sent (a header we cannot send, a bad URL).
-        return Refused(f"the request could not be sent: {type(exc).__name__}")
+    if isinstance(exc, httpx.LocalProtocolError | httpx.UnsupportedProtocol):
+        # Refused on our side before anything was sent (a header h11 will not write, a URL
+        # scheme httpx cannot speak): sending it again fails the same way.
+        # Its message may quote a header value: name the kind only.
+        return Invalid(f"the request could not be sent ({type(exc).__name__})")
     if isinstance(exc, httpx.TimeoutException):
         return Ambiguous(f"no answer in time ({type(exc).__name__}): it may have acted")
     return Ambiguous(f"{type(exc).__name__}: {exc}")
@@ -104,17 +158,40 @@ class EgressDenied(Refused):
     error_class = "egress_refused"
 
 
+class Redirected(Refused):
+    """An API that answers its calls itself answered with a redirect: not followed (its
+    credentials stay with the host that was vetted for them), and no answer to the call.
+    Nothing was made there; the connection's base URL needs fixing."""
+
+    error_class = "redirect_refused"
+
+
+def refuse_redirect(response: httpx.Response, what: str) -> None:
+    """Raise Redirected when ``response`` is a 3xx."""
+    if 300 <= response.status_code < 400:
+        target = httpx.URL(response.headers.get("location", "")).host or "the same host"
+        raise Redirected(
+            f"redirect_refused: {what} answered {response.status_code}, a redirect to "
+            f"{target}; redirects are never followed with the connection's credentials "
+            "(set the connection's base URL to where the API answers)",
+            {"status": response.status_code},
+        )
+
+
 def client(conn: ConnectionInfo | None, timeout: float) -> httpx.Client:
     return egress_client(allow=conn.allow if conn else Allowlist(), timeout=timeout)
 
 
 def send(conn: ConnectionInfo | None, method: str, url: str, **kwargs: Any) -> httpx.Response:
-    """One request through the egress guard, with the connection's timeout; transport
-    failures become CallErrors."""
+    """One request through the egress guard, with the connection's timeout, never following
+    a redirect; a request that cannot be built is Invalid (nothing left), transport failures
+    become the CallErrors that say whether it may have."""
     timeout = conn.timeout_seconds if conn else 30.0
     try:
         with client(conn, timeout) as http:
-            return http.request(method, url, follow_redirects=False, **kwargs)
+            with before_sending(f"the {method} request"):
+                request = http.build_request(method, url, **kwargs)
+            return http.send(request, follow_redirects=False)
     except EgressRefused as exc:
         raise EgressDenied(str(exc)) from exc
     except httpx.HTTPError as exc:
@@ -152,6 +229,8 @@ class HttpProvider(Provider):
         url = str(render(spec["url"], dict(context)))
         rendered = render(spec.get("headers", {}), dict(context))
         headers = {str(k): str(v) for k, v in dict(rendered).items()}  # type: ignore[call-overload]
+        check_url(url)
+        check_headers(headers)
         body = render(spec["body"], dict(context)) if "body" in spec else None
         payload = {"method": method, "url": url, "headers": headers, "body": body}
         # The summary keeps what was asked, minus header values that may carry secrets.
@@ -177,6 +256,7 @@ class HttpProvider(Provider):
                         headers=auth_headers(conn))  # fmt: skip
         if response.status_code == 404:
             return None
+        refuse_redirect(response, "the lookup URL")  # a 3xx is no record of the effect
         raise_for_status(response, keyed=False)
         body = response_body(response)
         found = body.get("items", body) if isinstance(body, dict) else body

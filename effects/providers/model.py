@@ -1,7 +1,8 @@
 """The ``model`` provider: one chat completion from an OpenAI-compatible endpoint.
 
 ``POST {base_url}/chat/completions`` (``base_url`` like ``https://api.example.com/v1``)
-through the egress guard, with the secret as a bearer token. A completion makes nothing
+through the egress guard, with the secret as a bearer token; a redirect is refused, never
+followed (``http.refuse_redirect``). A completion makes nothing
 outside, so an unknown outcome is simply asked again (``repeatable``), at the cost of the
 budget it reserved.
 
@@ -23,7 +24,7 @@ from typing import Any
 from workflows.plugins import StepFailure, render
 
 from .base import Ambiguous, Answer, ConnectionInfo, Provider, Request
-from .http import auth_headers, raise_for_status, send
+from .http import auth_headers, raise_for_status, refuse_redirect, send
 
 PRICE_OPTIONS = ("price_prompt_per_1k", "price_completion_per_1k")
 PROMPT_KEPT = 500  # characters of the prompt kept in the ledger's summary
@@ -113,6 +114,7 @@ class ModelProvider(Provider):
     def call(self, request: Request, key: str, conn: ConnectionInfo | None) -> Answer:
         response = send(conn, "POST", endpoint(conn, "chat/completions"),
                         json=dict(request.payload), headers=auth_headers(conn))  # fmt: skip
+        refuse_redirect(response, "the model endpoint")
         raise_for_status(response, keyed=False)
         try:
             body = response.json()
@@ -132,4 +134,5 @@ class ModelProvider(Provider):
         response = send(conn, "GET", endpoint(conn, "models"), headers=auth_headers(conn))
         if response.status_code == 404:
             return  # no model list here; the credentials were not refused
+        refuse_redirect(response, "the model endpoint")
         raise_for_status(response, keyed=False)

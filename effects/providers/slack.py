@@ -7,9 +7,17 @@ effect is settled with it; not there, it is posted again. Slack has no idempoten
 
 slack-sdk's WebClient is built with no retry handlers: its default one repeats a request
 whose connection dropped, which after ``chat.postMessage`` could post the message twice.
-Retries belong to the engine. WebClient speaks through urllib, not the egress-guarded httpx
-client, so the base URL's host is vetted against the organisation's allowlist before each
-call (the check and urllib's connect resolve the name separately).
+Retries belong to the engine.
+
+WebClient builds the calls and reads the answers, but its bytes travel through the
+egress-guarded httpx client (``http.send``), not urllib (``GuardedWebClient``). urllib's
+opener follows up to 10 redirects, with the Authorization header, to hosts nobody vetted,
+connects to whatever a second DNS lookup answers, and takes proxies from the environment.
+Through ``send`` every connection goes to the address the guard vetted, a redirect is never
+followed (it fails the call with ``redirect_refused``: Slack's Web API answers its calls
+itself, so a 3xx means the base URL is wrong), and no proxy is used: the bot token goes to
+the vetted Slack host and nowhere else. A custom urllib opener without redirects would have
+closed only the first of those three holes.
 
 Connection: ``base_url`` (default ``https://slack.com/api/``); the secret is the bot token.
 The lookup needs the ``channels:history`` (or ``groups:history``) scope, and a channel ID
@@ -18,10 +26,8 @@ The lookup needs the ``channels:history`` (or ``groups:history``) scope, and a c
 
 from __future__ import annotations
 
-import http.client
-import socket
-import ssl
-import urllib.error
+import inspect
+import urllib.request
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,13 +46,14 @@ from .base import (
     AuthFailed,
     CallError,
     ConnectionInfo,
+    Invalid,
     Provider,
     RateLimited,
     Refused,
     Request,
     Unreachable,
 )
-from .http import EgressDenied, retry_after_seconds
+from .http import EgressDenied, refuse_redirect, retry_after_seconds, send
 
 DEFAULT_BASE_URL = "https://slack.com/api/"
 EVENT_TYPE = "waymark_effect"
@@ -97,19 +104,6 @@ def _header(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def transport_error(exc: Exception) -> CallError:
-    """A urllib failure: never sent (nothing made) or cut off mid-way (unknown)."""
-    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-    if isinstance(reason, ConnectionRefusedError | socket.gaierror):
-        return Unreachable(f"could not connect to Slack: {reason}")
-    if isinstance(reason, ssl.SSLCertVerificationError):
-        return Unreachable(f"Slack's certificate was refused: {reason}")
-    if isinstance(reason, TimeoutError):
-        return Ambiguous(f"no answer from Slack in time ({reason}): it may have acted")
-    return Ambiguous(f"the connection to Slack failed ({type(reason).__name__}: {reason}): "
-                     "it may have acted")  # fmt: skip
-
-
 def vet_base_url(conn: ConnectionInfo) -> str:
     """The connection's Slack API URL, once its host passes the egress guard."""
     base_url = conn.base_url or DEFAULT_BASE_URL
@@ -127,10 +121,40 @@ def vet_base_url(conn: ConnectionInfo) -> str:
     return base_url
 
 
-def web_client(conn: ConnectionInfo) -> WebClient:
-    return WebClient(
-        token=conn.secret, base_url=vet_base_url(conn),
-        timeout=conn.timeout_seconds,  # type: ignore[arg-type]  # urllib takes a float
+# The one method of slack-sdk's urllib transport that touches the network; GuardedWebClient
+# replaces it. Checked here so that a slack-sdk that renamed or reshaped it fails at import,
+# loudly, instead of sending the token through urllib unguarded.
+_TRANSPORT = "_perform_urllib_http_request_internal"
+_hook = getattr(WebClient, _TRANSPORT, None)
+if _hook is None or list(inspect.signature(_hook).parameters) != ["self", "url", "req"]:
+    raise RuntimeError(f"this slack-sdk has no {_TRANSPORT}(url, req): cannot guard its egress")
+
+
+class GuardedWebClient(WebClient):
+    """slack-sdk's WebClient, its requests sent through the egress-guarded httpx client."""
+
+    def __init__(self, conn: ConnectionInfo, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._conn = conn
+        self.sending = False  # set once slack-sdk has built a request and hands it over
+
+    def _perform_urllib_http_request_internal(
+        self, url: str, req: urllib.request.Request
+    ) -> dict[str, Any]:
+        self.sending = True
+        # httpx sets Content-Length from the body itself (slack-sdk may put an int there).
+        headers = {k: v for k, v in req.header_items() if k.lower() != "content-length"}
+        response = send(self._conn, req.get_method(), url, content=req.data, headers=headers)
+        refuse_redirect(response, "Slack's API")
+        # What urllib's branch returns; slack-sdk reads the JSON and raises SlackApiError.
+        return {"status": response.status_code, "headers": response.headers,
+                "body": response.text}  # fmt: skip
+
+
+def web_client(conn: ConnectionInfo) -> GuardedWebClient:
+    return GuardedWebClient(
+        # No timeout here: send() applies the connection's own.
+        conn, token=conn.secret, base_url=vet_base_url(conn),
         retry_handlers=[],  # the engine owns retries: never repeat a post on a dropped line
     )  # fmt: skip
 
@@ -142,13 +166,17 @@ def slack_call(conn: ConnectionInfo | None, method: str, **kwargs: Any) -> Slack
     client = web_client(conn)
     try:
         response: SlackResponse = getattr(client, method)(**kwargs)
+    except CallError:  # classified by the transport (http.send, refuse_redirect)
+        raise
     except SlackApiError as exc:
         raise slack_error(exc) from exc
     except SlackRequestError as exc:  # refused by slack-sdk before anything was sent
-        raise Refused(f"slack-sdk refused the request: {exc}") from exc
-    except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError
-        raise transport_error(exc) from exc
-    except Exception as exc:  # an answer slack-sdk could not read (a JSON list, ...)
+        raise Invalid(f"slack-sdk refused the request: {exc}") from exc
+    except Exception as exc:
+        if not client.sending:  # raised while slack-sdk built the request: nothing left
+            raise Invalid(f"slack-sdk could not build the {method} request "
+                          f"({type(exc).__name__}: {str(exc)[:300]})") from exc  # fmt: skip
+        # An answer slack-sdk could not read (a JSON list, ...): it may have posted.
         raise Ambiguous(f"unreadable answer from Slack ({type(exc).__name__}: {exc})") from exc
     if not isinstance(response.data, dict):
         raise Ambiguous("unreadable answer from Slack (not a JSON object)")

@@ -118,7 +118,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a request held at stop() must not keep pytest from exiting
 
     def __init__(self, stub: HttpStub) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__((stub.host, 0), _Handler)
         self.stub = stub
         self.conns: set[socket.socket] = set()
         self.conns_lock = threading.Lock()
@@ -163,7 +163,8 @@ class Holdable:
 class HttpStub(Holdable):
     """Base of the HTTP stubs; not used on its own. Thread-safe: all state is under `_lock`."""
 
-    def __init__(self, *, token: str | None = None) -> None:
+    def __init__(self, *, token: str | None = None, host: str = "127.0.0.1") -> None:
+        self.host = host  # another loopback address (127.0.0.2) is another host to a client
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._server: _Server | None = None
@@ -225,7 +226,7 @@ class HttpStub(Holdable):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     # --- behaviours ------------------------------------------------------------------------
 

@@ -51,10 +51,11 @@ class SmtpMessage:
 class _Controller(Controller):
     def _create_server(self) -> Coroutine[Any, Any, asyncio.AbstractServer]:
         # aiosmtpd's Controller connects to its own port once started, so port 0 would not
-        # work as is: bind port 0 here (no free-port race) and record the port it got.
+        # work as is: bind port 0 here (no free-port race) and record the port it got; a
+        # port chosen by the test (another address's stub on the same port) is bound as is.
         async def bind() -> asyncio.AbstractServer:
             server = await self.loop.create_server(
-                self._factory_invoker, host=self.hostname, port=0
+                self._factory_invoker, host=self.hostname, port=self.port
             )
             self.port = server.sockets[0].getsockname()[1]
             return server
@@ -67,8 +68,17 @@ class SmtpStub(Holdable):
     None accepts any. AUTH is offered without TLS (the stub has no TLS). A message arrives
     (``arrived``, ``hold()``) at DATA's end; rejected ones do not count."""
 
-    def __init__(self, *, credentials: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        credentials: tuple[str, str] | None = None,
+        hostname: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
         self.credentials = credentials
+        self.hostname = hostname
+        self._port = port  # 0: any free port
+        self.logins: list[tuple[str, str]] = []  # every AUTH attempt (user, password)
         self._lock = threading.Condition()
         self._cond = self._lock  # Holdable's condition
         self._controller: _Controller | None = None
@@ -87,8 +97,8 @@ class SmtpStub(Holdable):
         # server_hostname: else aiosmtpd calls socket.getfqdn(), which can wait on DNS.
         self._controller = _Controller(
             self,
-            hostname="127.0.0.1",
-            port=0,
+            hostname=self.hostname,
+            port=self._port,
             server_hostname="smtp-stub.test",
             authenticator=self._authenticate,
             auth_require_tls=False,
@@ -119,7 +129,7 @@ class SmtpStub(Holdable):
 
     @property
     def host(self) -> str:
-        return "127.0.0.1"
+        return self.hostname
 
     @property
     def port(self) -> int:
@@ -128,7 +138,7 @@ class SmtpStub(Holdable):
 
     @property
     def url(self) -> str:
-        return f"smtp://127.0.0.1:{self.port}"
+        return f"smtp://{self.hostname}:{self.port}"
 
     # --- behaviours and records ------------------------------------------------------------
 
@@ -142,6 +152,7 @@ class SmtpStub(Holdable):
     def clear(self) -> None:
         with self._lock:
             self.messages.clear()
+            self.logins.clear()
             self._arrived = 0
             self.rejected = 0
 
@@ -163,6 +174,7 @@ class SmtpStub(Holdable):
             return AuthResult(success=False, handled=False)
         given = (data.login.decode(), data.password.decode())
         with self._lock:
+            self.logins.append(given)
             ok = self.credentials is None or given == self.credentials
         return AuthResult(success=ok, handled=False, auth_data=data)
 
