@@ -77,13 +77,15 @@ class RowLock:
     def _hold(self) -> None:
         try:
             with transaction.atomic(), connection.cursor() as cursor:
+                # Idle in its transaction on purpose: not ended by the server's timeout.
+                cursor.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
                 cursor.execute(
                     "SELECT id FROM approvals_approvalrequest WHERE id = %s FOR UPDATE",
                     [self.approval_id],
                 )
                 self.locked.set()
                 # Bounded only so that a failing test ends: the tests release it themselves.
-                self.release.wait(timeout=60)
+                self.release.wait(timeout=90)
         finally:
             self.released.set()
             connection.close()
@@ -101,7 +103,7 @@ def row_locked(approval_id: int) -> Iterator[RowLock]:
         yield lock
     finally:
         lock.release.set()
-        lock.thread.join(timeout=60)
+        lock.thread.join(timeout=90)
 
 
 def open_in_slack(org: Any, stub: SlackStub, key: str = "k1") -> tuple[Run, ApprovalRequest]:
