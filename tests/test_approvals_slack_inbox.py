@@ -266,3 +266,51 @@ def test_a_two_megabyte_post_is_a_json_413_and_one_warning(org, caplog) -> None:
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == ["Slack interaction refused (payload_too_large) from 127.0.0.1"]
     assert not DecisionAttempt.objects.exists() and not SlackInteraction.objects.exists()
+
+
+def test_a_reply_owed_after_a_crash_is_sent_by_the_sweep_once(org, slack_stub, alice) -> None:
+    """The decision committed, then the process died before telling the person: the row is
+    applied, its reply not yet claimed. The sweep sends it, once."""
+    _run, approval = open_in_slack(org, slack_stub)
+    SlackInteraction.objects.create(
+        org=org, approval_id=approval.pk, decision="approve", token={}, team_id=TEAM,
+        slack_user_id="U0ALICE", response_url=slack_stub.response_url(),
+        applied_at=approval.created_at, outcome="accepted", reply="Approved by alice. Thank you.",
+    )  # fmt: skip
+    with connection.cursor() as cursor:  # applied a moment ago, by the database's clock
+        cursor.execute("UPDATE approvals_slackinteraction SET applied_at = now()")
+
+    sweep.slack_clicks()
+    assert replies(slack_stub, 1) == ["Approved by alice. Thank you."]
+    sweep.slack_clicks()
+    assert len(slack_stub.responses) == 1
+    assert SlackInteraction.objects.get().replied_at is not None
+
+
+def test_a_click_that_keeps_failing_is_given_up_and_the_person_told(
+    org, slack_stub, alice, caplog
+) -> None:
+    """A click whose decision raises (here: a stored token the code cannot read) is tried
+    again by each sweep pass, and given up after MAX_ATTEMPTS: marked failed, the person asked
+    to decide in Waymark, the request untouched."""
+    from approvals.inbox import FAILED_TEXT, MAX_ATTEMPTS
+
+    _run, approval = open_in_slack(org, slack_stub)
+    token = {"a": approval.pk, "r": approval.run_id, "s": approval.step_id, "v": "approve",
+             "i": approval.iteration, "d": approval.digest, "l": "not a level"}  # fmt: skip
+    SlackInteraction.objects.create(
+        org=org, approval_id=approval.pk, decision="approve", token=token, team_id=TEAM,
+        slack_user_id="U0ALICE", block_id=f"waymark_approval:{approval.pk}",
+        response_url=slack_stub.response_url(),
+    )  # fmt: skip
+
+    for tries in range(1, MAX_ATTEMPTS):
+        assert sweep.slack_clicks() == 0
+        row = SlackInteraction.objects.get()
+        assert (row.attempts, row.applied_at) == (tries, None)
+    sweep.slack_clicks()
+    row = SlackInteraction.objects.get()
+    assert (row.attempts, row.outcome, row.reply) == (MAX_ATTEMPTS, "failed", FAILED_TEXT)
+    assert replies(slack_stub, 1) == [FAILED_TEXT]
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
+    assert audit() == []  # every try was rolled back whole
