@@ -135,6 +135,9 @@ def test_a_click_is_answered_while_the_request_is_locked_and_decided_after(
         # The decision comes after the answer: it waits for the lock now.
         wait_for(lock_waiters_are(1), what="the click's decision to wait for the row lock")
         assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
+        # The sweep passing meanwhile leaves the click to the thread applying it (its row
+        # is locked), without waiting for it.
+        assert sweep.slack_clicks() == 0
         assert lock.held()
 
     assert click_decided(before) == {"code": "accepted", "text": "Approved by alice. Thank you."}
