@@ -229,3 +229,58 @@ class SlackUser(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team_id}/{self.slack_user_id} -> {self.user}"
+
+
+class SlackInteraction(models.Model):
+    """A verified Slack button click, recorded the moment it arrives and decided after the
+    answer (approvals/inbox.py): Slack wants its answer within 3 seconds, and the decision
+    may wait on the request's row lock (another decision, the deadline, an escalation).
+
+    ``approval_id`` is a plain column, not a foreign key: inserting a row with a foreign key
+    takes a key-share lock on the row it references, so the insert would wait for whoever
+    holds the request's row, which is what this table exists to avoid. The button's token
+    was verified before the row was written; ``token`` keeps what it said.
+
+    ``applied_at`` is set in the decision's own transaction (first write wins, as for any
+    decision), with ``outcome`` (``accepted`` or the refusal's code) and the ``reply`` shown
+    to the person. ``replied_at``: the reply was claimed for sending to ``response_url``
+    (claimed before it is sent, so it is sent at most once)."""
+
+    org = models.ForeignKey(
+        "workflows.Organisation",
+        on_delete=models.DO_NOTHING,
+        null=True,
+        blank=True,
+        db_index=False,
+        db_constraint=False,
+        related_name="+",
+    )
+    approval_id = models.BigIntegerField()
+    decision = models.CharField(max_length=16)  # approve, reject
+    token = models.JSONField()  # the verified button token's payload
+    block_id = models.CharField(max_length=255, blank=True, default="")
+    team_id = models.CharField(max_length=32)
+    slack_user_id = models.CharField(max_length=32)
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    response_url = models.TextField(blank=True, default="")
+    received_at = models.DateTimeField(db_default=Now())
+    attempts = models.PositiveSmallIntegerField(default=0)  # failed tries to apply it
+    applied_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=32, blank=True, default="")
+    reply = models.TextField(blank=True, default="")
+    replied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(
+                fields=["id"],
+                name="slack_interaction_pending",
+                condition=models.Q(applied_at__isnull=True),
+            ),
+            models.Index(fields=["applied_at"], name="slack_interaction_applied"),
+        ]
+
+    def __str__(self) -> str:
+        state = self.outcome or "received"
+        return f"Slack {self.decision} of approval {self.approval_id} ({state})"

@@ -6,7 +6,9 @@ deadline, its run and step still live, the content the person saw is the content
 review, the person may decide it *now*), the guarded UPDATE ``WHERE status = 'pending'``,
 the step's wake (``workflows.engine.waits.wake_step``), and the audit row. The first write
 wins; a second decision finds the request decided and is told by whom. A refusal rolls all
-of that back and is recorded in a transaction of its own.
+of that back (a savepoint) and is recorded in the same transaction after the rollback
+(``decide_within`` does the work inside a caller's transaction: a Slack click from the
+inbox, approvals/inbox.py, is marked applied in the transaction that decides it).
 
 The deadline and a decision race on the request's row: the step's deadline (``wake_at``,
 never earlier than the request's ``expires_at``) wakes the step *ready*; its executor then
@@ -196,9 +198,41 @@ def decide(
     the request, as ``actor``; every attempt is recorded. ``digest``/``level``: what the
     person was shown (a Slack button's token, the admin page): refused when it is no longer
     what is under review."""
+    with transaction.atomic(durable=True):
+        outcome = decide_within(
+            approval_id,
+            decision=decision,
+            actor=actor,
+            comment=comment,
+            answer=answer,
+            digest=digest,
+            level=level,
+            kind=kind,
+        )
+        if outcome.accepted and after_commit is not None:
+            approval = outcome.approval
+            assert approval is not None
+            transaction.on_commit(lambda: after_commit(approval))
+    return outcome
+
+
+def decide_within(
+    approval_id: int,
+    *,
+    decision: str,
+    actor: Actor,
+    comment: str = "",
+    answer: Mapping[str, Any] | None = None,
+    digest: str | None = None,
+    level: int | None = None,
+    kind: str = RequestKind.APPROVAL,
+) -> Outcome:
+    """``decide`` inside the caller's transaction, which must be open: the decision under a
+    savepoint, rolled back on a refusal, and the attempt recorded either way. The caller's
+    transaction commits it (a Slack click marks its inbox row applied in the same one)."""
     found: ApprovalRequest | None = None
     try:
-        with transaction.atomic(durable=True):
+        with transaction.atomic():
             found = _decide(
                 approval_id,
                 decision=decision,
@@ -217,9 +251,6 @@ def decide(
                 reason="accepted",
                 detail=comment[:MAX_COMMENT_CHARS],
             )
-            if after_commit is not None:
-                approval = found
-                transaction.on_commit(lambda: after_commit(approval))
     except Refused as refusal:
         if found is None:
             found = ApprovalRequest.objects.filter(pk=approval_id).first()

@@ -20,19 +20,23 @@ person saw only a part, so such a request is decided in the admin (or the API) w
 whole content is shown. The link is absolute when ``APPROVALS_PUBLIC_URL`` (or the
 environment variable ``WAYMARK_PUBLIC_URL``, e.g. ``https://waymark.example.com``) is set.
 
-**An interaction** is checked in this order and answered: the signature
+**An interaction** is checked in this order: the body's size (``payload_too_large``, 413,
+above ``DATA_UPLOAD_MAX_MEMORY_SIZE``: ``WAYMARK_MAX_REQUEST_BYTES``), the signature
 (``X-Slack-Signature``, v0 HMAC-SHA256 of ``b"v0:" + timestamp + b":" + body`` with the
 app's signing secret, computed and compared over bytes), the 5-minute timestamp window (a
-replay), the payload, the action, the token, the workspace (the payload's team must be the
-connection's ``options.team_id``), the Slack user's Django user (``SlackUser``, who must be
-a member of the request's organisation), and then the decision itself
-(``services.decide``: permission *now*, first write wins). Until the signature and the
-window pass, anyone can send the request: a refusal then is one WARNING log line (no body,
-no secret) and no audit row, so forged requests cannot grow the database. Every verified
-attempt is recorded (``DecisionAttempt``). The HTTP answer comes at once (an ephemeral
-text, never replacing the message); the slow part (``chat.update`` of the request's
-messages, the same text to ``response_url``) runs after the answer in a thread, and the
-sweep redoes any update that did not happen (``slack_stale``).
+replay), the payload, the action and the button's token. Until the signature and the window
+pass, anyone can send the request: a refusal then is one WARNING log line (no body, no
+secret) and no audit row, so forged requests cannot grow the database. None of these reads
+the request's row, so none waits on its lock. A click that passes them is recorded in the
+inbox of received clicks and answered at once (``received``, an ephemeral text, never
+replacing the message): Slack wants its answer within 3 seconds, and a decision may wait on
+the request's row lock. After the answer (approvals/inbox.py) come the checks that read the
+request: the workspace (the payload's team must be the connection's ``options.team_id``),
+the Slack user's Django user (``SlackUser``, who must be a member of the request's
+organisation), and the decision itself (``services.decide``'s rules: permission *then*,
+first write wins); the outcome goes to the person through ``response_url``, and the request's
+messages are updated (``chat.update``; the sweep redoes any update that did not happen,
+``slack_stale``). Every verified attempt is recorded (``DecisionAttempt``).
 
 The signing secret is the Slack app's: ``settings.APPROVALS_SLACK_SIGNING_SECRET`` or the
 environment variable ``WAYMARK_SLACK_SIGNING_SECRET``. Without it every interaction is
@@ -56,7 +60,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from django.conf import settings
 from django.core import signing
-from django.db import close_old_connections, connection
+from django.core.exceptions import RequestDataTooBig
+from django.db import close_old_connections, connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -68,8 +73,9 @@ from effects.providers.base import Answer, ConnectionInfo, Request
 from effects.providers.slack import EVENT_TYPE, SlackMessageProvider, slack_call, vet_base_url
 from workflows.plugins import StepFailure
 
-from .models import ApprovalRequest, RequestKind, RequestStatus, SlackUser
-from .services import Actor, client_ip, decide, record_attempt
+from . import inbox
+from .models import ApprovalRequest, RequestKind, RequestStatus
+from .services import Actor, client_ip, record_attempt
 
 logger = logging.getLogger(__name__)
 
@@ -359,15 +365,26 @@ def _unverified(status: int, code: str, ip: str | None, text: str) -> HttpRespon
     """A refusal before the request is known to come from Slack: anyone can send those, so
     it is one log line (no body, no header values), not an audit row."""
     logger.warning("Slack interaction refused (%s) from %s", code, ip or "an unknown address")
-    return _refuse(status, code, text)
+    answer = _refuse(status, code, text)
+    # That line is the log: not django.request's second WARNING for the same 4xx.
+    answer._has_been_logged = True  # type: ignore[attr-defined]  # read by log_response
+    return answer
 
 
 @csrf_exempt
 @require_POST
 def interactions(request: HttpRequest) -> HttpResponse:
     """``POST /slack/interactions``: a button pressed on a request message."""
-    body = request.body
     ip = client_ip(request)
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        # Before Django's own handling (an HTML 400 and an ERROR with a traceback): anyone
+        # can send these, so one WARNING line and JSON, like any unverified refusal.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return _unverified(
+            413, "payload_too_large", ip, f"The request is larger than {limit} bytes."
+        )
     secret = signing_secret()
     if not secret:
         return _unverified(
@@ -420,89 +437,26 @@ def interactions(request: HttpRequest) -> HttpResponse:
     except BadToken as bad:
         record_attempt(actor, None, decision, accepted=False, reason=bad.code, detail=bad.message)
         return _refuse(200, bad.code, bad.message)
-    approval = ApprovalRequest.objects.filter(pk=token["a"]).first()
-    block = str(action.get("block_id") or "")
-    if (
-        approval is None
-        or token["v"] != decision
-        or block != f"waymark_approval:{approval.pk}"
-        or (approval.run_id, approval.step_id, approval.iteration)
-        != (token["r"], token["s"], token["i"])
-    ):
-        record_attempt(
-            actor,
-            approval,
-            decision,
-            accepted=False,
-            reason="token_mismatch",
-            detail="the button's token is for another request, step or decision",
-        )
-        return _refuse(200, "token_mismatch", "This button does not belong to this request.")
-    team = approval.slack_team_id
-    if not team or team != team_id:
-        why = "from another Slack workspace" if team else "and the connection has no team_id"
-        record_attempt(
-            actor,
-            approval,
-            decision,
-            accepted=False,
-            reason="wrong_workspace",
-            detail=f"team {team_id!r} {why}",
-        )
-        return _refuse(
-            200, "wrong_workspace", "This request does not belong to your Slack workspace."
-        )
-    link = (
-        SlackUser.objects.select_related("user")
-        .filter(org_id=approval.org_id, team_id=team_id, slack_user_id=user_id)
-        .first()
-    )
-    if link is None:
-        record_attempt(
-            actor,
-            approval,
-            decision,
-            accepted=False,
-            reason="unknown_slack_user",
-            detail="no Waymark user is linked to this Slack user",
-        )
-        return _refuse(
-            200,
-            "unknown_slack_user",
-            "Your Slack account is not linked to a Waymark user, so you cannot decide here.",
-        )
-    actor = Actor(
-        via="slack",
-        name=link.user.get_username(),
-        user=link.user,
-        ip=ip,
-        slack_team_id=team_id,
-        slack_user_id=user_id,
-    )
-    response_url = str(payload_response_url(body) or "")
-    outcome = decide(
-        approval.pk,
+    # Recorded, answered; decided after the answer (approvals/inbox.py): the decision may
+    # wait on the request's row lock, and Slack waits 3 seconds at most.
+    click = inbox.receive(
+        token=token,
         decision=decision,
-        actor=actor,
-        digest=str(token["d"]),
-        level=int(token["l"]),
-        after_commit=lambda a: _after(a.pk, response_url, accepted_reply(a)),
+        block_id=str(action.get("block_id") or ""),
+        team_id=team_id,
+        slack_user_id=user_id,
+        ip=ip,
+        response_url=str(payload_response_url(body) or ""),
     )
-    if not outcome.accepted:
-        _after(None, response_url, outcome.message)
-        return _refuse(200, outcome.code, outcome.message)
+    transaction.on_commit(lambda: inbox.apply_soon(click.pk))
     return JsonResponse(
         {
             "response_type": "ephemeral",
             "replace_original": False,
-            "text": outcome.message,
-            "code": "accepted",
+            "text": inbox.RECEIVED_TEXT,
+            "code": "received",
         }
     )
-
-
-def accepted_reply(approval: ApprovalRequest) -> str:
-    return f"{approval.status.capitalize()} by {approval.decided_by}. Thank you."
 
 
 def _payload(body: bytes) -> tuple[str, str, Mapping[str, Any]] | None:
@@ -535,22 +489,17 @@ def payload_response_url(body: bytes) -> str | None:
 
 def update_after(approval: ApprovalRequest) -> None:
     """After a decision from the admin or the API commits: update its Slack messages, after
-    the answer (a thread; the sweep redoes what it does not finish)."""
-    if approval.slack_messages:
-        _after(approval.pk, "", "")
-
-
-def _after(approval_id: int | None, response_url: str, text: str) -> None:
-    """The slow part, after the answer: update the messages, tell the person who clicked."""
+    the answer (a thread; the sweep redoes what it does not finish). A Slack click's
+    decision does the same on its own thread (approvals/inbox.py)."""
+    if not approval.slack_messages:
+        return
+    approval_id = approval.pk
 
     def work() -> None:
         try:
-            if approval_id is not None:
-                update_messages(approval_id)
-            if response_url:
-                _respond(approval_id, response_url, text)
+            update_messages(approval_id)
         except Exception:
-            logger.exception("after a Slack interaction")
+            logger.exception("updating the Slack messages of approval %s", approval_id)
         finally:
             connection.close()
 
@@ -558,7 +507,7 @@ def _after(approval_id: int | None, response_url: str, text: str) -> None:
     threading.Thread(target=work, name="slack-after", daemon=True).start()
 
 
-def _respond(approval_id: int | None, url: str, text: str) -> None:
+def respond(approval_id: int | None, url: str, text: str) -> None:
     """The ephemeral reply through ``response_url``: only to Slack's hooks host, or to the
     host of the request's own connection (a stub in the tests)."""
     host = urlsplit(url).hostname or ""

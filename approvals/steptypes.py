@@ -572,6 +572,7 @@ def register_step_types() -> None:
         register_step_type(step_type)
     from . import sweep
 
+    register_sweep_task("approvals.slack_clicks", sweep.slack_clicks)
     register_sweep_task("approvals.wake_decided", sweep.wake_decided)
     register_sweep_task("approvals.reminders", sweep.send_reminders)
     register_sweep_task("approvals.slack_updates", sweep.update_slack)

@@ -7,6 +7,9 @@
 - ``send_reminders``: a reminder (a Slack thread reply) for requests whose next reminder is
   due; claimed before it is sent, so a crash loses at most that reminder, never repeats it.
 - ``update_slack``: request messages that still show an old state (``chat.update``).
+- ``slack_clicks``: Slack clicks received but not yet decided (their web process died after
+  the answer, or their try failed), replies still owed to the people who clicked, and old
+  clicks deleted (approvals/inbox.py).
 """
 
 from __future__ import annotations
@@ -147,6 +150,12 @@ def update_slack(by: str = "sweep") -> int:
     return update_stale_messages(by)
 
 
+def slack_clicks(by: str = "sweep") -> int:
+    from .inbox import apply_received
+
+    return apply_received(by)
+
+
 def run_all(by: str = "test") -> int:
     """Every pass once (tests, and ``manage.py`` shells)."""
-    return wake_decided(by) + send_reminders(by) + update_slack(by)
+    return slack_clicks(by) + wake_decided(by) + send_reminders(by) + update_slack(by)

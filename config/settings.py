@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import environ
+from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -449,8 +450,11 @@ WAYMARK = {
 EFFECTS = {
     # Keys that encrypt connection secrets at rest (Fernet keys, comma-separated): the first
     # encrypts, every one decrypts, so a key is rotated by putting a new one first and
-    # running `manage.py rotate_connection_secrets`. Empty: one key derived from SECRET_KEY.
+    # running `manage.py rotate_connection_secrets`. Empty: one key derived from SECRET_KEY
+    # (refused in production). That derived key stays readable after keys are set, unless
+    # DERIVED_KEY_READABLE is false (once rotation has moved every secret off it).
     "SECRET_KEYS": env.list("WAYMARK_EFFECTS_SECRET_KEYS", default=[]),
+    "DERIVED_KEY_READABLE": env.bool("WAYMARK_EFFECTS_DERIVED_KEY_READABLE", default=True),
     # An effect's own lease: the call's timeout plus this margin. A lapsed lease makes the
     # effect outcome_unknown (the call may have been made).
     "LEASE_MARGIN_SECONDS": env.float("WAYMARK_EFFECTS_LEASE_MARGIN_SECONDS", default=10.0),
@@ -474,6 +478,25 @@ EFFECTS = {
         "WAYMARK_EFFECTS_EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend"
     ),
 }
+
+# Connection secrets: production encrypts them with keys it is given, never with one derived
+# from the Django secret key; and a key that is not a Fernet key is refused at start-up,
+# not at the first secret.
+if PRODUCTION and not EFFECTS["SECRET_KEYS"]:
+    raise ImproperlyConfigured(
+        "missing_setting: WAYMARK_PRODUCTION is set but WAYMARK_EFFECTS_SECRET_KEYS is not: set "
+        "at least one Fernet key (python -c 'from cryptography.fernet import Fernet; "
+        "print(Fernet.generate_key().decode())'); docs/operations.md, \"Rotating the secrets "
+        'key", says how to move existing secrets to it'
+    )
+for _key in EFFECTS["SECRET_KEYS"]:
+    try:
+        Fernet(_key.encode())
+    except ValueError:
+        raise ImproperlyConfigured(
+            "invalid_setting: WAYMARK_EFFECTS_SECRET_KEYS must be Fernet keys (32 url-safe "
+            "base64-encoded bytes each), comma-separated; unset it for the default"
+        ) from None
 
 
 def _routine_security_event(record: logging.LogRecord) -> bool:

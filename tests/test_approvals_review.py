@@ -37,8 +37,8 @@ from .test_approvals_setup import (
     open_request,
     pass_deadline,
     person,
+    slack_click,
     slack_connection,
-    slack_post,
     task_definition,
     with_slack,
 )
@@ -122,8 +122,8 @@ def test_a_staff_user_may_link_only_their_own_user(org, other_org, slack_stub) -
     # So mallory's clicks are mallory's: she may not decide.
     slack_connection(org, slack_stub.url)
     _run, approval = open_request(org, with_slack())
-    answer = slack_post(Client(), click_payload(slack_stub.messages[0], user="U0MALLORY"))
-    assert answer.json()["code"] == "not_permitted"
+    answer = slack_click(Client(), click_payload(slack_stub.messages[0], user="U0MALLORY"))
+    assert answer["code"] == "not_permitted"
     approval.refresh_from_db()
     assert approval.status == "pending"
 
@@ -156,9 +156,9 @@ def test_a_click_as_a_linked_user_who_is_not_a_member_is_refused(org, slack_stub
     slack_connection(org, slack_stub.url)
     _run, approval = open_request(org, with_slack(approvers=["*"]))
 
-    answer = slack_post(Client(), click_payload(slack_stub.messages[0], user="U0ROOT"))
+    answer = slack_click(Client(), click_payload(slack_stub.messages[0], user="U0ROOT"))
 
-    assert answer.json()["code"] == "other_organisation"
+    assert answer["code"] == "other_organisation"
     approval.refresh_from_db()
     assert approval.status == "pending"
     assert reasons() == [(False, "other_organisation")]
@@ -255,8 +255,8 @@ def test_retrying_a_run_failed_by_a_slack_outage_posts_again(org, slack_stub) ->
     (message,) = slack_stub.messages
     key = message["metadata"]["event_payload"]["effect_key"]
     assert key.startswith(f"{run_id}/ask/1/series-{second.series}")
-    answer = slack_post(Client(), click_payload(message))
-    assert answer.json()["text"] == "Approved by alice."
+    answer = slack_click(Client(), click_payload(message))
+    assert answer["text"] == "Approved by alice. Thank you."
     assert Run.objects.get(pk=run_id).output == "approved by alice"
 
 

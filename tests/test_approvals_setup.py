@@ -15,12 +15,13 @@ from django.contrib.auth.models import Group, Permission, User
 from django.db import connection
 from django.test import Client
 
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, SlackInteraction
 from effects.models import Connection
 from workflows.engine.waits import fire_due_deadlines
 from workflows.models import Membership, Organisation, Run, RunEvent
 
 from .effect_setup import connect, drive, start
+from .processes import wait_for
 
 SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 TEAM = "T0STUB"  # the stub's workspace
@@ -216,3 +217,31 @@ def slack_post(
         HTTP_X_SLACK_REQUEST_TIMESTAMP=ts,
         HTTP_X_SLACK_SIGNATURE=signature or f"v0={digest}",
     )
+
+
+def last_click() -> int:
+    """The id of the latest click received (0: none yet)."""
+    return SlackInteraction.objects.order_by("-id").values_list("id", flat=True).first() or 0
+
+
+def click_decided(after: int) -> dict[str, str]:
+    """Wait for the first click received after ``after`` to be decided (after the answer, by
+    the web process's thread): its outcome's code and the text the person is sent."""
+    row = wait_for(
+        lambda: (
+            SlackInteraction.objects.filter(id__gt=after, applied_at__isnull=False)
+            .order_by("id")
+            .first()
+        ),
+        what="the click to be decided",
+    )
+    return {"code": row.outcome, "text": row.reply}
+
+
+def slack_click(client: Client, payload: Any, **signed: Any) -> dict[str, str]:
+    """A click that passes the checks made before the answer: answered at once
+    (``received``), then decided; what the person is told."""
+    after = last_click()
+    answer = slack_post(client, payload, **signed)
+    assert (answer.status_code, answer.json()["code"]) == (200, "received"), answer.json()
+    return click_decided(after)

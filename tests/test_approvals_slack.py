@@ -23,11 +23,14 @@ from workflows.services.control import run_act
 from .test_approvals_setup import (
     SIGNING_SECRET,
     TEAM,
+    click_decided,
     click_payload,
     fire_deadline_and_run,
+    last_click,
     open_request,
     pass_deadline,
     person,
+    slack_click,
     slack_connection,
     slack_post,
     with_slack,
@@ -82,11 +85,13 @@ def test_the_request_is_posted_with_buttons_and_a_click_decides(org, slack_stub,
     approval.refresh_from_db()
     assert approval.slack_messages == [{"channel": "C0APPROVE", "ts": message["ts"], "level": 0}]
 
+    before = last_click()
     answer = slack_post(Client(), click_payload(message, response_url=slack_stub.response_url()))
 
-    assert answer.status_code == 200
-    assert answer.json()["text"] == "Approved by alice."
+    # Answered at once; decided after the answer.
+    assert (answer.status_code, answer.json()["code"]) == (200, "received")
     assert answer.json()["replace_original"] is False
+    assert click_decided(before) == {"code": "accepted", "text": "Approved by alice. Thank you."}
     run.refresh_from_db()
     assert (run.status, run.output) == ("succeeded", "approved by alice")
     # After the answer: the message shows the outcome to everyone, buttons gone.
@@ -147,7 +152,7 @@ def test_forged_stale_and_malformed_requests_are_refused(org, slack_stub, alice,
         (False, "unknown_action"),
     ]
     # Then the real click still decides.
-    assert slack_post(client, click).json()["text"] == "Approved by alice."
+    assert slack_click(client, click)["text"] == "Approved by alice. Thank you."
 
 
 def test_a_token_for_another_step_or_workspace_is_refused(org, slack_stub, alice) -> None:
@@ -158,21 +163,21 @@ def test_a_token_for_another_step_or_workspace_is_refused(org, slack_stub, alice
     swapped["actions"][0]["value"] = click_payload(two)["actions"][0]["value"]
     client = Client()
 
-    answer = slack_post(client, swapped)
-    assert (answer.json()["code"], answer.json()["text"]) == (
-        "token_mismatch",
-        "This button does not belong to this request.",
-    )
+    answer = slack_click(client, swapped)
+    assert answer == {
+        "code": "token_mismatch",
+        "text": "This button does not belong to this request.",
+    }
     wrong_button = click_payload(one)
     wrong_button["actions"][0]["value"] = click_payload(one, action="waymark_reject")["actions"][0][
         "value"
     ]
-    assert slack_post(client, wrong_button).json()["code"] == "token_mismatch"
+    assert slack_click(client, wrong_button)["code"] == "token_mismatch"
     tampered = click_payload(one)
     tampered["actions"][0]["value"] += "x"
     assert slack_post(client, tampered).json()["code"] == "token_invalid"
-    other_team = slack_post(client, click_payload(one, team="T0OTHER"))
-    assert (other_team.json()["code"], other_team.status_code) == ("wrong_workspace", 200)
+    other_team = slack_click(client, click_payload(one, team="T0OTHER"))
+    assert other_team["code"] == "wrong_workspace"
 
     for approval in (first, second):
         approval.refresh_from_db()
@@ -190,10 +195,10 @@ def test_permission_is_checked_when_the_button_is_pressed(org, slack_stub, alice
     click = click_payload(posted(slack_stub))
     alice.groups.clear()  # Monday morning: alice left finance after the message was sent
 
-    lost = slack_post(Client(), click)
-    assert lost.json()["text"] == "You are not among the approvers of this request."
-    stranger = slack_post(Client(), click_payload(posted(slack_stub), user="U0NOBODY"))
-    assert stranger.json()["code"] == "unknown_slack_user"
+    lost = slack_click(Client(), click)
+    assert lost["text"] == "You are not among the approvers of this request."
+    stranger = slack_click(Client(), click_payload(posted(slack_stub), user="U0NOBODY"))
+    assert stranger["code"] == "unknown_slack_user"
     approval.refresh_from_db()
     assert approval.status == "pending"
     assert audit() == [(False, "not_an_approver"), (False, "unknown_slack_user")]
@@ -205,14 +210,14 @@ def test_a_second_click_is_told_who_won(org, slack_stub, alice) -> None:
     run, _approval = open_in_slack(org, slack_stub)
     message = copy.deepcopy(posted(slack_stub))  # as people's Slack clients still show it
 
-    first = slack_post(Client(), click_payload(message, action="waymark_reject"))
-    again = slack_post(Client(), click_payload(message, action="waymark_reject"))  # double
-    other = slack_post(Client(), click_payload(message, user="U0BOB"))
+    first = slack_click(Client(), click_payload(message, action="waymark_reject"))
+    again = slack_click(Client(), click_payload(message, action="waymark_reject"))  # double
+    other = slack_click(Client(), click_payload(message, user="U0BOB"))
 
-    assert first.json()["text"] == "Rejected by alice."
+    assert first["text"] == "Rejected by alice. Thank you."
     for late in (again, other):
-        assert late.json()["code"] == "already_decided"
-        assert late.json()["text"].startswith("Already rejected by alice at ")
+        assert late["code"] == "already_decided"
+        assert late["text"].startswith("Already rejected by alice at ")
     run.refresh_from_db()
     assert (run.status, run.output) == ("succeeded", "rejected")
     assert audit() == [(True, "accepted"), (False, "already_decided"), (False, "already_decided")]
@@ -223,18 +228,20 @@ def test_a_click_after_expiry_or_cancellation_is_refused(org, slack_stub, alice)
     click = click_payload(posted(slack_stub))
     pass_deadline(approval)
 
-    late = slack_post(Client(), click)
-    assert late.json()["code"] == "expired"
-    assert late.json()["text"].startswith("This request expired at ")
+    late = slack_click(Client(), click)
+    assert late["code"] == "expired"
+    assert late["text"].startswith("This request expired at ")
     fire_deadline_and_run()
     approval.refresh_from_db()
     assert approval.status == "expired"
 
     run2, _approval2 = open_request(org, with_slack(), key="k2")
     run_act(org=org, run_id=run2.pk, action="cancel", actor="test")
-    cancelled = slack_post(Client(), click_payload(slack_stub.messages[-1]))
-    assert cancelled.json()["code"] == "run_cancelled"
-    assert cancelled.json()["text"] == "The run was cancelled; this request is closed."
+    cancelled = slack_click(Client(), click_payload(slack_stub.messages[-1]))
+    assert cancelled == {
+        "code": "run_cancelled",
+        "text": "The run was cancelled; this request is closed.",
+    }
     assert audit() == [(False, "expired"), (False, "run_cancelled")]
 
 
@@ -249,8 +256,8 @@ def test_an_expired_token_and_changed_content_are_refused(org, slack_stub, alice
 
     # The content under review changed after the message was posted: its digest differs.
     ApprovalRequest.objects.filter(pk=approval.pk).update(digest="f" * 64)
-    changed = slack_post(Client(), click)
-    assert changed.json()["code"] == "content_changed"
+    changed = slack_click(Client(), click)
+    assert changed["code"] == "content_changed"
     approval.refresh_from_db()
     assert approval.status == "pending"
     assert audit() == [(False, "token_expired"), (False, "content_changed")]
@@ -324,8 +331,8 @@ def test_an_escalation_posts_a_new_message_and_retires_the_old_buttons(
     assert len(slack_stub.messages) == 2
     newer = slack_stub.messages[1]
     assert f"{run.pk}/ask/1/escalation-1:" in newer["metadata"]["event_payload"]["effect_key"]
-    assert slack_post(Client(), old).json()["code"] == "superseded"
-    answer = slack_post(Client(), click_payload(newer, user="U0BOSS"))
-    assert answer.json()["text"] == "Approved by boss."
+    assert slack_click(Client(), old)["code"] == "superseded"
+    answer = slack_click(Client(), click_payload(newer, user="U0BOSS"))
+    assert answer["text"] == "Approved by boss. Thank you."
     run.refresh_from_db()
     assert run.output == "approved by boss"

@@ -82,6 +82,21 @@ def test_bootstrap_demo_is_idempotent(settings, tmp_path: Path) -> None:
     assert (tmp_path / "demo-credentials.json").stat().st_mode & 0o077 == 0
 
 
+def test_bootstrap_demo_refuses_in_production_and_creates_nothing(settings, tmp_path) -> None:
+    """`./waymark run` runs `bootstrap_demo` before the engine (and stops when it fails): in
+    production it must not make a superuser with a printed password, nor an API key."""
+    settings.DATA_DIR = tmp_path
+    settings.PRODUCTION = True
+    out = io.StringIO()
+    with pytest.raises(CommandError, match=r"^demo_refused_in_production: WAYMARK_PRODUCTION is"):
+        call_command("bootstrap_demo", stdout=out, stderr=io.StringIO())
+    assert out.getvalue() == ""  # no password, no key printed
+    assert not get_user_model().objects.exists()
+    assert not Organisation.objects.filter(slug=DEMO_ORG).exists()
+    assert not ApiKey.objects.exists() and not AutomationVersion.objects.exists()
+    assert not (tmp_path / "demo-credentials.json").exists()
+
+
 def test_bootstrap_demo_leaves_an_existing_admin_as_it_is(settings, tmp_path: Path) -> None:
     settings.DATA_DIR = tmp_path
     bootstrap_demo()

@@ -52,3 +52,50 @@ def test_rotation_changes_nothing_when_a_secret_is_unreadable(org, settings):
     with pytest.raises(CommandError, match="secret_unreadable: 1 connection"):
         call_command("rotate_connection_secrets")
     assert stored(readable) == before
+
+
+def test_secrets_under_the_derived_key_survive_configuring_a_key_and_rotate_off_it(org, settings):
+    """A checkout that ran without WAYMARK_EFFECTS_SECRET_KEYS has its secrets under the key
+    derived from SECRET_KEY. Configuring a key (and restarting) must not make them
+    unreadable: every effect on those connections would fail (secret_unreadable). The
+    documented rotation then moves them to the configured key."""
+    from cryptography.fernet import InvalidToken
+
+    from effects.perform import load_connection
+    from effects.providers.http import HttpProvider
+
+    settings.EFFECTS = {**settings.EFFECTS, "SECRET_KEYS": []}
+    conn = Connection.objects.create(org=org, name="crm", provider="http",
+                                     secret_encrypted=encrypt("crm-token"))  # fmt: skip
+    new = Fernet.generate_key().decode()
+    with pytest.raises(InvalidToken):  # under the derived key, not the one configured next
+        Fernet(new.encode()).decrypt(stored(conn).encode())
+
+    settings.EFFECTS = {**settings.EFFECTS, "SECRET_KEYS": [new]}  # configured, restarted
+    # Still readable, where the effects read it; new secrets use the configured key.
+    info = load_connection(org.pk, "crm", HttpProvider())
+    assert info is not None and info.secret == "crm-token"
+    assert Fernet(new.encode()).decrypt(encrypt("fresh").encode()) == b"fresh"
+
+    out = StringIO()
+    call_command("rotate_connection_secrets", stdout=out)
+    assert "rotated 1 connection secret(s) to the first key" in out.getvalue()
+    assert "1 of them were under the key derived from SECRET_KEY" in out.getvalue()
+    assert Fernet(new.encode()).decrypt(stored(conn).encode()) == b"crm-token"
+    # Once none is under it, the derived key may be dropped: the secret reads without it.
+    settings.EFFECTS = {**settings.EFFECTS, "DERIVED_KEY_READABLE": False}
+    assert decrypt(stored(conn)) == "crm-token"
+
+
+def test_dropping_the_derived_key_before_rotating_leaves_its_secrets_unreadable(org, settings):
+    """The switch does what it says (so the rotation's count is what to go by)."""
+    from effects.secrets import SecretUnreadable
+
+    settings.EFFECTS = {**settings.EFFECTS, "SECRET_KEYS": []}
+    token = encrypt("old-token")
+    keys = [Fernet.generate_key().decode()]
+    settings.EFFECTS = {**settings.EFFECTS, "SECRET_KEYS": keys, "DERIVED_KEY_READABLE": False}
+    with pytest.raises(SecretUnreadable):
+        decrypt(token)
+    settings.EFFECTS = {**settings.EFFECTS, "DERIVED_KEY_READABLE": True}
+    assert decrypt(token) == "old-token"

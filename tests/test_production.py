@@ -12,6 +12,7 @@ from importlib.util import find_spec
 from io import StringIO
 
 import pytest
+from cryptography.fernet import Fernet
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.test import Client
@@ -28,6 +29,7 @@ PRODUCTION_ENV = {
     "WAYMARK_ALLOWED_HOSTS": "waymark.example.com",
     "WAYMARK_CSRF_TRUSTED_ORIGINS": "https://waymark.example.com",
     "WAYMARK_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO,https",
+    "WAYMARK_EFFECTS_SECRET_KEYS": Fernet.generate_key().decode(),
 }
 
 
@@ -57,6 +59,24 @@ def test_production_refuses_to_start_without_a_secret_key() -> None:
     refused = manage("check", **env)
     assert refused.returncode != 0
     assert "WAYMARK_SECRET_KEY is not" in refused.stderr
+
+
+def test_production_refuses_to_start_without_keys_for_connection_secrets() -> None:
+    """Not a key derived from the secret key: production's keys are given, and rotated."""
+    from workflows.engine.supervisor import EXIT_CONFIG
+
+    env = {**PRODUCTION_ENV}
+    del env["WAYMARK_EFFECTS_SECRET_KEYS"]
+    refused = manage("check", **env)
+    assert refused.returncode == EXIT_CONFIG, refused.stderr
+    assert refused.stderr.startswith(
+        "missing_setting: WAYMARK_PRODUCTION is set but WAYMARK_EFFECTS_SECRET_KEYS is not: "
+    )
+    assert refused.stderr.count("\n") == 1  # one line, no traceback
+    not_a_key = manage("check", **{**PRODUCTION_ENV, "WAYMARK_EFFECTS_SECRET_KEYS": "hunter2"})
+    assert not_a_key.returncode == EXIT_CONFIG
+    assert not_a_key.stderr.startswith("invalid_setting: WAYMARK_EFFECTS_SECRET_KEYS must be")
+    assert "hunter2" not in not_a_key.stderr
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,10 @@ made, and kept in ``.data/demo-credentials.json`` (git-ignored, mode 600) for th
 convenience; later starts only say where they are. An existing user is never changed: a
 password changed in the admin keeps working, and a superuser demoted stays demoted.
 A given WAYMARK_ADMIN_PASSWORD must pass the password validators.
+
+Production (``WAYMARK_PRODUCTION=1``) refuses it (``demo_refused_in_production``) before it
+creates anything: a superuser whose password is printed and kept in a file, and an API key
+kept beside it, have no place there.
 """
 
 from __future__ import annotations
@@ -44,6 +48,16 @@ class DemoPasswordRejected(WaymarkError):
     default_detail = "WAYMARK_ADMIN_PASSWORD is refused: {reasons}"
 
 
+class DemoRefusedInProduction(WaymarkError):
+    code = "demo_refused_in_production"
+    default_detail = (
+        "WAYMARK_PRODUCTION is set: the demo (a superuser with a printed password, an API key "
+        "kept in a file) is not created in production. Create accounts with `manage.py "
+        "createsuperuser`, API keys with `manage.py create_api_key --org SLUG`, and run the "
+        'engine with `manage.py runengine` (docs/operations.md, "Production").'
+    )
+
+
 def _credentials_file() -> Path:
     return Path(settings.DATA_DIR) / "demo-credentials.json"
 
@@ -69,6 +83,8 @@ def _key_still_valid(raw: str | None) -> bool:
 
 
 def bootstrap_demo(*, admin_user: str = "admin", admin_password: str | None = None) -> DemoSetup:
+    if getattr(settings, "PRODUCTION", False):
+        raise DemoRefusedInProduction()
     saved = _load()
     with transaction.atomic():
         org = organisation_ensure(slug=DEMO_ORG, name="Demo organisation")
