@@ -527,5 +527,16 @@ def respond(approval_id: int | None, url: str, text: str) -> None:
     req = urllib.request.Request(  # noqa: S310 (an https hooks URL, or the connection's host)
         url, data=data.encode(), method="POST", headers={"Content-Type": "application/json"}
     )
-    with urllib.request.urlopen(req, timeout=5) as answer:  # noqa: S310 (vetted above)
+    with _NO_REDIRECTS.open(req, timeout=5) as answer:  # vetted above; a 3xx is an error
         answer.read()
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """A reply goes to the host vetted, never where a 3xx would send it: urllib's default
+    follows redirects to any host, past the check above."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # urllib then raises HTTPError for the 3xx
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_RefuseRedirects)

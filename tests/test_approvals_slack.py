@@ -16,6 +16,7 @@ from django.test import Client
 
 from approvals.models import ApprovalRequest, DecisionAttempt, SlackUser
 from approvals.slack import TOKEN_SALT
+from effects.models import Connection
 from tests.stubs.slack import SlackStub
 from workflows.models import Run, Step
 from workflows.services.control import run_act
@@ -336,3 +337,21 @@ def test_an_escalation_posts_a_new_message_and_retires_the_old_buttons(
     assert answer["text"] == "Approved by boss. Thank you."
     run.refresh_from_db()
     assert run.output == "approved by boss"
+
+
+def test_a_reply_whose_url_redirects_is_not_followed(org, slack_stub) -> None:
+    """The reply goes to Slack's hooks host or the connection's own host; a 3xx there must
+    not take it (and what it says) to another place, which nobody vetted."""
+    import urllib.error
+
+    from approvals.slack import respond
+    from tests.stubs.redirect import RecordingStub, RedirectingStub
+
+    _, approval = open_in_slack(org, slack_stub)
+    with RecordingStub() as elsewhere, RedirectingStub(elsewhere.url) as moved:
+        Connection.objects.filter(org=org).update(base_url=moved.url + "/api/")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            respond(approval.pk, moved.url + "/hooks/reply", "Approved by alice.")
+        refused.value.close()
+        assert refused.value.code == 302
+        assert moved.requests and not elsewhere.requests

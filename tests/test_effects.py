@@ -218,9 +218,7 @@ def test_the_concurrency_cap_defers_without_spending_attempts(org, provider_stub
     assert [run_of(r).status for r in runs] == ["succeeded", "succeeded"]
 
 
-def test_a_connection_written_past_the_operators_limits_is_held_to_them_when_called(
-    org, settings
-):
+def test_a_connection_written_past_the_operators_limits_is_held_to_them_when_called(org, settings):
     """A connection stored before the operator lowered the limits (or written around the
     API): its 10,000 calls in flight and its hour's timeout are not what the engine uses."""
     settings.EFFECTS = {**settings.EFFECTS, "MAX_CONCURRENCY": 1, "MAX_TIMEOUT_SECONDS": 0.5}
