@@ -10,10 +10,13 @@ address itself, so a second DNS answer can never replace the one that was checke
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import os
 import re
 import socket
 import ssl
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -196,11 +199,58 @@ def _embedded_ipv4(address: ipaddress.IPv6Address) -> tuple[str, ipaddress.IPv4A
     return None
 
 
+class CallDeadline:
+    """The whole of a call bounded, not only each wait within it: httpx's timeouts bound a
+    connect and each read, so a host that trickles a byte at a time could keep a call (and
+    the worker's slot) for ever. When ``seconds`` have passed since the client was made,
+    every socket it opened is shut down, which ends whatever read or write is under way.
+    Shut down through a duplicate of each socket's descriptor: TLS wraps the socket in
+    another object, but the kernel's socket is the same."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.passed = False
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, stream: httpcore.NetworkStream) -> None:
+        sock = stream.get_extra_info("socket")
+        if not isinstance(sock, socket.socket):
+            return
+        with self._lock:
+            duplicate = socket.socket(fileno=os.dup(sock.fileno()))
+            if self.passed:
+                _shut(duplicate)
+            self._sockets.append(duplicate)
+
+    def close(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            sock.close()
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.passed = True
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed at the other end
+        sock.shutdown(socket.SHUT_RDWR)
+
+
 class _GuardedBackend(httpcore.SyncBackend):
     """httpcore's network backend, but every TCP connect is resolved and vetted here."""
 
-    def __init__(self, allow: Allowlist) -> None:
+    def __init__(self, allow: Allowlist, deadline: CallDeadline | None = None) -> None:
         self._allow = allow
+        self._deadline = deadline
 
     def connect_tcp(
         self,
@@ -215,11 +265,15 @@ class _GuardedBackend(httpcore.SyncBackend):
         for address in addresses:
             # An IP literal: the parent's create_connection does no DNS lookup for it.
             try:
-                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+                stream = super().connect_tcp(address, port, timeout, local_address, socket_options)
             except httpcore.ConnectError as exc:
                 # Refused or unreachable fails fast; try the next vetted address as
                 # create_connection would. A timeout propagates so the caller's bound holds.
                 last_error = exc
+                continue
+            if self._deadline is not None:
+                self._deadline.watch(stream)
+            return stream
         assert last_error is not None  # _resolve never returns an empty list
         raise last_error
 
@@ -266,8 +320,11 @@ class _GuardedTransport(httpx.HTTPTransport):
     here, loudly, rather than send unguarded requests.
     """
 
-    def __init__(self, allow: Allowlist, ssl_context: ssl.SSLContext) -> None:
+    def __init__(
+        self, allow: Allowlist, ssl_context: ssl.SSLContext, deadline: CallDeadline | None = None
+    ) -> None:
         super().__init__(verify=ssl_context, trust_env=False)
+        self.deadline = deadline
         if not isinstance(getattr(self, "_pool", None), httpcore.ConnectionPool):
             raise RuntimeError("this httpx version cannot take the egress guard")
         limits = httpx.Limits()
@@ -276,8 +333,13 @@ class _GuardedTransport(httpx.HTTPTransport):
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,
-            network_backend=_GuardedBackend(allow),
+            network_backend=_GuardedBackend(allow, deadline),
         )
+
+    def close(self) -> None:
+        super().close()
+        if self.deadline is not None:
+            self.deadline.close()
 
 
 def egress_client(
@@ -287,6 +349,7 @@ def egress_client(
     max_redirects: int = 5,
     headers: Mapping[str, str] | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    deadline: CallDeadline | None = None,
 ) -> httpx.Client:
     """An httpx client whose every connection, redirects included, passes the guard.
 
@@ -301,7 +364,8 @@ def egress_client(
     if ssl_context is None:
         ssl_context = httpx.create_ssl_context(trust_env=False)
     return httpx.Client(
-        transport=_GuardedTransport(allow, ssl_context),  # one transport for every URL and hop
+        # One transport for every URL and hop; closing the client ends the deadline's timer.
+        transport=_GuardedTransport(allow, ssl_context, deadline),
         timeout=timeout,
         follow_redirects=True,
         max_redirects=max_redirects,

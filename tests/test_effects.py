@@ -240,7 +240,7 @@ def test_a_connection_written_past_the_operators_limits_is_held_to_them_when_cal
         drive(rounds=1)  # each call waits half a second for an answer, not an hour
         assert tarpit.accepted == 2
         for waited in Effect.objects.filter(run_id__in=runs, connection=conn):
-            assert "no answer in time" in waited.error, waited.error
+            assert "no answer" in waited.error, waited.error
 
 
 def test_the_circuit_opens_after_repeated_failures_and_half_opens_to_probe(org, provider_stub):

@@ -492,3 +492,54 @@ def test_allowlist_parse_reads_every_kind_of_entry():
 def test_allowlist_parse_rejects_garbage(entry, message):
     with pytest.raises(ValueError, match=message):
         Allowlist.parse(["example.org", entry])
+
+
+# --- the whole call bounded -------------------------------------------------------------------
+
+
+class _Trickle:
+    """A host that answers one byte at a time, a byte every 0.1 s, for ``seconds``: each read
+    of the client gets something long before its read timeout, so only a bound on the whole
+    call ends it early."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.finished = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.server.accept()
+        with conn:
+            conn.recv(65536)
+            answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + b"X-Slow: " + b"." * 10_000
+            deadline = threading.Event()
+            threading.Timer(self.seconds, deadline.set).start()
+            try:
+                for byte in answer:
+                    if deadline.wait(0.1):
+                        break
+                    conn.sendall(bytes([byte]))
+                conn.sendall(b"\r\n\r\nok")
+            except OSError:
+                pass  # the client gave up: what the test wants
+            self.finished.set()
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_host_that_trickles_its_answer_is_given_up_on_at_the_calls_timeout() -> None:
+    from effects.providers.base import Ambiguous, ConnectionInfo
+    from effects.providers.http import send
+
+    trickle = _Trickle(seconds=30)
+    conn = ConnectionInfo(None, "", "http", "", {}, "", timeout_seconds=1.0,
+                          allow=Allowlist.parse(["127.0.0.1/32"]))  # fmt: skip
+    try:
+        with pytest.raises(Ambiguous, match=r"no answer in time \(within 1 s\): it may have acted"):
+            send(conn, "GET", trickle.url + "/slow")
+        assert not trickle.finished.is_set()  # given up on long before the host was done
+    finally:
+        trickle.close()

@@ -37,7 +37,7 @@ import httpx
 
 from workflows.plugins import StepFailure, render
 
-from ..egress import Allowlist, EgressRefused, egress_client
+from ..egress import Allowlist, CallDeadline, EgressRefused, egress_client
 from .base import (
     INVALID_REQUEST,
     Ambiguous,
@@ -178,8 +178,11 @@ def refuse_redirect(response: httpx.Response, what: str) -> None:
         )
 
 
-def client(conn: ConnectionInfo | None, timeout: float) -> httpx.Client:
-    return egress_client(allow=conn.allow if conn else Allowlist(), timeout=timeout)
+def client(
+    conn: ConnectionInfo | None, timeout: float, deadline: CallDeadline | None = None
+) -> httpx.Client:
+    allow = conn.allow if conn else Allowlist()
+    return egress_client(allow=allow, timeout=timeout, deadline=deadline)
 
 
 def send(conn: ConnectionInfo | None, method: str, url: str, **kwargs: Any) -> httpx.Response:
@@ -187,15 +190,20 @@ def send(conn: ConnectionInfo | None, method: str, url: str, **kwargs: Any) -> h
     a redirect; a request that cannot be built is Invalid (nothing left), transport failures
     become the CallErrors that say whether it may have."""
     timeout = conn.timeout_seconds if conn else 30.0
+    deadline = CallDeadline(timeout)  # the timeout bounds the whole call, not each read
     try:
-        with client(conn, timeout) as http:
+        with client(conn, timeout, deadline) as http:
             with before_sending(f"the {method} request"):
                 request = http.build_request(method, url, **kwargs)
             return http.send(request, follow_redirects=False)
     except EgressRefused as exc:
         raise EgressDenied(str(exc)) from exc
     except httpx.HTTPError as exc:
+        if deadline.passed:
+            raise Ambiguous(f"no answer in time (within {timeout:g} s): it may have acted") from exc
         raise transport_error(exc) from exc
+    finally:
+        deadline.close()
 
 
 def auth_headers(conn: ConnectionInfo | None, url: str | None = None) -> dict[str, str]:
