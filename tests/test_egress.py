@@ -223,7 +223,7 @@ def test_metadata_host_name_is_refused_with_a_clear_message(dns, connects):
     exc = _refused("http://metadata.internal/latest/meta-data/")
     assert str(exc) == (
         "refused 169.254.169.254 for host 'metadata.internal': link-local/metadata address "
-        "(allowlist it for this organisation to permit)"
+        "(no allowlist can open it)"
     )
     assert dns.asked == ["metadata.internal"]
     assert connects == []

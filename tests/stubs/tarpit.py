@@ -1,0 +1,86 @@
+"""A silent host: a real TCP server on 127.0.0.1 that accepts every connection and never
+sends a byte, nor closes one, until the test ends. A client with a long timeout waits there
+for all of it; a test waits for ``accepted`` to know a client has arrived."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+from types import TracebackType
+from typing import Self
+
+
+class Tarpit:
+    def __init__(self) -> None:
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self._listener.settimeout(0.2)  # the accept loop looks at `_stopped` this often
+        self._sockets: list[socket.socket] = []
+        self._arrived = threading.Condition()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="tarpit", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+
+    @property
+    def accepted(self) -> int:
+        with self._arrived:
+            return len(self._sockets)
+
+    def wait_accepted(self, count: int, timeout: float = 120) -> None:
+        """Until ``count`` connections have arrived (in all); AssertionError after ``timeout``."""
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: len(self._sockets) >= count, timeout):
+                raise AssertionError(f"the tarpit saw {len(self._sockets)} of {count} clients")
+
+    def still_open(self) -> int:
+        """How many accepted connections the clients have not closed. What they sent is read
+        and dropped (never answered) to see whether the end of the stream follows it."""
+        with self._arrived:
+            sockets = list(self._sockets)
+        return sum(_open(sock) for sock in sockets)
+
+    def _accept(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._arrived:
+                self._sockets.append(sock)
+                self._arrived.notify_all()
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
+        self._listener.close()
+        with self._arrived:
+            for sock in self._sockets:
+                sock.close()
+
+
+def _open(sock: socket.socket) -> bool:
+    while True:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return True  # nothing more has arrived: no end of stream
+        try:
+            if sock.recv(65536) == b"":
+                return False
+        except OSError:
+            return False  # reset by the client
