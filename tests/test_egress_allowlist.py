@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.test import Client
 from rest_framework.test import APIClient
@@ -274,6 +275,31 @@ def test_an_old_entry_outside_the_ceiling_opens_nothing(org, settings, provider_
     assert "refused 127.0.0.1" in step.error and step.attempt == 1
     assert Run.objects.get(pk=allowed).status == "succeeded"
     assert len(provider_stub.created) == 1  # only the run under the raised ceiling reached it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_old_entry_for_a_mail_server_opens_nothing_either(org, settings, smtp_stub) -> None:
+    connect(org, provider="email", name="mail",
+            options={"host": smtp_stub.host, "port": smtp_stub.port})  # fmt: skip
+    email = {"type": "email", "connection": "mail", "to": "ann@example.com", "subject": "Hi",
+             "body": "Hello"}  # fmt: skip
+    set_ceiling(settings)  # nothing may be allowlisted now
+
+    refused = start(org, one_step(email, output="{{ steps.send.output }}"))
+    drive()
+
+    step = Step.objects.get(run_id=refused, step_id="send")
+    assert Run.objects.get(pk=refused).status == "failed" and "refused 127.0.0.1" in step.error
+    assert smtp_stub.messages == []
+
+
+def test_a_bad_ceiling_is_named(settings) -> None:
+    from effects.egress import tenant_ceiling
+
+    set_ceiling(settings, "10.0.0.0/8", "https://internal")
+
+    with pytest.raises(ImproperlyConfigured, match="WAYMARK_EGRESS_ALLOWABLE: 'https://internal'"):
+        tenant_ceiling()
 
 
 @pytest.fixture

@@ -1,6 +1,9 @@
 """A silent host: a real TCP server on 127.0.0.1 that accepts every connection and never
 sends a byte, nor closes one, until the test ends. A client with a long timeout waits there
-for all of it; a test waits for ``accepted`` to know a client has arrived."""
+for all of it; a test waits for ``accepted`` to know a client has arrived.
+
+With ``trickle`` it answers instead, one byte of an endless HTTP header every ``trickle``
+seconds: a client whose timeouts are per read never times out, until ``hang_up()``."""
 
 from __future__ import annotations
 
@@ -10,9 +13,14 @@ import threading
 from types import TracebackType
 from typing import Self
 
+# An answer that never ends: a status line, then header lines for ever.
+_ENDLESS_HEAD = b"HTTP/1.1 200 OK\r\n"
+_ENDLESS_LINE = b"X-Still-Coming: yes\r\n"
+
 
 class Tarpit:
-    def __init__(self) -> None:
+    def __init__(self, *, trickle: float | None = None) -> None:
+        self._trickle = trickle
         self._listener = socket.socket()
         self._listener.bind(("127.0.0.1", 0))
         self._listener.listen(128)
@@ -55,6 +63,27 @@ class Tarpit:
             with self._arrived:
                 self._sockets.append(sock)
                 self._arrived.notify_all()
+            if self._trickle is not None:
+                threading.Thread(target=self._drip, args=(sock,), daemon=True).start()
+
+    def _drip(self, sock: socket.socket) -> None:
+        assert self._trickle is not None
+        head, line = _ENDLESS_HEAD, _ENDLESS_LINE
+        sent = 0
+        while not self._stopped.wait(self._trickle):
+            data = head if sent < len(head) else line
+            offset = sent if sent < len(head) else (sent - len(head)) % len(line)
+            try:
+                sock.send(data[offset : offset + 1])
+            except OSError:
+                return  # hung up (by the client or by hang_up())
+            sent += 1
+
+    def hang_up(self) -> None:
+        """Close every connection accepted so far (the clients see the answer cut off)."""
+        with self._arrived:
+            for sock in self._sockets:
+                sock.close()
 
     def __enter__(self) -> Self:
         self._thread.start()
