@@ -9,7 +9,7 @@ address itself, so a second DNS answer can never replace the one that was checke
 
 What an organisation may allowlist has a ceiling the operator sets
 (``WAYMARK_EGRESS_ALLOWABLE``, ``tenant_ceiling``): an entry outside it is refused when saved
-(``allowable_problem``) and ignored when used (``Allowlist.within``), so a row saved before
+(``allowable_entry``) and ignored when used (``Allowlist.for_tenant``), so a row saved before
 the ceiling was lowered opens nothing. Cloud metadata and link-local addresses
 (``NEVER_OPENABLE``) are refused whatever any allowlist or setting says.
 """
@@ -221,15 +221,12 @@ def normalized_entry(raw: str) -> str:
 
 def in_force(entry: str, ceiling: Allowlist | None = None) -> bool:
     """Whether a stored entry opens anything now (it may predate the current ceiling)."""
-    kept = Allowlist.for_tenant([entry]) if ceiling is None else _parsed_within(entry, ceiling)
-    return bool(kept.hosts or kept.networks)
-
-
-def _parsed_within(entry: str, ceiling: Allowlist) -> Allowlist:
     try:
-        return Allowlist.parse([entry]).within(ceiling)
+        parsed = Allowlist.parse([entry])
     except ValueError:
-        return Allowlist()
+        return False
+    kept = parsed.within(tenant_ceiling() if ceiling is None else ceiling)
+    return bool(kept.hosts or kept.networks)
 
 
 def never_openable(address: IPAddress) -> bool:
