@@ -34,6 +34,7 @@ setup(
     WAYMARK_QUOTA_STARTS_PER_MINUTE="0",
     WAYMARK_QUOTA_RUNNING_RUNS="0",
     WAYMARK_RATE_PER_KEY="1000000/s",
+    WAYMARK_EGRESS_ALLOWABLE="127.0.0.1/32",  # the local stand-ins (engine processes inherit it)
 )
 
 from django.db import connection  # noqa: E402

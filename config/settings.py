@@ -477,7 +477,21 @@ EFFECTS = {
     "EMAIL_BACKEND": env.str(
         "WAYMARK_EFFECTS_EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend"
     ),
+    # A connection check (API or admin) holds a web thread at most this long, whatever the
+    # connection's own timeout; at most CHECKS_PER_ORG run at once for one organisation, and
+    # one per connection. The web has WAYMARK_WEB_THREADS per process: keep checks a few.
+    "CONNECTION_CHECK_SECONDS": env.float("WAYMARK_CONNECTION_CHECK_SECONDS", default=5.0),
+    "CONNECTION_CHECKS_PER_ORG": env.int("WAYMARK_CONNECTION_CHECKS_PER_ORG", default=2),
+    # What organisations may allowlist beyond public addresses (host names, .suffixes,
+    # addresses, CIDRs; comma-separated). Empty: nothing. Metadata and link-local addresses
+    # are never openable, whatever this says (effects/egress.py).
+    "EGRESS_ALLOWABLE": env.list("WAYMARK_EGRESS_ALLOWABLE", default=[]),
 }
+if not 0 < EFFECTS["CONNECTION_CHECK_SECONDS"] <= 600 or EFFECTS["CONNECTION_CHECKS_PER_ORG"] < 1:
+    raise ImproperlyConfigured(
+        "WAYMARK_CONNECTION_CHECK_SECONDS must be above 0 and at most 600, and "
+        "WAYMARK_CONNECTION_CHECKS_PER_ORG at least 1"
+    )
 
 # Connection secrets: production encrypts them with keys it is given, never with one derived
 # from the Django secret key; and a key that is not a Fernet key is refused at start-up,

@@ -19,3 +19,7 @@ REST_FRAMEWORK = {
     **REST_FRAMEWORK,  # noqa: F405
     "DEFAULT_THROTTLE_RATES": {"api_key": None, "run_starts": None, "auth_failures": None},
 }
+
+# The stub servers listen on 127.0.0.1, which organisations allowlist in the effect tests;
+# the ceiling itself is tested with its own values (tests/test_egress_allowlist.py).
+EFFECTS = {**EFFECTS, "EGRESS_ALLOWABLE": ["127.0.0.1/32"]}  # noqa: F405

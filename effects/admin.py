@@ -13,6 +13,7 @@ admin, scoped to the user's organisations like every workflows page (workflows/a
 
 from __future__ import annotations
 
+import time
 from decimal import Decimal
 from typing import Any
 
@@ -35,10 +36,11 @@ from workflows.admin.scoping import (
     may_change_here,
 )
 from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
-from workflows.engine.executors import StepFailure
+from workflows.errors import WaymarkError
 
 from .api import CONNECTION_NAME, MAX_REASON_CHARS, MAX_SECRET_CHARS, json_problem, provider_names
-from .egress import Allowlist
+from .checks import check_connection, check_seconds
+from .egress import NotAllowable, allowable_entry, in_force, tenant_ceiling
 from .limits import limit_problem
 from .models import Connection, Effect, EgressAllow, ModelBudget, Suppression
 from .resolve import (
@@ -47,7 +49,6 @@ from .resolve import (
     RETRY,
     ResolveError,
     budget_raised,
-    probe_connection,
     repair_connection,
     resolve_effect,
 )
@@ -56,7 +57,7 @@ from .states import ConnectionStatus, EffectState
 
 # Run events name who acted in a column of 100 characters; a username may have 150.
 ACTOR_CHARS = 100
-CHECK_LIMIT = 20  # connections probed by one click (each may take its timeout)
+CHECK_LIMIT = 20  # connections probed by one click (all within one check's bound)
 _AFTER_COMMIT = "_effects_after_commit"
 
 
@@ -232,24 +233,39 @@ class ConnectionAdmin(AfterSaveMixin, OrgScopedMixin, admin.ModelAdmin):
     @admin.action(description="Check the connection now", permissions=["change"])
     def check_now(self, request: HttpRequest, queryset: QuerySet[Connection]) -> None:
         chosen = list(queryset.order_by("name")[: CHECK_LIMIT + 1])
+        # A click holds one web thread: all its checks share one check's bound.
+        bound = check_seconds()
+        deadline = time.monotonic() + bound
+        late: list[str] = []
         for conn in chosen[:CHECK_LIMIT]:
-            was_broken = conn.status == ConnectionStatus.BROKEN
-            try:
-                result = probe_connection(conn, by=actor_for(request))
-            except StepFailure as exc:  # its secret cannot be decrypted with the keys
-                result = f"failed: {exc}"
-            if result == "ok":
-                repaired = " (repaired: its parked steps woke)" if was_broken else ""
-                messages.success(request, f"{conn.name}: ok{repaired}.")
-            elif result == "broken":
-                conn.refresh_from_db(fields=["broken_reason"])
-                messages.error(request, f"{conn.name}: broken: {conn.broken_reason}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                late.append(conn.name)
             else:
-                messages.warning(request, f"{conn.name}: {result} (left as it was).")
+                self._check_one(request, conn, left)
+        if late:
+            messages.warning(request, f"Not checked, this click's {bound:g} s being spent: "
+                             f"{', '.join(late)}; check them again.")  # fmt: skip
         if len(chosen) > CHECK_LIMIT:
             messages.warning(
                 request, f"Only {CHECK_LIMIT} connections are checked at once; check the rest."
             )
+
+    def _check_one(self, request: HttpRequest, conn: Connection, seconds: float) -> None:
+        was_broken = conn.status == ConnectionStatus.BROKEN
+        try:
+            result = check_connection(conn, by=actor_for(request), seconds=seconds)
+        except WaymarkError as exc:  # checked already, or the organisation's checks are busy
+            messages.warning(request, f"{conn.name}: not checked: {exc.detail} ({exc.code})")
+            return
+        if result == "ok":
+            repaired = " (repaired: its parked steps woke)" if was_broken else ""
+            messages.success(request, f"{conn.name}: ok{repaired}.")
+        elif result == "broken":
+            conn.refresh_from_db(fields=["broken_reason"])
+            messages.error(request, f"{conn.name}: broken: {conn.broken_reason}")
+        else:
+            messages.warning(request, f"{conn.name}: {result} (left as it was).")
 
     @admin.action(description="Mark repaired", permissions=["change"])
     def mark_repaired(self, request: HttpRequest, queryset: QuerySet[Connection]) -> None:
@@ -507,21 +523,28 @@ class EgressAllowForm(forms.ModelForm):
         fields = ["org", "entry", "note"]
 
     def clean_entry(self) -> str:
-        entry: str = self.cleaned_data["entry"].strip()
+        """Stored normalised, and only within the operator's ceiling (superusers too: the
+        ceiling is a setting, WAYMARK_EGRESS_ALLOWABLE)."""
         try:
-            Allowlist.parse([entry])
+            return allowable_entry(self.cleaned_data["entry"])
+        except NotAllowable as exc:
+            raise ValidationError(str(exc), code=NotAllowable.code) from None
         except ValueError as exc:
             raise ValidationError(str(exc)) from None
-        return entry
 
 
 @admin.register(EgressAllow)
 class EgressAllowAdmin(OrgScopedMixin, admin.ModelAdmin):
     form = EgressAllowForm
-    list_display = ["entry", "org", "note"]
+    list_display = ["entry", "org", "in_force", "note"]
     list_filter = [("org", OrgScopedRelatedFilter)]
     search_fields = ["entry", "note"]
     list_select_related = ["org"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return _org_fixed_once_saved([], obj)
+
+    @admin.display(description="in force", boolean=True)
+    def in_force(self, obj: EgressAllow) -> bool:
+        """False for an entry the operator's ceiling no longer covers: kept, opens nothing."""
+        return in_force(obj.entry, tenant_ceiling())

@@ -1,6 +1,6 @@
-"""The effects API: connections, suppressions and the effect ledger, scoped to the key's
-organisation (``/api/v1/connections``, ``/suppressions``, ``/effects``; routes in
-``effects/urls.py``).
+"""The effects API: connections, suppressions, the egress allowlist and the effect ledger,
+scoped to the key's organisation (``/api/v1/connections``, ``/suppressions``,
+``/egress-allowlist``, ``/effects``; routes in ``effects/urls.py``).
 
 It follows the workflows API (``workflows/api/``): every query is filtered by the API key's
 organisation, so another organisation's object is a 404 like a missing one; read-only keys
@@ -31,21 +31,16 @@ from workflows.api.auth import request_actor, request_key
 from workflows.api.serializers import ErrorOut, StrictInput
 from workflows.api.views import CursorPage, ListEndpoint
 from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
-from workflows.engine.executors import StepFailure
 from workflows.errors import AlreadyExists, NotFound, WaymarkError
 from workflows.models import Organisation
 
+from .allowlist import allow_add, allow_get
+from .checks import check_connection
 from .consent import stored_address
+from .egress import in_force, tenant_ceiling
 from .limits import limit_problem
-from .models import Connection, Effect, Suppression
-from .resolve import (
-    ACTIONS,
-    DONE,
-    ResolveError,
-    probe_connection,
-    repair_connection,
-    resolve_effect,
-)
+from .models import Connection, Effect, EgressAllow, Suppression
+from .resolve import ACTIONS, DONE, ResolveError, repair_connection, resolve_effect
 from .secrets import encrypt, secret_problem
 from .states import CircuitState, ConnectionStatus, EffectState
 
@@ -323,7 +318,7 @@ def connection_get(org: Organisation, name: str) -> Connection:
 class ScopedList(ListEndpoint):
     """The organisation's rows of ``model``, filtered strictly, one cursor page at a time."""
 
-    model: type[Connection | Suppression | Effect]
+    model: type[Connection | Suppression | EgressAllow | Effect]
 
 
 class ConnectionListView(ScopedList):
@@ -410,17 +405,18 @@ class ConnectionCheckView(APIView):
     @extend_schema(
         operation_id="connections_check",
         request=None,
-        responses={200: ConnectionCheckOut, 404: ErrorOut},
+        responses={200: ConnectionCheckOut, 404: ErrorOut, 409: ErrorOut, 429: ErrorOut},
         description="Check the connection's credentials at its provider now, without acting. "
         "A check that passes repairs a broken connection; an authorisation failure marks it "
-        "broken.",
+        "broken. It answers within the operator's bound (`WAYMARK_CONNECTION_CHECK_SECONDS`, "
+        "5 s by default), whatever the connection's timeout: past it, `result` is "
+        '`"failed: no answer within …"`. The connection being checked already is 409 '
+        "`check_in_progress`; the organisation's checks in flight at their cap "
+        "(`WAYMARK_CONNECTION_CHECKS_PER_ORG`, 2 by default) is 429 `checks_busy`.",
     )
     def post(self, request: Request, name: str) -> Response:
         conn = connection_get(_org(request), name)
-        try:
-            result = probe_connection(conn, by=request_actor(request))
-        except StepFailure as exc:  # the secret cannot be decrypted with the configured keys
-            result = f"failed: {exc}"
+        result = check_connection(conn, by=request_actor(request))
         conn.refresh_from_db()
         answer = {"name": conn.name, "result": result, "status": conn.status,
                   "broken_reason": conn.broken_reason, "checked_at": conn.checked_at}  # fmt: skip
@@ -550,6 +546,86 @@ class SuppressionDetailView(APIView):
     )
     def delete(self, request: Request, suppression_id: int) -> Response:
         suppression_get(_org(request), suppression_id).delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- the egress allowlist ------------------------------------------------------------------------
+
+
+class EgressAllowOut(serializers.ModelSerializer[EgressAllow]):
+    in_force = serializers.SerializerMethodField(
+        help_text="Whether it opens anything now: false for an entry saved before the "
+        "operator's ceiling (`WAYMARK_EGRESS_ALLOWABLE`) was lowered below it (kept, unused)."
+    )
+
+    class Meta:
+        model = EgressAllow
+        fields = ["id", "entry", "note", "in_force", "created_at"]
+
+    def get_in_force(self, row: EgressAllow) -> bool:
+        ceiling = self.context.get("ceiling")
+        return in_force(row.entry, ceiling if ceiling is not None else tenant_ceiling())
+
+
+class EgressAllowIn(StrictInput):
+    entry = serializers.CharField(
+        max_length=255, validators=[storable_text],
+        help_text="A host name (`db.corp.example`), `.suffix` (every subdomain), an address or "
+        "a CIDR network; stored lowercased, an address as its network (`10.0.0.5/32`).",
+    )  # fmt: skip
+    note = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, default="", validators=[storable_text]
+    )
+
+
+class EgressAllowListView(ScopedList):
+    model = EgressAllow
+    serializer_class = EgressAllowOut
+    pagination_class = CursorPage
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        return {**super().get_serializer_context(), "ceiling": tenant_ceiling()}  # read once
+
+    @extend_schema(
+        operation_id="egress_allowlist_list",
+        responses=EgressAllowOut(many=True),
+        description="What the organisation's outside calls (every effect step, its email "
+        "server and Slack base URL included) may reach beyond public addresses, newest first.",
+    )
+    def get(self, request: Request) -> Response:
+        return self.list_page()
+
+    @extend_schema(
+        operation_id="egress_allowlist_create",
+        request=EgressAllowIn,
+        responses={201: EgressAllowOut, 400: ErrorOut, 409: ErrorOut},
+        description="Allowlist a host, suffix, address or network. It must lie within what the "
+        "operator lets organisations open (`WAYMARK_EGRESS_ALLOWABLE`, nothing by default): "
+        "otherwise 400 `egress_not_allowable`, as for cloud metadata and link-local addresses "
+        "(`169.254.0.0/16`, `fe80::/10`, `fd00:ec2::254`, `100.100.100.200`), which never "
+        "open. The same entry again is 409 `already_exists` with the `id` that holds it.",
+    )
+    def post(self, request: Request) -> Response:
+        data = EgressAllowIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        row = allow_add(_org(request), data.validated_data["entry"], data.validated_data["note"])
+        return Response(EgressAllowOut(row).data, status=status.HTTP_201_CREATED)
+
+
+class EgressAllowDetailView(APIView):
+    @extend_schema(
+        operation_id="egress_allowlist_read", responses={200: EgressAllowOut, 404: ErrorOut}
+    )
+    def get(self, request: Request, entry_id: int) -> Response:
+        return Response(EgressAllowOut(allow_get(_org(request), entry_id)).data)
+
+    @extend_schema(
+        operation_id="egress_allowlist_delete",
+        responses={204: None, 404: ErrorOut},
+        description="Remove the entry: the next call to it is refused again.",
+    )
+    def delete(self, request: Request, entry_id: int) -> Response:
+        allow_get(_org(request), entry_id).delete()
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -8,8 +8,10 @@ class EffectsConfig(AppConfig):
     def ready(self) -> None:
         from workflows.plugins import register_sweep_task
 
+        from .egress import tenant_ceiling
         from .resolve import reconcile_budgets
         from .steptypes import register_step_types
 
+        tenant_ceiling()  # a bad WAYMARK_EGRESS_ALLOWABLE stops the process now, naming it
         register_step_types()
         register_sweep_task("effects.reconcile_budgets", reconcile_budgets)

@@ -6,6 +6,12 @@ credentials. Every TCP connection the step's client makes (the first request and
 redirect hop) therefore resolves the host here, refuses when any resolved address is not
 public (unless the organisation's allowlist permits it), and then connects to the vetted
 address itself, so a second DNS answer can never replace the one that was checked.
+
+What an organisation may allowlist has a ceiling the operator sets
+(``WAYMARK_EGRESS_ALLOWABLE``, ``tenant_ceiling``): an entry outside it is refused when saved
+(``allowable_entry``) and ignored when used (``Allowlist.for_tenant``), so a row saved before
+the ceiling was lowered opens nothing. Cloud metadata and link-local addresses
+(``NEVER_OPENABLE``) are refused whatever any allowlist or setting says.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from typing import TypeAlias
 
 import httpcore
 import httpx
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 IPAddress: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -34,6 +42,14 @@ METADATA_REASON = "link-local/metadata address"
 # in the carrier-grade NAT block).
 _METADATA = frozenset(
     ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")
+)
+
+# What no organisation may ever reach, whatever its allowlist and whatever the operator's
+# ceiling: the metadata endpoints hand out the host's cloud credentials, and the link-local
+# ranges hold them (and nothing a tenant has a reason to call).
+NEVER_OPENABLE: tuple[IPNetwork, ...] = tuple(
+    ipaddress.ip_network(net)
+    for net in ("169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32")
 )
 
 # Checked in order; the first match names the reason. Explicit rather than relying on
@@ -84,14 +100,14 @@ class EgressRefused(Exception):
 
     code = "egress_refused"
 
-    def __init__(self, host: str, address: str, reason: str) -> None:
+    def __init__(self, host: str, address: str, reason: str, *, never: bool = False) -> None:
         self.host = host
         self.address = address
         self.reason = reason
-        super().__init__(
-            f"refused {address} for host {host!r}: {reason} "
-            "(allowlist it for this organisation to permit)"
+        remedy = (
+            "no allowlist can open it" if never else "allowlist it for this organisation to permit"
         )
+        super().__init__(f"refused {address} for host {host!r}: {reason} ({remedy})")
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,132 @@ class Allowlist:
     def permits_address(self, address: IPAddress) -> bool:
         # Membership across families is simply False, so mixed lists need no filtering.
         return any(address in network for network in self.networks)
+
+    def covers(self, entry: str | IPNetwork) -> bool:
+        """Whether a parsed entry lies wholly inside this list (used as a ceiling): a name
+        or ".suffix" under one of its names or suffixes, a network inside one of its own."""
+        if isinstance(entry, str):
+            # ".corp.example" ends with the ceiling's ".example"; "db.corp" is listed.
+            return self.permits_host(entry)
+        return any(
+            entry.version == network.version and entry.subnet_of(network)  # type: ignore[arg-type]
+            for network in self.networks
+        )
+
+    def within(self, ceiling: Allowlist) -> Allowlist:
+        """The entries the ceiling covers and no never-openable address overlaps: what the
+        organisation's rows may open now, however long ago they were saved."""
+        return Allowlist(
+            hosts=frozenset(host for host in self.hosts if ceiling.covers(host)),
+            networks=tuple(
+                network
+                for network in self.networks
+                if ceiling.covers(network) and never_openable_overlap(network) is None
+            ),
+        )
+
+    @classmethod
+    def for_tenant(cls, entries: Iterable[str]) -> Allowlist:
+        """An organisation's stored entries as they may be used now: each must still parse
+        and lie within the operator's ceiling (``tenant_ceiling``); the others open nothing."""
+        kept: list[str] = []
+        for entry in entries:
+            try:
+                _parse_entry(entry)
+            except ValueError:
+                continue  # saved under older rules: refusing it is the safe reading
+            kept.append(entry)
+        return cls.parse(kept).within(tenant_ceiling())
+
+
+CEILING_SETTING = "WAYMARK_EGRESS_ALLOWABLE"
+
+
+def tenant_ceiling() -> Allowlist:
+    """What organisations may allowlist, from ``settings.EFFECTS["EGRESS_ALLOWABLE"]``
+    (read at each use, so a lowered ceiling closes old entries at once)."""
+    entries = settings.EFFECTS.get("EGRESS_ALLOWABLE", [])
+    try:
+        return Allowlist.parse(entries)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{CEILING_SETTING}: {exc}") from None
+
+
+class NotAllowable(ValueError):
+    """An entry an organisation may not allowlist (stable code for the API and admin)."""
+
+    code = "egress_not_allowable"
+
+
+def allowable_entry(raw: str, ceiling: Allowlist | None = None) -> str:
+    """The entry as it is stored (lowercased; an address as its network), once it parses
+    (ValueError otherwise) and an organisation may allowlist it (NotAllowable otherwise)."""
+    parsed = _parse_entry(raw)
+    if not isinstance(parsed, str):
+        overlap = never_openable_overlap(parsed)
+        if overlap is not None:
+            raise NotAllowable(
+                f"{raw.strip()!r} reaches {overlap}, a cloud metadata or link-local range: no "
+                "organisation may allowlist it, whatever the settings"
+            )
+    if not (tenant_ceiling() if ceiling is None else ceiling).covers(parsed):
+        raise NotAllowable(
+            f"{raw.strip()!r} is outside what the operator lets organisations allowlist "
+            f"({CEILING_SETTING}); ask the operator to open it"
+        )
+    return str(parsed)
+
+
+def normalized_entry(raw: str) -> str:
+    """An entry's stored form: lowercased, no trailing dot, an address as its network
+    ("127.0.0.1" is "127.0.0.1/32"); ValueError when it is no entry."""
+    return str(_parse_entry(raw))
+
+
+def in_force(entry: str, ceiling: Allowlist | None = None) -> bool:
+    """Whether a stored entry opens anything now (it may predate the current ceiling)."""
+    try:
+        parsed = Allowlist.parse([entry])
+    except ValueError:
+        return False
+    kept = parsed.within(tenant_ceiling() if ceiling is None else ceiling)
+    return bool(kept.hosts or kept.networks)
+
+
+def never_openable(address: IPAddress) -> bool:
+    """Whether ``address`` (or the IPv4 address a wrapped IPv6 form reaches) is one that no
+    allowlist may open."""
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = _embedded_ipv4(address)
+        if embedded is not None and never_openable(embedded[1]):
+            return True
+    return any(address in network for network in NEVER_OPENABLE)
+
+
+def never_openable_overlap(network: IPNetwork) -> IPNetwork | None:
+    """The never-openable range an allowlist network would reach, if any: directly, or
+    through an IPv6 form that wraps an IPv4 address (mapped, 6to4, NAT64)."""
+    for closed in NEVER_OPENABLE:
+        for form in (closed, *_wrapped_forms(closed)):
+            if form.version == network.version and form.overlaps(network):
+                return closed
+    return None
+
+
+def _wrapped_forms(network: IPNetwork) -> tuple[ipaddress.IPv6Network, ...]:
+    """The IPv6 networks whose addresses connect to ``network``'s IPv4 addresses (the forms
+    ``_embedded_ipv4`` unwraps); none for an IPv6 network."""
+    if not isinstance(network, ipaddress.IPv4Network):
+        return ()
+    v4, bits = int(network.network_address), network.prefixlen
+    mapped = int(ipaddress.IPv6Address("::ffff:0:0")) | v4
+    sixtofour = (0x2002 << 112) | (v4 << 80)
+    nat64 = int(_NAT64.network_address) | v4
+    return (
+        ipaddress.IPv6Network((mapped, 96 + bits)),
+        ipaddress.IPv6Network((sixtofour, 16 + bits)),
+        ipaddress.IPv6Network((nat64, 96 + bits)),
+    )
 
 
 def _parse_entry(raw: str) -> str | IPNetwork:
@@ -288,12 +430,15 @@ def vet_host(host: str, port: int, allow: Allowlist) -> list[str]:
     addresses = _resolve(host, port)
     # Refuse if ANY answer is refused: otherwise a name answering with one public and one
     # private address would reach the private one whenever it came first.
-    if allow.permits_host(host):
-        return addresses
+    host_allowed = allow.permits_host(host)
     for text in addresses:
         address = ipaddress.ip_address(text)
         reason = refusal_reason(address)
-        if reason is not None and not allow.permits_address(address):
+        if reason is None:
+            continue
+        if never_openable(address):  # an allowlisted name answering 169.254.169.254 too
+            raise EgressRefused(host, text, reason, never=True)
+        if not (host_allowed or allow.permits_address(address)):
             raise EgressRefused(host, text, reason)
     return addresses
 

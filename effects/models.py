@@ -39,6 +39,10 @@ class Connection(models.Model):
     broken_reason = models.CharField(max_length=500, blank=True, default="")
     broken_at = models.DateTimeField(null=True, blank=True)
     checked_at = models.DateTimeField(null=True, blank=True)  # the last health probe
+    # The check in flight (effects/checks.py): its holder's token and lease. A holder that
+    # died leaves a lease that simply lapses; no transaction is held while it probes.
+    check_token = models.CharField(max_length=32, blank=True, default="", editable=False)
+    check_until = models.DateTimeField(null=True, blank=True, editable=False)
     # At most this many calls in flight at once, for all of the organisation's runs.
     max_concurrency = models.PositiveIntegerField(default=4)
     timeout_seconds = models.FloatField(default=30.0)
@@ -174,14 +178,18 @@ class ModelBudget(models.Model):
 
 
 class EgressAllow(models.Model):
-    """An internal host or network an organisation's ``http`` steps may reach (by default
-    private, loopback, link-local and metadata addresses are refused)."""
+    """An internal host or network an organisation's outside calls (``http``, ``model`` and
+    ``crm_upsert`` steps, its email server, its Slack base URL) may reach: by default private,
+    loopback, link-local and metadata addresses are refused. An entry must lie within the
+    operator's ceiling (``WAYMARK_EGRESS_ALLOWABLE``) when saved and when used
+    (``effects/egress.py``); metadata and link-local addresses never open."""
 
     org = models.ForeignKey(
         "workflows.Organisation", on_delete=models.CASCADE, related_name="egress_allowed"
     )
     entry = models.CharField(max_length=255)  # a host name, ".suffix", an address or a CIDR
     note = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
         constraints = [

@@ -22,7 +22,6 @@ from workflows.engine.walk import lock_run
 
 from . import sql
 from .models import Connection
-from .providers.base import AuthFailed, CallError
 from .states import ConnectionStatus, EffectState, sources
 
 
@@ -126,33 +125,6 @@ def repair_connection(conn: Connection, *, by: str) -> int:
         payload = {"connection": conn.name, "repaired_by": by}
         return wake_parked(cursor, conn.org_id, f"connection:{conn.pk}", payload,
                             "connection_repaired", by)  # fmt: skip
-
-
-def probe_connection(conn: Connection, *, by: str) -> str:
-    """Check the connection's credentials at its provider now: "ok" (repaired if it was
-    broken), "broken" (marked so, with the reason), or the failure that left it as it was."""
-    from .perform import PROVIDERS, load_connection
-
-    provider = PROVIDERS.get(conn.provider)
-    if provider is None:
-        return f"unknown provider {conn.provider!r}"
-    info = load_connection(conn.org_id, conn.name, provider)
-    assert info is not None
-    try:
-        provider.probe(info)
-    except AuthFailed as exc:
-        Connection.objects.filter(pk=conn.pk).update(
-            status=ConnectionStatus.BROKEN, broken_reason=f"reconnect {conn.name}: {exc}"[:500],
-            broken_at=timezone.now(), checked_at=timezone.now(),
-        )  # fmt: skip
-        return "broken"
-    except CallError as exc:
-        Connection.objects.filter(pk=conn.pk).update(checked_at=timezone.now())
-        return f"failed: {exc}"
-    Connection.objects.filter(pk=conn.pk).update(checked_at=timezone.now())
-    if conn.status == ConnectionStatus.BROKEN:
-        repair_connection(conn, by=by)
-    return "ok"
 
 
 def budget_raised(org_id: int, *, by: str) -> int:

@@ -265,3 +265,36 @@ UPDATE effects_modelbudget b
  WHERE b.reserved <> coalesce((SELECT sum(e.reserved_cost) FROM effects_effect e
                                 WHERE e.org_id = b.org_id AND e.reserved_cost > 0), 0)
 """
+
+# --- connection checks (effects/checks.py) -----------------------------------------------
+# A check's lease on its connection, taken in a short transaction of its own and never held
+# across the probe. The organisation's checks are counted under a transaction-scoped
+# advisory lock (one key per organisation), taken by a statement of its own: the UPDATE's
+# snapshot then sees every lease committed before the lock was granted, so two checks
+# cannot both take the organisation's last slot.
+CHECK_ORG_LOCK = """
+SELECT pg_advisory_xact_lock(hashtextextended('waymark.connection_checks', %(org_id)s))
+"""
+
+CHECK_BEGIN = """
+UPDATE effects_connection c
+   SET check_token = %(token)s, check_until = now() + make_interval(secs => %(lease)s)
+ WHERE c.id = %(connection_id)s
+   AND (c.check_until IS NULL OR c.check_until <= now())
+   AND (SELECT count(*) FROM effects_connection o
+         WHERE o.org_id = c.org_id AND o.check_until > now()) < %(per_org)s
+RETURNING c.id
+"""
+
+# Why CHECK_BEGIN took nothing: this connection's own check is in flight (else the
+# organisation's slots are taken; no row: the connection is gone).
+CHECK_HELD = """
+SELECT check_until IS NOT NULL AND check_until > now() FROM effects_connection
+ WHERE id = %(connection_id)s
+"""
+
+# Only the holder's own lease: one that lapsed and was taken by another check stays.
+CHECK_END = """
+UPDATE effects_connection SET check_token = '', check_until = NULL
+ WHERE id = %(connection_id)s AND check_token = %(token)s
+"""

@@ -25,6 +25,8 @@ urlpatterns = [
     *route("connections/<str:name>/repair", api.ConnectionRepairView, "connection-repair"),
     *route("suppressions", api.SuppressionListView, "suppressions"),
     *route("suppressions/<int:suppression_id>", api.SuppressionDetailView, "suppression"),
+    *route("egress-allowlist", api.EgressAllowListView, "egress-allowlist"),
+    *route("egress-allowlist/<int:entry_id>", api.EgressAllowDetailView, "egress-allow"),
     *route("effects", api.EffectListView, "effects"),
     *route("effects/<int:effect_id>", api.EffectDetailView, "effect"),
     *route("effects/<int:effect_id>/resolve", api.EffectResolveView, "effect-resolve"),

@@ -1026,8 +1026,9 @@ def test_raising_a_budget_through_the_real_service(admin_client: Client, org: Or
     [("db.corp", True), ("10.0.0.0/8", True), ("https://db.corp", False), ("10.0.0.1/8", False)],
 )
 def test_egress_entries_are_validated(
-    admin_client: Client, org: Organisation, entry: str, accepted: bool
+    admin_client: Client, org: Organisation, entry: str, accepted: bool, settings
 ) -> None:
+    settings.EFFECTS = {**settings.EFFECTS, "EGRESS_ALLOWABLE": [".corp", "10.0.0.0/8"]}
     response = admin_client.post(
         f"{ADMIN}/egressallow/add/", {"org": str(org.pk), "entry": entry, "note": ""}
     )

@@ -223,7 +223,7 @@ def test_metadata_host_name_is_refused_with_a_clear_message(dns, connects):
     exc = _refused("http://metadata.internal/latest/meta-data/")
     assert str(exc) == (
         "refused 169.254.169.254 for host 'metadata.internal': link-local/metadata address "
-        "(allowlist it for this organisation to permit)"
+        "(no allowlist can open it)"
     )
     assert dns.asked == ["metadata.internal"]
     assert connects == []
@@ -497,49 +497,22 @@ def test_allowlist_parse_rejects_garbage(entry, message):
 # --- the whole call bounded -------------------------------------------------------------------
 
 
-class _Trickle:
-    """A host that answers one byte at a time, a byte every 0.1 s, for ``seconds``: each read
-    of the client gets something long before its read timeout, so only a bound on the whole
-    call ends it early."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
-        self.finished = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        conn, _ = self.server.accept()
-        with conn:
-            conn.recv(65536)
-            answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + b"X-Slow: " + b"." * 10_000
-            deadline = threading.Event()
-            threading.Timer(self.seconds, deadline.set).start()
-            try:
-                for byte in answer:
-                    if deadline.wait(0.1):
-                        break
-                    conn.sendall(bytes([byte]))
-                conn.sendall(b"\r\n\r\nok")
-            except OSError:
-                pass  # the client gave up: what the test wants
-            self.finished.set()
-
-    def close(self) -> None:
-        self.server.close()
-
-
 def test_a_host_that_trickles_its_answer_is_given_up_on_at_the_calls_timeout() -> None:
+    """A byte every 0.1 s: each read gets something long before its read timeout, so only a
+    bound on the whole call ends it early (the host hangs up after 30 s)."""
     from effects.providers.base import Ambiguous, ConnectionInfo
     from effects.providers.http import send
 
-    trickle = _Trickle(seconds=30)
+    from .stubs import Tarpit
+
     conn = ConnectionInfo(None, "", "http", "", {}, "", timeout_seconds=1.0,
                           allow=Allowlist.parse(["127.0.0.1/32"]))  # fmt: skip
-    try:
-        with pytest.raises(Ambiguous, match=r"no answer in time \(within 1 s\): it may have acted"):
-            send(conn, "GET", trickle.url + "/slow")
-        assert not trickle.finished.is_set()  # given up on long before the host was done
-    finally:
-        trickle.close()
+    with Tarpit(trickle=0.1) as trickle:
+        hang_up = threading.Timer(30, trickle.hang_up)
+        hang_up.start()
+        try:
+            with pytest.raises(Ambiguous, match=r"no answer in time \(within 1 s\)"):
+                send(conn, "GET", trickle.url + "/slow")
+            assert trickle.still_open() == 0  # the client gave up, long before the hang-up
+        finally:
+            hang_up.cancel()
