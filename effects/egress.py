@@ -360,8 +360,10 @@ class CallDeadline:
 
     def watch(self, stream: httpcore.NetworkStream) -> None:
         sock = stream.get_extra_info("socket")
-        if not isinstance(sock, socket.socket):
-            return
+        if isinstance(sock, socket.socket):
+            self.watch_socket(sock)
+
+    def watch_socket(self, sock: socket.socket) -> None:
         with self._lock:
             duplicate = socket.socket(fileno=os.dup(sock.fileno()))
             if self.passed:

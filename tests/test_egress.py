@@ -516,3 +516,25 @@ def test_a_host_that_trickles_its_answer_is_given_up_on_at_the_calls_timeout() -
             assert trickle.still_open() == 0  # the client gave up, long before the hang-up
         finally:
             hang_up.cancel()
+
+
+def test_a_mail_server_that_trickles_its_greeting_is_given_up_on_at_the_calls_timeout() -> None:
+    from effects.providers.base import Ambiguous, ConnectionInfo, Request
+    from effects.providers.email import EmailProvider
+
+    from .stubs.tarpit import SMTP_GREETING, Tarpit
+
+    with Tarpit(trickle=0.05, endless=SMTP_GREETING) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        options = {"host": "127.0.0.1", "port": port}
+        allow = Allowlist.parse(["127.0.0.1/32"])
+        conn = ConnectionInfo(None, "", "email", "", options, "", timeout_seconds=1.0, allow=allow)
+        request = Request(payload={"to": "a@example.com", "subject": "s", "body": "b"}, summary={})
+        hang_up = threading.Timer(30, server.hang_up)
+        hang_up.start()
+        try:
+            with pytest.raises(Ambiguous, match=r"no answer in time \(within 1 s\)"):
+                EmailProvider().call(request, "k", conn)
+            assert server.still_open() == 0  # given up on, long before the hang-up
+        finally:
+            hang_up.cancel()

@@ -40,7 +40,7 @@ from django.utils.module_loading import import_string
 from workflows.plugins import render
 
 from ..consent import NotOneAddress, canonical_email
-from ..egress import Allowlist, EgressRefused, vet_host
+from ..egress import Allowlist, CallDeadline, EgressRefused, vet_host
 from .base import (
     Ambiguous,
     Answer,
@@ -115,17 +115,24 @@ class VettedSMTP(smtplib.SMTP):
     name resolves to when smtplib connects (``_get_socket`` is smtplib's own extension
     point: SMTP_SSL and LMTP override it too)."""
 
-    def __init__(self, *args: Any, allow: Allowlist, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, allow: Allowlist, deadline: CallDeadline | None = None, **kwargs: Any
+    ) -> None:
         self._allow = allow  # before __init__, which connects
+        self._deadline = deadline
         super().__init__(*args, **kwargs)
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
         last: OSError | None = None
         for address in vetted_addresses(host, port, self._allow):
             try:
-                return socket.create_connection((address, port), timeout, self.source_address)
+                sock = socket.create_connection((address, port), timeout, self.source_address)
             except OSError as exc:  # refused or unreachable: the next vetted address
                 last = exc
+                continue
+            if self._deadline is not None:
+                self._deadline.watch_socket(sock)
+            return sock
         assert last is not None  # vet_host never returns an empty list
         raise last
 
@@ -134,21 +141,28 @@ class VettedSMTPSSL(smtplib.SMTP_SSL, VettedSMTP):
     """SMTP over TLS: SMTP_SSL's _get_socket wraps the socket VettedSMTP opened (its super()
     is VettedSMTP here), verifying the certificate for the host name."""
 
-    def __init__(self, *args: Any, allow: Allowlist, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, allow: Allowlist, deadline: CallDeadline | None = None, **kwargs: Any
+    ) -> None:
         self._allow = allow  # SMTP_SSL.__init__ calls SMTP.__init__ directly, not ours
+        self._deadline = deadline
         smtplib.SMTP_SSL.__init__(self, *args, **kwargs)
 
 
 class VettedSmtpBackend(SmtpBackend):
     """Django's SMTP backend, connecting only to vetted addresses."""
 
-    def __init__(self, *, allow: Allowlist, **kwargs: Any) -> None:
+    def __init__(
+        self, *, allow: Allowlist, deadline: CallDeadline | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.allow = allow
+        self.deadline = deadline
 
     @property
     def connection_class(self) -> Any:
-        return partial(VettedSMTPSSL if self.use_ssl else VettedSMTP, allow=self.allow)
+        vetted = VettedSMTPSSL if self.use_ssl else VettedSMTP
+        return partial(vetted, allow=self.allow, deadline=self.deadline)
 
 
 def check_header_text(name: str, value: str) -> None:
@@ -189,17 +203,25 @@ class EmailProvider(Provider):
         )  # fmt: skip
         with before_sending("the email"):
             _build(message)  # what the backend would refuse to send, before it connects
-        message.connection = self._backend(conn)
+        # The timeout bounds the whole conversation with the server, not each read.
+        timeout = conn.timeout_seconds if conn else 30.0
+        deadline = CallDeadline(timeout)
+        message.connection = self._backend(conn, deadline)
         try:
             message.send(fail_silently=False)
         except CallError:  # the egress guard refused the address, or it did not resolve
             raise
         except Exception as exc:
+            if deadline.passed:
+                said = f"no answer in time (within {timeout:g} s): it may have acted"
+                raise Ambiguous(said) from exc
             raise smtp_error(exc) from exc
+        finally:
+            deadline.close()
         result = {"message_id": msgid, "to": request.payload["to"]}
         return Answer(result=result, response=result)
 
-    def _backend(self, conn: ConnectionInfo | None) -> Any:
+    def _backend(self, conn: ConnectionInfo | None, deadline: CallDeadline | None = None) -> Any:
         options = conn.options if conn else {}
         host, port = str(options.get("host", "localhost")), int(options.get("port", 25))
         allow = conn.allow if conn else Allowlist()
@@ -212,7 +234,7 @@ class EmailProvider(Provider):
         }  # fmt: skip
         path = settings.EFFECTS["EMAIL_BACKEND"]
         if import_string(path) is SmtpBackend:
-            return VettedSmtpBackend(allow=allow, **kwargs)
+            return VettedSmtpBackend(allow=allow, deadline=deadline, **kwargs)
         # Another backend connects its own way: vet the host before it does (it may resolve
         # the name again; only Django's SMTP backend is made to connect to this answer).
         vetted_addresses(host, port, allow)

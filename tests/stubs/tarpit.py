@@ -3,8 +3,9 @@ sends a byte, nor closes one, until the test ends. A client with a long timeout 
 for all of it; a test waits for ``accepted`` to know a client has arrived, or for
 ``wait_held`` to know how many calls hang there at once.
 
-With ``trickle`` it answers instead, one byte of an endless HTTP header every ``trickle``
-seconds: a client whose timeouts are per read never times out, until ``hang_up()``."""
+With ``trickle`` it answers instead, one byte of an endless answer every ``trickle``
+seconds (an HTTP header by default; ``endless`` gives another protocol's head and line): a
+client whose timeouts are per read never times out, until ``hang_up()``."""
 
 from __future__ import annotations
 
@@ -18,11 +19,16 @@ from typing import Self
 # An answer that never ends: a status line, then header lines for ever.
 _ENDLESS_HEAD = b"HTTP/1.1 200 OK\r\n"
 _ENDLESS_LINE = b"X-Still-Coming: yes\r\n"
+# An SMTP greeting that never ends: continuation lines ("220-") for ever.
+SMTP_GREETING = (b"", b"220-still greeting\r\n")
 
 
 class Tarpit:
-    def __init__(self, *, trickle: float | None = None) -> None:
+    def __init__(
+        self, *, trickle: float | None = None, endless: tuple[bytes, bytes] | None = None
+    ) -> None:
         self._trickle = trickle
+        self._endless = endless or (_ENDLESS_HEAD, _ENDLESS_LINE)
         self._listener = socket.socket()
         self._listener.bind(("127.0.0.1", 0))
         self._listener.listen(128)
@@ -88,7 +94,7 @@ class Tarpit:
 
     def _drip(self, sock: socket.socket) -> None:
         assert self._trickle is not None
-        head, line = _ENDLESS_HEAD, _ENDLESS_LINE
+        head, line = self._endless
         sent = 0
         while not self._stopped.wait(self._trickle):
             data = head if sent < len(head) else line
