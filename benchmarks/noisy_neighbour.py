@@ -7,7 +7,8 @@ with two organisations: *flood*, whose http steps call a local host that accepts
 and never answers (its connection set to the most a tenant may: 64 calls in flight, a 120 s
 timeout), and *quiet*, whose one-step runs call a local provider stub that answers at once.
 First the quiet organisation's runs alone (the baseline), then the same while the flood's
-``--flood`` runs hang. Prints, for both phases: the quiet runs' latency (start to finished,
+``--flood`` runs hang and ``--checks`` clients check the flood's connection over and over.
+Prints, for both phases: the quiet runs' latency (start to finished,
 through the API), the web's p50/p99 (`/livez` and an API list, polled throughout), and the
 most io slots each organisation held at once (from the steps running). Asserts nothing.
 """
@@ -24,7 +25,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from common import ROOT, empty_run_tables, setup
@@ -170,6 +172,29 @@ def quiet_runs(api: Api, provider: str, runs: int, tag: str) -> tuple[list[float
     return latencies, outcomes
 
 
+@contextmanager
+def checking(api: Api, clients: int) -> Iterator[Counter[str]]:
+    """``clients`` threads checking the flood's connection to the silent host over and over
+    (`POST /api/v1/connections/slow/check`) until the block ends: what they were answered."""
+    answers: Counter[str] = Counter()
+    stop = threading.Event()
+
+    def check() -> None:
+        while not stop.is_set():
+            status, body = api.call("POST", "/api/v1/connections/slow/check")
+            answers[f"{status} {body.get('code') or body.get('result', '')[:20]}"] += 1
+
+    threads = [threading.Thread(target=check, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield answers
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
 def report(phase: str, latencies: list[float], outcomes: Counter[str], watch: Watch) -> None:
     web = sorted(watch.web)
     p99 = web[min(len(web) - 1, int(len(web) * 0.99))] if web else float("nan")
@@ -184,6 +209,7 @@ def main() -> None:
     parser.add_argument("--flood", type=int, default=40)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--port", type=int, default=8791)
+    parser.add_argument("--checks", type=int, default=16, help="concurrent connection checks")
     args = parser.parse_args()
     empty_run_tables()  # an earlier pass's runs would call a silent host that is gone
     engine = subprocess.Popen(  # noqa: S603
@@ -208,9 +234,12 @@ def main() -> None:
                 start(flood, {"url": tarpit.url, "n": n}, f"{tag}-f{n}")
             held = tarpit.wait_held(args.flood, timeout=30)  # all, or as many as it may hold
             print(f"flood: {args.flood} runs started; {held} calls hanging at the silent host")
-            with Watch(args.port, quiet) as watch:
+            with Watch(args.port, quiet) as watch, checking(flood, args.checks) as checks:
                 latencies, outcomes = quiet_runs(quiet, provider.url, args.runs, f"{tag}-b")
             report("beside the flood", latencies, outcomes, watch)
+            if args.checks:
+                print(f"the flood's connection checks of the silent host, {args.checks} at a"
+                      f" time: answers {dict(checks)}")  # fmt: skip
     finally:
         engine.terminate()
         engine.wait(timeout=60)
