@@ -98,7 +98,8 @@ def admit_pending_signal(org: Organisation) -> None:
     pending, or PendingSignalsQuota (429), which rolls the signal back."""
     limit = quota(org, "pending_signals")
     if limit:
-        _admit(org, PENDING_SIGNALS, limit, 0, sql.PENDING_SIGNALS_UP_TO, PendingSignalsQuota)
+        _admit(org, PENDING_SIGNALS, limit, 0, sql.PENDING_SIGNALS_UP_TO, PendingSignalsQuota,
+               itself=1)  # fmt: skip
 
 
 def remember_count(org: Organisation, refused: Exception) -> None:
@@ -126,10 +127,12 @@ def _admit(
     rate: int,
     count_sql: str,
     refusal: type[QuotaExceeded],
+    itself: int = 0,
 ) -> None:
     """One statement when the bound is below the quota (nearly always); else the row is
     locked, the things counted (no further than the quota) if the last count is not recent,
-    and the admission made or refused."""
+    and the admission made or refused. ``itself``: 1 when the admitted thing is written
+    already (a signal), so the count sees it."""
     assert connection.in_atomic_block, "an admission goes with what it admits"
     now = clock()
     params: dict[str, Any] = {"org": org.pk, "kind": kind, "limit": limit, "rate": rate,
@@ -148,10 +151,11 @@ def _admit(
         if limit and (row["bound"] is None or row["bound"] >= limit):
             if row["bound"] is not None and row["fresh"]:
                 raise refusal(limit=limit, what=kind)
-            cursor.execute(count_sql, {"org": org.pk, "limit": limit})
-            (count,) = cursor.fetchone()
+            cursor.execute(count_sql, {"org": org.pk, "limit": limit + itself})
+            (counted,) = cursor.fetchone()
+            count = int(counted) - itself  # the others
             if count >= limit:
-                raise refusal(limit=limit, what=kind, kind=kind, counted=int(count))
-            cursor.execute(sql.QUOTA_USAGE_COUNTED, {**params, "count": int(count)})
+                raise refusal(limit=limit, what=kind, kind=kind, counted=count)
+            cursor.execute(sql.QUOTA_USAGE_COUNTED, {**params, "count": count})
         cursor.execute(sql.QUOTA_ADMIT, params)
         assert cursor.fetchone() is not None, "admitted under the row's lock"
