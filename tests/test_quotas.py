@@ -137,7 +137,7 @@ def test_signal_with_start_is_refused_past_the_running_runs_quota(org) -> None:
 def test_signal_with_start_counts_against_the_starts_per_minute_quota(org) -> None:
     automation_publish_definition(org=org, slug="io", definition=IO_DEFINITION)
     org = limited(org, starts_per_minute=3)
-    outcomes = []
+    outcomes: list[bool | str] = []
     for n in range(5):
         begin = {"automation": "io", "start_key": f"order-{n}", "input": {}}
         try:
