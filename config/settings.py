@@ -441,6 +441,13 @@ WAYMARK = {
     "QUOTA_AUTOMATIONS": env.int("WAYMARK_QUOTA_AUTOMATIONS", default=200),
     "QUOTA_VERSIONS": env.int("WAYMARK_QUOTA_VERSIONS", default=1_000),
     "QUOTA_RUNNING_RUNS": env.int("WAYMARK_QUOTA_RUNNING_RUNS", default=100_000),
+    # Starts per minute, by every path (API, signal-with-start, schedules, commands): 429
+    # quota_exceeded. The API's own throttle (REST_FRAMEWORK above) reads the same variable.
+    "QUOTA_STARTS_PER_MINUTE": env.int("WAYMARK_QUOTA_STARTS_PER_MINUTE", default=6000),
+    # Schedules (409 quota_exceeded when one more is created) and signals kept pending, that
+    # no step waits for yet (429 quota_exceeded for one more that matches no waiting step).
+    "QUOTA_SCHEDULES": env.int("WAYMARK_QUOTA_SCHEDULES", default=1_000),
+    "QUOTA_PENDING_SIGNALS": env.int("WAYMARK_QUOTA_PENDING_SIGNALS", default=10_000),
     # How long a stopping worker lets running steps finish before releasing them.
     "SHUTDOWN_GRACE_SECONDS": env.float("WAYMARK_SHUTDOWN_GRACE_SECONDS", default=10.0),
 }

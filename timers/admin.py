@@ -11,14 +11,16 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.http import HttpRequest
 
 from workflows.admin.fields import SafeJSONField
 from workflows.admin.scoping import OrgScopedMixin, OrgScopedRelatedFilter
+from workflows.errors import QuotaExceeded
 
 from .api import SCHEDULE_NAME
 from .models import Schedule
-from .schedules import first_occurrence
+from .schedules import check_schedule_quota, first_occurrence
 
 SWEPT = ["next_at", "last_started_at", "last_run_id", "last_error", "last_error_at",
          "created_at", "updated_at"]  # fmt: skip
@@ -52,7 +54,19 @@ class ScheduleForm(forms.ModelForm):
         automation = cleaned.get("automation")
         if org is not None and automation is not None and automation.org_id != org.pk:
             self.add_error("automation", "Choose an automation of the schedule's organisation.")
+        if org is not None and self.instance.pk is None:
+            self._check_quota(org)
         return cleaned
+
+    def _check_quota(self, org: Any) -> None:
+        """A new schedule within the organisation's quota. The admin saves in the transaction
+        it validated in (ModelAdmin.changeform_view), so the organisation's row stays locked
+        until this one is saved: two racing creations cannot both take the last one."""
+        try:
+            with transaction.atomic():
+                check_schedule_quota(org)
+        except QuotaExceeded as exc:
+            raise ValidationError(f"{exc.detail} ({exc.code})", code=exc.code) from exc
 
 
 @admin.register(Schedule)

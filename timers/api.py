@@ -31,7 +31,7 @@ from workflows.models import Automation, Organisation
 
 from .calendar import zone_named
 from .models import CatchUp, Schedule
-from .schedules import cron_problem, first_occurrence, input_problem
+from .schedules import check_schedule_quota, cron_problem, first_occurrence, input_problem
 
 # A schedule's name: it is in the URL (``/schedules/{name}``).
 SCHEDULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
@@ -199,7 +199,8 @@ class ScheduleListView(ListEndpoint):
         "`cron` in `timezone` starts a run of `automation` with `input`, once (start key "
         "`schedule:<id>:<instant>`). A bad cron, an unknown zone, a cron that never fires or "
         "an input that is not an object is 400 `invalid_input` naming the field; a name "
-        "already taken is 409 `already_exists`.",
+        "already taken is 409 `already_exists`; past the organisation's quota of schedules, "
+        "409 `quota_exceeded`.",
     )
     def post(self, request: Request) -> Response:
         org = _org(request)
@@ -210,6 +211,7 @@ class ScheduleListView(ListEndpoint):
         schedule.next_at = first_occurrence(schedule.cron, schedule.timezone)
         try:
             with transaction.atomic():
+                check_schedule_quota(org)
                 schedule.save()
         except IntegrityError as exc:
             raise AlreadyExists(what=f'A schedule "{schedule.name}"', name=schedule.name) from exc

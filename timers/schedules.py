@@ -26,10 +26,16 @@ occurrences again with the same keys, which return the runs already started.
 
 Then ``next_at`` is the first occurrence after now (``all``: after the last one started).
 
-**Refusals.** A start refused while the organisation has too many runs running (429) is
-tried again, with the same key, ``RETRY_SECONDS`` later; one refused for good (the
-automation has no published version, the input is refused, …) is skipped. Both are logged
-and recorded on the schedule (``last_error``), and neither stops the other schedules.
+**Refusals.** A start refused for now by the organisation's start quotas (too many runs
+running, or its starts of this minute used up: 429) starts nothing and is tried again, with
+the same key, after the refusal's Retry-After (``RETRY_SECONDS`` for running runs, the rest
+of the minute for starts), not at every tick; one refused for good (the automation has no
+published version, the input is refused, …) is skipped. Both are logged and recorded on the
+schedule (``last_error``), and neither stops the other schedules.
+
+**Quota.** An organisation has at most ``quota_schedules`` schedules (WAYMARK_QUOTA_SCHEDULES,
+0: no limit), checked by every path that creates one (the API, the admin) under the
+organisation's row lock (``check_schedule_quota``).
 """
 
 from __future__ import annotations
@@ -50,7 +56,15 @@ from django.db.models.functions import Now
 from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
 from workflows.engine.faults import crash_point
 from workflows.engine.transient import is_transient, lost_connection
-from workflows.errors import RunningRunsQuota, StartKeyConflict, WaymarkError
+from workflows.errors import (
+    QuotaExceeded,
+    RunningRunsQuota,
+    StartKeyConflict,
+    StartQuota,
+    WaymarkError,
+)
+from workflows.models import Organisation
+from workflows.services import quotas
 from workflows.services.runs import check_input, run_start
 
 from .calendar import resolve_local, zone_named
@@ -62,6 +76,7 @@ __all__ = [
     "CATCH_UP_MAX",
     "MISSED_AFTER",
     "Plan",
+    "check_schedule_quota",
     "cron_problem",
     "fire_due_schedules",
     "first_occurrence",
@@ -81,7 +96,8 @@ BATCH: Final = 100
 STARTS_PER_CALL: Final = 500
 #: How long a claim holds a schedule: a sweeper that died mid-way is replaced after this.
 CLAIM_SECONDS: Final = 60.0
-#: A start refused for a while (the running-runs quota) is tried again after this.
+#: A start refused for a while (the running-runs quota) is tried again after this; one
+#: refused by the starts-per-minute quota, once the minute is over.
 RETRY_SECONDS: Final = float(RunningRunsQuota.retry_after_seconds)
 #: A schedule must fire within this many years of being written, or it never fires.
 NEVER_FIRES_YEARS: Final = 5
@@ -176,6 +192,16 @@ def schedule_problems(*, cron: Any, timezone: Any, run_input: Any) -> dict[str, 
     if (problem := input_problem(run_input)) is not None:
         problems["input"] = problem
     return problems
+
+
+def check_schedule_quota(org: Organisation) -> None:
+    """In the transaction that creates a schedule: the organisation's row locked (two racing
+    creations cannot both take the last one), its schedules counted; QuotaExceeded (409) at
+    its quota."""
+    quotas.lock_organisation(org)
+    limit = quotas.quota(org, "schedules")
+    if limit and Schedule.objects.filter(org=org).count() >= limit:
+        raise QuotaExceeded(limit=limit, what="schedules")
 
 
 # --- occurrences --------------------------------------------------------------------------------
@@ -316,7 +342,7 @@ class _Outcome:
     last_run_id: int | None = None
     error: str = ""
     next_at: datetime | None = None  # None: as planned
-    retry: bool = False  # refused for a while: claim again after RETRY_SECONDS
+    retry: float = 0.0  # refused for a while: claimed again after this many seconds
     notes: list[str] = field(default_factory=list)
 
 
@@ -399,9 +425,9 @@ def _start(schedule: Schedule, at: datetime, outcome: _Outcome) -> bool:
         # was changed: it is started.
         outcome.last_started_at, outcome.last_run_id = at, exc.extra["run_id"]
         return True
-    except RunningRunsQuota as exc:
+    except StartQuota as exc:  # a quota that frees up with time: nothing started
         _refused(outcome, at, exc)
-        outcome.retry = True
+        outcome.retry = max(1.0, float(exc.retry_after_seconds))
         return False
     except WaymarkError as exc:  # refused for good: skipped
         _refused(outcome, at, exc)
@@ -426,7 +452,7 @@ def _advance(schedule: Schedule, plan: Plan, outcome: _Outcome) -> None:
     planned = outcome.next_at or plan.next_at
     changes: dict[str, Any] = {
         "next_at": Case(When(next_at=schedule.next_at, then=Value(planned)), default=F("next_at")),
-        "claimed_until": _from_now(RETRY_SECONDS) if outcome.retry else None,
+        "claimed_until": _from_now(outcome.retry) if outcome.retry else None,
         "updated_at": Now(),
     }
     if outcome.last_started_at is not None:

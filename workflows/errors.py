@@ -183,14 +183,47 @@ class QuotaExceeded(Conflict):
     default_detail = "The organisation's quota of {limit} {what} is reached."
 
 
-class RunningRunsQuota(QuotaExceeded):
-    """Too many runs still running: refused for now, accepted again as runs finish."""
+class StartQuota(QuotaExceeded):
+    """A start refused for now by a quota that frees up with time (running runs, starts per
+    minute): 429 with Retry-After; a schedule tries the occurrence again after that."""
 
     status = 429
     retry_after_seconds = 30
+
+    def __init__(self, detail: str | None = None, **extra: Any) -> None:
+        super().__init__(detail, **extra)
+        if "retry_after" in extra:
+            self.retry_after_seconds = int(extra["retry_after"])
+
+
+class RunningRunsQuota(StartQuota):
+    """Too many runs still running: refused for now, accepted again as runs finish."""
+
     default_detail = (
         "The organisation already has {limit} running runs, its quota; try again once some "
         "have finished."
+    )
+
+
+class StartsPerMinuteQuota(StartQuota):
+    """Starts of this minute used up, by any path (API, signal-with-start, schedules)."""
+
+    default_detail = (
+        "The organisation has started {limit} runs this minute, its quota; try again in "
+        "{retry_after} s."
+    )
+
+
+class PendingSignalsQuota(QuotaExceeded):
+    """Signals that no step waits for yet, kept until one does: past the quota a new one
+    that matches no waiting step is refused (one that wakes a step is always taken)."""
+
+    code = "quota_exceeded"
+    status = 429
+    retry_after_seconds = 30
+    default_detail = (
+        "The organisation already has {limit} signals that no step waits for, its quota; this "
+        "signal matches no waiting step and was not stored."
     )
 
 

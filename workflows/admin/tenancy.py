@@ -14,6 +14,7 @@ from .scoping import OrgScopedMixin, OrgScopedRelatedFilter
 
 QUOTA_FIELDS = [
     "quota_automations", "quota_versions", "quota_running_runs", "quota_starts_per_minute",
+    "quota_schedules", "quota_pending_signals",
 ]  # fmt: skip
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,9 +61,12 @@ def deliver(
     run_id: int | None = None,
     source: str = "api",
     also: Sequence[str] = (),
+    admit_pending: Callable[[], None] | None = None,
 ) -> Delivered:
     """Store the signal (once per identity) and wake a step waiting for it, if any. ``also``:
     more correlation keys it answers (a step waiting on any of them takes it).
+    ``admit_pending``: called in the signal's transaction when no step took it, before it is
+    kept pending; what it raises rolls the signal back (the pending-signals quota).
 
     A signal identified by its content (no ``identity`` given) is a duplicate only while the
     first is pending or recent (``SIGNAL_DEDUP_SECONDS``): the same content a week later is
@@ -84,7 +87,10 @@ def deliver(
         if isinstance(stored, Delivered):
             return stored
         signal = {**params, "id": stored, "payload": payload}
-        return Delivered(stored, False, _wake_a_waiter_now(signal))
+        taker = _wake_a_waiter_now(signal)
+        if not taker and admit_pending is not None:
+            admit_pending()
+        return Delivered(stored, False, taker)
 
 
 def _store_once(cursor: Any, params: dict[str, Any], derived: bool) -> int | Delivered:

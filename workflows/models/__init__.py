@@ -1,7 +1,7 @@
 from .automations import Automation, AutomationVersion
 from .runs import IdleWorker, Outbox, Run, RunEvent, Step
 from .signals import Signal
-from .tenancy import ApiKey, Membership, Organisation
+from .tenancy import ApiKey, Membership, Organisation, QuotaUsage
 
 __all__ = [
     "ApiKey",
@@ -11,6 +11,7 @@ __all__ = [
     "Membership",
     "Organisation",
     "Outbox",
+    "QuotaUsage",
     "Run",
     "RunEvent",
     "Signal",

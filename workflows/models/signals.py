@@ -53,6 +53,16 @@ class Signal(models.Model):
                 name="signal_pending_age",
                 condition=models.Q(consumed_at__isnull=True, dropped_at__isnull=True),
             ),
+            # Pending signals for one run (signal-with-start): the sweep's late matching
+            # probes it per waiting step. (Those matched by correlation: the GIN index
+            # signal_pending_keys, migration 0020, over sql/functions.SIGNAL_KEYS_V1.)
+            models.Index(
+                fields=["run", "id"],
+                name="signal_pending_run",
+                condition=models.Q(
+                    consumed_at__isnull=True, dropped_at__isnull=True, run__isnull=False
+                ),
+            ),
         ]
 
     def __str__(self) -> str:

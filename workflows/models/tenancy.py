@@ -26,12 +26,45 @@ class Organisation(models.Model):
     quota_versions = models.PositiveIntegerField(null=True, blank=True)
     quota_running_runs = models.PositiveIntegerField(null=True, blank=True)
     quota_starts_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    quota_schedules = models.PositiveIntegerField(null=True, blank=True)
+    quota_pending_signals = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["slug"]
 
     def __str__(self) -> str:
         return self.slug
+
+
+class QuotaUsage(models.Model):
+    """What an organisation holds of one quota, as the admissions see it (services/quotas.py):
+    every admission (a run's start, a signal kept pending) locks this row in its own
+    transaction, so two cannot both take the last unit.
+
+    ``bound`` is not below the true count: each admission adds one, nothing that ends (a
+    run finishing, a signal consumed) takes one off (a run an operator resumes or retries is
+    not a start: it is in the next count). When it reaches the quota the things themselves
+    are counted again (no further than the quota) under the same lock, so the count is
+    exact; NULL: not counted yet. ``window``/``window_count``: the starts of the
+    current minute (kind "starts")."""
+
+    # (org, kind) is unique: that index serves every lookup.
+    org = models.ForeignKey(
+        Organisation, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    kind = models.CharField(max_length=20)  # "starts", "pending_signals"
+    bound = models.PositiveIntegerField(null=True)
+    counted_at = models.DateTimeField(null=True)
+    window = models.BigIntegerField(default=0)  # minutes since the epoch
+    window_count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org", "kind"], name="quota_usage_org_kind"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.org_id} {self.kind}: {self.bound}"
 
 
 class Membership(models.Model):

@@ -1,29 +1,48 @@
 """Per-organisation quotas: how much one organisation may hold, so one tenant cannot take the
 service from the others. Defaults in settings (WAYMARK_QUOTA_*), an organisation's own
-``quota_*`` fields override them, and 0 means no limit. Starts per minute are a rate limit on
-the API (api/throttles.py); the counts are checked here, in the services, so the API, the admin
-and the commands all meet them.
+``quota_*`` fields override them, and 0 means no limit. They are checked here, in the
+services, where the thing is made, so every path (the API, signal-with-start, schedules, the
+admin, the commands) meets them; the API's starts throttle (api/throttles.py) only turns a
+flood of requests away before they cost a start.
+
+Counted things (automations, versions, schedules) are counted under the organisation's row
+lock (``lock_organisation``). Things that come and go by the thousand (running runs, starts
+per minute, pending signals) are admitted on a usage row (``QuotaUsage``) locked in the
+admitted thing's own transaction: see ``admit_start`` and ``admit_pending_signal``.
 """
 
 from __future__ import annotations
 
-import threading
+import math
 import time
+from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
 
 from ..engine import sql
-from ..errors import QuotaExceeded, RunningRunsQuota
+from ..engine.sql.rows import fetch_dict
+from ..errors import (
+    PendingSignalsQuota,
+    QuotaExceeded,
+    RunningRunsQuota,
+    StartsPerMinuteQuota,
+)
 from ..models import Automation, AutomationVersion, Organisation
 
-# A running-runs count is reused this long per organisation and process: counting on every
-# start would cost every start up to the quota's worth of index entries. The quota is thus
-# enforced within this many seconds, which is what a guard against a runaway tenant needs.
-RUNNING_COUNT_SECONDS = 5.0
+STARTS = "starts"
+PENDING_SIGNALS = "pending_signals"
 
-_running: dict[int, tuple[float, int]] = {}  # org id -> (counted at, running runs)
-_running_lock = threading.Lock()
+# A count that found the quota reached is trusted this long: refusals meanwhile count nothing,
+# so a tenant at its quota cannot make every refused request cost a count of its runs (up to
+# the quota's worth of index entries). A start may thus be refused for up to this long after
+# runs finished; never admitted past the quota.
+RECOUNT_SECONDS = 5.0
+
+# Where the minute of the starts-per-minute window comes from (seconds since the epoch; the
+# tests pin it, as they pin the API throttle's).
+clock: Callable[[], float] = time.time
 
 
 def quota(org: Organisation, name: str) -> int:
@@ -54,27 +73,89 @@ def check_versions(org: Organisation) -> None:
         raise QuotaExceeded(limit=limit, what="versions")
 
 
-def check_running_runs(org: Organisation) -> None:
-    limit = quota(org, "running_runs")
-    if limit and _running_runs(org, limit) >= limit:
-        raise RunningRunsQuota(limit=limit, what="running runs")
+# --- admissions -------------------------------------------------------------------------------
 
 
-def _running_runs(org: Organisation, limit: int) -> int:
-    now = time.monotonic()
-    with _running_lock:
-        counted = _running.get(org.pk)
-    if counted is not None and now - counted[0] < RUNNING_COUNT_SECONDS:
-        return counted[1]
+def starts_limited(org: Organisation) -> bool:
+    """Whether a start of this organisation must be admitted (a quota on running runs or on
+    starts per minute applies); without, starts take no lock at all."""
+    return bool(quota(org, "running_runs") or quota(org, "starts_per_minute"))
+
+
+def admit_start(org: Organisation) -> None:
+    """In the start's transaction, before the run is written: one more running run and one
+    more start this minute, or RunningRunsQuota / StartsPerMinuteQuota (429). The usage row
+    stays locked until the start commits, so racing starts take the last slot one at a time.
+    A start whose key already started a run is counted too (it is not known yet): the bound
+    errs high, the next count corrects it."""
+    limit, rate = quota(org, "running_runs"), quota(org, "starts_per_minute")
+    if limit or rate:
+        _admit(org, STARTS, limit, rate, sql.RUNNING_RUNS_UP_TO, RunningRunsQuota)
+
+
+def admit_pending_signal(org: Organisation) -> None:
+    """In the signal's transaction, once no waiting step took it: one more signal kept
+    pending, or PendingSignalsQuota (429), which rolls the signal back."""
+    limit = quota(org, "pending_signals")
+    if limit:
+        _admit(org, PENDING_SIGNALS, limit, 0, sql.PENDING_SIGNALS_UP_TO, PendingSignalsQuota,
+               itself=1)  # fmt: skip
+
+
+def remember_count(org: Organisation, refused: Exception) -> None:
+    """After a refusal's transaction was rolled back: keep the count it made, so the next
+    refusals within RECOUNT_SECONDS count nothing. Outside the refused transaction."""
+    extra: dict[str, Any] = getattr(refused, "extra", {})
+    if extra.get("counted") is None:
+        return
+    params = {"org": org.pk, "kind": extra["kind"], "count": extra["counted"]}
     with connection.cursor() as cursor:
-        cursor.execute(sql.RUNNING_RUNS_UP_TO, {"org": org.pk, "limit": limit})
-        (count,) = cursor.fetchone()
-    with _running_lock:
-        _running[org.pk] = (now, int(count))
-    return int(count)
+        cursor.execute(sql.QUOTA_REMEMBER_COUNT, params)
 
 
 def forget_running_counts() -> None:
-    """Count again at the next start (tests, and after an operator changes a quota)."""
-    with _running_lock:
-        _running.clear()
+    """Count again at the next admission (tests, and after an operator changes a quota or
+    runs were made outside the start path)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.QUOTA_FORGET)
+
+
+def _admit(
+    org: Organisation,
+    kind: str,
+    limit: int,
+    rate: int,
+    count_sql: str,
+    refusal: type[QuotaExceeded],
+    itself: int = 0,
+) -> None:
+    """One statement when the bound is below the quota (nearly always); else the row is
+    locked, the things counted (no further than the quota) if the last count is not recent,
+    and the admission made or refused. ``itself``: 1 when the admitted thing is written
+    already (a signal), so the count sees it."""
+    assert connection.in_atomic_block, "an admission goes with what it admits"
+    now = clock()
+    params: dict[str, Any] = {"org": org.pk, "kind": kind, "limit": limit, "rate": rate,
+                              "window": int(now // 60)}  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(sql.QUOTA_ADMIT, params)
+        if cursor.fetchone() is not None:
+            return
+        cursor.execute(sql.QUOTA_USAGE_CREATE, params)
+        cursor.execute(sql.QUOTA_USAGE_LOCK, {**params, "fresh": RECOUNT_SECONDS})
+        row = fetch_dict(cursor)
+        assert row is not None
+        if rate and params["window"] <= row["window"] and row["window_count"] >= rate:
+            retry_after = max(1, math.ceil(60 - now % 60))
+            raise StartsPerMinuteQuota(limit=rate, retry_after=retry_after)
+        if limit and (row["bound"] is None or row["bound"] >= limit):
+            if row["bound"] is not None and row["fresh"]:
+                raise refusal(limit=limit, what=kind)
+            cursor.execute(count_sql, {"org": org.pk, "limit": limit + itself})
+            (counted,) = cursor.fetchone()
+            count = int(counted) - itself  # the others
+            if count >= limit:
+                raise refusal(limit=limit, what=kind, kind=kind, counted=count)
+            cursor.execute(sql.QUOTA_USAGE_COUNTED, {**params, "count": count})
+        cursor.execute(sql.QUOTA_ADMIT, params)
+        assert cursor.fetchone() is not None, "admitted under the row's lock"

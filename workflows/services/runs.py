@@ -27,6 +27,7 @@ from ..errors import (
     NoPublishedVersion,
     PayloadTooLarge,
     StartKeyConflict,
+    StartQuota,
     UnknownAutomation,
 )
 from ..models import Organisation
@@ -120,15 +121,54 @@ def run_start(
     canonical = check_input(run_input)
     if start_key is not None:
         _check_start_key(start_key)
-    quotas.check_running_runs(org)
     start = _Start(org, automation_slug, start_key, run_input, canonical)
+    result = _start_admitted(start) if quotas.starts_limited(org) else _start_unlimited(start)
+    crash_point("run_start.after_commit")
+    return result
+
+
+def _start_unlimited(start: _Start) -> StartResult:
+    """A start no quota limits: in one statement when it can, else in one transaction."""
     result = _start_in_one_trip(start)
     if result is None:
         # One transaction for the lookup and the start: one commit per start, not two.
         with transaction.atomic(durable=True):
             result = _start_as_last_seen(start) or _start_looked_up(start)
-    crash_point("run_start.after_commit")
     return result
+
+
+def _start_admitted(start: _Start) -> StartResult:
+    """The start under the organisation's start quotas: admitted (quotas.admit_start) in its
+    own transaction, so no path, and no number of racing starts, passes the quota. Refused,
+    a start whose key already started its run still answers with that run."""
+    try:
+        with transaction.atomic(durable=True):
+            quotas.admit_start(start.org)
+            return (
+                _start_in_one_trip(start) or _start_as_last_seen(start) or _start_looked_up(start)
+            )
+    except StartQuota as refused:
+        quotas.remember_count(start.org, refused)
+        existing = _already_started(start)
+        if existing is None:
+            raise
+        return existing
+
+
+def _already_started(start: _Start) -> StartResult | None:
+    """The run this start's key started, if any (start_key_conflict if it is another
+    start's); None when none did or the automation cannot say."""
+    target = _LAST_SEEN.get(start.org.pk, start.slug)
+    if target is None:
+        try:
+            target = _target(start.org, start.slug)
+        except (UnknownAutomation, NoPublishedVersion):
+            return None
+    with connection.cursor() as cursor:
+        cursor.execute(sql.EXISTING_RUN, {"org": start.org.pk, "key": start.key(target)})
+        if fetch_dict(cursor) is None:
+            return None
+    return _existing(start, target)
 
 
 def _start_looked_up(start: _Start) -> StartResult:

@@ -23,8 +23,9 @@ from ..definitions.storable import UNSTORABLE_REASON, unstorable_path
 from ..engine import sql
 from ..engine.signals import Delivered, deliver
 from ..engine.sql.rows import fetch_dict
-from ..errors import InvalidInput
+from ..errors import InvalidInput, PendingSignalsQuota
 from ..models import Organisation, Run
+from . import quotas
 from .runs import check_json_value, run_start
 
 SIGNAL_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,99}")
@@ -53,13 +54,24 @@ def signal_send(
     that start key, started first if it does not exist."""
     _check(name, correlation, identity, payload)
     if start is None:
-        sent = deliver(org_id=org.pk, name=name, correlation=correlation, payload=payload,
-                       identity=identity)  # fmt: skip
+        sent = _deliver(org, name=name, correlation=correlation, payload=payload,
+                        identity=identity)  # fmt: skip
         return SignalSent(sent)
     run_id, created = _run_of_start_key(org, start)
-    sent = deliver(org_id=org.pk, name=name, correlation=correlation, payload=payload,
-                   identity=identity, run_id=run_id)  # fmt: skip
+    sent = _deliver(org, name=name, correlation=correlation, payload=payload,
+                    identity=identity, run_id=run_id)  # fmt: skip
     return SignalSent(sent, run_id, created)
+
+
+def _deliver(org: Organisation, **signal: Any) -> Delivered:
+    """``deliver`` under the organisation's pending-signals quota: a signal no step takes is
+    kept only within it (PendingSignalsQuota, 429, and nothing stored, past it)."""
+    try:
+        return deliver(org_id=org.pk, admit_pending=lambda: quotas.admit_pending_signal(org),
+                       **signal)  # fmt: skip
+    except PendingSignalsQuota as refused:
+        quotas.remember_count(org, refused)
+        raise
 
 
 def _run_of_start_key(org: Organisation, start: dict[str, Any]) -> tuple[int, bool]:
@@ -92,8 +104,8 @@ def inbound_email(
     _check(EMAIL_REPLY, correlation, identity, payload)
     # Every candidate is kept: a reply that comes before the run waits still meets a step
     # waiting on any Message-ID of its thread.
-    sent = deliver(org_id=org.pk, name=EMAIL_REPLY, correlation=correlation, payload=payload,
-                   identity=identity, source="email", also=candidates)  # fmt: skip
+    sent = _deliver(org, name=EMAIL_REPLY, correlation=correlation, payload=payload,
+                    identity=identity, source="email", also=candidates)  # fmt: skip
     return SignalSent(sent)
 
 

@@ -582,6 +582,65 @@ SELECT count(*) FROM (
 ) running
 """
 
+# The same for signals kept pending (the signal_pending index, which leads with org).
+PENDING_SIGNALS_UP_TO = """
+SELECT count(*) FROM (
+    SELECT 1 FROM workflows_signal
+     WHERE org_id = %(org)s AND consumed_at IS NULL AND dropped_at IS NULL
+     LIMIT %(limit)s
+) pending
+"""
+
+# --- quota admissions (services/quotas.py) ------------------------------------------------------
+
+# One admission, in the admitted thing's transaction: the organisation's usage row locked and
+# counted on, if it stays within the quota (%(limit)s) and this minute's rate (%(rate)s; 0:
+# none); no row: refused here, the caller counts again. A window older than the row's (a
+# server whose clock is behind) counts in the row's.
+QUOTA_ADMIT = """
+UPDATE workflows_quotausage u
+   SET bound = u.bound + 1,
+       window_count = CASE WHEN %(window)s <= u."window" THEN u.window_count + 1 ELSE 1 END,
+       "window" = GREATEST(u."window", %(window)s)
+ WHERE u.org_id = %(org)s AND u.kind = %(kind)s
+   AND (%(limit)s = 0 OR u.bound < %(limit)s)
+   AND (%(rate)s = 0 OR %(window)s > u."window" OR u.window_count < %(rate)s)
+RETURNING u.id
+"""
+
+QUOTA_USAGE_CREATE = """
+INSERT INTO workflows_quotausage (org_id, kind, bound, counted_at, "window", window_count)
+VALUES (%(org)s, %(kind)s, NULL, NULL, 0, 0)
+ON CONFLICT (org_id, kind) DO NOTHING
+"""
+
+# The row locked (every admission of the organisation waits for this transaction), with
+# whether its count is recent.
+QUOTA_USAGE_LOCK = """
+SELECT bound, "window", window_count,
+       counted_at > now() - make_interval(secs => %(fresh)s) AS fresh
+  FROM workflows_quotausage
+ WHERE org_id = %(org)s AND kind = %(kind)s
+   FOR UPDATE
+"""
+
+QUOTA_USAGE_COUNTED = """
+UPDATE workflows_quotausage SET bound = %(count)s, counted_at = now()
+ WHERE org_id = %(org)s AND kind = %(kind)s
+"""
+
+# After a refusal rolled its transaction back: its count kept (not below what admissions
+# since then added), so refusals do not count again until the count is no longer recent.
+QUOTA_REMEMBER_COUNT = """
+UPDATE workflows_quotausage
+   SET bound = GREATEST(COALESCE(bound, 0), %(count)s), counted_at = now()
+ WHERE org_id = %(org)s AND kind = %(kind)s
+"""
+
+QUOTA_FORGET = """
+UPDATE workflows_quotausage SET bound = NULL, counted_at = NULL WHERE bound IS NOT NULL
+"""
+
 # A new run's row (INSERT_RUN, INSERT_RUN_IF_CURRENT): its columns and their values.
 _RUN_COLUMNS = """
     (org_id, automation_id, version_id, start_key, start_key_derived, input, input_digest,
@@ -696,7 +755,9 @@ SELECT k.id, k.org_id, k.name, k.prefix, k.key_hash, k.created_at, k.revoked_at,
        o.slug AS org_slug, o.name AS org_name, o.created_at AS org_created_at,
        o.quota_automations AS org_quota_automations, o.quota_versions AS org_quota_versions,
        o.quota_running_runs AS org_quota_running_runs,
-       o.quota_starts_per_minute AS org_quota_starts_per_minute
+       o.quota_starts_per_minute AS org_quota_starts_per_minute,
+       o.quota_schedules AS org_quota_schedules,
+       o.quota_pending_signals AS org_quota_pending_signals
   FROM workflows_apikey k JOIN workflows_organisation o ON o.id = k.org_id
  WHERE k.prefix = %(prefix)s
 """
@@ -831,20 +892,38 @@ SELECT id, payload::json AS payload, identity
 """
 
 # The sweep's backstop: pending signals that a waiting step matches (a signal and a wait
-# that committed at the same moment each missed the other), a bounded batch.
+# that committed at the same moment each missed the other), a bounded batch. It goes from the
+# waiting steps (step_awaits_signal) to the oldest signal each one matches: by its keys
+# (signal_pending_keys, a GIN index over sql/functions.SIGNAL_KEYS_V1) or, for a signal sent
+# to the step's run, by the run (signal_pending_run). Each probe reads only the signals of
+# that exact key, so signals nobody waits for cost nothing however many there are. ("k.id +
+# 0": the planner must not walk the signals' primary key in order, filtering, to find the
+# oldest: that is every pending signal of every organisation.)
 SIGNALS_MATCHED_LATE = """
 SELECT g.id, g.org_id, g.name, g.correlation, g.correlations, g.run_id, g.identity,
        g.payload::json AS payload
   FROM workflows_signal g
- WHERE g.consumed_at IS NULL AND g.dropped_at IS NULL
-   AND EXISTS (
-       SELECT 1 FROM workflows_step s
-        WHERE s.status = 'waiting' AND s.wait_kind = 'external' AND s.org_id = g.org_id
-          AND s.wait_detail->>'signal' = g.name
-          AND ((g.run_id IS NULL
-                AND (s.wait_detail->>'correlation' = g.correlation
-                     OR s.wait_detail->>'correlation' = ANY(g.correlations)))
-               OR s.run_id = g.run_id))
+ WHERE g.id IN (
+       SELECT m.id
+         FROM workflows_step s
+        CROSS JOIN LATERAL (
+              (SELECT k.id FROM workflows_signal k
+                WHERE waymark_signal_keys_v1(k.org_id, k.name::text, k.correlation::text,
+                                             k.correlations::text[])
+                      @> ARRAY[s.org_id::text || '/' || (s.wait_detail->>'signal') || '/'
+                               || (s.wait_detail->>'correlation')]
+                  AND k.consumed_at IS NULL AND k.dropped_at IS NULL AND k.run_id IS NULL
+                ORDER BY k.id + 0
+                LIMIT 1)
+              UNION ALL
+              (SELECT k.id FROM workflows_signal k
+                WHERE k.run_id = s.run_id AND k.name = s.wait_detail->>'signal'
+                  AND k.consumed_at IS NULL AND k.dropped_at IS NULL AND k.run_id IS NOT NULL
+                ORDER BY k.id
+                LIMIT 1)
+        ) m
+        WHERE s.status = 'waiting' AND s.wait_kind = 'external'
+          AND s.wait_detail->>'signal' IS NOT NULL)
  ORDER BY g.id
  LIMIT %(n)s
 """

@@ -364,3 +364,21 @@ $function$
 """
 
 DROP_SETTLE_HOPS_V3 = "DROP FUNCTION IF EXISTS waymark_settle_hops_v3(jsonb)"
+
+# The keys a signal answers, for the index the sweep's late matching probes
+# (sql.SIGNALS_MATCHED_LATE, the signal_pending_keys index of migration 0020): one
+# "<org>/<name>/<correlation>" per correlation it carries (its own and ``correlations``, the
+# keys an email reply answers). A signal name has no "/", so a key names one wait exactly,
+# and one organisation's signals are never met by another's waits. IMMUTABLE: an index
+# expression.
+SIGNAL_KEYS_V1 = """
+CREATE OR REPLACE FUNCTION waymark_signal_keys_v1(
+    p_org bigint, p_name text, p_correlation text, p_correlations text[]
+) RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $function$
+    SELECT array_agg(DISTINCT p_org::text || '/' || p_name || '/' || c)
+      FROM unnest(array_prepend(p_correlation, p_correlations)) AS c
+$function$
+"""
+
+DROP_SIGNAL_KEYS_V1 = "DROP FUNCTION IF EXISTS waymark_signal_keys_v1(bigint, text, text, text[])"
