@@ -27,17 +27,13 @@ THREE_IO: dict[str, Any] = {
 
 def setup(database: str, **environment: str) -> None:
     """Django with the project's settings, on ``database`` (WAYMARK_DB_NAME wins), quiet, with
-    no statement timeout (benchmarks fill tables), no start quotas (unless set), and the
-    migrations applied."""
+    no statement timeout (benchmarks fill tables), and the migrations applied. The quotas are
+    the defaults, as a user has them (a script that measures capacity lifts them)."""
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("WAYMARK_DB_NAME", database)
     os.environ.setdefault("WAYMARK_LOG_LEVEL", "WARNING")
     os.environ.setdefault("WAYMARK_DB_STATEMENT_TIMEOUT_MS", "0")
-    # Capacity, not an organisation's quotas: a start under a start quota is admitted on the
-    # organisation's usage row (services/quotas.py); set these to measure that.
-    os.environ.setdefault("WAYMARK_QUOTA_STARTS_PER_MINUTE", "0")
-    os.environ.setdefault("WAYMARK_QUOTA_RUNNING_RUNS", "0")
     for name, value in environment.items():
         os.environ.setdefault(name, value)
     import django

@@ -262,7 +262,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_THROTTLE_RATES": {
         "api_key": env.str("WAYMARK_RATE_PER_KEY", default="300/s"),
-        "run_starts": env.str("WAYMARK_QUOTA_STARTS_PER_MINUTE", default="6000") + "/min",
+        "run_starts": env.str("WAYMARK_QUOTA_STARTS_PER_MINUTE", default="60000") + "/min",
         "auth_failures": env.str("WAYMARK_RATE_AUTH_FAILURES", default="20/min"),
     },
     # Client addresses come from REMOTE_ADDR, or, behind N trusted proxies, X-Forwarded-For.
@@ -443,7 +443,9 @@ WAYMARK = {
     "QUOTA_RUNNING_RUNS": env.int("WAYMARK_QUOTA_RUNNING_RUNS", default=100_000),
     # Starts per minute, by every path (API, signal-with-start, schedules, commands): 429
     # quota_exceeded. The API's own throttle (REST_FRAMEWORK above) reads the same variable.
-    "QUOTA_STARTS_PER_MINUTE": env.int("WAYMARK_QUOTA_STARTS_PER_MINUTE", default=6000),
+    # By default a guard against a runaway tenant (1,000 a second), not a tight limit: a batch
+    # of runs started from code is ordinary work; the running-runs quota bounds what is held.
+    "QUOTA_STARTS_PER_MINUTE": env.int("WAYMARK_QUOTA_STARTS_PER_MINUTE", default=60_000),
     # Schedules (409 quota_exceeded when one more is created) and signals kept pending, that
     # no step waits for yet (429 quota_exceeded for one more that matches no waiting step).
     "QUOTA_SCHEDULES": env.int("WAYMARK_QUOTA_SCHEDULES", default=1_000),

@@ -58,11 +58,14 @@ def start_in_one_trip(
     run_input: Any,
     max_steps: int,
     definition: Mapping[str, Any],
+    admission: Mapping[str, Any],
 ) -> list[dict[str, Any]] | None:
     """Start the run ``run_row`` describes (sql.START_RUN's parameters for the run's
     INSERT; its ``input`` is ``run_input``, the input as stored) with its walk, in one
-    statement; its rows (as INSERT_RUN_IF_CURRENT's, without created_at), or None when the
-    walk cannot go in it (nothing was sent)."""
+    statement, admitted under the start quotas as ``admission`` says
+    (services/quotas.start_admission); its rows (as INSERT_RUN_IF_CURRENT's, without
+    created_at, with ``admitted``), or None when the walk cannot go in it (nothing was
+    sent)."""
     state = RunState(
         id=_NO_ID, org_id=org_id, version_id=version_id, status=RunStatus.RUNNING,
         input=run_input, vars={}, outputs={}, entered={}, steps_executed=0,
@@ -80,4 +83,4 @@ def start_in_one_trip(
     params = {key: value for key, value in run_row.items() if key != "input"}
     params["document"] = json.dumps({"input": run_input, **document})
     with connection.cursor() as cursor:
-        return query_prepared(cursor, sql.START_RUN, {**params, **scalars})
+        return query_prepared(cursor, sql.START_RUN, {**params, **scalars, **admission})

@@ -93,6 +93,14 @@ def admit_start(org: Organisation) -> None:
         _admit(org, STARTS, limit, rate, sql.RUNNING_RUNS_UP_TO, RunningRunsQuota)
 
 
+def start_admission(org: Organisation) -> dict[str, Any]:
+    """sql.START_RUN's parameters that admit the start in its own statement, as QUOTA_ADMIT
+    does (``admit`` false: no start quota applies)."""
+    limit, rate = quota(org, "running_runs"), quota(org, "starts_per_minute")
+    return {"admit": bool(limit or rate), "limit": limit, "rate": rate,
+            "window": int(clock() // 60)}  # fmt: skip
+
+
 def admit_pending_signal(org: Organisation) -> None:
     """In the signal's transaction, once no waiting step took it: one more signal kept
     pending, or PendingSignalsQuota (429), which rolls the signal back."""

@@ -127,9 +127,12 @@ def run_start(
     return result
 
 
+NOT_ADMITTED = {"admit": False, "limit": 0, "rate": 0, "window": 0}  # no start quota applies
+
+
 def _start_unlimited(start: _Start) -> StartResult:
     """A start no quota limits: in one statement when it can, else in one transaction."""
-    result = _start_in_one_trip(start)
+    result = _start_in_one_trip(start, NOT_ADMITTED)
     if result is None:
         # One transaction for the lookup and the start: one commit per start, not two.
         with transaction.atomic(durable=True):
@@ -138,15 +141,18 @@ def _start_unlimited(start: _Start) -> StartResult:
 
 
 def _start_admitted(start: _Start) -> StartResult:
-    """The start under the organisation's start quotas: admitted (quotas.admit_start) in its
-    own transaction, so no path, and no number of racing starts, passes the quota. Refused,
-    a start whose key already started its run still answers with that run."""
+    """The start under the organisation's start quotas, admitted in its own transaction, so
+    no path, and no number of racing starts, passes the quota: in the one statement of a
+    start in one trip when the bound is below the quota (nearly always: the usage row is
+    locked for that statement alone), else by quotas.admit_start, which counts the runs.
+    Refused, a start whose key already started its run still answers with that run."""
+    result = _start_in_one_trip(start, quotas.start_admission(start.org))
+    if result is not None:
+        return result
     try:
         with transaction.atomic(durable=True):
             quotas.admit_start(start.org)
-            return (
-                _start_in_one_trip(start) or _start_as_last_seen(start) or _start_looked_up(start)
-            )
+            return _start_as_last_seen(start) or _start_looked_up(start)
     except StartQuota as refused:
         quotas.remember_count(start.org, refused)
         existing = _already_started(start)
@@ -252,18 +258,21 @@ class _LastSeen:
 _LAST_SEEN = _LastSeen()
 
 
-def _start_in_one_trip(start: _Start) -> StartResult | None:
-    """The start as one statement (engine/starts.py), as the version this process last saw;
-    None (nothing written) when there is none to try, it is no longer current, or the walk
-    cannot go in one statement."""
+def _start_in_one_trip(start: _Start, admission: dict[str, Any]) -> StartResult | None:
+    """The start as one statement (engine/starts.py), as the version this process last saw,
+    admitted under the start quotas as ``admission`` says; None (no run written) when there
+    is none to try, it is no longer current, the walk cannot go in one statement, or the
+    statement could not admit it."""
     target = _LAST_SEEN.get(start.org.pk, start.slug)
     if target is None:
         return None
     rows = start_in_one_trip(
         {**start.row(target), "slug": start.slug}, org_id=start.org.pk,
         version_id=target.version_id, run_input=start.stored_input,
-        max_steps=target.max_steps, definition=target.definition,
+        max_steps=target.max_steps, definition=target.definition, admission=admission,
     )  # fmt: skip
+    if rows and not rows[0]["admitted"]:
+        return None
     current = None if rows is None else _still_current(start, target, rows)
     if current is None:
         return None

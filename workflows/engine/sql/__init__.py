@@ -683,10 +683,24 @@ SELECT target.automation_id, target.version_id, inserted.id, inserted.created_at
 # walk ran before the run had an id: its rows carry none, each takes the inserted one. The
 # JSON values come in one document (%(document)s: the run's input, vars, outputs and entered,
 # its steps and events as arrays of objects keyed by column name, times as seconds from
-# now(), and the lanes to wake).
+# now(), and the lanes to wake). With %(admit)s, the start is admitted under the
+# organisation's start quotas in the same statement (as QUOTA_ADMIT, services/quotas.py): the
+# usage row is locked for this statement alone. Not admitted (no usage row yet, or the bound
+# at the quota), it writes nothing and says so (`admitted` false): the caller admits the
+# ordinary way, counting the runs.
 START_RUN = f"""
 WITH target AS ({START_TARGET}),
 doc AS (SELECT %(document)s::jsonb AS d),
+admitted AS (
+    UPDATE workflows_quotausage u
+       SET bound = u.bound + 1,
+           window_count = CASE WHEN %(window)s <= u."window" THEN u.window_count + 1 ELSE 1 END,
+           "window" = GREATEST(u."window", %(window)s)
+     WHERE %(admit)s AND u.org_id = %(org)s AND u.kind = 'starts'
+       AND (%(limit)s = 0 OR u.bound < %(limit)s)
+       AND (%(rate)s = 0 OR %(window)s > u."window" OR u.window_count < %(rate)s)
+    RETURNING u.id
+),
 inserted AS (
     INSERT INTO workflows_run {_RUN_COLUMNS}
     SELECT %(org)s, %(automation)s, %(version)s, %(key)s, %(derived)s, doc.d->'input',
@@ -694,6 +708,7 @@ inserted AS (
            %(steps)s, %(max_steps)s, now() + make_interval(secs => %(max_age)s), now()
       FROM target CROSS JOIN doc
      WHERE target.automation_id = %(automation)s AND target.version_id = %(version)s
+       AND (NOT %(admit)s OR EXISTS (SELECT FROM admitted))
     ON CONFLICT (org_id, start_key) DO NOTHING
     RETURNING id
 ),
@@ -731,6 +746,7 @@ woken AS (
     RETURNING payload->>'lane' AS lane
 )
 SELECT target.automation_id, target.version_id, inserted.id,
+       (NOT %(admit)s OR EXISTS (SELECT FROM admitted)) AS admitted,
        -- As rows.wakes_statement: a lane with an idle worker listed is notified at commit.
        (SELECT count(pg_notify('{LANE_CHANNEL_PREFIX}' || idle.lane, '')) FROM (
             SELECT DISTINCT lane FROM workflows_idleworker
