@@ -94,3 +94,28 @@ def test_a_signal_sent_to_a_run_is_matched_late_by_its_run(org) -> None:
     Signal.objects.filter(org=org).update(run_id=run_id)
     assert match_late() == 1
     assert Run.objects.get(pk=run_id).status == "succeeded"
+
+
+def test_a_wait_looks_up_only_the_signals_of_its_own_key() -> None:
+    """A step entering a wait takes a signal that came first (sql.PENDING_SIGNAL_FOR): with
+    20,000 pending signals of the same name nobody waits for, it reads its own few rows."""
+    org = OrganisationFactory.create()
+    pending_signals(org.pk, NOBODY_WAITS, "nobody-")
+    pending_signals(org.pk, 1, "o-")  # the one this wait is for: correlation "o-1"
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE workflows_signal")
+        params = {"org_id": org.pk, "name": "order.paid", "correlation": "o-1", "run_id": -1}
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.PENDING_SIGNAL_FOR, params)
+        (plan,) = cursor.fetchone()
+        cursor.execute(sql.PENDING_SIGNAL_FOR, params)
+        (found,) = cursor.fetchall()
+    tree = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    scans = signal_nodes(tree)
+    assert all(node["Node Type"] != "Seq Scan" for node in scans), scans
+    assert sum(visited(node) for node in scans) <= 10, scans
+    assert Signal.objects.get(pk=found[0]).correlation == "o-1"
+
+    automation_publish_definition(org=org, slug="waits", definition=WAITS)
+    run_id = run_start(org=org, automation_slug="waits", run_input={"order": "o-1"},
+                       start_key="late").run_id  # fmt: skip
+    assert Run.objects.get(pk=run_id).status == "succeeded"  # it took the one sent first
