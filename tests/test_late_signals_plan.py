@@ -104,7 +104,12 @@ def test_a_wait_looks_up_only_the_signals_of_its_own_key() -> None:
     pending_signals(org.pk, 1, "o-")  # the one this wait is for: correlation "o-1"
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE workflows_signal")
-        params = {"org_id": org.pk, "name": "order.paid", "correlation": "o-1", "run_id": -1}
+        params: dict[str, Any] = {
+            "org_id": org.pk,
+            "name": "order.paid",
+            "correlation": "o-1",
+            "run_id": -1,
+        }
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.PENDING_SIGNAL_FOR, params)
         (plan,) = cursor.fetchone()
         cursor.execute(sql.PENDING_SIGNAL_FOR, params)
