@@ -1,7 +1,7 @@
 """Approvals in Slack: the request message with Approve and Reject buttons, the signed tokens
 the buttons carry, ``POST /slack/interactions``, and bringing the messages up to date.
 
-**The message** is Block Kit rendered from ``templates/approvals/slack_request.json``. It is
+**The message** is Block Kit rendered from the template ``approvals/slack_request.json``. It is
 posted through the effect ledger under the step's effect key (an escalation's under
 ``<key>/escalation-1``), with the ``slack_message`` connection the step names, so a retry or
 a crash never posts it twice (``effects/providers/slack.py`` finds it again by metadata).

@@ -140,10 +140,12 @@ else:
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
 
+# Every template ships in the app that uses it (<app>/templates/, package data): APP_DIRS is all
+# a host project needs too (docs/embedding.md). No project-wide DIRS, so this project proves it.
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [

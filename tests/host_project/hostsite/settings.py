@@ -1,0 +1,91 @@
+"""A minimal host project that installs Waymark from its wheel (tests/test_packaging.py).
+
+It is what docs/embedding.md tells a host to write, and nothing of Waymark's own project:
+its own SECRET_KEY, apps, middleware, URLconf and database. The database is given in the
+environment by the test (HOST_DB_*): a database of its own on the tests' PostgreSQL server.
+"""
+
+import os
+from pathlib import Path
+
+# Waymark's settings objects, with their defaults and their WAYMARK_* environment variables
+# (docs/operations.md). Importing them evaluates Waymark's settings module, which keeps a
+# local secret key of its own under WAYMARK_DATA_DIR: point that at the host's data.
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = BASE_DIR / "var"
+os.environ.setdefault("WAYMARK_DATA_DIR", str(DATA_DIR))
+
+from config.settings import (  # noqa: E402
+    CACHES,
+    EFFECTS,
+    REST_FRAMEWORK,
+    SPECTACULAR_SETTINGS,
+    WAYMARK,
+    WAYMARK_WEB,
+)
+
+__all__ = ["CACHES", "EFFECTS", "REST_FRAMEWORK", "SPECTACULAR_SETTINGS", "WAYMARK", "WAYMARK_WEB"]
+
+SECRET_KEY = os.environ["HOST_SECRET_KEY"]
+DEBUG = False
+ALLOWED_HOSTS = ["localhost", "127.0.0.1"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "workflows",
+    "timers",
+    "effects",
+    "approvals",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "hostsite.urls"
+
+# No DIRS: every template Waymark uses comes from its installed packages (APP_DIRS).
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ["HOST_DB_NAME"],
+        "HOST": os.environ["HOST_DB_HOST"],
+        "PORT": os.environ.get("HOST_DB_PORT", ""),
+        "USER": os.environ.get("HOST_DB_USER", ""),
+        "PASSWORD": os.environ.get("HOST_DB_PASSWORD", ""),
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+STATIC_URL = "static/"

@@ -1,0 +1,12 @@
+"""The host's URLconf: its own admin site, with Waymark's routes included (docs/embedding.md)."""
+
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("workflows.api.urls")),
+    path("api/v1/", include("effects.urls")),
+    path("api/v1/", include("timers.urls")),
+    path("", include("approvals.urls")),  # /slack/interactions and /api/v1/approvals, /tasks
+]

@@ -1,0 +1,236 @@
+"""Waymark as an installable Django app: its wheel, installed into a fresh virtual environment
+beside a host project of its own (tests/host_project/), has what the host needs.
+
+The wheel is built from a copy of the sources; the virtual environment gets it and its
+dependencies through pip, as a host's would. The host project (its own settings, URLconf and
+database on the tests' PostgreSQL server) migrates, starts a run through Waymark's API, runs
+the engine with ``manage.py runengine --no-web`` and sees the run finish, then renders the
+admin pages and a Slack message: every template and data file must come from site-packages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from .processes import kill_tree
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST_PROJECT = Path(__file__).resolve().parent / "host_project"
+PACKAGES = ["config", "workflows", "timers", "effects", "approvals"]
+# Each file that is not a module, by where it lands in site-packages.
+PACKAGE_DATA = [
+    "workflows/templates/admin/locked_out.html",
+    "workflows/templates/admin/workflows/run/change_form.html",
+    "workflows/templates/admin/workflows/run/steps.html",
+    "workflows/templates/admin/workflows/run/timeline.html",
+    "workflows/templates/admin/workflows/run/paging.html",
+    "workflows/templates/admin/workflows/run/confirm_action.html",
+    "workflows/templates/admin/workflows/apikey/created.html",
+    "workflows/demo/follow-up.json",
+    "effects/templates/admin/effects/connection/change_form.html",
+    "effects/templates/admin/effects/effect/change_form.html",
+    "effects/templates/admin/effects/effect/resolve.html",
+    "approvals/templates/admin/approvals/inbox.html",
+    "approvals/templates/admin/approvals/review.html",
+    "approvals/templates/approvals/slack_request.json",
+    "approvals/templates/approvals/slack_task.json",
+    "workflows/migrations/0001_initial.py",
+]
+# Bounds, not budgets: pip may fetch from the package index; the run takes about 2 s.
+INSTALL_SECONDS = 900
+COMMAND_SECONDS = 300
+RUN_SECONDS = 120
+
+
+@dataclass
+class Host:
+    wheel: Path
+    python: Path
+    site_packages: Path
+    project: Path
+    env: dict[str, str]
+
+    def run(self, *args: str, timeout: float = COMMAND_SECONDS) -> str:
+        """A command of the host project's (its manage.py or hostcheck.py), its output."""
+        done = subprocess.run(
+            [str(self.python), *args],
+            cwd=self.project,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert done.returncode == 0, f"{args} failed:\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    def check(self, *args: str) -> Any:
+        return json.loads(self.run("hostcheck.py", *args).strip().splitlines()[-1])
+
+
+def _call(args: list[str], **kwargs: Any) -> None:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=INSTALL_SECONDS, **kwargs)
+    assert done.returncode == 0, f"{args} failed:\n{done.stdout}\n{done.stderr}"
+
+
+def _build_wheel(into: Path) -> Path:
+    """Waymark's wheel, built from a copy of what it is made of (the build writes build/ and
+    *.egg-info beside its sources; the worktree is left alone)."""
+    source = into / "source"
+    source.mkdir()
+    shutil.copy(ROOT / "pyproject.toml", source)
+    for package in PACKAGES:
+        shutil.copytree(
+            ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    dist = into / "dist"
+    pip_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    _call([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(dist), str(source)],
+          env=pip_env)  # fmt: skip
+    (wheel,) = dist.glob("waymark-*.whl")
+    return wheel
+
+
+def _install(wheel: Path, venv: Path) -> tuple[Path, Path]:
+    """A fresh virtual environment holding the wheel and its dependencies, nothing else."""
+    pip_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    _call([sys.executable, "-m", "venv", str(venv)], env=pip_env)
+    python = venv / "bin" / "python"
+    _call([str(python), "-m", "pip", "install", "--quiet", str(wheel)], env=pip_env)
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True, env=pip_env,
+    ).stdout.strip()  # fmt: skip
+    return python, Path(purelib)
+
+
+def _server() -> dict[str, str]:
+    """Where the tests' PostgreSQL server is (the embedded one, or DATABASE_URL's)."""
+    params = connection.get_connection_params()  # starts the embedded server if need be
+    return {k: str(params[k]) for k in ("host", "port", "user", "password") if params.get(k)}
+
+
+def _recreate(conninfo: str, name: str, *, again: bool) -> None:
+    """Drop the database ``name`` (a previous run's, or this run's at the end); create it
+    ``again`` or not."""
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        database = sql.Identifier(name)
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(database))
+        if again:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(database))
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    work = tmp_path_factory.mktemp("packaging")
+    wheel = _build_wheel(work)
+    python, site_packages = _install(wheel, work / "venv")
+    project = work / "host_project"
+    shutil.copytree(HOST_PROJECT, project, ignore=shutil.ignore_patterns("__pycache__"))
+    # Only what a host's shell would have: no PYTHONPATH (the worktree must not be importable),
+    # none of the suite's WAYMARK_* or DATABASE_URL.
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", str(work)),
+        "LANG": "C.UTF-8",
+        "HOST_SECRET_KEY": secrets.token_urlsafe(40),
+        # The engine polls often, and walks one inline step per transaction: the rest of a
+        # run continues on a worker, so the run needs the host's relay, worker and sweep.
+        "WAYMARK_WORKER_POLL_SECONDS": "0.2",
+        "WAYMARK_SWEEP_SECONDS": "0.2",
+        "WAYMARK_WALK_INLINE_STEPS": "1",
+    }
+    # A database of its own on the tests' server, given as the host's HOST_DB_* settings.
+    server, name = _server(), f"{connection.settings_dict['NAME']}_packaging_host"[:63]
+    admin = make_conninfo(**server, dbname="postgres")
+    _recreate(admin, name, again=True)
+    env.update({f"HOST_DB_{k.upper()}": v for k, v in {**server, "name": name}.items()})
+    try:
+        yield Host(wheel, python, site_packages, project, env)
+    finally:
+        _recreate(admin, name, again=False)
+
+
+def test_the_wheel_carries_templates_data_and_migrations(host: Host) -> None:
+    with zipfile.ZipFile(host.wheel) as wheel:
+        names = set(wheel.namelist())
+    missing = [name for name in PACKAGE_DATA if name not in names]
+    assert not missing, f"not in the wheel: {missing}"
+    for name in PACKAGE_DATA:
+        assert (host.site_packages / name).is_file(), f"not installed: {name}"
+    # Nothing of the sources' own tree: templates live in their apps, not in the project.
+    assert not any(name.startswith("templates/") for name in names)
+
+
+def test_the_host_finds_waymark_and_its_templates_in_site_packages(host: Host) -> None:
+    found = host.check("origins")
+    for module, path in found["modules"].items():
+        assert Path(path).is_relative_to(host.site_packages), (module, path)
+    for template, path in found["templates"].items():
+        assert Path(path).is_relative_to(host.site_packages), (template, path)
+    assert Path(found["demo_definition"]).is_relative_to(host.site_packages)
+    assert found["demo_steps"] > 0
+    assert not Path(sysconfig.get_path("purelib")).is_relative_to(host.site_packages)
+
+
+def test_a_host_project_migrates_starts_a_run_and_its_engine_finishes_it(host: Host) -> None:
+    host.run("manage.py", "migrate", "--no-input")
+    host.run("manage.py", "create_organisation", "host")
+    key = host.run("manage.py", "create_api_key", "--org", "host").strip().splitlines()[-1]
+    host.run("manage.py", "publish_automation", "--org", "host", "--slug", "hello",
+             "--file", "automation.json")  # fmt: skip
+    started = host.check("start", key)
+    assert started["status_code"] == 201, started
+
+    log = (host.project / "runengine.log").open("wb")
+    engine = subprocess.Popen(
+        [str(host.python), "manage.py", "runengine", "--no-web", "--grace", "2"],
+        cwd=host.project,
+        env=host.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        detail = host.check("wait", key, str(started["id"]), str(RUN_SECONDS))
+        engine.send_signal(signal.SIGTERM)
+        stopped = engine.wait(timeout=60)
+    finally:
+        kill_tree(engine)
+        log.close()
+    output = (host.project / "runengine.log").read_text(errors="replace")
+    assert detail["status"] == "succeeded", f"{detail}\nrunengine:\n{output}"
+    assert detail["output"] == {"message": "Hello host"}, detail
+    steps = {step["step_id"]: step for step in detail["steps"]}
+    assert all(steps[s]["status"] == "done" for s in ("greet", "pause", "record", "done")), steps
+    # Past the first inline step the walk continued on the io lane, and the wait needed the
+    # sweep: the host's own engine processes moved the run.
+    assert steps["record"]["lane"] == "io" and steps["~continue"]["status"] == "done", steps
+    assert stopped == 0, output
+
+    pages = host.check("pages", str(started["id"]))
+    run_page, inbox, connection_page = pages["run"], pages["inbox"], pages["connection"]
+    assert run_page["status"] == 200
+    assert 'id="timeline"' in run_page["html"]  # admin/workflows/run/timeline.html
+    assert "step.started" in run_page["html"] or "run.started" in run_page["html"]
+    assert inbox["status"] == 200 and "Waiting for you" in inbox["html"]
+    assert connection_page["status"] == 200
+    header, *_, actions = pages["slack"]
+    assert header["text"]["text"] == "Approval requested"
+    assert [b["value"] for b in actions["elements"]] == ["yes-token", "no-token"]
