@@ -192,6 +192,8 @@ def test_the_host_finds_waymark_and_its_templates_in_site_packages(host: Host) -
 
 def test_a_host_project_migrates_starts_a_run_and_its_engine_finishes_it(host: Host) -> None:
     host.run("manage.py", "migrate", "--no-input")
+    # The demo reads its definition from the installed package (workflows/demo/).
+    assert "automation: follow-up v1" in host.run("manage.py", "bootstrap_demo")
     host.run("manage.py", "create_organisation", "host")
     key = host.run("manage.py", "create_api_key", "--org", "host").strip().splitlines()[-1]
     host.run("manage.py", "publish_automation", "--org", "host", "--slug", "hello",
