@@ -305,7 +305,7 @@ LANE_DEFAULTS: dict[str, dict[str, float | int]] = {
         # io steps mostly wait on outside services, so a slot costs a thread and a
         # connection, not a core. With 32 rather than 16, more of the steps that finish
         # together share a group's commit: end to end +24-38 % on the 2-core development
-        # machine, drained +6-22 % (docs/operations.md, "A tenth session"); 64 added nothing.
+        # machine, drained +6-22 % (benchmarks/RESULTS.md, the tenth session); 64 added nothing.
         "concurrency": 32,
         "lease_seconds": 30.0,
         "timeout_seconds": 300.0,

@@ -334,7 +334,7 @@ RESOLVE_DONE = {DONE: "marked done", RETRY: "set to retry with the same key", FA
 
 
 EFFECT_FIELDS = (
-    "key", "org", "run", "step_id", "iteration", "provider", "connection", "state", "calls",
+    "sent_key", "org", "run", "step_id", "iteration", "provider", "connection", "state", "calls",
     "first_attempt_at", "last_attempt_at", "lease_until", "pretty_request",
     "pretty_last_response", "pretty_result", "error", "reserved_cost", "cost", "resolved_by",
     "created_at", "updated_at",
@@ -343,10 +343,10 @@ EFFECT_FIELDS = (
 
 @admin.register(Effect)
 class EffectAdmin(OrgScopedMixin, admin.ModelAdmin):
-    list_display = ["id", "key", "org", "provider", "state", "calls", "last_attempt_at",
+    list_display = ["id", "sent_key", "org", "provider", "state", "calls", "last_attempt_at",
                     "resolved_by"]  # fmt: skip
     list_filter = ["state", ProviderFilter, ("org", OrgScopedRelatedFilter)]
-    search_fields = ["key"]
+    search_fields = ["key", "external_key"]  # the ledger's key, or the key a provider shows
     list_select_related = ["org"]
     fields = EFFECT_FIELDS
     readonly_fields = EFFECT_FIELDS
@@ -368,6 +368,11 @@ class EffectAdmin(OrgScopedMixin, admin.ModelAdmin):
         """Resolve an effect in review: the ``effects.change_effect`` permission, in the
         effect's organisation, asked at every click (membership is read per request)."""
         return may_change_here(request, self.opts, obj)
+
+    @admin.display(description="key (as sent)", ordering="key")
+    def sent_key(self, obj: Effect) -> str:
+        """The key the provider was sent, to look the effect up there (``Effect.sent_key``)."""
+        return obj.sent_key
 
     @admin.display(description="request")
     def pretty_request(self, obj: Effect) -> str:
@@ -430,9 +435,9 @@ class EffectAdmin(OrgScopedMixin, admin.ModelAdmin):
                     reason=form.cleaned_data.get("reason", ""),
                 )  # fmt: skip
             except ResolveError as refused:
-                messages.error(request, f"Effect {effect.key}: {refused.code}: {refused}")
+                messages.error(request, f"Effect {effect.sent_key}: {refused.code}: {refused}")
             else:
-                messages.success(request, f"Effect {effect.key} {RESOLVE_DONE[action]}.")
+                messages.success(request, f"Effect {effect.sent_key} {RESOLVE_DONE[action]}.")
             return redirect(effect_url)
         context = {
             **self.admin_site.each_context(request),

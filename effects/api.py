@@ -635,6 +635,12 @@ class EgressAllowDetailView(APIView):
 class EffectOut(serializers.ModelSerializer[Effect]):
     """An effect of the ledger. Not its attempt's owner (an engine host and process id)."""
 
+    key = serializers.CharField(
+        source="sent_key",
+        help_text="The key as the provider was sent it (`Idempotency-Key`, Slack metadata, "
+        "`X-Waymark-Effect-Key`): `run/step/iteration`, a colon and a random part fixed when "
+        "the effect was first claimed. Look the effect up at the provider by it.",
+    )
     run = serializers.IntegerField(source="run_id")
     connection = serializers.SerializerMethodField(help_text="The connection's name, if any.")
     state = EffectStateField(

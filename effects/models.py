@@ -128,6 +128,13 @@ class Effect(models.Model):
             models.Index(fields=["org", "state", "id"], name="effect_org_state"),
         ]
 
+    @property
+    def sent_key(self) -> str:
+        """The key as providers were sent it (what to look the effect up by at the provider):
+        the ledger's key, a colon and its random part. An effect stored before that part
+        existed (migration 0003) has none: its ledger key is what it shows."""
+        return self.external_key or self.key
+
     def __str__(self) -> str:
         return f"effect {self.key} ({self.state})"
 

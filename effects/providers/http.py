@@ -155,7 +155,14 @@ def transport_error(exc: httpx.HTTPError) -> CallError:
 
 
 class EgressDenied(Refused):
+    """The egress guard refused the address before a byte left: nothing was made. The message
+    starts with the stable code ``egress_refused``, as an unsendable request's starts with
+    ``invalid_request``, so the step's error names the kind and not only the history."""
+
     error_class = "egress_refused"
+
+    def __init__(self, message: str, response: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{self.error_class}: {message}", response)
 
 
 class Redirected(Refused):
