@@ -37,6 +37,7 @@ DOCUMENTED = re.compile(r"WAYMARK_(?:[A-Z0-9_]|<[A-Z]+>)+")
 NOT_SETTINGS = {
     "WAYMARK_URL": "docs/api.md: the calling service's own environment (where Waymark is)",
     "WAYMARK_KEY": "docs/api.md: the calling service's own environment (its API key)",
+    "WAYMARK_WEB": "docs/embedding.md: a Django settings object a host imports, not a variable",
 }
 # Read, and deliberately not in the manuals.
 UNDOCUMENTED = {
