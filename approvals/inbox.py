@@ -44,7 +44,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
-from workflows.engine.transient import is_transient, lost_connection
+from workflows.plugins.engine import is_transient, lost_connection
 
 from .models import ApprovalRequest, SlackInteraction, SlackUser
 from .services import Actor, Outcome, decide_within, record_attempt

@@ -41,10 +41,9 @@ from django.utils import timezone
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
-from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
-from workflows.engine.waits import Wake, wake_step
 from workflows.models import Membership, Run, Step
-from workflows.states import RunStatus, StepStatus
+from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable, unstorable_path
+from workflows.plugins.engine import RunStatus, StepStatus, Wake, wake_step
 
 from .models import ApprovalRequest, DecisionAttempt, RequestKind, RequestStatus
 

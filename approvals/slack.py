@@ -68,9 +68,16 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from effects.perform import load_connection
-from effects.providers.base import Answer, ConnectionInfo, Request
-from effects.providers.slack import EVENT_TYPE, SlackMessageProvider, slack_call, vet_base_url
+from effects.public import (
+    EVENT_TYPE,
+    Answer,
+    ConnectionInfo,
+    Request,
+    SlackMessageProvider,
+    load_connection,
+    slack_call,
+    vet_base_url,
+)
 from workflows.plugins import StepFailure
 
 from . import inbox
@@ -270,7 +277,7 @@ class ApprovalMessageProvider(SlackMessageProvider):
         )
         channel, ts = response.get("channel"), response.get("ts")
         if not isinstance(channel, str) or not isinstance(ts, str) or not ts:
-            from effects.providers.base import Ambiguous
+            from effects.public import Ambiguous
 
             raise Ambiguous("malformed answer from Slack: no channel or ts", {"ok": True})
         result = {"channel": channel, "ts": ts}

@@ -42,11 +42,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from effects.ledger import Call, run_effect
-from effects.perform import load_connection
-from workflows.definitions.expressions import check_template
-from workflows.definitions.fields import parse_duration
-from workflows.definitions.storable import has_unstorable
+from effects.public import Call, load_connection, run_effect
 from workflows.plugins import (
     Park,
     StepContext,
@@ -64,6 +60,7 @@ from workflows.plugins import (
     register_sweep_task,
     render,
 )
+from workflows.plugins.definitions import check_template, has_unstorable, parse_duration
 
 APPROVAL_OUTCOMES = frozenset({"approved", "rejected", "timed_out"})
 TASK_OUTCOMES = frozenset({"submitted", "timed_out"})

@@ -22,12 +22,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from workflows.api.auth import request_key
-from workflows.api.serializers import ErrorOut, StrictInput
-from workflows.api.views import CursorPage, ListEndpoint
-from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
 from workflows.errors import AlreadyExists, NotFound
 from workflows.models import Automation, Organisation
+from workflows.plugins.api import CursorPage, ErrorOut, ListEndpoint, StrictInput, request_key
+from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable
 
 from .calendar import zone_named
 from .models import CatchUp, Schedule

@@ -53,9 +53,6 @@ from django.db import connection, transaction
 from django.db.models import Case, DateTimeField, ExpressionWrapper, F, Q, Value, When
 from django.db.models.functions import Now
 
-from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
-from workflows.engine.faults import crash_point
-from workflows.engine.transient import is_transient, lost_connection
 from workflows.errors import (
     QuotaExceeded,
     RunningRunsQuota,
@@ -64,8 +61,9 @@ from workflows.errors import (
     WaymarkError,
 )
 from workflows.models import Organisation
-from workflows.services import quotas
-from workflows.services.runs import check_input, run_start
+from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable
+from workflows.plugins.engine import crash_point, is_transient, lost_connection
+from workflows.plugins.runs import check_input, quotas, run_start
 
 from .calendar import resolve_local, zone_named
 from .models import CatchUp, Schedule

@@ -8,10 +8,8 @@ from typing import Any
 
 from django.db import connection
 
-from workflows.engine.definition_cache import definition_for
-from workflows.engine.executors import Park, StepContext, StepResult
-from workflows.engine.lanes import engine_setting
-from workflows.engine.sql.rows import fetch_dict, json_or_null
+from workflows.plugins import Park, StepContext, StepResult
+from workflows.plugins.engine import definition_for, engine_setting, fetch_dict, json_or_null
 
 from . import sql
 from .timing import Planned, plan
