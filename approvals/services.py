@@ -43,7 +43,7 @@ from rest_framework.throttling import BaseThrottle
 
 from workflows.models import Membership, Run, Step
 from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable, unstorable_path
-from workflows.plugins.engine import RunStatus, StepStatus, Wake, wake_step
+from workflows.plugins.engine import RunStatus, StepStatus, Wake, database_now, wake_step
 
 from .models import ApprovalRequest, DecisionAttempt, RequestKind, RequestStatus
 
@@ -326,7 +326,7 @@ def _decide(
             )
     if approval.status != RequestStatus.PENDING:
         raise _already(approval)
-    now = _db_now()
+    now = database_now()
     if approval.expires_at <= now:
         raise Refused(
             "expired",
@@ -489,14 +489,6 @@ def _member(user: Any, org_id: int) -> bool:
     return bool(
         user is not None and Membership.objects.filter(user_id=user.pk, org_id=org_id).exists()
     )
-
-
-def _db_now() -> Any:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        row = cursor.fetchone()
-    assert row is not None
-    return row[0]
 
 
 def _when(moment: Any) -> str:

@@ -28,8 +28,9 @@ from workflows.plugins.api import CursorPage, ErrorOut, ListEndpoint, StrictInpu
 from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable
 
 from .calendar import zone_named
+from .cron import cron_problem, first_occurrence, input_problem
 from .models import CatchUp, Schedule
-from .schedules import check_schedule_quota, cron_problem, first_occurrence, input_problem
+from .schedules import check_schedule_quota
 
 # A schedule's name: it is in the URL (``/schedules/{name}``).
 SCHEDULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
