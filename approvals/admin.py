@@ -29,8 +29,8 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from workflows.admin.scoping import OrgScopedMixin, in_scope, scoped
 from workflows.models import Membership, Run, RunEvent
+from workflows.plugins.admin import OrgScopedMixin, in_scope, scoped
 
 from .models import ApprovalRequest, DecisionAttempt, RequestKind, RequestStatus, SlackUser
 from .services import (

@@ -28,9 +28,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from workflows.api.auth import request_key
-from workflows.api.serializers import ErrorOut, StrictInput
-from workflows.api.views import CursorPage, ListEndpoint
+from workflows.plugins.api import CursorPage, ErrorOut, ListEndpoint, StrictInput, request_key
 
 from .models import ApprovalRequest, RequestKind, RequestStatus
 from .services import MAX_COMMENT_CHARS, Actor, Outcome, client_ip, decide

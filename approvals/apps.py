@@ -6,6 +6,15 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from workflows.plugins import register_sweep_task
+
+        from . import sweep
         from .steptypes import register_step_types
 
         register_step_types()
+        # Here, not in steptypes: the sweep's tasks use steptypes (reminders), so steptypes
+        # importing the sweep would close a cycle.
+        register_sweep_task("approvals.slack_clicks", sweep.slack_clicks)
+        register_sweep_task("approvals.wake_decided", sweep.wake_decided)
+        register_sweep_task("approvals.reminders", sweep.send_reminders)
+        register_sweep_task("approvals.slack_updates", sweep.update_slack)

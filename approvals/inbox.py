@@ -44,10 +44,11 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
-from workflows.engine.transient import is_transient, lost_connection
+from workflows.plugins.engine import is_transient, lost_connection
 
 from .models import ApprovalRequest, SlackInteraction, SlackUser
 from .services import Actor, Outcome, decide_within, record_attempt
+from .slack import respond, update_messages
 
 logger = logging.getLogger(__name__)
 
@@ -278,8 +279,6 @@ def _count_failure(interaction_id: int) -> None:
 
 def _feedback(interaction_id: int, outcome: Outcome) -> None:
     """After the decision commits: the request's messages show it, and the person is told."""
-    from .slack import update_messages
-
     try:
         if outcome.accepted and outcome.approval is not None:
             update_messages(outcome.approval.pk)
@@ -291,8 +290,6 @@ def _feedback(interaction_id: int, outcome: Outcome) -> None:
 def _reply(interaction_id: int) -> bool:
     """Send the click's reply to its response_url, once (claimed first); whether it was
     claimed. A reply that fails is not sent again (the request's message shows the state)."""
-    from .slack import respond
-
     with connection.cursor() as cursor:
         cursor.execute(CLAIM_REPLY, [interaction_id])
         claimed = cursor.fetchone()

@@ -41,10 +41,9 @@ from django.utils import timezone
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
-from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
-from workflows.engine.waits import Wake, wake_step
 from workflows.models import Membership, Run, Step
-from workflows.states import RunStatus, StepStatus
+from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable, unstorable_path
+from workflows.plugins.engine import RunStatus, StepStatus, Wake, database_now, wake_step
 
 from .models import ApprovalRequest, DecisionAttempt, RequestKind, RequestStatus
 
@@ -327,7 +326,7 @@ def _decide(
             )
     if approval.status != RequestStatus.PENDING:
         raise _already(approval)
-    now = _db_now()
+    now = database_now()
     if approval.expires_at <= now:
         raise Refused(
             "expired",
@@ -490,14 +489,6 @@ def _member(user: Any, org_id: int) -> bool:
     return bool(
         user is not None and Membership.objects.filter(user_id=user.pk, org_id=org_id).exists()
     )
-
-
-def _db_now() -> Any:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        row = cursor.fetchone()
-    assert row is not None
-    return row[0]
 
 
 def _when(moment: Any) -> str:

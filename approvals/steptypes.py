@@ -42,11 +42,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from effects.ledger import Call, run_effect
-from effects.perform import load_connection
-from workflows.definitions.expressions import check_template
-from workflows.definitions.fields import parse_duration
-from workflows.definitions.storable import has_unstorable
+from effects.public import Call, load_connection, run_effect
 from workflows.plugins import (
     Park,
     StepContext,
@@ -61,9 +57,10 @@ from workflows.plugins import (
     check_template_field,
     check_template_value,
     register_step_type,
-    register_sweep_task,
     render,
 )
+from workflows.plugins.definitions import check_template, has_unstorable, parse_duration
+from workflows.plugins.engine import database_now
 
 APPROVAL_OUTCOMES = frozenset({"approved", "rejected", "timed_out"})
 TASK_OUTCOMES = frozenset({"submitted", "timed_out"})
@@ -382,7 +379,7 @@ def _open(
     if not approvers:
         raise StepFailure(f"no {people_key} (they rendered empty)", retryable=False)
     deadline = _seconds(step["deadline"])
-    now = _db_now()
+    now = database_now()
     expires = now + timedelta(seconds=deadline)
     reminders = sorted((_seconds(r) for r in step.get("reminders") or []), reverse=True)
     channel = ""
@@ -427,20 +424,12 @@ def next_reminder(now: Any, expires: Any, reminders: list[float]) -> Any:
     return None
 
 
-def _db_now() -> Any:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        row = cursor.fetchone()
-    assert row is not None
-    return row[0]
-
-
 def _expired(approval: Any) -> bool:
-    return bool(approval.expires_at <= _db_now())
+    return bool(approval.expires_at <= database_now())
 
 
 def _seconds_left(approval: Any) -> float:
-    return float((approval.expires_at - _db_now()).total_seconds())
+    return float((approval.expires_at - database_now()).total_seconds())
 
 
 def _on_deadline(approval: Any) -> Any:
@@ -463,7 +452,7 @@ def _on_deadline(approval: Any) -> Any:
             )
             approval.refresh_from_db()
             if approval.level == 1 and approval.status == "pending" and approval.reminders:
-                at = next_reminder(_db_now(), approval.expires_at, list(approval.reminders))
+                at = next_reminder(database_now(), approval.expires_at, list(approval.reminders))
                 type(approval).objects.filter(pk=approval.pk).update(next_reminder_at=at)
             return approval
         cursor.execute(
@@ -570,9 +559,3 @@ STEP_TYPES = (APPROVAL, TASK)
 def register_step_types() -> None:
     for step_type in STEP_TYPES:
         register_step_type(step_type)
-    from . import sweep
-
-    register_sweep_task("approvals.slack_clicks", sweep.slack_clicks)
-    register_sweep_task("approvals.wake_decided", sweep.wake_decided)
-    register_sweep_task("approvals.reminders", sweep.send_reminders)
-    register_sweep_task("approvals.slack_updates", sweep.update_slack)

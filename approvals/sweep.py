@@ -18,8 +18,7 @@ import logging
 
 from django.db import connection, transaction
 
-from workflows.engine.waits import Wake, wake_step
-from workflows.states import StepStatus
+from workflows.plugins.engine import StepStatus, Wake, wake_step
 
 from .models import ApprovalRequest, RequestStatus
 

@@ -4,7 +4,7 @@
 from django.urls import URLPattern, path
 from rest_framework.views import APIView
 
-from . import api, slack
+from . import api, interactions
 
 
 def route(pattern: str, view: type[APIView], name: str) -> list[URLPattern]:
@@ -15,7 +15,7 @@ def route(pattern: str, view: type[APIView], name: str) -> list[URLPattern]:
 
 
 urlpatterns = [
-    path("slack/interactions", slack.interactions, name="slack-interactions"),
+    path("slack/interactions", interactions.interactions, name="slack-interactions"),
     *route("approvals", api.ApprovalListView, "approvals"),
     *route("approvals/<int:approval_id>", api.ApprovalDetailView, "approval"),
     *route("approvals/<int:approval_id>/decide", api.ApprovalDecideView, "approval-decide"),

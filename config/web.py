@@ -32,7 +32,7 @@ from waitress.server import TcpWSGIServer
 from waitress.task import ErrorTask
 from waitress.utilities import BadRequest, Error
 
-from workflows.engine.supervisor import EXIT_CONFIG
+from .exit_codes import EXIT_CONFIG
 
 # How long a connection refused part-way is still read (and discarded) before it is closed.
 LINGER_SECONDS = 2.0

@@ -28,15 +28,15 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
-from workflows.admin.display import pretty_json
-from workflows.admin.fields import SafeJSONField
-from workflows.admin.scoping import (
+from workflows.errors import WaymarkError
+from workflows.plugins.admin import (
     OrgScopedMixin,
     OrgScopedRelatedFilter,
+    SafeJSONField,
     may_change_here,
+    pretty_json,
 )
-from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
-from workflows.errors import WaymarkError
+from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable
 
 from .api import CONNECTION_NAME, MAX_REASON_CHARS, MAX_SECRET_CHARS, json_problem, provider_names
 from .checks import check_connection, check_seconds

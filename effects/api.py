@@ -27,12 +27,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from workflows.api.auth import request_actor, request_key
-from workflows.api.serializers import ErrorOut, StrictInput
-from workflows.api.views import CursorPage, ListEndpoint
-from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
 from workflows.errors import AlreadyExists, NotFound, WaymarkError
 from workflows.models import Organisation
+from workflows.plugins.api import (
+    CursorPage,
+    ErrorOut,
+    ListEndpoint,
+    StrictInput,
+    request_actor,
+    request_key,
+)
+from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable, unstorable_path
 
 from .allowlist import allow_add, allow_get
 from .checks import check_connection

@@ -26,8 +26,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from workflows.engine.executors import StepFailure
 from workflows.errors import Conflict, NotFound, WaymarkError
+from workflows.plugins import StepFailure
 
 from . import sql
 from .models import Connection

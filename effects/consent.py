@@ -12,7 +12,7 @@ from email.headerregistry import Address
 from email.utils import getaddresses
 from typing import Any
 
-from workflows.engine.sql.rows import fetch_dict
+from workflows.plugins.engine import fetch_dict
 
 from . import sql
 

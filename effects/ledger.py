@@ -37,10 +37,15 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
-from workflows.engine.executors import Park, StepContext, StepDeferred, StepFailure, StepResult
-from workflows.engine.faults import crash_point
-from workflows.engine.sql.rows import event_row, fetch_dict, insert_events, json_or_null
-from workflows.engine.transport import own_connection
+from workflows.plugins import Park, StepContext, StepDeferred, StepFailure, StepResult
+from workflows.plugins.engine import (
+    crash_point,
+    event_row,
+    fetch_dict,
+    insert_events,
+    json_or_null,
+    own_connection,
+)
 
 from . import sql
 from .consent import suppression

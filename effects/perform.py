@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from workflows.engine.executors import StepContext, StepFailure, StepResult
+from workflows.plugins import StepContext, StepFailure, StepResult
 
 from .egress import Allowlist
 from .ledger import Call, run_effect

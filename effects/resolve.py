@@ -15,10 +15,16 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from workflows.engine.sql.rows import event_row, fetch_dict, fetch_dicts, insert_events
-from workflows.engine.sql.rows import json_or_null as _json
-from workflows.engine.waits import Wake, wake_step
-from workflows.engine.walk import lock_run
+from workflows.plugins.engine import (
+    Wake,
+    event_row,
+    fetch_dict,
+    fetch_dicts,
+    insert_events,
+    lock_run,
+    wake_step,
+)
+from workflows.plugins.engine import json_or_null as _json
 
 from . import sql
 from .models import Connection

@@ -14,9 +14,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.http import HttpRequest
 
-from workflows.admin.fields import SafeJSONField
-from workflows.admin.scoping import OrgScopedMixin, OrgScopedRelatedFilter
 from workflows.errors import QuotaExceeded
+from workflows.plugins.admin import OrgScopedMixin, OrgScopedRelatedFilter, SafeJSONField
 
 from .api import SCHEDULE_NAME
 from .models import Schedule

@@ -22,16 +22,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from workflows.api.auth import request_key
-from workflows.api.serializers import ErrorOut, StrictInput
-from workflows.api.views import CursorPage, ListEndpoint
-from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
 from workflows.errors import AlreadyExists, NotFound
 from workflows.models import Automation, Organisation
+from workflows.plugins.api import CursorPage, ErrorOut, ListEndpoint, StrictInput, request_key
+from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable
 
 from .calendar import zone_named
+from .cron import cron_problem, first_occurrence, input_problem
 from .models import CatchUp, Schedule
-from .schedules import check_schedule_quota, cron_problem, first_occurrence, input_problem
+from .schedules import check_schedule_quota
 
 # A schedule's name: it is in the URL (``/schedules/{name}``).
 SCHEDULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")

@@ -20,6 +20,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models.functions import Now
 
+from .cron import first_occurrence, schedule_problems
+
 
 class Timer(models.Model):
     org = models.ForeignKey(
@@ -158,8 +160,6 @@ class Schedule(models.Model):
         return self.name
 
     def clean(self) -> None:
-        from .schedules import schedule_problems
-
         problems: dict[str, str] = schedule_problems(
             cron=self.cron, timezone=self.timezone, run_input=self.input
         )
@@ -174,7 +174,5 @@ class Schedule(models.Model):
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if getattr(self, "next_at", None) is None:  # new: its first occurrence from now
-            from .schedules import first_occurrence
-
             self.next_at = first_occurrence(self.cron, self.timezone)
         super().save(*args, **kwargs)

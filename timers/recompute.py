@@ -22,10 +22,9 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from workflows.definitions.expressions import build_context
-from workflows.engine.executors import StepFailure
-from workflows.engine.sql.rows import event_row, fetch_dict, fetch_dicts, insert_events
-from workflows.plugins import render
+from workflows.plugins import StepFailure, render
+from workflows.plugins.definitions import build_context
+from workflows.plugins.engine import event_row, fetch_dict, fetch_dicts, insert_events
 
 from . import sql
 from .calendar import zone_named

@@ -12,7 +12,6 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from workflows.definitions.expressions import is_template
 from workflows.plugins import (
     StepReport,
     StepType,
@@ -22,6 +21,7 @@ from workflows.plugins import (
     check_template_field,
     register_step_type,
 )
+from workflows.plugins.definitions import is_template
 
 from .store import enter_wait
 from .timing import NO_SPREAD

@@ -3,27 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from django.db import connection
 
-from workflows.engine.definition_cache import definition_for
-from workflows.engine.executors import Park, StepContext, StepResult
-from workflows.engine.lanes import engine_setting
-from workflows.engine.sql.rows import fetch_dict, json_or_null
+from workflows.plugins import Park, StepContext, StepResult
+from workflows.plugins.engine import (
+    database_now,
+    definition_for,
+    engine_setting,
+    fetch_dict,
+    json_or_null,
+)
 
 from . import sql
 from .timing import Planned, plan
-
-
-def database_now() -> datetime:
-    """The database's clock (the transaction's start): every timer is planned from it."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now() AS now")
-        row = fetch_dict(cursor)
-    assert row is not None
-    return row["now"]  # type: ignore[no-any-return]
 
 
 def enter_wait(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:

@@ -41,15 +41,22 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from workflows.engine.faults import crash_point
-from workflows.engine.lanes import engine_setting
-from workflows.engine.retention import purge_finished_runs
-from workflows.engine.sql.rows import Statement, fetch_dict, query_prepared, run_batch
-from workflows.engine.sweep import sweep_once
-from workflows.engine.transient import is_transient, lost_connection
-from workflows.engine.transport import listen
-from workflows.engine.waits import Wake, wake_step
 from workflows.plugins import SWEEP_TASKS
+from workflows.plugins.engine import (
+    Statement,
+    Wake,
+    crash_point,
+    engine_setting,
+    fetch_dict,
+    is_transient,
+    listen,
+    lost_connection,
+    purge_finished_runs,
+    query_prepared,
+    run_batch,
+    sweep_once,
+    wake_step,
+)
 
 from . import sql
 from .recompute import move, recomputed

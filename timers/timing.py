@@ -19,9 +19,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from workflows.definitions.expressions import is_template
-from workflows.definitions.fields import parse_duration
 from workflows.plugins import StepFailure, render
+from workflows.plugins.definitions import is_template, parse_duration
 
 from .calendar import WeeklyRule, instant_at, next_occurrence, spread_offset, zone_named
 

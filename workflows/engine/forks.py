@@ -16,18 +16,17 @@ exactly the branches of its own pass.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from psycopg.types.json import Jsonb
 
 from ..states import StepStatus
 from . import sql
 from .executors import StepResult
-from .places import Entry, Place
+from .places import TOP, Entry, Place
+from .run_state import RunState
 from .sql.rows import fetch_dict, fetch_dicts
-
-if TYPE_CHECKING:
-    from .walk import Walk
 
 FORK_TYPE = "parallel"
 JOIN_TYPE = "join"
@@ -44,8 +43,58 @@ def branches_needed(join_step: dict[str, Any], branches: int) -> int:
     return branches
 
 
+class ForkWalk(Protocol):
+    """What forks use of the walk that enters them (walk.py's Walk): named here, so that
+    this module need not import the walk, which imports it."""
+
+    cursor: Any
+    run: RunState
+    steps: dict[str, dict[str, Any]]
+    queue: deque[Entry]
+
+    def event(
+        self,
+        kind: str,
+        step_id: str = "",
+        *,
+        iteration: int | None = None,
+        attempt: int | None = None,
+        detail: Any = None,
+    ) -> None: ...
+
+    def add_step(
+        self,
+        step_id: str,
+        iteration: int,
+        step_type: str,
+        lane: str,
+        status: str,
+        *,
+        attempt: int = 0,
+        max_attempts: int = 1,
+        output: Any = None,
+        error: str = "",
+        wait_kind: str = "",
+        wake_in: float | None = None,
+        wait_detail: Any = None,
+        place: Place = TOP,
+        owner: str | None = None,
+        lease_seconds: float | None = None,
+    ) -> None: ...
+
+    def insert_new_steps(self) -> None: ...
+
+    def record_output(self, step_id: str, result: StepResult) -> None: ...
+
+    def step_succeeded(self, step_id: str, result: StepResult, place: Place = TOP) -> None: ...
+
+    def enter_entries(self, entries: Iterable[Entry]) -> None: ...
+
+    def next_iteration(self, step_id: str) -> int: ...
+
+
 class Forks:
-    def __init__(self, walk: Walk) -> None:
+    def __init__(self, walk: ForkWalk) -> None:
         self.walk = walk
         self.join_steps: dict[int, str] = {}  # join row id -> its step id
 

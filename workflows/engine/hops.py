@@ -32,22 +32,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import connection
 from psycopg.types.json import Jsonb
 
 from ..states import RunStatus
 from . import sql
+from .claimed import ClaimedStep
 from .definition_cache import definition_for
 from .executors import StepResult
 from .faults import crash_point
 from .speculative import NoDatabase, walked_ahead
 from .sql.rows import json_or_null, query_prepared, transaction_pipelined
 from .walk import RunState, TakeNext, Walk
-
-if TYPE_CHECKING:
-    from .steps import ClaimedStep
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
-from datetime import datetime
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -24,12 +23,13 @@ from psycopg.rows import dict_row
 from ..definitions.expressions import build_context
 from ..definitions.registry import registry
 from . import hops, sql
+from .claimed import ClaimedStep
 from .definition_cache import definition_for
 from .executors import Park, StepContext, StepDeferred, StepFailure, StepResult
 from .faults import crash_point
 from .hops import Hop
 from .lanes import UNSHARED, FairShare, LanePolicy
-from .places import Entry, Place
+from .places import Entry
 from .plans import refresh_plans_when_due
 from .sql.rows import (
     event_row,
@@ -41,61 +41,9 @@ from .sql.rows import (
 )
 from .transport import own_connection
 from .waits import Wake, wake_step
-from .walk import CONTINUATION_TYPE, TakeNext, Walk, lock_run, run_state
+from .walk import TakeNext, Walk, lock_run, run_state
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ClaimedStep:
-    """One claimed step, as the claim returns it (columns by name)."""
-
-    id: int
-    org_id: int
-    run_id: int
-    step_id: str
-    iteration: int
-    type: str
-    lane: str
-    attempt: int  # the fencing token
-    attempts_used: int  # claims of this series that ran (or died running); hand-backs excluded
-    max_attempts: int
-    version_id: int
-    # The run's template data as of the claim.
-    run_input: Any = field(repr=False)
-    run_vars: dict[str, Any] = field(repr=False)
-    run_outputs: dict[str, Any] = field(repr=False)
-    run_created_at: datetime = field(repr=False)
-    run_expired: bool = False  # the run is past its max age (the database's clock)
-    wait_detail: dict[str, Any] | None = field(default=None, repr=False)
-    fork_join_id: int | None = None  # the join its branch arrives at (see forks.py)
-    branch: int | None = None
-    # The rest of the run's row as of the claim, for a hop's walk (hops.py): which version
-    # of the row it was (its xmin; None: no hop from this step).
-    run_entered: dict[str, int] = field(default_factory=dict, repr=False)
-    run_steps_executed: int = 0
-    run_max_steps: int = 0
-    run_seen: str | None = None
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> ClaimedStep:
-        return cls(**{f.name: row[f.name] for f in fields(cls)})
-
-    @property
-    def poisoned(self) -> bool:
-        return self.attempts_used > self.max_attempts
-
-    @property
-    def is_continuation(self) -> bool:
-        return self.type == CONTINUATION_TYPE
-
-    @property
-    def place(self) -> Place:
-        return Place(self.fork_join_id, self.branch)
-
-    @property
-    def woken_with(self) -> dict[str, Any] | None:
-        return (self.wait_detail or {}).get("woken_with")
 
 
 class PreparedClaims:

@@ -17,11 +17,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from config.exit_codes import EXIT_CONFIG
+
 from .stop_signals import on_stop_signal
 
 logger = logging.getLogger(__name__)
 
-EXIT_CONFIG = 78
+__all__ = ["EXIT_CONFIG", "Child", "Supervisor"]
 
 
 @dataclass

@@ -17,7 +17,6 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from django.db import connection
@@ -30,6 +29,7 @@ from .executors import StepContext, StepFailure, StepResult, executor_for
 from .forks import FORK_TYPE, Forks
 from .lanes import UNSHARED, FairShare, engine_setting, lane_policy
 from .places import TOP, Entry, Place
+from .run_state import RunState
 from .speculative import NeedsTransaction
 from .sql import CANCEL_LIVE_STEPS_LOGGED, LIVE_STEPS, LOCK_RUN, STEP_ID_OF, UPDATE_RUN
 from .sql.rows import (
@@ -57,22 +57,6 @@ from .sql.rows import (
 CONTINUATION_STEP = "~continue"
 CONTINUATION_TYPE = "continue"
 CONTINUATION_LANE = "io"
-
-
-@dataclass
-class RunState:
-    id: int
-    org_id: int
-    version_id: int
-    status: str
-    input: Any
-    vars: dict[str, Any]
-    outputs: dict[str, Any]
-    entered: dict[str, int]
-    steps_executed: int
-    max_steps: int
-    expired: bool
-    created_at: datetime
 
 
 @dataclass(frozen=True)

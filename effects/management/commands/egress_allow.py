@@ -18,8 +18,7 @@ from django.core.management.base import CommandError, CommandParser
 from effects.allowlist import allow_add, allow_list, allow_remove
 from effects.egress import in_force, tenant_ceiling
 from workflows.errors import WaymarkError
-from workflows.management.base import MigratedCommand
-from workflows.selectors import organisation_get
+from workflows.plugins.runs import MigratedCommand, organisation_get
 
 
 class Command(MigratedCommand):

@@ -18,7 +18,7 @@ from django.db import transaction
 
 from effects.models import Connection
 from effects.secrets import SecretUnreadable, decrypt, rotate, under_derived_key
-from workflows.management.base import MigratedCommand
+from workflows.plugins.runs import MigratedCommand
 
 
 class Command(MigratedCommand):

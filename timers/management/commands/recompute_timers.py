@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from timers.recompute import recompute_pending
-from workflows.management.base import MigratedCommand
+from workflows.plugins.runs import MigratedCommand
 
 
 class Command(MigratedCommand):

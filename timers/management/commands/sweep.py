@@ -3,7 +3,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from timers.sweep import run_sweeper
-from workflows.engine.stop_signals import wait_for_stop_signal
+from workflows.plugins.engine import wait_for_stop_signal
 
 
 class Command(BaseCommand):

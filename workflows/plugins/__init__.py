@@ -49,8 +49,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .definitions.expressions import ExpressionError, render_value
-from .definitions.fields import (
+from ..definitions.expressions import ExpressionError, render_value
+from ..definitions.fields import (
     check_choice,
     check_duration,
     check_fields,
@@ -61,7 +61,7 @@ from .definitions.fields import (
     check_template_field,
     check_template_value,
 )
-from .definitions.registry import (
+from ..definitions.registry import (
     INLINE,
     WORKER_LANES,
     RetryPolicy,
@@ -69,7 +69,7 @@ from .definitions.registry import (
     StepType,
     registry,
 )
-from .engine.executors import Park, StepContext, StepDeferred, StepFailure, StepResult
+from ..engine.executors import Park, StepContext, StepDeferred, StepFailure, StepResult
 
 __all__ = [
     "INLINE",

@@ -1,0 +1,11 @@
+"""What an app's REST endpoints share with Waymark's own (docs/api.md): API-key
+authentication's principal (``request_key``, ``request_actor``), the strict input serializer
+(unknown fields refused), the error body's schema, and the cursor-paginated list endpoint."""
+
+from __future__ import annotations
+
+from ..api.auth import request_actor, request_key
+from ..api.serializers import ErrorOut, StrictInput
+from ..api.views import CursorPage, ListEndpoint
+
+__all__ = ["CursorPage", "ErrorOut", "ListEndpoint", "StrictInput", "request_actor", "request_key"]

@@ -1,0 +1,20 @@
+"""The definition language's public helpers for step types and the data apps store:
+templates (``is_template``, ``check_template``, a run's template context), durations, and
+whether a text can be stored in PostgreSQL at all (``has_unstorable``: NUL characters, lone
+surrogates)."""
+
+from __future__ import annotations
+
+from ..definitions.expressions import build_context, check_template, is_template
+from ..definitions.fields import parse_duration
+from ..definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
+
+__all__ = [
+    "UNSTORABLE_REASON",
+    "build_context",
+    "check_template",
+    "has_unstorable",
+    "is_template",
+    "parse_duration",
+    "unstorable_path",
+]

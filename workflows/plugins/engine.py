@@ -1,0 +1,73 @@
+"""The engine's public door for apps that keep state of their own (timers, effects,
+approvals, a host project's): write a run's events in its transaction, wake a waiting step,
+mark a crash point the tests can stop a process at, read the database's clock, and tell a
+transient database error from a real one. Everything else under ``workflows.engine`` is
+private: the import contracts in pyproject.toml ([tool.importlinter]) refuse an app that
+imports it directly.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import connection
+
+from ..engine.definition_cache import definition_for
+from ..engine.faults import crash_point
+from ..engine.lanes import engine_setting
+from ..engine.retention import purge_finished_runs
+from ..engine.sql.rows import (
+    Statement,
+    event_row,
+    fetch_dict,
+    fetch_dicts,
+    insert_events,
+    json_or_null,
+    query_prepared,
+    run_batch,
+)
+from ..engine.stop_signals import wait_for_stop_signal
+from ..engine.sweep import sweep_once
+from ..engine.transient import is_transient, lost_connection
+from ..engine.transport import listen, own_connection
+from ..engine.waits import Wake, wake_step
+from ..engine.walk import lock_run
+from ..states import RunStatus, StepStatus
+
+__all__ = [
+    "RunStatus",
+    "Statement",
+    "StepStatus",
+    "Wake",
+    "crash_point",
+    "database_now",
+    "definition_for",
+    "engine_setting",
+    "event_row",
+    "fetch_dict",
+    "fetch_dicts",
+    "insert_events",
+    "is_transient",
+    "json_or_null",
+    "listen",
+    "lock_run",
+    "lost_connection",
+    "own_connection",
+    "purge_finished_runs",
+    "query_prepared",
+    "run_batch",
+    "sweep_once",
+    "wait_for_stop_signal",
+    "wake_step",
+]
+
+
+def database_now() -> datetime:
+    """The database's clock (``now()``: the current transaction's start). Every deadline the
+    engine compares is on it, never on this process's clock."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now() AS now")
+        row = fetch_dict(cursor)
+    assert row is not None
+    now: datetime = row["now"]
+    return now

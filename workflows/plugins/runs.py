@@ -1,0 +1,12 @@
+"""Starting runs and reading organisations from an app (a scheduled start, a management
+command): the same use cases the API calls, with their rules (start keys, input limits,
+quotas)."""
+
+from __future__ import annotations
+
+from ..management.base import MigratedCommand
+from ..selectors import organisation_get
+from ..services import quotas
+from ..services.runs import check_input, run_start
+
+__all__ = ["MigratedCommand", "check_input", "organisation_get", "quotas", "run_start"]
