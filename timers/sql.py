@@ -207,7 +207,9 @@ RETURNING id
 # a trigger the timers app installs on the engine's steps (the engine knows nothing of
 # timers). It skips a timer a firing batch holds: that batch waits for the run this
 # transaction holds, then finds the step cancelled and marks the timer so itself.
-# A shipped version is never edited: a change is a new version (``_v2``) and a migration.
+# Its current text: migration 0005 installed it with its own frozen copy, and
+# tests/test_schema_functions.py checks the migrated database holds exactly this. A shipped
+# version is never edited: a change is a new version (``_v2``) and a migration.
 CANCEL_WITH_STEP_V1 = """
 CREATE OR REPLACE FUNCTION timers_cancel_with_step_v1() RETURNS trigger
 LANGUAGE plpgsql AS $function$
@@ -226,9 +228,4 @@ CREATE TRIGGER timers_cancel_with_step
  AFTER UPDATE OF status ON workflows_step
  FOR EACH ROW WHEN (OLD.status = 'waiting' AND NEW.status = 'cancelled')
  EXECUTE FUNCTION timers_cancel_with_step_v1();
-"""
-
-DROP_CANCEL_WITH_STEP_V1 = """
-DROP TRIGGER IF EXISTS timers_cancel_with_step ON workflows_step;
-DROP FUNCTION IF EXISTS timers_cancel_with_step_v1();
 """

@@ -1,8 +1,20 @@
 from django.db import migrations, models
 
-from workflows.engine.sql.functions import DROP_SIGNAL_KEYS_V1, SIGNAL_KEYS_V1
+# The keys a signal answers. Frozen: what this migration ran, whatever the function's current
+# text is now (workflows/engine/sql/functions.py; see 0015).
+SIGNAL_KEYS_V1 = """
+CREATE OR REPLACE FUNCTION waymark_signal_keys_v1(
+    p_org bigint, p_name text, p_correlation text, p_correlations text[]
+) RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $function$
+    SELECT array_agg(DISTINCT p_org::text || '/' || p_name || '/' || c)
+      FROM unnest(array_prepend(p_correlation, p_correlations)) AS c
+$function$
+"""
 
-# Pending signals by the keys they answer (sql/functions.SIGNAL_KEYS_V1): the sweep's late
+DROP_SIGNAL_KEYS_V1 = "DROP FUNCTION IF EXISTS waymark_signal_keys_v1(bigint, text, text, text[])"
+
+# Pending signals by the keys they answer (waymark_signal_keys_v1): the sweep's late
 # matching probes it once per waiting step, so its cost follows the waits, not the signals
 # nobody waits for. fastupdate off: a probe never reads a pending list that the inserts of a
 # flood of signals grew.

@@ -1,9 +1,15 @@
-"""The engine's server-side functions, installed by migrations.
+"""The engine's server-side functions and triggers as the migrated database holds them now.
 
-A shipped version is never edited: a change is a new version (``_v2``) with its own migration
-(which installs it) and a switch of the statement in ``sql`` that calls it; the old version is
-dropped by a later migration once no released engine calls it. The migration that installs a
-version imports its text from here, so the text is written once.
+Each is here in its current text, and nothing else is: tests/test_schema_functions.py
+installs these texts and fails unless the database the migrations built holds exactly the
+same functions and triggers. A version that a migration has dropped is not here.
+
+The migration that installs a version carries its own frozen copy of the text (a migration
+must mean forever what it meant when it shipped, so it never imports this module). A shipped
+version is never edited: a change is a new version (``_v2``) here, a migration that installs
+it with its own copy, and a switch of the statement in ``sql`` that calls it; the old version
+is dropped by a later migration once no released engine calls it, and leaves this module
+then.
 """
 
 from __future__ import annotations
@@ -108,59 +114,17 @@ END
 $function$
 """
 
-DROP_SETTLE_HOP_V1 = """
-DROP FUNCTION IF EXISTS waymark_settle_hop_v1(
-    bigint, xid, bigint, integer, jsonb, jsonb, jsonb, jsonb, integer, text, jsonb, text,
-    jsonb, jsonb, text, text, integer)
-"""
 
-# Hops that finish together in one worker (group_settle.py): each exactly as
+# Hops that finish together in one worker, as the previous release settles them (that
+# release calls it; this one calls v3; a later migration drops it): each exactly as
 # waymark_settle_hop_v1 with its own parameters, in the order given, in the caller's one
-# transaction. The runs are locked first, in id order (the one lock order), skipping any that
-# another transaction holds: such a hop is answered 'busy' and writes nothing (its worker then
-# settles it alone and waits for that lock there, not with the whole group). ``p_hops`` is a
-# JSON array of objects keyed by SETTLE_HOP's parameter names; a missing key is SQL NULL (a
-# JSON null is jsonb 'null'). Returns each hop's outcome with its position (``n``, from 1).
-SETTLE_HOPS_V1 = """
-CREATE OR REPLACE FUNCTION waymark_settle_hops_v1(p_hops jsonb)
-RETURNS TABLE (n integer, outcome text, run_xmin text, taken_id bigint)
-LANGUAGE plpgsql AS $function$
-DECLARE
-    h jsonb;
-    i integer := 0;
-    v_locked bigint[];
-BEGIN
-    SELECT coalesce(array_agg(locked.id), '{}') INTO v_locked
-      FROM (SELECT r.id FROM workflows_run r
-             WHERE r.id IN (SELECT (e->>'id')::bigint FROM jsonb_array_elements(p_hops) e)
-             ORDER BY r.id
-               FOR NO KEY UPDATE SKIP LOCKED) locked;
-    FOR h IN SELECT value FROM jsonb_array_elements(p_hops) LOOP
-        i := i + 1;
-        IF NOT (h->>'id')::bigint = ANY(v_locked) THEN
-            RETURN QUERY SELECT i, 'busy'::text, NULL::text, NULL::bigint;
-            CONTINUE;
-        END IF;
-        RETURN QUERY
-        SELECT i, r.outcome, r.run_xmin, r.taken_id
-          FROM waymark_settle_hop_v1(
-               (h->>'id')::bigint, (h->>'seen')::xid, (h->>'step')::bigint,
-               (h->>'attempt')::integer, h->'step_output', h->'vars', h->'outputs',
-               h->'entered', (h->>'steps')::integer, h->>'status', h->'output', h->>'error',
-               h->'new_steps', h->'events', h->>'worker', h->>'taken_step',
-               (h->>'taken_iteration')::integer) r;
-    END LOOP;
-END
-$function$
-"""
-
-DROP_SETTLE_HOPS_V1 = "DROP FUNCTION IF EXISTS waymark_settle_hops_v1(jsonb)"
-
-
-# As waymark_settle_hops_v1, but the runs are found by their primary key: v1's
-# `id IN (SELECT ... FROM jsonb_array_elements(p_hops))` was planned as a hash semi join over
-# a sequential scan of workflows_run, so a group's lock cost grew with every run in the table
-# (1.1 ms a group at 3,000 runs). `id = ANY(ARRAY(...))` is an index condition.
+# transaction. The runs are locked first, in id order (the one lock order), by primary key
+# (v1, installed by migration 0016 and dropped by 0018, found them by a sequential scan),
+# skipping any that another transaction holds: such a hop is answered 'busy' and writes
+# nothing (its worker then settles it alone and waits for that lock there, not with the
+# whole group). ``p_hops`` is a JSON array of objects keyed by SETTLE_HOP's parameter names;
+# a missing key is SQL NULL (a JSON null is jsonb 'null'). Returns each hop's outcome with
+# its position (``n``, from 1).
 SETTLE_HOPS_V2 = """
 CREATE OR REPLACE FUNCTION waymark_settle_hops_v2(p_hops jsonb)
 RETURNS TABLE (n integer, outcome text, run_xmin text, taken_id bigint)
@@ -194,8 +158,6 @@ BEGIN
 END
 $function$
 """
-
-DROP_SETTLE_HOPS_V2 = "DROP FUNCTION IF EXISTS waymark_settle_hops_v2(jsonb)"
 
 
 # As waymark_settle_hops_v2, with each kind of write made once for the whole group rather
@@ -363,7 +325,6 @@ END
 $function$
 """
 
-DROP_SETTLE_HOPS_V3 = "DROP FUNCTION IF EXISTS waymark_settle_hops_v3(jsonb)"
 
 # The keys a signal answers, for the index the sweep's late matching probes
 # (sql.SIGNALS_MATCHED_LATE, the signal_pending_keys index of migration 0020): one
@@ -381,4 +342,29 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $function$
 $function$
 """
 
-DROP_SIGNAL_KEYS_V1 = "DROP FUNCTION IF EXISTS waymark_signal_keys_v1(bigint, text, text, text[])"
+# Any UPDATE or DELETE of an automation version already published fails with SQLSTATE WM001,
+# whatever issued it (a QuerySet.update(), raw SQL, psql): the database enforces what
+# AutomationVersion.save() does. Publishing is the UPDATE that sets published_at on a draft,
+# so it is allowed; nothing after it is. Installed by migration 0002, before the rule that
+# names carry their version.
+PUBLISHED_VERSION_IS_IMMUTABLE = """
+CREATE OR REPLACE FUNCTION waymark_published_version_is_immutable() RETURNS trigger
+LANGUAGE plpgsql AS $function$
+BEGIN
+    IF OLD.published_at IS NOT NULL THEN
+        RAISE EXCEPTION 'automation version % (v%) is published and cannot change',
+            OLD.id, OLD.number
+            USING ERRCODE = 'WM001',
+                  HINT = 'Create a new version instead.';
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
+END;
+$function$;
+
+CREATE TRIGGER published_version_is_immutable
+BEFORE UPDATE OR DELETE ON workflows_automationversion
+FOR EACH ROW EXECUTE FUNCTION waymark_published_version_is_immutable();
+"""
