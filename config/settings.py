@@ -385,9 +385,9 @@ WAYMARK = {
     "WORKER_POLL_SECONDS": env.float("WAYMARK_WORKER_POLL_SECONDS", default=1.0),
     "RELAY_POLL_SECONDS": env.float("WAYMARK_RELAY_POLL_SECONDS", default=0.05),
     "RELAY_BATCH": 500,
-    # The `probe` step type (sleeps, fails or kills its worker on demand) for tests and
-    # benchmarks. Never enable it in production.
-    "ENABLE_PROBE_STEPS": env.bool("WAYMARK_ENABLE_PROBE_STEPS", default=False),
+    # Modules imported at start-up that register step types of their own (the tests' `probe`
+    # type, tests/probe_steps.py); a host project registers from its AppConfig.ready().
+    "EXTRA_STEP_MODULES": env.list("WAYMARK_EXTRA_STEP_MODULES", default=[]),
     # Sent outbox rows are deleted after this long.
     "OUTBOX_RETENTION_SECONDS": env.int("WAYMARK_OUTBOX_RETENTION_SECONDS", default=3_600),
     # Inline (quick) steps one walk may run in one transaction, and for how long; the rest

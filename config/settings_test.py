@@ -1,13 +1,15 @@
-"""Settings for the test suite: the production settings plus the test-only `probe` step type.
+"""Settings for the test suite: the production settings plus the tests' `probe` step type.
 
-Worker and relay processes started by the tests use ``config.settings`` with
-WAYMARK_ENABLE_PROBE_STEPS=1 in their environment (tests/processes.py).
+The probe lives with the tests (tests/probe_steps.py), never in the engine. Worker and relay
+processes started by the tests name it in WAYMARK_EXTRA_STEP_MODULES (tests/processes.py).
 """
 
 from .settings import *  # noqa: F403
 from .settings import WAYMARK
 
-WAYMARK = {**WAYMARK, "ENABLE_PROBE_STEPS": True}
+PROBE_STEPS = "tests.probe_steps"
+_extra = [m for m in WAYMARK["EXTRA_STEP_MODULES"] if m != PROBE_STEPS]
+WAYMARK = {**WAYMARK, "EXTRA_STEP_MODULES": [*_extra, PROBE_STEPS]}
 
 # A walk's time budget is tested on its own (tests/test_bounded_work.py); elsewhere a loaded
 # machine must not turn an inline walk into a continuation in the middle of a test.

@@ -28,7 +28,7 @@ def engine_env(**overrides: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         WAYMARK_DB_NAME=connection.settings_dict["NAME"],
-        WAYMARK_ENABLE_PROBE_STEPS="1",
+        WAYMARK_EXTRA_STEP_MODULES="tests.probe_steps",  # the `probe` step type
         WAYMARK_WORKER_POLL_SECONDS="0.2",
         WAYMARK_RELAY_POLL_SECONDS="0.05",
         WAYMARK_IO_LEASE_SECONDS="2",

@@ -283,3 +283,67 @@ def test_branches_sharing_an_end_step_and_a_loop_around_the_fork_are_not_refused
          "next": {"yes": "p", "default": "stop"}},
         {"id": "stop", "type": "end"},
     ]}) == []  # fmt: skip
+
+
+# --- forking and joining are declared by the step types, not named ------------------------
+
+
+@pytest.fixture
+def renamed_fork_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`parallel` and `join` as two other types that declare `forks` and `joins`, registered
+    for this test only (the registry is restored after it)."""
+    from workflows.definitions.registry import StepType, registry
+    from workflows.steptypes import JOIN, PARALLEL
+
+    monkeypatch.setattr(registry, "_types", dict(registry._types))
+    for declared, name in ((PARALLEL, "tests_fan"), (JOIN, "tests_meet")):
+        copy = StepType(
+            name=name, lane=declared.lane, validate=declared.validate, execute=declared.execute,
+            built=True, app="tests", forks=declared.forks, joins=declared.joins,
+            references=declared.references,
+        )  # fmt: skip
+        registry.register(copy)
+
+
+def renamed(definition: dict[str, Any]) -> dict[str, Any]:
+    names = {"parallel": "tests_fan", "join": "tests_meet"}
+    steps = [{**s, "type": names.get(s["type"], s["type"])} for s in definition["steps"]]
+    return {**definition, "steps": steps}
+
+
+@pytest.mark.usefixtures("renamed_fork_types")
+def test_the_walk_forks_and_joins_by_the_types_declarations_not_their_names(org) -> None:
+    run = start(org, renamed(fork("first")))
+    join = Step.objects.get(run=run, step_id="meet")
+    assert (join.type, join.status, join.wait_kind) == ("tests_meet", "waiting", "join")
+    assert Step.objects.get(run=run, step_id="fan").type == "tests_fan"
+    claimed = claim_io()
+    assert {s.place.fork_join for s in claimed.values()} == {join.pk}
+
+    assert settle(claimed["b0"])  # `first`: completes the join, the other branch ends
+
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("succeeded", "0")
+    assert Step.objects.get(run=run, step_id="b1").status == "cancelled"
+
+
+@pytest.mark.usefixtures("renamed_fork_types")
+def test_the_fork_shapes_and_the_join_check_ask_the_declarations() -> None:
+    from workflows.definitions.validator import validate_definition
+
+    shared = renamed({"start": "p1", "steps": [
+        {"id": "p1", "type": "parallel", "branches": ["a", "p2"], "next": "j"},
+        {"id": "a", "type": "noop", "next": "j"},
+        {"id": "p2", "type": "parallel", "branches": ["c", "d"], "next": "j"},
+        {"id": "c", "type": "noop", "next": "j"},
+        {"id": "d", "type": "noop", "next": "j"},
+        {"id": "j", "type": "join", "wait_for": ["a", "c", "d"], "next": "done"},
+        {"id": "done", "type": "end"}]})  # fmt: skip
+    assert [(i.code, i.step) for i in validate_definition(shared)] == [("join_shared", "p2")]
+    not_a_join = renamed({"start": "fan", "steps": [
+        {"id": "fan", "type": "parallel", "branches": ["a", "b"], "next": "a_end"},
+        {"id": "a", "type": "noop"}, {"id": "b", "type": "noop"},
+        {"id": "a_end", "type": "end"}]})  # fmt: skip
+    (issue,) = validate_definition(not_a_join)
+    assert (issue.code, issue.step, issue.field) == ("invalid_field", "fan", "next")
+    assert '"join" or "tests_meet"' in issue.message

@@ -1,5 +1,8 @@
+from importlib import import_module
+
 from django.apps import AppConfig
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 
 class WorkflowsConfig(AppConfig):
@@ -14,7 +17,18 @@ class WorkflowsConfig(AppConfig):
 
         register_step_types()
         register_sweep_task("workflows.drop_old_signals", lambda by: drop_old())
-        if settings.WAYMARK.get("ENABLE_PROBE_STEPS"):
-            from .engine.probe import register_probe
+        import_extra_step_modules(settings.WAYMARK.get("EXTRA_STEP_MODULES", ()))
 
-            register_probe()
+
+def import_extra_step_modules(names: list[str] | tuple[str, ...]) -> None:
+    """Import the modules WAYMARK_EXTRA_STEP_MODULES names: each registers its step types
+    (workflows.plugins.register_step_type) as it is imported. For a process that runs with
+    Waymark's own settings and has no app of its own to register them from (the engine
+    processes the tests start, with the tests' `probe` type)."""
+    for name in names:
+        try:
+            import_module(name)
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                f"cannot import {name!r}, named in WAYMARK_EXTRA_STEP_MODULES: {exc}"
+            ) from exc

@@ -282,47 +282,6 @@ WAIT_SIGNAL = StepType(
 # --- parallel and join ----------------------------------------------------------------------
 
 
-def validate_parallel(step: Mapping[str, Any], report: StepReport) -> None:
-    check_fields(step, report, ("branches",))
-    # Existence is checked by the generic validator through `references`.
-    branches = check_step_id_list(step, "branches", report, min_items=2)
-    join = step.get("next")
-    if join is None:
-        return  # independent branches: each ends on its own
-    types = getattr(report, "step_types", {})
-    if not isinstance(join, str):
-        report.error("next", "must be the id of the join step where the branches meet")
-    elif join in branches:
-        report.error("next", "cannot also be one of the branches")
-    elif join in types and types[join] != "join":
-        report.error("next", f'must name a step of type "join", not "{types[join]}"')
-
-
-def parallel_references(step: Mapping[str, Any]) -> dict[str, str]:
-    branches = step.get("branches")
-    if not isinstance(branches, list):
-        return {}
-    return {f"branches.{i}": sid for i, sid in enumerate(branches) if isinstance(sid, str)}
-
-
-def run_parallel(
-    step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
-) -> StepResult:
-    """Never called: the walk forks a `parallel` itself (engine/forks.py), since starting
-    branches and opening their join are writes of the walk's own transaction."""
-    raise StepFailure("parallel steps are entered by the walk", retryable=False)
-
-
-PARALLEL = StepType(
-    name="parallel",
-    lane="inline",
-    validate=validate_parallel,
-    execute=run_parallel,
-    built=True,
-    app="workflows",
-    references=parallel_references,
-)
-
 JOIN_COMPLETE = ("all", "first")
 
 
@@ -347,9 +306,53 @@ def run_join(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepConte
 
 JOIN = StepType(
     name="join", lane="inline", validate=validate_join, execute=run_join, built=True,
-    app="workflows",
+    app="workflows", joins=True,
 )  # fmt: skip
 
+
+def validate_parallel(step: Mapping[str, Any], report: StepReport) -> None:
+    check_fields(step, report, ("branches",))
+    # Existence is checked by the generic validator through `references`.
+    branches = check_step_id_list(step, "branches", report, min_items=2)
+    join = step.get("next")
+    if join is None:
+        return  # independent branches: each ends on its own
+    types = getattr(report, "step_types", {})
+    joining = getattr(report, "joining", [JOIN.name])  # the types that declare `joins`
+    if not isinstance(join, str):
+        report.error("next", "must be the id of the join step where the branches meet")
+    elif join in branches:
+        report.error("next", "cannot also be one of the branches")
+    elif join in types and types[join] not in joining:
+        kinds = " or ".join(f'"{name}"' for name in joining)
+        report.error("next", f'must name a step of type {kinds}, not "{types[join]}"')
+
+
+def parallel_references(step: Mapping[str, Any]) -> dict[str, str]:
+    branches = step.get("branches")
+    if not isinstance(branches, list):
+        return {}
+    return {f"branches.{i}": sid for i, sid in enumerate(branches) if isinstance(sid, str)}
+
+
+def run_parallel(
+    step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
+) -> StepResult:
+    """Never called: the walk forks a `parallel` itself (engine/forks.py), since starting
+    branches and opening their join are writes of the walk's own transaction."""
+    raise StepFailure("parallel steps are entered by the walk", retryable=False)
+
+
+PARALLEL = StepType(
+    name="parallel",
+    lane="inline",
+    validate=validate_parallel,
+    execute=run_parallel,
+    built=True,
+    app="workflows",
+    forks=True,
+    references=parallel_references,
+)
 
 STEP_TYPES = (SET, BRANCH, END, NOOP, WAIT_SIGNAL, PARALLEL, JOIN)
 

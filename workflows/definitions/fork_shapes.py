@@ -23,8 +23,6 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-PARALLEL = "parallel"
-
 
 class ForkIssue(NamedTuple):
     code: str
@@ -37,12 +35,14 @@ def fork_issues(
     steps: Mapping[str, Mapping[str, Any]],
     successors: Mapping[str, list[str]],
     terminal: set[str],
+    forking: set[str],
 ) -> list[ForkIssue]:
     """The issues of every parallel-with-join in ``steps`` (step id -> step, in definition
-    order), over the reference graph ``successors``; ``terminal``: ids of end steps."""
+    order), over the reference graph ``successors``; ``terminal``: ids of end steps;
+    ``forking``: ids of the steps whose type forks (StepType.forks: `parallel`)."""
     joins: dict[str, list[str]] = {}
     for sid, step in steps.items():
-        join = step.get("next") if step.get("type") == PARALLEL else None
+        join = step.get("next") if sid in forking else None
         if isinstance(join, str) and join in steps:
             joins.setdefault(join, []).append(sid)
     issues = [_shared(join, forks) for join, forks in joins.items() if len(forks) > 1]

@@ -84,6 +84,13 @@ class StepType:
               ordinary walk, which enters the step inside the run's locked transaction. Steps
               of worker lanes are only written as rows by a walk, never run in it: for them
               it changes nothing.
+    forks     (inline types) entered by the walk itself, never by ``execute``: it starts each
+              step of the step's ``branches`` field and, when its ``next`` names a step of a
+              ``joins`` type, opens that join's waiting row first (engine/forks.py). The
+              engine's `parallel`.
+    joins     (inline types) where a forking step's branches meet: its waiting row is opened
+              when the fork is entered and each branch arrives at it (engine/forks.py); only
+              entered outside a fork does its ``execute`` run. The engine's `join`.
     """
 
     name: str
@@ -97,6 +104,8 @@ class StepType:
     app: str = ""
     retry: RetryPolicy | None = None
     pure: bool = False
+    forks: bool = False
+    joins: bool = False
     references: Callable[[Mapping[str, Any]], dict[str, str]] = field(
         default=lambda step: {}, compare=False
     )
@@ -112,6 +121,8 @@ class StepType:
             raise ValueError(f"step type {self.name!r}: unknown lane {self.lane!r}")
         if self.built and self.execute is None:
             raise ValueError(f"step type {self.name!r} is built but has nothing to execute")
+        if (self.forks or self.joins) and self.lane != INLINE:
+            raise ValueError(f"step type {self.name!r}: only an inline type forks or joins")
 
 
 class Registry:
@@ -135,6 +146,10 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self._types)
+
+    def joining(self) -> list[str]:
+        """The names of the types that declare ``joins``: the types of join rows."""
+        return [t.name for t in self if t.joins]
 
 
 registry = Registry()

@@ -36,7 +36,8 @@ StepIssueSink = Callable[[str, str | None, int, str | None, str], None]
 
 class IssueReport(StepReport):
     """The StepReport the validator hands to step types, with every step id of the
-    definition in ``step_ids`` for fields naming other steps."""
+    definition in ``step_ids`` for fields naming other steps, and the names of the types
+    that declare ``joins`` in ``joining`` (where a forking type's ``next`` may lead)."""
 
     def __init__(
         self,
@@ -44,10 +45,12 @@ class IssueReport(StepReport):
         *,
         step_ids: Collection[str] = (),
         step_types: Mapping[str, str] | None = None,
+        joining: Collection[str] = (),
     ) -> None:
         super().__init__(step_id)
         self.step_ids = frozenset(step_ids)
         self.step_types = dict(step_types or {})  # step id -> its type name, when valid
+        self.joining = list(joining)
 
     def issue(self, code: str, field_path: str, message: str) -> None:
         # A template or condition over a limit (its message names the limit) gets its own
@@ -315,8 +318,9 @@ class StepChecks:
         """The step type's own ``validate`` and ``references``; returns the edges of the
         references that name existing steps."""
         report = IssueReport(
-            sid or f"steps.{index}", step_ids=self.ids.keys(), step_types=self.type_names
-        )
+            sid or f"steps.{index}", step_ids=self.ids.keys(), step_types=self.type_names,
+            joining=self.registry.joining(),
+        )  # fmt: skip
         self.call_type(index, sid, step_type, "validate", step_type.validate, step, report)
         for code, field, message in report.issues:
             self.at_step(code, sid, index, field or None, message)

@@ -411,7 +411,8 @@ class _Validation:
         """Parallel shapes the engine cannot run as written (fork_shapes.py)."""
         steps = {sid: definition["steps"][index] for sid, index in self.ids.items()}
         terminal = {sid for sid, step_type in self.types.items() if step_type.terminal}
-        for issue in fork_issues(steps, successors, terminal):
+        forking = {sid for sid, step_type in self.types.items() if step_type.forks}
+        for issue in fork_issues(steps, successors, terminal, forking):
             self.issues.append(DefinitionIssue(issue.code, issue.message, issue.step, issue.field))
 
     def report_loop(

@@ -1,7 +1,8 @@
 """Parallel branches and their join, inside the walk.
 
-Entering a `parallel` step starts each of its `branches`. When its `next` names a `join`
-step, a waiting row for that join is written first, and every step of every branch records it
+Entering a `parallel` step (a type that declares ``forks``) starts each of its `branches`.
+When its `next` names a `join` step (a type that declares ``joins``), a waiting row for that
+join is written first, and every step of every branch records it
 (``fork_join``) and its branch number: steps entered after them inherit both. A branch whose
 path reaches the join (or ends) *arrives*: one guarded UPDATE of the join row under the run's
 lock (every settle holds it), so two branches settling at the same moment are serialised and
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 
 from psycopg.types.json import Jsonb
 
+from ..definitions.registry import registry
 from ..states import StepStatus
 from . import sql
 from .executors import StepResult
@@ -28,8 +30,9 @@ from .places import TOP, Entry, Place
 from .run_state import RunState
 from .sql.rows import fetch_dict, fetch_dicts
 
-FORK_TYPE = "parallel"
-JOIN_TYPE = "join"
+# The wait_kind of a join's waiting row (not a WaitKind: no wake reaches it, only the
+# arrivals of its branches, here).
+JOIN_WAIT = "join"
 
 
 def branches_needed(join_step: dict[str, Any], branches: int) -> int:
@@ -104,7 +107,7 @@ class Forks:
         branches: list[str] = list(step["branches"])
         join_id = self._open_join(step, len(branches), place)
         walk.add_step(
-            step["id"], iteration, FORK_TYPE, "inline", StepStatus.DONE, attempt=1,
+            step["id"], iteration, step["type"], "inline", StepStatus.DONE, attempt=1,
             output={"branches": branches, "join_row": join_id}, place=place,
         )  # fmt: skip
         walk.event("step.succeeded", step["id"], iteration=iteration, attempt=1,
@@ -130,7 +133,8 @@ class Forks:
             sql.INSERT_JOIN_ROW,
             {
                 "org": walk.run.org_id, "run": walk.run.id, "step_id": join_step_id,
-                "iteration": iteration, "detail": Jsonb(detail),
+                "type": join_step["type"], "iteration": iteration, "detail": Jsonb(detail),
+                "join_wait": JOIN_WAIT,
                 "fork_join": place.fork_join, "branch": place.branch,
             },
         )  # fmt: skip
@@ -153,7 +157,10 @@ class Forks:
         completes it."""
         walk = self.walk
         assert place.fork_join is not None
-        walk.cursor.execute(sql.JOIN_ARRIVE, {"id": place.fork_join, "branch": place.branch})
+        walk.cursor.execute(
+            sql.JOIN_ARRIVE,
+            {"id": place.fork_join, "branch": place.branch, "join_wait": JOIN_WAIT},
+        )
         row = fetch_dict(walk.cursor)
         join_step_id = self.join_step_of(place.fork_join)
         if row is None:
@@ -175,7 +182,9 @@ class Forks:
     def _end_rest_of_fork(self, join_id: int) -> None:
         walk = self.walk
         walk.insert_new_steps()  # rows this walk decided must be ended too
-        walk.cursor.execute(sql.CANCEL_FORK, {"join": join_id, "run": walk.run.id})
+        walk.cursor.execute(
+            sql.CANCEL_FORK, {"join": join_id, "run": walk.run.id, "joins": registry.joining()}
+        )
         for row in fetch_dicts(walk.cursor):
             walk.event("step.cancelled", row["step_id"], iteration=row["iteration"],
                        attempt=row["attempt"], detail={"reason": "its join completed"})  # fmt: skip
@@ -188,7 +197,8 @@ class Forks:
         tree, frontier = {join_id}, [join_id]
         while frontier:
             self.walk.cursor.execute(
-                sql.JOIN_ROWS_UNDER, {"run": self.walk.run.id, "ids": frontier}
+                sql.JOIN_ROWS_UNDER,
+                {"run": self.walk.run.id, "ids": frontier, "joins": registry.joining()},
             )
             frontier = [row["id"] for row in fetch_dicts(self.walk.cursor)]
             tree.update(frontier)

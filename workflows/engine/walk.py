@@ -26,7 +26,7 @@ from ..definitions.expressions import build_context
 from ..definitions.registry import registry
 from ..states import RunStatus, StepStatus, WaitKind
 from .executors import StepContext, StepFailure, StepResult, executor_for
-from .forks import FORK_TYPE, Forks
+from .forks import Forks
 from .lanes import UNSHARED, FairShare, engine_setting, lane_policy
 from .places import TOP, Entry, Place
 from .run_state import RunState
@@ -388,7 +388,7 @@ class Walk:
             # writes its timer, a signal wait takes a signal, a fork reads its join (all in
             # the run's transaction), and a plugin's type is assumed to need it too.
             raise NeedsTransaction(f"a {step_type.name} step")
-        if step_type.name == FORK_TYPE:
+        if step_type.forks:
             self.inline_left -= 1
             self.forks.fork(step, iteration, place)
             return

@@ -506,13 +506,16 @@ SELECT DISTINCT ON (step_id) id, step_id, iteration, lane, type, error, fork_joi
 # --- forks: parallel branches and their join ----------------------------------------------
 
 # A fork's join: a waiting row created when the `parallel` is entered, before its branches,
-# which point at it (fork_join_id). It waits for `need` branches to arrive.
+# which point at it (fork_join_id). It waits for `need` branches to arrive. Its type is the
+# join step's (a type that declares `joins`: workflows/steptypes.py); `joins` below is the
+# list of those types' names (registry.joining()): the statements name no step type. Its
+# wait_kind is `join_wait` (forks.JOIN_WAIT).
 INSERT_JOIN_ROW = """
 INSERT INTO workflows_step
     (org_id, run_id, step_id, iteration, type, lane, status, attempt, release_count, series_offset,
      max_attempts, wait_kind, wait_detail, error, created_at, fork_join_id, branch)
-VALUES (%(org)s, %(run)s, %(step_id)s, %(iteration)s, 'join', 'inline', 'waiting', 0, 0, 0, 1,
-        'join', %(detail)s, '', now(), %(fork_join)s, %(branch)s)
+VALUES (%(org)s, %(run)s, %(step_id)s, %(iteration)s, %(type)s, 'inline', 'waiting', 0, 0, 0, 1,
+        %(join_wait)s, %(detail)s, '', now(), %(fork_join)s, %(branch)s)
 RETURNING id
 """
 
@@ -532,11 +535,11 @@ UPDATE workflows_step
                      THEN 'done' ELSE 'waiting' END,
        wait_kind = CASE WHEN jsonb_array_length(wait_detail -> 'arrived') + 1
                              >= (wait_detail ->> 'need')::int
-                        THEN '' ELSE 'join' END,
+                        THEN '' ELSE %(join_wait)s END,
        finished_at = CASE WHEN jsonb_array_length(wait_detail -> 'arrived') + 1
                                >= (wait_detail ->> 'need')::int
                           THEN now() END
- WHERE id = %(id)s AND status = 'waiting' AND wait_kind = 'join'
+ WHERE id = %(id)s AND status = 'waiting' AND wait_kind = %(join_wait)s
    -- A branch counts once: one that split into join-less parallel paths arrives with the
    -- first of them (a second arrival would complete the join without another branch).
    AND NOT (wait_detail -> 'arrived') @> to_jsonb(%(branch)s::int)
@@ -550,7 +553,7 @@ WITH RECURSIVE fork(id) AS (
     SELECT %(join)s::bigint
     UNION ALL
     SELECT s.id FROM workflows_step s JOIN fork f ON s.fork_join_id = f.id
-     WHERE s.run_id = %(run)s AND s.type = 'join'
+     WHERE s.run_id = %(run)s AND s.type = ANY(%(joins)s::text[])
 )
 UPDATE workflows_step
    SET status = 'cancelled', owner = NULL, lease_until = NULL, wait_kind = '', wake_at = NULL,
@@ -562,7 +565,7 @@ RETURNING step_id, iteration, attempt
 
 JOIN_ROWS_UNDER = """
 SELECT id FROM workflows_step
- WHERE run_id = %(run)s AND type = 'join' AND fork_join_id = ANY(%(ids)s)
+ WHERE run_id = %(run)s AND type = ANY(%(joins)s::text[]) AND fork_join_id = ANY(%(ids)s)
 """
 
 # --- runs: starting ---------------------------------------------------------------------------

@@ -1,9 +1,26 @@
-"""The `probe` step type, for the crash and fencing tests and the benchmarks only.
+"""The tests' `probe` step type, for the crash, fencing and race tests.
 
 It runs on the io lane and can sleep, hang (ignore being told to stop), fail, park (wait for
-a wake or a deadline), or kill its own worker on chosen attempts. It is
-registered only when WAYMARK_ENABLE_PROBE_STEPS is true (the test settings turn it on): a
-production automation can never contain a step that kills workers.
+a wake or a deadline), or kill its own worker on chosen attempts. It lives here, with the
+tests, and not in the engine: a production installation cannot contain a step that kills
+workers. It registers itself when this module is imported, which a process does at start-up
+when ``WAYMARK_EXTRA_STEP_MODULES`` names it: the test settings (config/settings_test.py) and
+the engine processes the tests start (tests/processes.py) do.
+
+Fields (all optional):
+
+sleep_seconds   sleep this long (0 to 120) before finishing, stopping early on lease_lost.
+sleep_attempts  sleep only while the attempt number is at most this (default: every one).
+fail_attempts   fail (retryably) while the attempt number is at most this.
+crash_attempts  kill the worker process (os._exit) while the attempt number is at most this.
+hang_seconds    with hang_attempts: sleep this long (0 to 3600) deaf to being told to stop.
+hang_attempts   hang while the attempt number is at most this.
+park_seconds    park (wait without a worker) until woken, or until this many seconds pass.
+park_outcome    the outcome taken when the park's deadline passes; without it the step
+                becomes ready and runs again.
+output          an object merged into the output {"pid": ..., "attempt": ...}.
+
+No outcomes of its own: ``next`` is one step id.
 """
 
 from __future__ import annotations
@@ -13,8 +30,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..definitions.registry import StepReport, StepType, registry
-from .executors import Park, StepContext, StepFailure, StepResult
+from workflows.plugins import (
+    Park,
+    StepContext,
+    StepFailure,
+    StepReport,
+    StepResult,
+    StepType,
+    register_step_type,
+)
 
 FIELDS = {
     "sleep_seconds", "sleep_attempts", "fail_attempts", "crash_attempts", "output",
@@ -72,9 +96,7 @@ def run_probe(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepCont
 
 
 PROBE = StepType(
-    name="probe", lane="io", validate=_validate, execute=run_probe, built=True, app="workflows"
+    name="probe", lane="io", validate=_validate, execute=run_probe, built=True, app="tests"
 )
 
-
-def register_probe() -> None:
-    registry.register(PROBE)
+register_step_type(PROBE)  # a module constant: importing this again registers nothing new
