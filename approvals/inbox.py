@@ -44,8 +44,9 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
-from workflows.plugins.engine import is_transient, lost_connection
+from workflows.plugins.engine import fetch_dict, fetch_dicts, is_transient, lost_connection
 
+from . import sql
 from .models import ApprovalRequest, SlackInteraction, SlackUser
 from .services import Actor, Outcome, decide_within, record_attempt
 from .slack import respond, update_messages
@@ -59,21 +60,6 @@ KEEP_DAYS = 7
 MAX_RESPONSE_URL = 2000  # Slack's are about 100 characters
 RECEIVED_TEXT = "Received: Waymark is recording your decision."
 FAILED_TEXT = "Waymark could not record your decision; please decide in Waymark."
-
-# The reply is claimed before it is sent: at most once, whoever sends it.
-CLAIM_REPLY = """
-UPDATE approvals_slackinteraction SET replied_at = now()
- WHERE id = %s AND applied_at IS NOT NULL AND replied_at IS NULL AND response_url <> ''
-RETURNING approval_id, response_url, reply"""
-# Replies still owed while Slack accepts them (a response_url lives 30 minutes).
-OWED_REPLIES = """
-SELECT id FROM approvals_slackinteraction
- WHERE applied_at > now() - interval '25 minutes' AND replied_at IS NULL AND response_url <> ''
- ORDER BY applied_at LIMIT %s"""
-PURGE = """
-DELETE FROM approvals_slackinteraction WHERE id IN (
-  SELECT id FROM approvals_slackinteraction
-   WHERE applied_at < now() - make_interval(days => %s) LIMIT 1000)"""
 
 
 def receive(
@@ -170,9 +156,9 @@ def apply_received(by: str = "sweep") -> int:
             if lost_connection(exc):
                 connection.close()
     with connection.cursor() as cursor:
-        cursor.execute(OWED_REPLIES, [BATCH])
-        owed = [row[0] for row in cursor.fetchall()]
-        cursor.execute(PURGE, [KEEP_DAYS])
+        cursor.execute(sql.OWED_REPLIES, {"batch": BATCH})
+        owed = [row["id"] for row in fetch_dicts(cursor)]
+        cursor.execute(sql.PURGE_CLICKS, {"keep_days": KEEP_DAYS})
     for interaction_id in owed:
         _reply(interaction_id)
     return applied
@@ -291,13 +277,12 @@ def _reply(interaction_id: int) -> bool:
     """Send the click's reply to its response_url, once (claimed first); whether it was
     claimed. A reply that fails is not sent again (the request's message shows the state)."""
     with connection.cursor() as cursor:
-        cursor.execute(CLAIM_REPLY, [interaction_id])
-        claimed = cursor.fetchone()
+        cursor.execute(sql.CLAIM_REPLY, {"interaction_id": interaction_id})
+        claimed = fetch_dict(cursor)
     if claimed is None:
         return False
-    approval_id, url, text = claimed
     try:
-        respond(int(approval_id), str(url), str(text))
+        respond(int(claimed["approval_id"]), str(claimed["response_url"]), str(claimed["reply"]))
     except Exception as exc:
         logger.warning("Slack click %s: the reply was not sent (%s)", interaction_id,
                        type(exc).__name__)  # fmt: skip

@@ -45,6 +45,7 @@ from workflows.models import Membership, Run, Step
 from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable, unstorable_path
 from workflows.plugins.engine import RunStatus, StepStatus, Wake, database_now, wake_step
 
+from . import sql
 from .models import ApprovalRequest, DecisionAttempt, RequestKind, RequestStatus
 
 logger = logging.getLogger(__name__)
@@ -360,19 +361,15 @@ def _decide(
     status = DECISIONS.get(decision, RequestStatus.SUBMITTED)
     with connection.cursor() as cursor:
         cursor.execute(
-            """UPDATE approvals_approvalrequest
-                  SET status = %s, decided_by = %s, decided_via = %s, decided_at = now(),
-                      comment = %s, answer = %s::jsonb, updated_at = now(),
-                      slack_stale = slack_messages <> '[]'::jsonb, next_reminder_at = NULL
-                WHERE id = %s AND status = 'pending' AND expires_at > now()""",
-            [
-                status,
-                actor.name[:150],
-                actor.via,
-                comment,
-                None if answer is None else canonical_json(answer),
-                approval.pk,
-            ],
+            sql.DECIDE,
+            {
+                "status": status,
+                "decided_by": actor.name[:150],
+                "decided_via": actor.via,
+                "comment": comment,
+                "answer": None if answer is None else canonical_json(answer),
+                "approval_id": approval.pk,
+            },
         )
         if cursor.rowcount != 1:  # cannot happen under the row lock; the guard stays anyway
             raise Refused("already_decided", "This request was decided a moment ago.")

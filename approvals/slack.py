@@ -23,7 +23,8 @@ environment variable ``WAYMARK_PUBLIC_URL``, e.g. ``https://waymark.example.com`
 **An interaction** is checked in this order: the body's size (``payload_too_large``, 413,
 above ``DATA_UPLOAD_MAX_MEMORY_SIZE``: ``WAYMARK_MAX_REQUEST_BYTES``), the signature
 (``X-Slack-Signature``, v0 HMAC-SHA256 of ``b"v0:" + timestamp + b":" + body`` with the
-app's signing secret, computed and compared over bytes), the 5-minute timestamp window (a
+app's signing secret, computed by slack-sdk's ``SignatureVerifier`` and compared in
+constant time; a body that is not UTF-8 does not verify), the 5-minute timestamp window (a
 replay), the payload, the action and the button's token. Until the signature and the window
 pass, anyone can send the request: a refusal then is one WARNING log line (no body, no
 secret) and no audit row, so forged requests cannot grow the database. None of these reads

@@ -62,6 +62,8 @@ from workflows.plugins import (
 from workflows.plugins.definitions import check_template, has_unstorable, parse_duration
 from workflows.plugins.engine import database_now
 
+from . import sql
+
 APPROVAL_OUTCOMES = frozenset({"approved", "rejected", "timed_out"})
 TASK_OUTCOMES = frozenset({"submitted", "timed_out"})
 ON_TIMEOUT = ("timed_out", "reject", "approve", "fail", "escalate")
@@ -325,12 +327,12 @@ def _step_row(ctx: StepContext) -> tuple[int, int]:
 
     row = (
         Step.objects.filter(run_id=ctx.run_id, step_id=ctx.step_id, iteration=ctx.iteration)
-        .values_list("pk", "series_offset")
+        .values("pk", "series_offset")
         .first()
     )
     if row is None:
         raise StepFailure("the step's row is gone", retryable=False)
-    return int(row[0]), int(row[1])
+    return int(row["pk"]), int(row["series_offset"])
 
 
 def _carry_over(approval: Any) -> Any:
@@ -343,13 +345,7 @@ def _carry_over(approval: Any) -> Any:
     decided = (RequestStatus.APPROVED, RequestStatus.REJECTED, RequestStatus.SUBMITTED)
     if approval.status == RequestStatus.PENDING:
         with connection.cursor() as cursor:
-            cursor.execute(
-                """UPDATE approvals_approvalrequest
-                      SET status = 'cancelled', updated_at = now(), next_reminder_at = NULL,
-                          slack_stale = slack_messages <> '[]'::jsonb
-                    WHERE id = %s AND status = 'pending'""",
-                [approval.pk],
-            )
+            cursor.execute(sql.CANCEL_PENDING, {"approval_id": approval.pk})
         approval.refresh_from_db()
     return approval if approval.status in decided else None
 
@@ -441,28 +437,13 @@ def _on_deadline(approval: Any) -> Any:
             seconds = approval.escalate_seconds or max(
                 60.0, (approval.expires_at - approval.created_at).total_seconds()
             )
-            cursor.execute(
-                """UPDATE approvals_approvalrequest
-                      SET level = 1, approvers = escalate_to, updated_at = now(),
-                          expires_at = now() + make_interval(secs => %s),
-                          slack_stale = slack_messages <> '[]'::jsonb, reminders_sent = 0,
-                          next_reminder_at = NULL
-                    WHERE id = %s AND status = 'pending' AND level = 0 AND expires_at <= now()""",
-                [seconds, approval.pk],
-            )
+            cursor.execute(sql.ESCALATE, {"seconds": seconds, "approval_id": approval.pk})
             approval.refresh_from_db()
             if approval.level == 1 and approval.status == "pending" and approval.reminders:
                 at = next_reminder(database_now(), approval.expires_at, list(approval.reminders))
                 type(approval).objects.filter(pk=approval.pk).update(next_reminder_at=at)
             return approval
-        cursor.execute(
-            """UPDATE approvals_approvalrequest
-                  SET status = 'expired', decided_by = 'deadline', decided_via = 'deadline',
-                      decided_at = now(), updated_at = now(), next_reminder_at = NULL,
-                      slack_stale = slack_messages <> '[]'::jsonb
-                WHERE id = %s AND status = 'pending' AND expires_at <= now()""",
-            [approval.pk],
-        )
+        cursor.execute(sql.EXPIRE, {"approval_id": approval.pk})
     approval.refresh_from_db()
     return approval
 

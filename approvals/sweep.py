@@ -18,8 +18,9 @@ import logging
 
 from django.db import connection, transaction
 
-from workflows.plugins.engine import StepStatus, Wake, wake_step
+from workflows.plugins.engine import StepStatus, Wake, database_now, fetch_dicts, wake_step
 
+from . import sql
 from .models import ApprovalRequest, RequestStatus
 
 logger = logging.getLogger(__name__)
@@ -73,18 +74,7 @@ def wake_decided(by: str = "sweep") -> int:
 def close_orphans(by: str = "sweep") -> int:
     finished = [StepStatus.DONE, StepStatus.FAILED, StepStatus.CANCELLED]
     with connection.cursor() as cursor:
-        cursor.execute(
-            """UPDATE approvals_approvalrequest a
-                  SET status = 'cancelled', updated_at = now(), next_reminder_at = NULL,
-                      slack_stale = a.slack_messages <> '[]'::jsonb
-                 FROM workflows_step s
-                WHERE a.id IN (SELECT a2.id FROM approvals_approvalrequest a2
-                                 JOIN workflows_step s2 ON s2.id = a2.step_row_id
-                                WHERE a2.status = 'pending' AND s2.status = ANY(%s)
-                                LIMIT %s)
-                  AND s.id = a.step_row_id AND a.status = 'pending' AND s.status = ANY(%s)""",
-            [finished, BATCH, finished],
-        )
+        cursor.execute(sql.CLOSE_ORPHANS, {"finished": finished, "batch": BATCH})
         return int(cursor.rowcount)
 
 
@@ -94,13 +84,8 @@ def send_reminders(by: str = "sweep") -> int:
 
     sent = 0
     with connection.cursor() as cursor:
-        cursor.execute(
-            """SELECT id FROM approvals_approvalrequest
-                WHERE status = 'pending' AND next_reminder_at <= now()
-                ORDER BY next_reminder_at LIMIT %s""",
-            [BATCH],
-        )
-        ids = [row[0] for row in cursor.fetchall()]
+        cursor.execute(sql.DUE_REMINDERS, {"batch": BATCH})
+        ids = [row["id"] for row in fetch_dicts(cursor)]
     for approval_id in ids:
         with transaction.atomic(durable=True):
             approval = (
@@ -110,13 +95,10 @@ def send_reminders(by: str = "sweep") -> int:
             )
             if approval is None or approval.next_reminder_at is None:
                 continue
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT now()")
-                row = cursor.fetchone()
-            assert row is not None
-            if approval.next_reminder_at > row[0]:
+            now = database_now()  # the transaction's start, as the claim's query saw it
+            if approval.next_reminder_at > now:
                 continue
-            later = next_reminder(row[0], approval.expires_at, list(approval.reminders or []))
+            later = next_reminder(now, approval.expires_at, list(approval.reminders or []))
             ApprovalRequest.objects.filter(pk=approval_id).update(
                 next_reminder_at=later, reminders_sent=approval.reminders_sent + 1
             )

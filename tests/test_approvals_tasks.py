@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from approvals.forms import schema_problems
+from approvals.forms import FormInvalid, clean_answer, schema_problems
 from approvals.models import ApprovalRequest, DecisionAttempt
 from approvals.services import Actor, decide
 from workflows.definitions.registry import StepReport, registry
@@ -134,3 +134,67 @@ def test_the_form_schema_is_validated_when_the_definition_is_saved() -> None:
         report,
     )
     assert len(report.issues) == 4
+
+
+def test_each_kind_of_wrong_answer_gets_its_own_message() -> None:
+    form = {
+        "fields": [
+            {"name": "t", "type": "text", "max_length": 3, "required": True},
+            {"name": "n", "type": "number", "min": 0, "max": 10},
+            {"name": "d", "type": "date"},
+            {"name": "e", "type": "date"},
+            {"name": "c", "type": "choice", "choices": ["x", "y"]},
+            {"name": "f", "type": "file_name"},
+            {"name": "z", "type": "text"},
+        ]
+    }
+
+    def errors(answer):
+        with pytest.raises(FormInvalid) as refused:
+            clean_answer(form, answer)
+        return refused.value.errors
+
+    assert errors({"n": "1e999", "d": "2025-2-1", "e": "2025-02-30", "c": "fax", "z": "a\x00"}) == {
+        "t": "is required",
+        "n": "must be a number",
+        "d": "must be a date as YYYY-MM-DD",
+        "e": "must be a real date as YYYY-MM-DD",
+        "c": "must be one of x, y",
+        "z": "must not contain a NUL character",
+    }
+    # Digits of another script are not YYYY-MM-DD; a trailing newline is not a file name.
+    assert errors({"t": "abcd", "n": 11, "d": "\u0662\u0660\u0662\u0665-01-01", "f": "a\n"}) == {
+        "t": "must be at most 3 characters",
+        "n": "must be at most 10",
+        "d": "must be a date as YYYY-MM-DD",
+        "f": "must be a file name (no path, at most 255 characters)",
+    }
+    assert errors({"q": None, "t": ["x"], "n": True}) == {
+        "q": "is not a field of this form",
+        "t": "must be text",
+        "n": "must be a number",
+    }
+    assert clean_answer(form, {"t": "ab", "n": " 7 ", "d": "", "e": "2025-02-28"}) == {
+        "t": "ab",
+        "n": 7,
+        "d": None,
+        "e": "2025-02-28",
+        "c": None,
+        "f": None,
+        "z": None,
+    }
+
+
+def test_a_form_field_name_ends_where_the_text_ends() -> None:
+    # jsonschema matches a pattern with re.search, where $ also matches before a final newline.
+    form = {"fields": [{"name": "ab\n", "type": "text"}, {"name": "ab", "type": "text"}]}
+    assert schema_problems(form) == [
+        ("form.fields.0.name", "must be lowercase letters, digits and _ (at most 63)")
+    ]
+    twice = {"fields": [{"name": "ab", "type": "text"}, {"name": "ab", "type": "date"}]}
+    assert schema_problems(twice) == [("form.fields.1.name", "'ab' is used twice")]
+    only_for = {"fields": [{"name": "a", "type": "text", "choices": [""], "max_length": 40.0}]}
+    assert schema_problems(only_for) == [
+        ("form.fields.0.max_length", "only for text: a whole number 1 to 10000"),
+        ("form.fields.0.choices", "only for choice"),
+    ]
