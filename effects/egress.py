@@ -17,12 +17,15 @@ the ceiling was lowered opens nothing. Cloud metadata and link-local addresses
 from __future__ import annotations
 
 import contextlib
+import heapq
 import ipaddress
+import itertools
 import os
 import re
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -352,11 +355,10 @@ class CallDeadline:
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.passed = False
+        self._closed = False
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
+        _DEADLINES.add(self, time.monotonic() + seconds)
 
     def watch(self, stream: httpcore.NetworkStream) -> None:
         sock = stream.get_extra_info("socket")
@@ -371,17 +373,54 @@ class CallDeadline:
             self._sockets.append(duplicate)
 
     def close(self) -> None:
-        self._timer.cancel()
         with self._lock:
+            self._closed = True
             sockets, self._sockets = self._sockets, []
         for sock in sockets:
             sock.close()
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
+        """The time is up (the deadlines' thread): shut the call's sockets, unless it ended."""
         with self._lock:
+            if self._closed:
+                return
             self.passed = True
             for sock in self._sockets:
                 _shut(sock)
+
+
+class _Deadlines:
+    """One thread per process that expires every call's deadline when its time comes: a
+    timer thread per call cost a thread's start on every outside call. A call that ends
+    first stays queued until its time, and is then passed over (``expire`` does nothing)."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, CallDeadline]] = []
+        self._order = itertools.count()  # ties in time never compare two deadlines
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, deadline: CallDeadline, at: float) -> None:
+        with self._changed:
+            heapq.heappush(self._due, (at, next(self._order), deadline))
+            if self._thread is None or not self._thread.is_alive():  # first call, or forked
+                self._thread = threading.Thread(target=self._run, name="call-deadlines",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+            if self._due[0][2] is deadline:  # sooner than the thread is waiting for
+                self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    left = self._due[0][0] - time.monotonic() if self._due else None
+                    self._changed.wait(left)
+                _, _, deadline = heapq.heappop(self._due)
+            deadline.expire()
+
+
+_DEADLINES = _Deadlines()
 
 
 def _shut(sock: socket.socket) -> None:

@@ -76,12 +76,6 @@ def check_versions(org: Organisation) -> None:
 # --- admissions -------------------------------------------------------------------------------
 
 
-def starts_limited(org: Organisation) -> bool:
-    """Whether a start of this organisation must be admitted (a quota on running runs or on
-    starts per minute applies); without, starts take no lock at all."""
-    return bool(quota(org, "running_runs") or quota(org, "starts_per_minute"))
-
-
 def admit_start(org: Organisation) -> None:
     """In the start's transaction, before the run is written: one more running run and one
     more start this minute, or RunningRunsQuota / StartsPerMinuteQuota (429). The usage row

@@ -122,36 +122,22 @@ def run_start(
     if start_key is not None:
         _check_start_key(start_key)
     start = _Start(org, automation_slug, start_key, run_input, canonical)
-    result = _start_admitted(start) if quotas.starts_limited(org) else _start_unlimited(start)
+    admission = quotas.start_admission(org)
+    result = _start_in_one_trip(start, admission) or _start_in_a_transaction(start, admission)
     crash_point("run_start.after_commit")
     return result
 
 
-NOT_ADMITTED = {"admit": False, "limit": 0, "rate": 0, "window": 0}  # no start quota applies
-
-
-def _start_unlimited(start: _Start) -> StartResult:
-    """A start no quota limits: in one statement when it can, else in one transaction."""
-    result = _start_in_one_trip(start, NOT_ADMITTED)
-    if result is None:
-        # One transaction for the lookup and the start: one commit per start, not two.
-        with transaction.atomic(durable=True):
-            result = _start_as_last_seen(start) or _start_looked_up(start)
-    return result
-
-
-def _start_admitted(start: _Start) -> StartResult:
-    """The start under the organisation's start quotas, admitted in its own transaction, so
-    no path, and no number of racing starts, passes the quota: in the one statement of a
-    start in one trip when the bound is below the quota (nearly always: the usage row is
-    locked for that statement alone), else by quotas.admit_start, which counts the runs.
-    Refused, a start whose key already started its run still answers with that run."""
-    result = _start_in_one_trip(start, quotas.start_admission(start.org))
-    if result is not None:
-        return result
+def _start_in_a_transaction(start: _Start, admission: dict[str, Any]) -> StartResult:
+    """The start that could not go in one statement (nor be admitted in it): the lookup and
+    the start in one transaction (one commit per start, not two), admitted first under the
+    organisation's start quotas when one applies (quotas.admit_start, which counts the runs
+    when the bound reached the quota), so no path, and no number of racing starts, passes
+    the quota. Refused, a start whose key already started its run still answers with it."""
     try:
         with transaction.atomic(durable=True):
-            quotas.admit_start(start.org)
+            if admission["admit"]:
+                quotas.admit_start(start.org)
             return _start_as_last_seen(start) or _start_looked_up(start)
     except StartQuota as refused:
         quotas.remember_count(start.org, refused)
