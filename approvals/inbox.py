@@ -118,11 +118,7 @@ def apply(interaction_id: int) -> Outcome | None:
     applied already or being applied by another thread or process."""
     try:
         with transaction.atomic(durable=True):
-            row = (
-                SlackInteraction.objects.select_for_update(skip_locked=True)
-                .filter(pk=interaction_id, applied_at__isnull=True)
-                .first()
-            )
+            row = _unapplied_locked(interaction_id)
             if row is None:
                 return None
             outcome = _settle(row)
@@ -234,16 +230,22 @@ def _reply_text(outcome: Outcome) -> str:
     return outcome.message
 
 
+def _unapplied_locked(interaction_id: int) -> SlackInteraction | None:
+    """The click, locked in the caller's transaction, if it is not applied yet and no other
+    transaction holds it (a thread or process applying it now)."""
+    return (
+        SlackInteraction.objects.select_for_update(skip_locked=True)
+        .filter(pk=interaction_id, applied_at__isnull=True)
+        .first()
+    )
+
+
 def _count_failure(interaction_id: int) -> None:
     """A try that failed for a reason of its own (not a transient database error): counted;
     at MAX_ATTEMPTS the click is given up (``failed``) and the person told."""
     try:
         with transaction.atomic(durable=True):
-            row = (
-                SlackInteraction.objects.select_for_update(skip_locked=True)
-                .filter(pk=interaction_id, applied_at__isnull=True)
-                .first()
-            )
+            row = _unapplied_locked(interaction_id)
             if row is None:
                 return
             tries = row.attempts + 1

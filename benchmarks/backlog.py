@@ -22,25 +22,18 @@ import subprocess
 import sys
 import time
 
-from common import ROOT, THREE_IO, empty_run_tables, setup, start_runs
+from common import ROOT, THREE_IO, claim_params, empty_run_tables, setup, start_runs
 
 setup("waymark_backlog")
 
 from django.db import connection, transaction  # noqa: E402
 
 from workflows.engine import sql  # noqa: E402
-from workflows.engine.lanes import UNSHARED, lane_policy  # noqa: E402
+from workflows.engine.lanes import lane_policy  # noqa: E402
 from workflows.models import Organisation  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
 
-CLAIM = {
-    "lane": "io",
-    "n": 16,
-    "worker": "bench",
-    "lease": 30,
-    "after_org": 0,
-    **UNSHARED.params(16),
-}
+CLAIM = claim_params()
 
 # One run per organisation, then `per_run` waiting steps in each: retries for the bench
 # organisation, outside-event waits for the others.

@@ -15,27 +15,19 @@ import argparse
 import json
 import os
 
-from common import empty_run_tables, setup
+from common import claim_params, empty_run_tables, setup
 
 setup("waymark_claim_plan")
 
 from django.db import connection, transaction  # noqa: E402
 
 from workflows.engine import sql  # noqa: E402
-from workflows.engine.lanes import UNSHARED  # noqa: E402
 from workflows.models import Organisation, Run  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
 from workflows.services.runs import run_start  # noqa: E402
 
 IO = {"start": "w", "steps": [{"id": "w", "type": "noop", "next": "e"}, {"id": "e", "type": "end"}]}
-CLAIM = {
-    "lane": "io",
-    "n": 16,
-    "worker": "bench",
-    "lease": 30,
-    "after_org": 0,
-    **UNSHARED.params(16),
-}
+CLAIM = claim_params()
 PROMOTE = {"lane": "io", "n": 500, "worker": "bench"}
 
 

@@ -43,6 +43,15 @@ def setup(database: str, **environment: str) -> None:
     call_command("migrate", verbosity=0)
 
 
+def claim_params() -> dict[str, Any]:
+    """sql.CLAIM's parameters for the benchmarks that explain it: 16 io steps for a worker
+    holding none (every organisation owed them all). Call after ``setup``."""
+    from workflows.engine.lanes import UNSHARED
+
+    return {"lane": "io", "n": 16, "worker": "bench", "lease": 30, "after_org": 0,
+            **UNSHARED.params(16)}  # fmt: skip
+
+
 def commits() -> int:
     """Transactions the server has committed in this database so far (pg_stat_database)."""
     from django.db import connection

@@ -26,6 +26,7 @@ setup("waymark_late_signals", WAYMARK_QUOTA_PENDING_SIGNALS="0", WAYMARK_QUOTA_R
 
 from django.db import OperationalError, connection, transaction  # noqa: E402
 
+from tests.factories import SIGNAL_WAIT_DEFINITION  # noqa: E402
 from workflows.engine import sql  # noqa: E402
 from workflows.models import Organisation  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
@@ -51,15 +52,6 @@ SELECT g.id, g.org_id, g.name, g.correlation, g.correlations, g.run_id, g.identi
 """
 
 TIMEOUT_S = 60  # one measured statement at most
-
-WAITS = {
-    "start": "wait",
-    "steps": [
-        {"id": "wait", "type": "wait_signal", "signal": "order.paid",
-         "correlation": "{{ input.order }}", "timeout": "1d", "next": "done"},
-        {"id": "done", "type": "end"},
-    ],
-}  # fmt: skip
 
 
 def explain(statement: str) -> dict[str, Any] | None:
@@ -133,7 +125,7 @@ def main() -> None:
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE workflows_signal")
     org, _ = Organisation.objects.get_or_create(slug="late", defaults={"name": "Late"})
-    automation_publish_definition(org=org, slug="waits", definition=WAITS)
+    automation_publish_definition(org=org, slug="waits", definition=SIGNAL_WAIT_DEFINITION)
     wait(org, 0, args.waits)
     figures(f"{args.waits} waits, no pending signals")
     flood(org, args.signals)

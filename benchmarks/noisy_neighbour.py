@@ -42,22 +42,13 @@ setup(
 from django.db import connection  # noqa: E402
 
 from effects.models import EgressAllow  # noqa: E402
+from tests.factories import QUICK_CALL_DEFINITION, SLOW_CALL_DEFINITION  # noqa: E402
 from tests.stubs.provider import ProviderStub  # noqa: E402
 from tests.stubs.tarpit import Tarpit  # noqa: E402
 from workflows.models import Organisation  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
 from workflows.services.tenancy import api_key_create  # noqa: E402
 
-SLOW = {"start": "call", "steps": [
-    {"id": "call", "type": "http", "connection": "slow", "next": "done",
-     "request": {"method": "POST", "url": "{{ input.url }}/pay", "body": {"n": "{{ input.n }}"}}},
-    {"id": "done", "type": "end"},
-]}  # fmt: skip
-QUICK = {"start": "call", "steps": [
-    {"id": "call", "type": "http", "connection": "api", "next": "done",
-     "request": {"method": "POST", "url": "{{ input.api }}/items", "body": {"quick": True}}},
-    {"id": "done", "type": "end"},
-]}  # fmt: skip
 FINISHED = ("succeeded", "failed", "cancelled")
 
 
@@ -222,10 +213,10 @@ def main() -> None:
             _wait_for_web(args.port)
             flood = organisation("flood", args.port, {
                 "name": "slow", "provider": "http", "base_url": tarpit.url,
-                "max_concurrency": 64, "timeout_seconds": 120}, SLOW)  # fmt: skip
+                "max_concurrency": 64, "timeout_seconds": 120}, SLOW_CALL_DEFINITION)  # fmt: skip
             quiet = organisation("quiet", args.port,
                                  {"name": "api", "provider": "http", "base_url": provider.url},
-                                 QUICK)  # fmt: skip
+                                 QUICK_CALL_DEFINITION)  # fmt: skip
             with Watch(args.port, quiet) as watch:
                 latencies, outcomes = quiet_runs(quiet, provider.url, args.runs, f"{tag}-a")
             report("alone", latencies, outcomes, watch)

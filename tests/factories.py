@@ -24,6 +24,31 @@ IO_DEFINITION: dict = {
 }
 
 
+# A run that waits a day for signal "order.paid" correlated by its input's "order".
+SIGNAL_WAIT_DEFINITION: dict = {
+    "start": "wait",
+    "steps": [
+        {"id": "wait", "type": "wait_signal", "signal": "order.paid",
+         "correlation": "{{ input.order }}", "timeout": "1d", "next": "done"},
+        {"id": "done", "type": "end"},
+    ],
+}  # fmt: skip
+
+# An http step through connection "slow" to ``input.url`` (a host that may never answer), and
+# one through connection "api" to ``input.api`` (the provider stub): the fair-share test's and
+# benchmarks/noisy_neighbour.py's tenants.
+SLOW_CALL_DEFINITION: dict = {"start": "call", "steps": [
+    {"id": "call", "type": "http", "connection": "slow", "next": "done",
+     "request": {"method": "POST", "url": "{{ input.url }}/pay", "body": {"n": "{{ input.n }}"}}},
+    {"id": "done", "type": "end"},
+]}  # fmt: skip
+QUICK_CALL_DEFINITION: dict = {"start": "call", "steps": [
+    {"id": "call", "type": "http", "connection": "api", "next": "done",
+     "request": {"method": "POST", "url": "{{ input.api }}/items", "body": {"quick": True}}},
+    {"id": "done", "type": "end"},
+]}  # fmt: skip
+
+
 class OrganisationFactory(factory.django.DjangoModelFactory[Organisation]):
     class Meta:
         model = Organisation

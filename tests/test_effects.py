@@ -196,15 +196,21 @@ def test_an_email_to_anything_but_one_address_fails_the_step_and_sends_nothing(
 # --- connection gates -----------------------------------------------------------------------------
 
 
+def call_in_flight_elsewhere(org, run_id: int, conn: Connection) -> None:
+    """A call on ``conn`` in flight, as if on another worker: its effect holds a live lease
+    (Effect key x/elsewhere/1; delete it to end the call)."""
+    Effect.objects.create(
+        org=org, run_id=run_id, step_id="elsewhere", iteration=1, key="x/elsewhere/1",
+        provider="http", connection=conn, state="in_flight", token="t",
+        lease_until="2999-01-01T00:00:00Z",
+    )  # fmt: skip
+
+
 def test_the_concurrency_cap_defers_without_spending_attempts(org, provider_stub):
     conn = connect(org, base_url=provider_stub.url, max_concurrency=1)
     runs = [start(org, one_step(post_item(provider_stub.url)), key=f"c{i}") for i in range(2)]
     # One call is in flight (as if on another worker): its effect holds a live lease.
-    Effect.objects.create(
-        org=org, run_id=runs[0], step_id="elsewhere", iteration=1, key="x/elsewhere/1",
-        provider="http", connection=conn, state="in_flight", token="t",
-        lease_until="2999-01-01T00:00:00Z",
-    )  # fmt: skip
+    call_in_flight_elsewhere(org, runs[0], conn)
     drive(rounds=1, fast_forward=False)
     assert provider_stub.count("POST") == 0
     for run_id in runs:
@@ -225,11 +231,7 @@ def test_a_connection_written_past_the_operators_limits_is_held_to_them_when_cal
     with Tarpit() as tarpit:
         conn = connect(org, base_url=tarpit.url, max_concurrency=10_000, timeout_seconds=3600)
         runs = [start(org, one_step(post_item(tarpit.url)), key=f"h{i}") for i in range(2)]
-        Effect.objects.create(
-            org=org, run_id=runs[0], step_id="elsewhere", iteration=1, key="x/elsewhere/1",
-            provider="http", connection=conn, state="in_flight", token="t",
-            lease_until="2999-01-01T00:00:00Z",
-        )  # fmt: skip
+        call_in_flight_elsewhere(org, runs[0], conn)
         drive(rounds=1, fast_forward=False)
         assert tarpit.accepted == 0  # at the cap of 1: both deferred
         for run_id in runs:

@@ -26,7 +26,12 @@ from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
 from .engine_harness import Engine, make_harness, stub_servers
-from .factories import IO_DEFINITION, OrganisationFactory
+from .factories import (
+    IO_DEFINITION,
+    QUICK_CALL_DEFINITION,
+    SLOW_CALL_DEFINITION,
+    OrganisationFactory,
+)
 from .stubs import Tarpit
 
 IO = lane_policy("io")
@@ -123,17 +128,6 @@ def test_a_settles_claim_of_the_lane_keeps_to_the_share_too(org) -> None:
 
 # --- the attack, on the real engine -----------------------------------------------------------
 
-SLOW = {"start": "call", "steps": [
-    {"id": "call", "type": "http", "connection": "slow", "next": "done",
-     "request": {"method": "POST", "url": "{{ input.url }}/pay", "body": {"n": "{{ input.n }}"}}},
-    {"id": "done", "type": "end"},
-]}  # fmt: skip
-QUICK = {"start": "call", "steps": [
-    {"id": "call", "type": "http", "connection": "api", "next": "done",
-     "request": {"method": "POST", "url": "{{ input.api }}/items", "body": {"quick": True}}},
-    {"id": "done", "type": "end"},
-]}  # fmt: skip
-
 
 @pytest.fixture
 def tarpit() -> Iterator[Tarpit]:
@@ -156,13 +150,13 @@ def test_a_tenant_whose_calls_hang_holds_no_more_than_its_share_and_another_runs
                 "name": "slow", "provider": "http", "base_url": tarpit.url,
                 "max_concurrency": 64, "timeout_seconds": 120,
             }, expect=201)  # fmt: skip
-            slug = flood.publish(SLOW)
+            slug = flood.publish(SLOW_CALL_DEFINITION)
             for n in range(40):
                 flood.start(slug, {"url": tarpit.url, "n": n})
             # Every call the flood may make is hanging at the tarpit: 24 of the 32 io slots.
             assert tarpit.wait_held(24, timeout=120) == 24, engine.log()[-3000:]
 
-            run_id = quiet.start(quiet.publish(QUICK), {"api": stubs.provider.url})
+            run_id = quiet.start(quiet.publish(QUICK_CALL_DEFINITION), {"api": stubs.provider.url})
             (run,) = quiet.wait_finished([run_id], timeout=60).values()
             assert run.status == "succeeded", run.error
             # It ran while the flood's calls still hung: it took a reserved slot.

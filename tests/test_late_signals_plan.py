@@ -16,20 +16,11 @@ from workflows.models import Run, Signal
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
-from .factories import OrganisationFactory
+from .factories import SIGNAL_WAIT_DEFINITION, OrganisationFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 NOBODY_WAITS = 20_000
-
-WAITS = {
-    "start": "wait",
-    "steps": [
-        {"id": "wait", "type": "wait_signal", "signal": "order.paid",
-         "correlation": "{{ input.order }}", "timeout": "1d", "next": "done"},
-        {"id": "done", "type": "end"},
-    ],
-}  # fmt: skip
 
 
 def pending_signals(org_id: int, count: int, prefix: str) -> None:
@@ -61,7 +52,7 @@ def visited(node: dict[str, Any]) -> int:
 
 
 def test_signals_nobody_waits_for_are_not_read_by_the_late_matching(org) -> None:
-    automation_publish_definition(org=org, slug="waits", definition=WAITS)
+    automation_publish_definition(org=org, slug="waits", definition=SIGNAL_WAIT_DEFINITION)
     runs = [run_start(org=org, automation_slug="waits", run_input={"order": f"o-{n}"}).run_id
             for n in range(3)]  # fmt: skip
     pending_signals(org.pk, NOBODY_WAITS, "nobody-")
@@ -88,7 +79,7 @@ def test_signals_nobody_waits_for_are_not_read_by_the_late_matching(org) -> None
 
 def test_a_signal_sent_to_a_run_is_matched_late_by_its_run(org) -> None:
     """Signal-with-start's signals carry the run, not a correlation: the other probe."""
-    automation_publish_definition(org=org, slug="waits", definition=WAITS)
+    automation_publish_definition(org=org, slug="waits", definition=SIGNAL_WAIT_DEFINITION)
     run_id = run_start(org=org, automation_slug="waits", run_input={"order": "o-0"}).run_id
     pending_signals(org.pk, 1, "unrelated-")
     Signal.objects.filter(org=org).update(run_id=run_id)
@@ -120,7 +111,7 @@ def test_a_wait_looks_up_only_the_signals_of_its_own_key() -> None:
     assert sum(visited(node) for node in scans) <= 10, scans
     assert Signal.objects.get(pk=found[0]).correlation == "o-1"
 
-    automation_publish_definition(org=org, slug="waits", definition=WAITS)
+    automation_publish_definition(org=org, slug="waits", definition=SIGNAL_WAIT_DEFINITION)
     run_id = run_start(org=org, automation_slug="waits", run_input={"order": "o-1"},
                        start_key="late").run_id  # fmt: skip
     assert Run.objects.get(pk=run_id).status == "succeeded"  # it took the one sent first

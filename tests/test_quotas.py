@@ -32,7 +32,7 @@ from workflows.services.signals import signal_send
 from workflows.services.tenancy import api_key_create
 
 from .concurrency import race
-from .factories import IO_DEFINITION
+from .factories import IO_DEFINITION, SIGNAL_WAIT_DEFINITION
 from .test_schedules import db_now, published, scheduled, staff_member
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,15 +43,6 @@ assert COUNTS_RUNNING in sql.RUNNING_RUNS_UP_TO
 
 # The middle of a minute: a starts-per-minute count never straddles two windows.
 MID_MINUTE = 960_000_030.0
-
-WAITS = {
-    "start": "wait",
-    "steps": [
-        {"id": "wait", "type": "wait_signal", "signal": "order.paid",
-         "correlation": "{{ input.order }}", "timeout": "1d", "next": "done"},
-        {"id": "done", "type": "end"},
-    ],
-}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -258,7 +249,7 @@ def test_pending_signals_past_the_quota_are_refused_and_a_matched_one_is_taken(o
     assert "2 signals that no step waits for" in answers[2].json()["detail"]
     assert Signal.objects.filter(org=org).count() == 2
     # A signal that a waiting step takes is not kept: the quota does not refuse it.
-    automation_publish_definition(org=org, slug="waits", definition=WAITS)
+    automation_publish_definition(org=org, slug="waits", definition=SIGNAL_WAIT_DEFINITION)
     run = run_start(org=org, automation_slug="waits", run_input={"order": "o-9"})
     taken = api.post("/api/v1/signals", {"name": "order.paid", "correlation": "o-9"},
                      format="json")  # fmt: skip
