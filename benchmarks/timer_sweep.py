@@ -105,7 +105,7 @@ def reset() -> None:
         raise SystemExit(f"refusing to empty database {name!r}: not a benchmark database")
     with connection.cursor() as cursor:
         cursor.execute(
-            "TRUNCATE timers_timer, timers_orgsweep, timers_sweeplease, workflows_runevent,"
+            "TRUNCATE timers_timer, timers_orgsweep, workflows_sweeplease, workflows_runevent,"
             " workflows_step, workflows_outbox, workflows_run CASCADE"
         )
 
@@ -410,7 +410,7 @@ def leads(process: subprocess.Popen[bytes]) -> bool:
     if process.poll() is not None:
         raise SystemExit(f"the sweeper exited with {process.returncode}")
     rows = execute(
-        "SELECT 1 FROM timers_sweeplease WHERE holder LIKE %(me)s AND lease_until > now()",
+        "SELECT 1 FROM workflows_sweeplease WHERE holder LIKE %(me)s AND lease_until > now()",
         {"me": f"%:{process.pid}:sweep"},
     )
     return bool(rows)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import factory
 
 from workflows.definitions.validator import definition_digest
@@ -75,3 +77,14 @@ class DraftVersionFactory(factory.django.DjangoModelFactory[AutomationVersion]):
     number = factory.Sequence(lambda n: n + 1)
     definition = factory.LazyFunction(lambda: linear_definition("a", "b"))
     digest = factory.LazyAttribute(lambda o: definition_digest(o.definition))
+
+
+def timer_sweeper(name: str, *, tick: float, firers: int) -> Any:
+    """A sweeper (the engine's) whose only service is the timers' firing, with ``firers``
+    firing threads: for tests that run one on a thread of their own."""
+    from timers.sweep import TimerFiring
+    from workflows.engine.sweeper import Sweeper
+
+    sweeper = Sweeper(name, tick=tick)
+    sweeper.services = [TimerFiring(sweeper.sweep, firers=firers)]
+    return sweeper

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from timers.models import SweepLease, Timer
-from workflows.models import Run, RunEvent
+from timers.models import Timer
+from workflows.models import Run, RunEvent, SweepLease
 
 from .processes import running, spawn, stop, wait_for
 from .test_timers import make_due, start, waits

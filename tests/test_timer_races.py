@@ -13,8 +13,8 @@ from django.db import connection, transaction
 from django.db.models import Count
 from django.db.models.functions import Now
 
-from timers.models import SweepLease, Timer
-from workflows.models import Organisation, Run, RunEvent
+from timers.models import Timer
+from workflows.models import Organisation, Run, RunEvent, SweepLease
 
 from .factories import OrganisationFactory
 from .processes import running, spawn, stop, wait_for
@@ -128,7 +128,7 @@ def test_a_timer_and_a_cancel_that_race_agree_on_which_won(org):
     fired once. No cancel fails, no timer records an error."""
     import threading
 
-    from timers.sweep import Sweeper
+    from tests.factories import timer_sweeper
     from workflows.errors import RunStateConflict
     from workflows.services.control import run_act
 
@@ -146,7 +146,7 @@ def test_a_timer_and_a_cancel_that_race_agree_on_which_won(org):
             connection.close()
 
     stop_sweeper = threading.Event()
-    sweeper = Sweeper("race-sweeper", tick=0.2, firers=2)
+    sweeper = timer_sweeper("race-sweeper", tick=0.2, firers=2)
     sweeping = threading.Thread(target=sweeper.run, args=(stop_sweeper,), daemon=True)
     cancellers = [threading.Thread(target=cancel_all, args=(runs[i::2],)) for i in range(2)]
     sweeping.start()

@@ -20,7 +20,7 @@ from workflows.models import Run, RunEvent, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
-from .factories import OrganisationFactory
+from .factories import OrganisationFactory, timer_sweeper
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -266,7 +266,7 @@ def test_a_firing_thread_busy_with_a_batch_does_not_hold_back_the_other_parts_ti
     monkeypatch.setattr(sweep, "wake_step", wake_step)
     make_due()
     stop = threading.Event()
-    sweeper = sweep.Sweeper("test-sweeper", tick=0.2, firers=2)
+    sweeper = timer_sweeper("test-sweeper", tick=0.2, firers=2)
     thread = threading.Thread(target=sweeper.run, args=(stop,), daemon=True)
     thread.start()
 

@@ -76,18 +76,6 @@ class Timer(models.Model):
         return f"timer {self.run_id}/{self.step_id}/{self.iteration} at {self.due_at}"
 
 
-class SweepLease(models.Model):
-    """One sweeper works per tick: whoever holds this row's lease. Renewed every tick; a
-    dead holder's lease lapses and another sweeper takes it."""
-
-    name = models.CharField(max_length=32, primary_key=True)
-    holder = models.CharField(max_length=100)
-    lease_until = models.DateTimeField()
-
-    def __str__(self) -> str:
-        return f"{self.name} held by {self.holder} until {self.lease_until}"
-
-
 class OrgSweep(models.Model):
     """When the due sweep last served an organisation: the least recently served go first."""
 

@@ -36,22 +36,6 @@ SELECT timer.id, timer.due_at,
   FROM timer
 """
 
-# The sweeper's lease: taken when free or lapsed, renewed by its holder. One row per name.
-TAKE_LEASE = """
-INSERT INTO timers_sweeplease (name, holder, lease_until)
-VALUES (%(name)s, %(holder)s, now() + make_interval(secs => %(lease)s))
-ON CONFLICT (name) DO UPDATE
-   SET holder = EXCLUDED.holder, lease_until = EXCLUDED.lease_until
- WHERE timers_sweeplease.holder = EXCLUDED.holder
-    OR timers_sweeplease.lease_until <= now()
-RETURNING holder
-"""
-
-RELEASE_LEASE = """
-UPDATE timers_sweeplease SET lease_until = now()
- WHERE name = %(name)s AND holder = %(holder)s
-"""
-
 # Seconds until the earliest pending timer of one part (negative: overdue; NULL: none). A
 # sweeper's firing threads each serve one part of the timers (mod(run_id, parts) = part; one
 # part: all of them), so one thread's batch never delays a timer another is free to fire.

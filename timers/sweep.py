@@ -1,9 +1,9 @@
-"""The due sweep: fires due timers fairly, on time, by one elected sweeper.
+"""The due firing: fires due timers fairly and on time, in the elected sweeper.
 
-- **Election.** Any number of sweepers may run; the one holding the ``timers_sweeplease``
-  row (renewed every tick, ``lease = 3 ticks``) does the work. A dead holder's lease lapses
-  and another takes over. Even two at once could not fire a timer twice: a batch locks its
-  timers FOR UPDATE SKIP LOCKED, and firing marks them in the same transaction.
+- **Election.** It is a service of the engine's sweeper (``workflows.engine.sweeper``): it
+  fires only while its sweeper holds the lease. Even two sweepers at once could not fire a
+  timer twice: a batch locks its timers FOR UPDATE SKIP LOCKED, and firing marks them in the
+  same transaction.
 - **Fair batches** (``sql.DUE_BATCH``): the least recently served organisations with due
   timers, an equal share each, read from each one's own index range.
 - **Exactly once.** One batch is one transaction: waking each timer's step and walking its
@@ -16,32 +16,29 @@
   ``workflows.engine.transient``) rolls the batch back and the batch is fired again; it is
   never recorded as a timer's error (a timer marked fired with it left its step waiting
   forever).
-- **On time.** The sweeper sleeps until the earliest pending timer (read from the database,
+- **On time.** A firing thread sleeps until the earliest pending timer (read from the database,
   so no clock skew), at most one tick. A timer written due before that tick tells it at
   commit (NOTIFY ``waymark_timers``, the fast path); a lost notification delays a timer by
   at most one tick (the backstop).
 - **Nothing else on the firing path.** A batch that fires reads the next instant in its own
-  transaction; a full one is followed at once by the next. The engine's own housekeeping
-  (``workflows.engine.sweep``: passed deadlines, due retries, late signals; retention and
-  other apps' tasks once a minute; due scheduled starts) runs once a tick on a thread of
-  its own, so it never delays a timer.
+  transaction; a full one is followed at once by the next. The sweeper's housekeeping
+  (passed deadlines, due retries, late signals, scheduled starts, retention) runs on a
+  thread of its own, so it never delays a timer.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
-import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
 
-from workflows.plugins import SWEEP_TASKS
+from workflows.plugins import Sweep
 from workflows.plugins.engine import (
     Statement,
     Wake,
@@ -51,10 +48,8 @@ from workflows.plugins.engine import (
     is_transient,
     listen,
     lost_connection,
-    purge_finished_runs,
     query_prepared,
     run_batch,
-    sweep_once,
     wake_step,
 )
 
@@ -63,12 +58,10 @@ from .recompute import move, recomputed
 
 logger = logging.getLogger(__name__)
 
-LEASE_NAME = "sweep"
 CHANNEL = "waymark_timers"
 BATCH = 500  # timers per batch (one transaction)
 ORGS_PER_BATCH = 50  # organisations served per batch
 ORG_SCAN = 10_000  # organisations with pending timers looked at per batch
-RETENTION_EVERY_SECONDS = 60.0
 BATCH_TRIES = 5  # a batch that meets a transient database error is fired again, this often
 
 
@@ -245,65 +238,40 @@ class TellAll(threading.Event):
             event.set()
 
 
-class Sweeper:
-    """One sweeper process (``manage.py sweep``; ``runengine`` starts one).
+class TimerFiring:
+    """The due firing, a service of the engine's sweeper (``workflows.engine.sweeper``, which
+    holds the election): ``firers`` firing threads (``WAYMARK_TIMER_FIRERS``), each serving
+    one part of the timers (those of one part of the runs) and doing nothing else, so a timer
+    is never late by another's batch, by the lease's renewal or by the housekeeping; and the
+    listener for the fast path. Each thread has its own database connection."""
 
-    Its threads, each on its own database connection:
-    - the main one holds the lease (renewed every third of a tick);
-    - ``firers`` firing threads (``WAYMARK_TIMER_FIRERS``), each serving one part of the
-      timers (those of one part of the runs) and doing nothing else, so a timer is never
-      late by another's batch, by the lease's renewal or by the housekeeping;
-    - one does the housekeeping once a tick;
-    - the listener for the fast path."""
-
-    def __init__(
-        self, name: str | None = None, *, tick: float | None = None, firers: int | None = None
-    ) -> None:
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}:sweep"
-        self.tick = tick or float(engine_setting("SWEEP_SECONDS"))
+    def __init__(self, sweep: Sweep, *, firers: int | None = None) -> None:
+        self.sweep = sweep
         self.firers = max(1, firers or int(engine_setting("TIMER_FIRERS")))
         self.told = [threading.Event() for _ in range(self.firers)]  # per firer: look now
-        self.next_purge = 0.0
-        self.leader = False
-        self.extra: list[Callable[[str], int]] = []  # more work per tick (scheduled starts)
 
-    def run(self, stop: threading.Event) -> None:
-        threads = [self._thread(f"sweep-firer-{part}", self._fire_loop, part, stop)
-                   for part in range(self.firers)]  # fmt: skip
-        threads.append(self._thread("sweep-housekeeping", self._housekeeping_loop, stop))
+    @property
+    def name(self) -> str:
+        return self.sweep.name
+
+    @property
+    def tick(self) -> float:
+        return self.sweep.tick
+
+    def start(self, stop: threading.Event) -> list[threading.Thread]:
+        threads = [
+            threading.Thread(target=self._fire_loop, args=(part, stop), daemon=True,
+                             name=f"sweep-firer-{part}")
+            for part in range(self.firers)
+        ]  # fmt: skip
         if engine_setting("TIMERS_FAST_PATH"):  # a NOTIFY: a timer due soon was written
-            self._thread("timers-listener", listen, CHANNEL, TellAll(self.told), stop).start()
+            threading.Thread(target=listen, args=(CHANNEL, TellAll(self.told), stop),
+                             name="timers-listener", daemon=True).start()  # fmt: skip
         for thread in threads:
             thread.start()
-        try:
-            while not stop.is_set():
-                self._lead()
-                stop.wait(self.tick / 3)
-        finally:
-            self._tell_all()  # stopping cuts a firer's sleep short (it may be a tick long)
-            for thread in threads:
-                thread.join(timeout=self.tick * 3)
-            self._resign()
-            connection.close()
+        return threads
 
-    @staticmethod
-    def _thread(name: str, target: Callable[..., None], *args: object) -> threading.Thread:
-        return threading.Thread(target=target, args=args, name=name, daemon=True)
-
-    def _lead(self) -> None:
-        """Take or renew the lease (three ticks long, renewed every third of one)."""
-        try:
-            leads = self._take_lease()
-        except Exception:
-            logger.exception("sweep could not take its lease; retrying")
-            connection.close()
-            leads = False
-        took_over = leads and not self.leader
-        self.leader = leads
-        if took_over:
-            self._tell_all()  # begin at once, not at the firers' next look
-
-    def _tell_all(self) -> None:
+    def nudge(self) -> None:
         for told in self.told:
             told.set()
 
@@ -320,7 +288,7 @@ class Sweeper:
     def _fire_part(self, part: int) -> float:
         """Fire what is due in one part; when to look again (monotonic clock): at its next
         timer's instant, at most one tick from now."""
-        if not self.leader:
+        if not self.sweep.leading.is_set():
             return time.monotonic() + self.tick
         try:
             fired, due_at = self._fire_backlog(part)
@@ -338,7 +306,7 @@ class Sweeper:
         for at most one tick (then the leadership is looked at again). Returns how many fired
         and when the next is due (monotonic clock; None: nothing pending)."""
         fired, until = 0, time.monotonic() + self.tick
-        while self.leader:
+        while self.sweep.leading.is_set():
             batch = fire_due_timers(by=self.name, part=part, parts=self.firers)
             fired += batch.fired
             if not batch.fired:  # nothing was due: ask when something will be
@@ -348,60 +316,3 @@ class Sweeper:
             if due_at is None or due_at > now or now >= until:
                 return fired, due_at
         return fired, None
-
-    def _housekeeping_loop(self, stop: threading.Event) -> None:
-        try:
-            while not stop.wait(self.tick):
-                if not self.leader:
-                    continue
-                try:
-                    self._housekeeping()
-                except Exception:
-                    logger.exception("sweep housekeeping failed; retrying")
-                    connection.close()
-        finally:
-            connection.close()
-
-    def _housekeeping(self) -> None:
-        counts = sweep_once(name=self.name)
-        if counts.deadlines or counts.retries or counts.signals:
-            logger.info("sweep: %s deadline(s) fired, %s retr(ies) due, %s late signal(s)",
-                        counts.deadlines, counts.retries, counts.signals)  # fmt: skip
-        for task in self.extra:
-            task(self.name)
-        now = time.monotonic()
-        if now >= self.next_purge:
-            self.next_purge = now + RETENTION_EVERY_SECONDS
-            purged = purge_finished_runs()
-            if purged:
-                logger.info("sweep: %s finished run(s) past retention deleted", purged)
-            for name, task in SWEEP_TASKS.items():  # other apps' housekeeping
-                if done := task(self.name):
-                    logger.info("sweep: %s: %s", name, done)
-
-    def _take_lease(self) -> bool:
-        params: dict[str, Any] = {"name": LEASE_NAME, "holder": self.name, "lease": 3 * self.tick}
-        with connection.cursor() as cursor:
-            cursor.execute(sql.TAKE_LEASE, params)
-            held = cursor.fetchone() is not None
-        if held != self.leader:
-            logger.info("sweeper %s %s the sweep", self.name, "leads" if held else "follows")
-        return held
-
-    def _resign(self) -> None:
-        """Stopping: hand the lease on at once instead of letting it lapse."""
-        if not self.leader:
-            return
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(sql.RELEASE_LEASE, {"name": LEASE_NAME, "holder": self.name})
-        except Exception:
-            logger.warning("sweeper %s could not hand its lease on", self.name, exc_info=True)
-
-
-def run_sweeper(stop: threading.Event) -> None:
-    from .schedules import fire_due_schedules
-
-    sweeper = Sweeper()
-    sweeper.extra.append(fire_due_schedules)
-    sweeper.run(stop)

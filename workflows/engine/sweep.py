@@ -6,8 +6,8 @@
 - retries whose backoff passed become ready, for every lane (each worker also does this for
   its own lane; the sweep is the backstop for a lane whose workers are all busy or down);
 
-A plain function that returns counts; each step fails alone. The loop that calls it (with
-the fair due sweep of timers, the sweeper's election and retention) is ``timers/sweep.py``.
+A plain function that returns counts; each step fails alone. The loop that calls it once a
+tick, in the elected sweeper, is ``sweeper.py``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 from .automations import Automation, AutomationVersion
-from .runs import IdleWorker, Outbox, Run, RunEvent, Step
+from .runs import IdleWorker, Outbox, Run, RunEvent, Step, SweepLease
 from .signals import Signal
 from .tenancy import ApiKey, Membership, Organisation, QuotaUsage
 
@@ -16,4 +16,5 @@ __all__ = [
     "RunEvent",
     "Signal",
     "Step",
+    "SweepLease",
 ]

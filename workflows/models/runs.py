@@ -216,3 +216,15 @@ class IdleWorker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.worker} idle on {self.lane}"
+
+
+class SweepLease(models.Model):
+    """Who leads the sweep (workflows.engine.sweeper): whoever holds this row's lease, renewed
+    every third of a tick. A dead holder's lease lapses and another sweeper takes it."""
+
+    name = models.CharField(max_length=32, primary_key=True)
+    holder = models.CharField(max_length=200)
+    lease_until = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} held by {self.holder} until {self.lease_until}"

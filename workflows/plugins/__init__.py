@@ -70,6 +70,7 @@ from ..definitions.registry import (
     registry,
 )
 from ..engine.executors import Park, StepContext, StepDeferred, StepFailure, StepResult
+from ..engine.sweeper import SWEEP_SERVICES, SWEEP_TASKS, Sweep, SweepService, SweepTask
 
 __all__ = [
     "INLINE",
@@ -82,6 +83,8 @@ __all__ = [
     "StepReport",
     "StepResult",
     "StepType",
+    "Sweep",
+    "SweepService",
     "check_choice",
     "check_duration",
     "check_fields",
@@ -92,19 +95,24 @@ __all__ = [
     "check_template_field",
     "check_template_value",
     "register_step_type",
+    "register_sweep_service",
     "register_sweep_task",
     "render",
 ]
 
 
-# Housekeeping other apps ask the sweep to run about once a minute: name -> fn(by) -> count.
-SWEEP_TASKS: dict[str, Callable[[str], int]] = {}
+def register_sweep_task(name: str, task: Callable[[str], int], *, each_tick: bool = False) -> None:
+    """Have the elected sweeper call ``task(by)`` about once a minute, or every tick (a few
+    seconds) with ``each_tick``. It returns how many things it did, for the log; one that
+    raises is logged and called again at its next turn. The same name again replaces it."""
+    SWEEP_TASKS[name] = SweepTask(task, each_tick=each_tick)
 
 
-def register_sweep_task(name: str, task: Callable[[str], int]) -> None:
-    """Have the elected sweeper call ``task(by)`` about once a minute (it returns how many
-    things it did, for the log). Registering the same name again replaces it."""
-    SWEEP_TASKS[name] = task
+def register_sweep_service(name: str, service: Callable[[Sweep], SweepService]) -> None:
+    """Have every sweeper process build ``service(sweep)`` and start it with itself: for work
+    that needs threads of its own (timers' firing threads). It works only while
+    ``sweep.leading`` is set. The same name again replaces it."""
+    SWEEP_SERVICES[name] = service
 
 
 def register_step_type(step_type: StepType) -> None:

@@ -15,7 +15,6 @@ from django.db import connection
 from ..engine.definition_cache import definition_for
 from ..engine.faults import crash_point
 from ..engine.lanes import engine_setting
-from ..engine.retention import purge_finished_runs
 from ..engine.sql.rows import (
     Statement,
     event_row,
@@ -27,7 +26,6 @@ from ..engine.sql.rows import (
     run_batch,
 )
 from ..engine.stop_signals import wait_for_stop_signal
-from ..engine.sweep import sweep_once
 from ..engine.transient import is_transient, lost_connection
 from ..engine.transport import listen, own_connection
 from ..engine.waits import Wake, wake_step
@@ -53,10 +51,8 @@ __all__ = [
     "lock_run",
     "lost_connection",
     "own_connection",
-    "purge_finished_runs",
     "query_prepared",
     "run_batch",
-    "sweep_once",
     "wait_for_stop_signal",
     "wake_step",
 ]

@@ -810,6 +810,22 @@ DELETE FROM workflows_outbox o USING old WHERE o.id = old.id
 # --- retention ---------------------------------------------------------------------------------
 
 # A batch of runs that finished before the retention horizon, oldest first (run_finished).
+# The sweeper's lease: taken when free or lapsed, renewed by its holder. One row per name.
+TAKE_LEASE = """
+INSERT INTO workflows_sweeplease (name, holder, lease_until)
+VALUES (%(name)s, %(holder)s, now() + make_interval(secs => %(lease)s))
+ON CONFLICT (name) DO UPDATE
+   SET holder = EXCLUDED.holder, lease_until = EXCLUDED.lease_until
+ WHERE workflows_sweeplease.holder = EXCLUDED.holder
+    OR workflows_sweeplease.lease_until <= now()
+RETURNING holder
+"""
+
+RELEASE_LEASE = """
+UPDATE workflows_sweeplease SET lease_until = now()
+ WHERE name = %(name)s AND holder = %(holder)s
+"""
+
 FINISHED_RUNS_BEFORE = """
 SELECT id FROM workflows_run
  WHERE finished_at < now() - make_interval(secs => %(age)s)
