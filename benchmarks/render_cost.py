@@ -20,7 +20,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workflows.definitions import sandbox
-from workflows.definitions.expressions import (
+from workflows.definitions.rendering import (
     build_context,
     evaluate_condition_here,
     render_template_here,

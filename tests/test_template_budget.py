@@ -29,11 +29,10 @@ from workflows.definitions.expressions import (
     ExpressionError,
     build_context,
     evaluate_condition,
-    evaluate_condition_here,
     render_template,
-    render_template_here,
     render_value,
 )
+from workflows.definitions.rendering import evaluate_condition_here, render_template_here
 from workflows.definitions.validator import validate_definition
 from workflows.engine.executors import StepFailure
 from workflows.models import Run

@@ -1,59 +1,37 @@
-"""Templates and conditions of the definition language.
+"""Templates and conditions of the definition language: check them, and render them under a
+budget.
 
-Templates are Jinja2 strings (``"Hello {{ input.name }}"``); conditions are bare Jinja2
-expressions (``"input.tier == 'gold'"``). Both run in a sandbox built on
-``jinja2.sandbox.ImmutableSandboxedEnvironment`` with ``StrictUndefined``:
-
-* the context holds plain data only (see :func:`build_context`): ``input``, ``vars``,
-  ``steps.<id>.output``, ``run.id``, ``run.started_at``;
-* no globals at all (no ``range``, ``cycler``, ``namespace``, ``lipsum`` ...), no loader, so
-  ``include`` / ``import`` / ``extends`` cannot reach files;
-* the sandbox refuses private and internal attributes (``__class__``, ``__globals__``,
-  ``mro``, ``func_code`` ...) and any method that mutates a list, dict or set;
-* an undefined name or key raises instead of rendering as an empty string;
-* the rendered output is capped (``MAX_OUTPUT_BYTES``), and the cheap ways of building huge
-  values inside a template (``'x' * 10**9``, ``10 ** 100000000``, ``'%999999999s'``,
-  ``'x'.ljust(10**9)``, ``'x'|center(10**9)`` ...) are refused before they allocate;
-* only data becomes text: a method, a macro or a generator is never rendered (its repr
-  carries a heap address); filters that return generators give lists.
-
-Every failure while rendering or evaluating becomes an :class:`ExpressionError` with a stable
-``code``, whatever the underlying exception was, so the engine can fail the step with a
-readable message that carries no Python internals.
+What a template may do, and how it fails, is :mod:`workflows.definitions.rendering` (the
+sandboxed Jinja environment: plain data only, no globals, no private attributes, capped
+output, every failure an :class:`ExpressionError` with a stable ``code``).
 
 The sandbox is not a budget. The budget is :mod:`workflows.definitions.sandbox`: the public
 ``render_template``, ``render_value`` and ``evaluate_condition`` render in this process only
 templates whose parsed tree proves them cheap, and every other one in a rendering process
-under hard CPU-time, memory and wall-clock limits (``template_limit``). The ``*_here``
-functions render in the current process with no budget: the rendering processes use them.
+under hard CPU-time, memory and wall-clock limits (``template_limit``).
 ``check_template`` and ``check_condition`` parse under size, token and depth limits.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import re
-import string
-import sys
-from collections.abc import (
-    Callable,
-    ItemsView,
-    Iterable,
-    Iterator,
-    KeysView,
-    Mapping,
-    ValuesView,
-)
-from datetime import date, datetime
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateSyntaxError, Undefined, UndefinedError, meta, nodes
-from jinja2.runtime import Context
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2 import TemplateSyntaxError, meta, nodes
 
+from workflows.definitions import sandbox
 from workflows.definitions.registry import StepReport
-from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
+from workflows.definitions.rendering import (
+    CONTEXT_NAMES,
+    ENVIRONMENT,
+    FORBIDDEN_NODES,
+    MAX_NESTING,
+    MAX_OUTPUT_BYTES,
+    ExpressionError,
+    build_context,
+    error_for,
+    is_template,
+)
 
 __all__ = [
     "CONTEXT_NAMES",
@@ -69,311 +47,85 @@ __all__ = [
     "render_value",
 ]
 
-#: The largest rendered output (UTF-8 bytes) of one template, or of one ``render_value`` call.
-MAX_OUTPUT_BYTES = 64 * 1024
-#: The only top-level names a template or condition may use.
-CONTEXT_NAMES = frozenset({"input", "vars", "steps", "run"})
-#: How deeply a value holding templates (``values``, ``request.body`` ...) may nest.
-MAX_NESTING = 64
 
-_COMPILE_CACHE_SIZE = 2048
-_PADDING_METHODS = frozenset({"center", "ljust", "rjust", "zfill"})
-_PRINTF_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?[a-zA-Z%]")
-_FORBIDDEN_NODES = (nodes.Extends, nodes.Include, nodes.Import, nodes.FromImport)
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-_PLAIN = str | int | float | bool | None
+# --- checking -------------------------------------------------------------------------------
 
 
-class ExpressionError(Exception):
-    """A template or condition could not be rendered or evaluated.
+def check_template(text: object) -> str | None:
+    """None when ``text`` is a usable template, else a short message saying why not.
 
-    ``code`` is stable (see docs/definitions.md); the text is ``"<code>: <message>"``, the
-    form the step's and the run's ``error`` show. It never carries Python's own wording where
-    that names interpreter internals (a ``sys.`` function, a heap address).
+    Parses under the limits of :mod:`workflows.definitions.sandbox` (bytes, tokens, depth);
+    a message about a limit names it."""
+    if not isinstance(text, str):
+        return "must be a string"
+    if not is_template(text):
+        return None
+
+    def parsed() -> tuple[nodes.Node, Iterable[str]]:
+        tree = sandbox.parse_template(text)
+        if next(tree.find_all(_SCOPING_NODES), None) is None:
+            return tree, (n.name for n in tree.find_all(nodes.Name) if n.ctx == "load")
+        return tree, meta.find_undeclared_variables(tree)
+
+    return _parse_problem(text, parsed)
+
+
+def check_condition(expr: object) -> str | None:
+    """None when ``expr`` is a usable condition expression, else a short message."""
+    if not isinstance(expr, str):
+        return "must be a string"
+    if not expr.strip():
+        return "is empty"
+    if expr.lstrip().startswith(("{{", "{%")):
+        return "must be a bare expression such as input.total > 100, without {{ }}"
+
+    def parsed() -> tuple[nodes.Node, Iterable[str]]:
+        tree = sandbox.parse_condition(expr)
+        found = (tree, *tree.find_all(nodes.Name))  # find_all skips the root: `x` alone
+        names = (node.name for node in found if isinstance(node, nodes.Name) and node.ctx == "load")
+        return tree, names
+
+    return _parse_problem(expr, parsed)
+
+
+def _parse_problem(text: str, parsed: Callable[[], tuple[nodes.Node, Iterable[str]]]) -> str | None:
+    """What is wrong with a template or condition, as check_template and check_condition
+    report it: parsed under the limits, then its names and filters checked."""
+    try:
+        tree, names = parsed()
+        return _tree_problem(tree, names)
+    except sandbox.AlreadyReported:
+        return None
+    except sandbox.TemplateTooLarge as exc:
+        return str(exc)
+    except TemplateSyntaxError as exc:
+        return _syntax_message(exc, text)
+    except RecursionError:
+        return "is nested too deeply"
+    except Exception as exc:
+        return f"cannot be compiled: {error_for(exc).message}"
+
+
+def check_templates_in(value: Any, field_path: str, report: StepReport) -> None:
+    """Reports every malformed template string inside ``value`` with its exact field path.
+
+    ``value`` may be a string, a number, or nested dicts and lists; paths read
+    ``values.greeting`` or ``request.body.items.0``. Walks iteratively.
     """
-
-    def __init__(
-        self, message: str, *, code: str = "render_failed", retryable: bool = False
-    ) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        # True when the template itself is not at fault (no renderer was free): a retry of
-        # the step may render it. Anything the template did fails the same way every time.
-        self.retryable = retryable
-
-
-# --- size guards ----------------------------------------------------------------------------
-
-
-def _too_large(size: int) -> ExpressionError:
-    return ExpressionError(
-        f"the result would be larger than {MAX_OUTPUT_BYTES} bytes ({size})", code="too_large"
-    )
-
-
-def _check_size(size: object) -> None:
-    if isinstance(size, int) and not isinstance(size, bool) and size > MAX_OUTPUT_BYTES:
-        raise _too_large(size)
-
-
-def _check_width_digits(digits: str | None) -> None:
-    if digits and digits != "*" and (len(digits) > 9 or int(digits) > MAX_OUTPUT_BYTES):
-        raise ExpressionError(f"a format width of {digits[:12]} is too large", code="too_large")
-
-
-def _check_printf(fmt: str, values: object) -> None:
-    """Refuses ``'%999999999s' % x`` and ``'%*s' % (10**9, x)``."""
-    star = False
-    for match in _PRINTF_SPEC.finditer(fmt):
-        for group in match.groups():
-            star = star or group == "*"
-            _check_width_digits(group)
-    if star:
-        items = values if isinstance(values, tuple) else (values,)
-        for item in items:
-            _check_size(item)
-
-
-def _check_str_format(fmt: str, args: Iterable[object], kwargs: Mapping[str, object]) -> None:
-    """Refuses ``'{:>999999999}'.format(x)`` and nested widths taken from huge arguments."""
-    for _, _, spec, _ in string.Formatter().parse(fmt):
-        if not spec:
-            continue
-        for digits in re.findall(r"\d+", spec):
-            _check_width_digits(digits)
-        if "{" in spec:
-            for value in (*args, *kwargs.values()):
-                _check_size(value)
-
-
-def _check_binop(operator: str, left: object, right: object) -> None:
-    if operator == "*":
-        for seq, times in ((left, right), (right, left)):
-            if isinstance(seq, str | list | tuple) and isinstance(times, int):
-                _check_size(len(seq) * times)
-    elif operator == "**":
-        if (
-            isinstance(left, int)
-            and isinstance(right, int)
-            and abs(left) > 1
-            and right > 0
-            and left.bit_length() * right > 8 * MAX_OUTPUT_BYTES
-        ):
-            raise ExpressionError(
-                f"the number {left} ** {right} is too large", code="number_too_large"
-            )
-    elif operator == "%" and isinstance(left, str):
-        _check_printf(left, right)
-
-
-def _check_call(func: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-    """Bounds the string methods that can multiply their input's size."""
-    target = getattr(func, "__wrapped__", func)
-    owner = getattr(target, "__self__", None)
-    if not isinstance(owner, str):
-        return
-    name = getattr(target, "__name__", "")
-    if name in _PADDING_METHODS:
-        for value in (*args, *kwargs.values()):
-            _check_size(value)
-    elif name == "expandtabs":
-        for value in (*args, *kwargs.values()):
-            if isinstance(value, int):
-                _check_size(len(owner) + owner.count("\t") * value)
-    elif name == "replace" and len(args) >= 2:
-        old, new = args[0], args[1]
-        if isinstance(old, str) and isinstance(new, str):
-            hits = owner.count(old) if old else len(owner) + 1
-            _check_size(len(owner) + hits * max(0, len(new) - len(old)))
-    elif name == "format":
-        _check_str_format(owner, args, kwargs)
-    elif name == "format_map" and args and isinstance(args[0], Mapping):
-        _check_str_format(owner, (), args[0])
-
-
-def _guard_filters(filters: dict[str, Callable[..., Any]]) -> None:
-    """Wraps the built-in filters that can pad a string to an arbitrary width."""
-    center: Callable[..., str] = filters["center"]
-    indent: Callable[..., str] = filters["indent"]
-    fmt: Callable[..., str] = filters["format"]
-
-    @functools.wraps(center)
-    def safe_center(value: Any, width: int = 80) -> str:
-        _check_size(width)
-        return center(value, width)
-
-    @functools.wraps(indent)
-    def safe_indent(s: Any, width: int | str = 4, *args: Any, **kwargs: Any) -> str:
-        pad = width if isinstance(width, int) else len(str(width))
-        _check_size(len(str(s)) + pad * (str(s).count("\n") + 1))
-        return indent(s, width, *args, **kwargs)
-
-    @functools.wraps(fmt)
-    def safe_format(value: Any, *args: Any, **kwargs: Any) -> str:
-        if isinstance(value, str):
-            _check_printf(value, kwargs or tuple(args))
-        return fmt(value, *args, **kwargs)
-
-    filters.update(center=safe_center, indent=safe_indent, format=safe_format)
-
-
-# --- values that must never become text -----------------------------------------------------
-
-
-class Method:
-    """A method read from the data (``input.s.upper``), callable only through the sandbox.
-
-    As text it would be its repr, with a heap address (``<built-in method upper of str
-    object at 0x7f…>``), so every way to text (``{{ }}``, ``~``, ``|string``, ``%``,
-    ``format``) refuses it with a clear error instead.
-    """
-
-    __slots__ = ("_func", "_name")
-
-    def __init__(self, func: Callable[..., Any], name: str) -> None:
-        self._func = func
-        self._name = name
-
-    def unwrap(self) -> Callable[..., Any]:
-        return self._func
-
-    def refusal(self) -> ExpressionError:
-        return ExpressionError(
-            f'"{self._name}" is a method, it cannot be rendered: call it, as in {self._name}()',
-            code="not_renderable",
-        )
-
-    def __str__(self) -> str:
-        raise self.refusal()
-
-    def __repr__(self) -> str:
-        raise self.refusal()
-
-    def __format__(self, spec: str) -> str:
-        raise self.refusal()
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise self.refusal()  # only the sandbox's call() calls the method, unwrapped
-
-
-def _wrap_callable(value: Any, name: object) -> Any:
-    if callable(value) and not isinstance(value, Undefined | Method):
-        return Method(value, str(name))
-    return value
-
-
-def _materialising(func: Callable[..., Any]) -> Callable[..., Any]:
-    """map, select, unique, batch, reverse … return generators, whose text is
-    ``<generator object … at 0x…>``: give their items as a list, which renders as data."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        result = func(*args, **kwargs)
-        return list(result) if isinstance(result, Iterator) else result
-
-    return wrapper
-
-
-def _not_renderable(value: Any) -> ExpressionError | None:
-    if isinstance(value, Method):
-        return value.refusal()
-    if isinstance(value, Iterator):
-        return ExpressionError("a generator cannot be rendered: add |list", code="not_renderable")
-    if callable(value):
-        return ExpressionError(
-            "a macro or function cannot be rendered: call it", code="not_renderable"
-        )
-    return None
-
-
-def _finalize(value: Any) -> Any:
-    """Every ``{{ }}`` value passes here before it becomes text: data renders; a method, a
-    macro or a generator, alone or inside a list or object, is refused (its repr would show
-    a heap address). Undefined values raise their own error when rendered."""
-    stack, seen = [value], 0
+    stack: list[tuple[str, Any, int]] = [(field_path, value, 0)]
     while stack:
-        item = stack.pop()
-        seen += 1
-        if isinstance(item, _PLAIN | Undefined) or seen > MAX_OUTPUT_BYTES:
-            continue  # more items than output bytes: the budget refuses the render anyway
-        if isinstance(item, Mapping):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple | set | frozenset | KeysView | ValuesView | ItemsView):
-            stack.extend(item)
-        else:
-            problem = _not_renderable(item)
-            if problem is not None:
-                raise problem
-    return value
-
-
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """The one environment every template and condition runs in."""
-
-    intercepted_binops = frozenset({"*", "**", "%"})
-
-    def __init__(self) -> None:
-        super().__init__(
-            undefined=StrictUndefined,
-            autoescape=False,
-            keep_trailing_newline=True,
-            finalize=_finalize,
-        )
-        # No globals: range, dict, cycler, joiner, namespace and lipsum are all gone.
-        self.globals.clear()
-        _guard_filters(self.filters)
-        for name, func in list(self.filters.items()):
-            self.filters[name] = _materialising(func)
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        if isinstance(obj, Method):
-            raise obj.refusal()
-        # Plain data first: `input.items` is the key "items", not the dict method.
-        if isinstance(obj, dict):
-            try:
-                return obj[attribute]
-            except (KeyError, TypeError):
-                pass
-        return _wrap_callable(super().getattr(obj, attribute), attribute)
-
-    def getitem(self, obj: Any, argument: Any) -> Any:
-        if isinstance(obj, Method):
-            raise obj.refusal()
-        # `input.s['upper']` falls back to the attribute, so it is wrapped the same way.
-        return _wrap_callable(super().getitem(obj, argument), argument)
-
-    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
-        _check_binop(operator, left, right)
-        return super().call_binop(context, operator, left, right)
-
-    def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(obj, Method):
-            obj = obj.unwrap()
-        _check_call(obj, args, kwargs)
-        return super().call(context, obj, *args, **kwargs)
-
-
-_ENV = _Sandbox()
-
-
-# --- compiling and checking -----------------------------------------------------------------
-
-
-def is_template(text: str) -> bool:
-    """True when ``text`` contains Jinja markup; other strings are used as they are."""
-    return "{" in text
-
-
-@functools.lru_cache(maxsize=_COMPILE_CACHE_SIZE)
-def _compile_template(text: str) -> Any:
-    return _ENV.from_string(text)
-
-
-@functools.lru_cache(maxsize=_COMPILE_CACHE_SIZE)
-def _compile_condition(expr: str) -> Any:
-    return _ENV.compile_expression(expr, undefined_to_none=False)
+        path, item, depth = stack.pop()
+        if isinstance(item, str):
+            problem = check_template(item)
+            if problem:
+                report.issue("malformed_template", path, f"is not a valid template: {problem}")
+        elif isinstance(item, Mapping | list | tuple):
+            if depth >= MAX_NESTING:
+                report.issue("invalid_field", path, f"nests deeper than {MAX_NESTING} levels")
+                continue
+            pairs = item.items() if isinstance(item, Mapping) else enumerate(item)
+            children = [(f"{path}.{key}", child, depth + 1) for key, child in pairs]
+            stack.extend(reversed(children))
 
 
 def _syntax_message(exc: TemplateSyntaxError, source: str) -> str:
@@ -400,7 +152,7 @@ _SCOPING_NODES = (
 def _tree_problem(tree: nodes.Node, names: Iterable[str]) -> str | None:
     """What compiling would refuse, read from the parsed tree (compiling costs a millisecond
     or more per template, and a definition may hold thousands)."""
-    if next(tree.find_all(_FORBIDDEN_NODES), None) is not None:
+    if next(tree.find_all(FORBIDDEN_NODES), None) is not None:
         return "cannot extend, include or import other templates"
     problem = _unknown_names(names)
     if problem:
@@ -409,168 +161,12 @@ def _tree_problem(tree: nodes.Node, names: Iterable[str]) -> str | None:
         if not isinstance(node, nodes.Filter | nodes.Test):
             continue
         is_filter = isinstance(node, nodes.Filter)
-        if node.name not in (_ENV.filters if is_filter else _ENV.tests):
+        if node.name not in (ENVIRONMENT.filters if is_filter else ENVIRONMENT.tests):
             return f"No {'filter' if is_filter else 'test'} named {node.name!r}."
     return None
 
 
-def check_template(text: object) -> str | None:
-    """None when ``text`` is a usable template, else a short message saying why not.
-
-    Parses under the limits of :mod:`workflows.definitions.sandbox` (bytes, tokens, depth);
-    a message about a limit names it."""
-    if not isinstance(text, str):
-        return "must be a string"
-    if not is_template(text):
-        return None
-
-    def parsed() -> tuple[nodes.Node, Iterable[str]]:
-        tree = _sandbox.parse_template(text)
-        if next(tree.find_all(_SCOPING_NODES), None) is None:
-            return tree, (n.name for n in tree.find_all(nodes.Name) if n.ctx == "load")
-        return tree, meta.find_undeclared_variables(tree)
-
-    return _parse_problem(text, parsed)
-
-
-def check_condition(expr: object) -> str | None:
-    """None when ``expr`` is a usable condition expression, else a short message."""
-    if not isinstance(expr, str):
-        return "must be a string"
-    if not expr.strip():
-        return "is empty"
-    if expr.lstrip().startswith(("{{", "{%")):
-        return "must be a bare expression such as input.total > 100, without {{ }}"
-
-    def parsed() -> tuple[nodes.Node, Iterable[str]]:
-        tree = _sandbox.parse_condition(expr)
-        found = (tree, *tree.find_all(nodes.Name))  # find_all skips the root: `x` alone
-        names = (node.name for node in found if isinstance(node, nodes.Name) and node.ctx == "load")
-        return tree, names
-
-    return _parse_problem(expr, parsed)
-
-
-def _parse_problem(text: str, parsed: Callable[[], tuple[nodes.Node, Iterable[str]]]) -> str | None:
-    """What is wrong with a template or condition, as check_template and check_condition
-    report it: parsed under the limits, then its names and filters checked."""
-    try:
-        tree, names = parsed()
-        return _tree_problem(tree, names)
-    except _sandbox.AlreadyReported:
-        return None
-    except _sandbox.TemplateTooLarge as exc:
-        return str(exc)
-    except TemplateSyntaxError as exc:
-        return _syntax_message(exc, text)
-    except RecursionError:
-        return "is nested too deeply"
-    except Exception as exc:
-        return f"cannot be compiled: {_error_for(exc).message}"
-
-
-def check_templates_in(value: Any, field_path: str, report: StepReport) -> None:
-    """Reports every malformed template string inside ``value`` with its exact field path.
-
-    ``value`` may be a string, a number, or nested dicts and lists; paths read
-    ``values.greeting`` or ``request.body.items.0``. Walks iteratively.
-    """
-    stack: list[tuple[str, Any, int]] = [(field_path, value, 0)]
-    while stack:
-        path, item, depth = stack.pop()
-        if isinstance(item, str):
-            problem = check_template(item)
-            if problem:
-                report.issue("malformed_template", path, f"is not a valid template: {problem}")
-        elif isinstance(item, Mapping | list | tuple):
-            if depth >= MAX_NESTING:
-                report.issue("invalid_field", path, f"nests deeper than {MAX_NESTING} levels")
-                continue
-            pairs = item.items() if isinstance(item, Mapping) else enumerate(item)
-            children = [(f"{path}.{key}", child, depth + 1) for key, child in pairs]
-            stack.extend(reversed(children))
-
-
-# --- rendering ------------------------------------------------------------------------------
-
-
-class _Budget:
-    def __init__(self, max_bytes: int) -> None:
-        self.left = max_bytes
-        self.max_bytes = max_bytes
-
-    def take(self, chunk: str) -> None:
-        # Characters <= UTF-8 bytes, so the cheap length check catches most overflows.
-        if len(chunk) > self.left:
-            self._exceeded()
-        self.left -= len(chunk.encode("utf-8", "surrogatepass"))
-        if self.left < 0:
-            self._exceeded()
-
-    def _exceeded(self) -> None:
-        raise ExpressionError(
-            f"the rendered output is larger than {self.max_bytes} bytes", code="too_large"
-        )
-
-
-def _clean(exc: BaseException) -> str:
-    """Python's message, first line only, without heap addresses, bounded."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return _ADDRESS.sub("", text)[:200]
-
-
-def _error_for(exc: Exception) -> ExpressionError:
-    """A stable code and a clean message for whatever rendering raised."""
-    if isinstance(exc, SecurityError):
-        return ExpressionError(_clean(exc), code="not_allowed")
-    if isinstance(exc, UndefinedError):
-        return ExpressionError(exc.message or "undefined", code="undefined_value")
-    if isinstance(exc, TemplateSyntaxError):
-        return ExpressionError(exc.message or "invalid syntax", code="invalid_syntax")
-    if isinstance(exc, RecursionError):
-        return ExpressionError("recursion too deep", code="too_deep")
-    if isinstance(exc, ValueError) and "int_max_str_digits" in str(exc):
-        # Python's text names sys.set_int_max_str_digits(): an interpreter knob, not ours.
-        limit = sys.get_int_max_str_digits()
-        return ExpressionError(
-            f"number too large to render (more than {limit} digits)", code="number_too_large"
-        )
-    if isinstance(exc, OverflowError):
-        return ExpressionError("number too large", code="number_too_large")
-    if isinstance(exc, ZeroDivisionError):
-        return ExpressionError("division by zero", code="division_by_zero")
-    if isinstance(exc, TypeError | ValueError | LookupError | AttributeError):
-        return ExpressionError(_clean(exc), code="invalid_operation")
-    return ExpressionError(f"could not be rendered ({type(exc).__name__})")
-
-
-def _render(text: str, context: Mapping[str, Any], budget: _Budget) -> str:
-    if not isinstance(text, str):
-        raise ExpressionError(
-            f"a template must be a string, not {type(text).__name__}", code="invalid_template"
-        )
-    if not is_template(text):
-        budget.take(text)
-        return text
-    return collect_rendered(lambda: _compile_template(text).generate(dict(context)), budget)
-
-
-def collect_rendered(chunks: Callable[[], Iterable[str]], budget: _Budget) -> str:
-    """The text a renderer yields (``chunks`` makes it: compiling, or walking the tree on
-    the fast path), taken chunk by chunk against the output budget, refused if unstorable;
-    any other failure becomes an ExpressionError with its stable code."""
-    parts: list[str] = []
-    try:
-        for chunk in chunks():
-            budget.take(chunk)
-            if has_unstorable(chunk):
-                raise ExpressionError(f"the rendered text {UNSTORABLE_REASON}", code="unstorable")
-            parts.append(chunk)
-    except ExpressionError:
-        raise
-    except Exception as exc:
-        raise _error_for(exc) from exc
-    return "".join(parts)
+# --- rendering under the budget -------------------------------------------------------------
 
 
 def render_template(
@@ -578,7 +174,7 @@ def render_template(
 ) -> str:
     """Renders one template string under the budget (see :mod:`.sandbox`); raises
     ExpressionError on any failure, with code ``template_limit`` past a limit."""
-    return str(_sandbox.render("template", text, context, max_bytes))
+    return str(sandbox.render("template", text, context, max_bytes))
 
 
 def render_value(
@@ -590,7 +186,7 @@ def render_value(
     Keys, numbers, booleans and null are kept as they are. ``max_bytes`` bounds the total
     output of all the strings together.
     """
-    return _sandbox.render("value", value, context, max_bytes)
+    return sandbox.render("value", value, context, max_bytes)
 
 
 def evaluate_condition(expr: str, context: Mapping[str, Any]) -> bool:
@@ -599,94 +195,4 @@ def evaluate_condition(expr: str, context: Mapping[str, Any]) -> bool:
 
     An undefined name or key raises (use ``is defined`` to test for optional data).
     """
-    return bool(_sandbox.render("condition", expr, context, MAX_OUTPUT_BYTES))
-
-
-def render_template_here(
-    text: str, context: Mapping[str, Any], *, max_bytes: int = MAX_OUTPUT_BYTES
-) -> str:
-    """render_template in this process, without a CPU or memory budget."""
-    return _render(text, context, _Budget(max_bytes))
-
-
-def render_value_here(
-    value: Any, context: Mapping[str, Any], *, max_bytes: int = MAX_OUTPUT_BYTES
-) -> Any:
-    """render_value in this process, without a CPU or memory budget."""
-    budget = _Budget(max_bytes)
-
-    def walk(item: Any, depth: int) -> Any:
-        if isinstance(item, str):
-            return _render(item, context, budget)
-        if isinstance(item, Mapping | list | tuple):
-            if depth >= MAX_NESTING:
-                raise ExpressionError(
-                    f"the value nests deeper than {MAX_NESTING} levels", code="too_deep"
-                )
-            if isinstance(item, Mapping):
-                return {key: walk(child, depth + 1) for key, child in item.items()}
-            return [walk(child, depth + 1) for child in item]
-        return item
-
-    return walk(value, 0)
-
-
-def evaluate_condition_here(expr: str, context: Mapping[str, Any]) -> bool:
-    """evaluate_condition in this process, without a CPU or memory budget."""
-    if not isinstance(expr, str):
-        raise ExpressionError(
-            f"a condition must be a string, not {type(expr).__name__}", code="invalid_template"
-        )
-    try:
-        compiled = _compile_condition(expr)
-        return bool(compiled(dict(context)))
-    except ExpressionError:
-        raise
-    except Exception as exc:
-        raise _error_for(exc) from exc
-
-
-# --- context --------------------------------------------------------------------------------
-
-
-def _json_default(value: object) -> object:
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    return str(value)
-
-
-def _plain(value: Any) -> Any:
-    """A deep copy of ``value`` made of dict, list, str, int, float, bool and None only."""
-    return json.loads(json.dumps(value, default=_json_default))
-
-
-def build_context(
-    *,
-    run_input: Any,
-    variables: Mapping[str, Any] | None = None,
-    step_outputs: Mapping[str, Any] | None = None,
-    run_id: object = None,
-    started_at: datetime | str | None = None,
-) -> dict[str, Any]:
-    """The template context of a run, as plain data only.
-
-    ``step_outputs`` maps step id -> that step's output; templates read it as
-    ``steps.<id>.output``. Datetimes become ISO 8601 strings; other non-JSON values strings.
-    """
-    # One copy of the whole (one JSON round trip), not one per part: a context is made for
-    # every step a worker runs.
-    context: dict[str, Any] = _plain(
-        {
-            "input": run_input,
-            "vars": dict(variables or {}),
-            "steps": {
-                str(step_id): {"output": output} for step_id, output in (step_outputs or {}).items()
-            },
-            "run": {"id": None if run_id is None else str(run_id), "started_at": started_at},
-        }
-    )
-    return context
-
-
-# The budget: imported last, since it imports this module (and is only used at call time).
-from workflows.definitions import sandbox as _sandbox  # noqa: E402
+    return bool(sandbox.render("condition", expr, context, MAX_OUTPUT_BYTES))

@@ -1,10 +1,10 @@
 """Rendering processes: where a template that could be costly runs, under a hard budget.
 
-The Jinja sandbox (:mod:`workflows.definitions.expressions`) keeps templates away from
+The Jinja sandbox (:mod:`workflows.definitions.rendering`) keeps templates away from
 Python's internals, but it is no budget: a template can loop (``{% for %}`` inside
 ``{% for %}``), double a string with ``~`` in a ``{% set %}`` loop, or join, replace, wrap,
 indent or multiply its way to gigabytes. A list of known tricks is never complete, so every
-template that is not provably cheap (see ``expressions._fast_plan``) is rendered here, in a
+template that is not provably cheap (see ``_fast_plan``) is rendered here, in a
 child process, where the operating system bounds it whatever it does:
 
 * **memory**: the child runs under ``RLIMIT_AS`` (its address space after start-up plus
@@ -23,7 +23,7 @@ Why child processes started with ``subprocess`` (``python -I -c ...``), not
 and no file descriptor (``close_fds``) of the engine process, and, unlike the ``spawn`` and
 ``forkserver`` contexts, it does not re-import the caller's ``__main__`` (manage.py, pytest,
 the web server). It gets a minimal environment (no secrets: no database password, no secret
-key), imports only Jinja2 and the expressions module, never Django. Requests and answers are
+key), imports only Jinja2 and the rendering module, never Django. Requests and answers are
 JSON frames on its stdin/stdout, never pickles: a child that rendered a hostile template
 cannot make the engine process unpickle anything.
 
@@ -58,8 +58,8 @@ from jinja2 import nodes
 from jinja2.lexer import Token, TokenStream
 from jinja2.parser import Parser
 
-from workflows.definitions import expressions as _expr
-from workflows.definitions.expressions import ExpressionError
+from workflows.definitions import rendering as _expr
+from workflows.definitions.rendering import ExpressionError
 
 __all__ = [
     "LIMIT_MARK",
@@ -187,8 +187,8 @@ def _counted(tokens: Iterator[Token], limit: int) -> Iterator[Token]:
 
 
 def _limited_parser(source: str, state: str | None, limits: TemplateLimits) -> Parser:
-    parser = Parser(_expr._ENV, source, state=state)
-    lexer = _expr._ENV.lexer
+    parser = Parser(_expr.ENVIRONMENT, source, state=state)
+    lexer = _expr.ENVIRONMENT.lexer
     raw = lexer.wrap(lexer.tokeniter(source, None, None, state), None, None)
     parser.stream = TokenStream(_counted(raw, limits.max_template_tokens), None, None)
     return parser
@@ -446,7 +446,7 @@ def _fast_condition(expr: str) -> nodes.Expr | None:
 
 
 def _eval(node: nodes.Node, ctx: Mapping[str, Any]) -> Any:
-    env = _expr._ENV
+    env = _expr.ENVIRONMENT
     if isinstance(node, nodes.Const):
         return node.value
     if isinstance(node, nodes.Name):
@@ -507,7 +507,7 @@ def _generate(body: list[nodes.Node], ctx: Mapping[str, Any]) -> Iterator[str]:
                 if isinstance(child, nodes.TemplateData):
                     yield child.data
                 else:
-                    yield str(_expr._finalize(_eval(child, ctx)))
+                    yield str(_expr.finalize(_eval(child, ctx)))
         else:
             assert isinstance(node, nodes.If)
             branches = [(node.test, node.body), *((e.test, e.body) for e in node.elif_)]
@@ -555,7 +555,7 @@ def render(op: str, source: Any, context: Mapping[str, Any], max_bytes: int) -> 
                 except ExpressionError:
                     raise
                 except Exception as exc:
-                    raise _expr._error_for(exc) from exc
+                    raise _expr.error_for(exc) from exc
         else:
             return _expr.evaluate_condition_here(source, context)
     elif op == "template":
@@ -563,11 +563,11 @@ def render(op: str, source: Any, context: Mapping[str, Any], max_bytes: int) -> 
             return _expr.render_template_here(source, context, max_bytes=max_bytes)
         tree = _fast_template(source)
         if tree is not None:
-            return _render_fast(tree, context, _expr._Budget(max_bytes))
+            return _render_fast(tree, context, _expr.Budget(max_bytes))
     else:
         trees: dict[str, nodes.Template] = {}
         if _fast_value(source, 0, trees):
-            budget = _expr._Budget(max_bytes)
+            budget = _expr.Budget(max_bytes)
 
             def walk(item: Any) -> Any:
                 if isinstance(item, str):
@@ -622,21 +622,21 @@ def _address_space() -> int:
 
 
 def _serve(request: dict[str, Any]) -> Any:
-    from workflows.definitions import expressions
+    from workflows.definitions import rendering
 
     op, source, context = request["op"], request["source"], request["context"]
     if op == "condition":
-        return expressions.evaluate_condition_here(source, context)
+        return rendering.evaluate_condition_here(source, context)
     if op == "template":
-        return expressions.render_template_here(source, context, max_bytes=request["max_bytes"])
-    return expressions.render_value_here(source, context, max_bytes=request["max_bytes"])
+        return rendering.render_template_here(source, context, max_bytes=request["max_bytes"])
+    return rendering.render_value_here(source, context, max_bytes=request["max_bytes"])
 
 
 def child_main() -> None:  # pragma: no cover - runs in the child process
     """The rendering child: answers one JSON request at a time until its stdin closes."""
-    from workflows.definitions import expressions  # imported before the memory limit
+    from workflows.definitions import rendering  # imported before the memory limit
 
-    expressions.render_template_here("{{ input }}", {"input": 1})  # warm Jinja up
+    rendering.render_template_here("{{ input }}", {"input": 1})  # warm Jinja up
     inp = sys.stdin.buffer
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints go to stderr, never into the protocol
