@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -58,3 +60,23 @@ def procs():
     yield started
     for process in started:
         kill_tree(process)
+
+
+@pytest.fixture
+def slack_signing_secret(settings: Any) -> None:
+    """Slack's signing secret, the one the Slack tests sign their requests with."""
+    from .test_approvals_setup import SIGNING_SECRET
+
+    settings.APPROVALS_SLACK_SIGNING_SECRET = SIGNING_SECRET
+
+
+@pytest.fixture
+def alice(org: Organisation) -> Any:
+    """A person of ``org`` linked to the Slack stub's user U0ALICE."""
+    from approvals.models import SlackUser
+
+    from .test_approvals_setup import TEAM, person
+
+    user = person(org, "alice")
+    SlackUser.objects.create(org=org, team_id=TEAM, slack_user_id="U0ALICE", user=user)
+    return user

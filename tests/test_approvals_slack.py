@@ -22,7 +22,6 @@ from workflows.models import Run, Step
 from workflows.services.control import run_act
 
 from .test_approvals_setup import (
-    SIGNING_SECRET,
     TEAM,
     click_decided,
     click_payload,
@@ -37,19 +36,10 @@ from .test_approvals_setup import (
     with_slack,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def signing_secret(settings: Any) -> None:
-    settings.APPROVALS_SLACK_SIGNING_SECRET = SIGNING_SECRET
-
-
-@pytest.fixture
-def alice(org: Any) -> Any:
-    user = person(org, "alice")
-    SlackUser.objects.create(org=org, team_id=TEAM, slack_user_id="U0ALICE", user=user)
-    return user
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("slack_signing_secret"),
+]
 
 
 def posted(stub: SlackStub) -> dict[str, Any]:

@@ -49,19 +49,10 @@ from .test_approvals_setup import (
 )
 from .test_web_server import start_web
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def signing_secret(settings: Any) -> None:
-    settings.APPROVALS_SLACK_SIGNING_SECRET = SIGNING_SECRET
-
-
-@pytest.fixture
-def alice(org: Any) -> Any:
-    user = person(org, "alice")
-    SlackUser.objects.create(org=org, team_id=TEAM, slack_user_id="U0ALICE", user=user)
-    return user
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("slack_signing_secret"),
+]
 
 
 class RowLock:
