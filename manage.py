@@ -6,14 +6,14 @@ import sys
 
 
 def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waymark_config.settings")
     from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
     try:
         execute_from_command_line(sys.argv)
     except ImproperlyConfigured as error:
-        # A setting the operator gave that cannot work (config/settings.py says which and
+        # A setting the operator gave that cannot work (waymark_config/settings.py says which and
         # why): that one line, not a traceback, and sysexits' EX_CONFIG, on which runengine's
         # supervisor stops with the reason instead of restarting the process.
         from workflows.engine.supervisor import EXIT_CONFIG

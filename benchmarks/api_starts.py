@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/api_starts.py [--runs 2000] [--threads 8] [--web-workers 2]
 
 Serves the API on a free local port with the web processes `runengine` starts (waitress,
-config/web.py), creates an
+waymark_config/web.py), creates an
 organisation, an API key and a three-io-step automation, then POSTs /api/v1/runs from
 several threads with keep-alive connections. No engine runs: this measures the start path
 alone. The per-key and per-organisation rate limits are raised for it: it measures capacity.
@@ -31,7 +31,7 @@ setup(
 )
 
 
-from config.web import bind, web_argv  # noqa: E402
+from waymark_config.web import bind, web_argv  # noqa: E402
 from workflows.models import Organisation  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
 from workflows.services.tenancy import api_key_create  # noqa: E402

@@ -30,7 +30,7 @@ def setup(database: str, **environment: str) -> None:
     no statement timeout (benchmarks fill tables), and the migrations applied. The quotas are
     the defaults, as a user has them (a script that measures capacity lifts them)."""
     sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waymark_config.settings")
     os.environ.setdefault("WAYMARK_DB_NAME", database)
     os.environ.setdefault("WAYMARK_LOG_LEVEL", "WARNING")
     os.environ.setdefault("WAYMARK_DB_STATEMENT_TIMEOUT_MS", "0")

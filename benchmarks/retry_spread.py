@@ -11,7 +11,7 @@ every request for ``--fail-seconds`` from the moment the runs start, then create
 ``idempotency_keys``) are started while a relay and ``--workers`` `manage.py worker --lane
 io` processes run. No sweep is started: each worker promotes its lane's due retries once per
 poll interval (the sweep is only the backstop for a lane without a free worker). Flags left
-unset keep the project's defaults (config/settings.py: the io lane's backoff, EFFECTS).
+unset keep the project's defaults (waymark_config/settings.py: the io lane's backoff, EFFECTS).
 
 When every run has ended it prints the provider's requests per 5 s (503s and answers), the
 items created per idempotency key, the retry delays of `step.retry_scheduled` events by

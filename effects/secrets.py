@@ -15,7 +15,7 @@ moved off the derived key). Once none is left under it, setting
 ``WAYMARK_EFFECTS_DERIVED_KEY_READABLE=false`` drops the fallback. Keys derived from
 ``SECRET_KEY_FALLBACKS`` are read the same way, so a rotated SECRET_KEY loses no secret.
 Production (``WAYMARK_PRODUCTION=1``) refuses to start without configured keys
-(config/settings.py).
+(waymark_config/settings.py).
 
 Plain secrets never leave this module except to the provider that uses them.
 """

@@ -4,8 +4,9 @@ It runs on the io lane and can sleep, hang (ignore being told to stop), fail, pa
 a wake or a deadline), or kill its own worker on chosen attempts. It lives here, with the
 tests, and not in the engine: a production installation cannot contain a step that kills
 workers. It registers itself when this module is imported, which a process does at start-up
-when ``WAYMARK_EXTRA_STEP_MODULES`` names it: the test settings (config/settings_test.py) and
-the engine processes the tests start (tests/processes.py) do.
+when ``WAYMARK_EXTRA_STEP_MODULES`` names it: the test settings
+(waymark_config/settings_test.py) and the engine processes the tests start
+(tests/processes.py) do.
 
 Fields (all optional):
 

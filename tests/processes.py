@@ -35,7 +35,8 @@ def engine_env(**overrides: str) -> dict[str, str]:
         WAYMARK_IO_BACKOFF_BASE_SECONDS="0.05",
         WAYMARK_IO_BACKOFF_CAP_SECONDS="0.2",
         WAYMARK_LOG_LEVEL="WARNING",
-        # The stubs listen on 127.0.0.1: organisations may allowlist it (config/settings_test).
+        # The stubs listen on 127.0.0.1: organisations may allowlist it
+        # (waymark_config/settings_test).
         WAYMARK_EGRESS_ALLOWABLE="127.0.0.1/32",
     )
     env.update(overrides)

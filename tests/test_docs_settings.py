@@ -5,7 +5,7 @@ setting nothing reads tells an operator a knob exists that does nothing), and ev
 code reads is documented (a setting nobody can find is one nobody sets on purpose).
 
 What counts as read: a string constant that is exactly a ``WAYMARK_*`` name in the apps'
-and config's Python (``env.int("WAYMARK_X", …)``, ``os.environ.get("WAYMARK_X")``), the
+and waymark_config's Python (``env.int("WAYMARK_X", …)``, ``os.environ.get("WAYMARK_X")``), the
 names built at run time from the lane settings (``WAYMARK_<LANE>_<NAME>``), the variables
 the ``./waymark`` script expands, and the variables tests and benchmarks read from their
 environment (``os.environ.get``: ``WAYMARK_GENERATED_EXAMPLES``, ``WAYMARK_CHROMIUM``). The
@@ -27,7 +27,7 @@ from django.conf import settings
 from .processes import ROOT
 
 DOCUMENTS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
-CODE_DIRS = ["config", "workflows", "effects", "timers", "approvals"]
+CODE_DIRS = ["waymark_config", "workflows", "effects", "timers", "approvals"]
 ENV_READERS = ["tests", "benchmarks"]  # only what they read from their environment counts
 NAME = re.compile(r"WAYMARK_[A-Z0-9_]+")
 # A name as the docs write it, placeholders included: WAYMARK_<LANE>_<NAME>.
@@ -60,7 +60,7 @@ def python_files(*dirs: str) -> Iterator[Path]:
 
 
 def names_in_code() -> set[str]:
-    """Every WAYMARK_* string constant of the apps and config, the lane names expanded."""
+    """Every WAYMARK_* string constant of the apps and waymark_config, the lane names expanded."""
     found: set[str] = set()
     for path in python_files(*CODE_DIRS):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -69,7 +69,7 @@ def names_in_code() -> set[str]:
                     found.add(node.value)
             elif isinstance(node, ast.JoinedStr) and _built_name(node):
                 # Only the lane settings build names at run time; another must be taught here.
-                assert path == ROOT / "config" / "settings.py", f"{path}:{node.lineno}"
+                assert path == ROOT / "waymark_config" / "defaults.py", f"{path}:{node.lineno}"
                 found |= lane_names()
     return found
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from config.embedded_db.server import ensure_server, server_status, stop_server
+from waymark_config.embedded_db.server import ensure_server, server_status, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,7 @@ def _pid(data_dir: Path) -> int:
 def _address_in_subprocess(data_dir: Path) -> str:
     code = (
         "import sys; from pathlib import Path; "
-        "from config.embedded_db.server import ensure_server; "
+        "from waymark_config.embedded_db.server import ensure_server; "
         "print(ensure_server(Path(sys.argv[1])).socket_dir)"
     )
     result = subprocess.run(

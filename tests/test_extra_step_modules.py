@@ -46,7 +46,7 @@ def test_no_module_of_waymark_declares_the_probe_step() -> None:
 
 
 def knows_probe(**env: str) -> bool:
-    environment = engine_env(DJANGO_SETTINGS_MODULE="config.settings", **env)
+    environment = engine_env(DJANGO_SETTINGS_MODULE="waymark_config.settings", **env)
     answer = subprocess.run(
         [sys.executable, "-c", KNOWS_PROBE], cwd=ROOT, env=environment,
         capture_output=True, text=True, timeout=120, check=True,

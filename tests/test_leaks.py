@@ -209,5 +209,5 @@ def test_env_files_are_ignored_by_git_except_the_example() -> None:
 
     assert ignored(".env")
     assert ignored(".env.production")
-    assert ignored(str(Path("config") / ".env"))
+    assert ignored(str(Path("waymark_config") / ".env"))
     assert not ignored(".env.example")

@@ -16,7 +16,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from config.pg_cache import PostgresDatabaseCache
+from waymark_config.pg_cache import PostgresDatabaseCache
 from workflows.api.throttles import WindowThrottle
 from workflows.errors import InvalidApiKey, QuotaExceeded
 from workflows.models import ApiKey, Automation, Organisation

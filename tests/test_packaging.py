@@ -6,12 +6,15 @@ dependencies through pip, as a host's would. The host project (its own settings,
 database on the tests' PostgreSQL server) migrates, starts a run through Waymark's API, runs
 the engine with ``manage.py runengine --no-web`` and sees the run finish, then renders the
 admin pages and a Slack message: every template and data file must come from site-packages.
+The import of Waymark's settings objects that docs/embedding.md shows a host reads the
+environment and writes nothing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -34,7 +37,8 @@ from .processes import kill_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST_PROJECT = Path(__file__).resolve().parent / "host_project"
-PACKAGES = ["config", "workflows", "timers", "effects", "approvals"]
+EMBEDDING = ROOT / "docs" / "embedding.md"
+PACKAGES = ["waymark_config", "workflows", "timers", "effects", "approvals"]
 # Each file that is not a module, by where it lands in site-packages.
 PACKAGE_DATA = [
     "workflows/templates/admin/locked_out.html",
@@ -58,6 +62,47 @@ PACKAGE_DATA = [
 INSTALL_SECONDS = 900
 COMMAND_SECONDS = 300
 RUN_SECONDS = 120
+
+
+# What importing the settings objects may load: a host's settings import them before Django
+# is set up. Waymark's own settings module (a secret key, .env) and a database driver may not.
+IMPORT_PROBE = """
+import json, sys
+from {module} import {names}
+from django.conf import settings
+print(json.dumps({{"modules": sorted(sys.modules), "configured": settings.configured}}))
+"""
+
+
+def _documented_import() -> tuple[str, list[str]]:
+    """The module docs/embedding.md tells a host to import the settings objects from, and the
+    names it imports."""
+    found = re.search(r"^from ([\w.]+) import \(\n((?:    \w+,\n)+)\)", EMBEDDING.read_text(), re.M)
+    assert found, "docs/embedding.md shows no import of the settings objects"
+    return found[1], re.findall(r"\w+", found[2])
+
+
+def test_a_hosts_import_of_the_settings_objects_writes_nothing(tmp_path: Path) -> None:
+    """The import docs/embedding.md shows, run as a host's settings run it: before Django is
+    set up, with only a host's environment. It reads that environment and does nothing else:
+    no file written (Waymark's own project keeps a secret key under WAYMARK_DATA_DIR), none of
+    Waymark's own settings evaluated, no database driver loaded."""
+    module, names = _documented_import()
+    host_settings = (HOST_PROJECT / "hostsite" / "settings.py").read_text()
+    assert f"from {module} import (" in host_settings, "the host project imports elsewhere"
+    cwd, data = tmp_path / "cwd", tmp_path / "data"
+    cwd.mkdir()
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "WAYMARK_DATA_DIR": str(data)}
+    code = IMPORT_PROBE.format(module=module, names=", ".join(names))
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not data.exists() and not any(cwd.iterdir()), "importing the settings objects wrote"
+    assert "waymark_config.settings" not in loaded["modules"]
+    assert not any(m == "psycopg" or m.startswith("django.db") for m in loaded["modules"])
+    assert not loaded["configured"]
 
 
 @dataclass
@@ -225,6 +270,9 @@ def test_a_host_project_migrates_starts_a_run_and_its_engine_finishes_it(host: H
     # sweep: the host's own engine processes moved the run.
     assert steps["record"]["lane"] == "io" and steps["~continue"]["status"] == "done", steps
     assert stopped == 0, output
+    # The host's settings evaluated none of Waymark's own: no secret key of its kept anywhere.
+    assert not (host.site_packages / ".data").exists()
+    assert not list(host.project.rglob("secret_key"))
 
     pages = host.check("pages", str(started["id"]))
     run_page, inbox, connection_page = pages["run"], pages["inbox"], pages["connection"]

@@ -17,7 +17,7 @@ import time
 
 
 def main(side: str, go_at: float, step_ids: list[int]) -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waymark_config.settings")
     import django
 
     django.setup()

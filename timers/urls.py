@@ -1,4 +1,4 @@
-"""The schedules API's routes, under ``/api/v1/`` beside the workflows API (config/urls.py).
+"""The schedules API's routes, under ``/api/v1/`` beside the workflows API (waymark_config/urls.py).
 
 As there, each answers with and without a trailing slash (a redirect would lose a POST
 body); only the bare form is in the schema."""

@@ -40,13 +40,13 @@ TEMPLATES = [
 
 def origins() -> Any:
     import approvals
-    import config
     import effects
     import timers
+    import waymark_config
     import workflows
     from workflows.demo.bootstrap import DEFINITION_FILE
 
-    modules = [approvals, config, effects, timers, workflows]
+    modules = [approvals, effects, timers, waymark_config, workflows]
     engine = engines["django"].engine  # type: ignore[attr-defined]
     return {
         "modules": {m.__name__: m.__file__ for m in modules},

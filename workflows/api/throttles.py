@@ -89,7 +89,7 @@ class WindowThrottle(SimpleRateThrottle):
         """This request counted in ``window``: the window's count with it."""
         key, timeout = self._counter(window), self.period + 1
         count_one = getattr(self.cache, "count_one", None)
-        if count_one is not None:  # the database cache (config/pg_cache.py)
+        if count_one is not None:  # the database cache (waymark_config/pg_cache.py)
             return int(count_one(key, timeout))
         self.cache.add(key, 0, timeout)  # Redis: SET NX, then INCRBY (atomic)
         return int(self.cache.incr(key))

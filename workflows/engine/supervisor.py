@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from config.exit_codes import EXIT_CONFIG
+from waymark_config.exit_codes import EXIT_CONFIG
 
 from .stop_signals import on_stop_signal
 

@@ -9,13 +9,8 @@ import os
 from pathlib import Path
 
 # Waymark's settings objects, with their defaults and their WAYMARK_* environment variables
-# (docs/operations.md). Importing them evaluates Waymark's settings module, which keeps a
-# local secret key of its own under WAYMARK_DATA_DIR: point that at the host's data.
-BASE_DIR = Path(__file__).resolve().parent.parent
-DATA_DIR = BASE_DIR / "var"
-os.environ.setdefault("WAYMARK_DATA_DIR", str(DATA_DIR))
-
-from config.settings import (  # noqa: E402
+# (docs/operations.md). Importing them reads the environment and nothing else.
+from waymark_config.defaults import (
     CACHES,
     EFFECTS,
     REST_FRAMEWORK,
@@ -25,6 +20,9 @@ from config.settings import (  # noqa: E402
 )
 
 __all__ = ["CACHES", "EFFECTS", "REST_FRAMEWORK", "SPECTACULAR_SETTINGS", "WAYMARK", "WAYMARK_WEB"]
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = BASE_DIR / "var"  # where bootstrap_demo keeps the demo's credentials
 
 SECRET_KEY = os.environ["HOST_SECRET_KEY"]
 DEBUG = False

@@ -4,7 +4,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from config.embedded_db.server import ensure_server, server_status, stop_server
+from waymark_config.embedded_db.server import ensure_server, server_status, stop_server
 
 
 class Command(BaseCommand):

@@ -8,7 +8,7 @@ from typing import Any, TextIO
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from config.web import PortInUse, bind, web_argv
+from waymark_config.web import PortInUse, bind, web_argv
 from workflows.engine.lanes import WORKER_LANES, lane_policy
 from workflows.engine.supervisor import Child, Supervisor
 

@@ -6,7 +6,7 @@ buffers responses the same way. A client that trickles bytes (slowloris) therefo
 connection, never a thread, and the pool bounds the database connections the web may open.
 
 runengine binds the listening socket itself (a taken port is an error before anything
-starts) and passes it to each web process (``python -m config.web --fd N``): every process
+starts) and passes it to each web process (``python -m waymark_config.web --fd N``): every process
 accepts on the same socket, and a restarted process serves it again at once.
 """
 
@@ -76,7 +76,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def web_argv(fd: int, grace: float) -> list[str]:
     """The command line of one web process serving the listening socket ``fd``."""
-    return [sys.executable, "-m", "config.web", "--fd", str(fd), "--grace", str(grace)]
+    return [sys.executable, "-m", "waymark_config.web", "--fd", str(fd), "--grace", str(grace)]
 
 
 class UriTooLong(BadRequest):
@@ -231,8 +231,8 @@ def make_server(listener: socket.socket, application: Any) -> Server:
 
 def serve(fd: int, grace: float) -> None:
     """Serve until SIGTERM or SIGINT, then let answers in progress finish for ``grace`` s."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    from config.wsgi import application
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waymark_config.settings")
+    from waymark_config.wsgi import application
 
     try:
         listener = socket.socket(fileno=fd)
