@@ -88,7 +88,7 @@ def test_a_hosts_import_of_the_settings_objects_writes_nothing(tmp_path: Path) -
     no file written (Waymark's own project keeps a secret key under WAYMARK_DATA_DIR), none of
     Waymark's own settings evaluated, no database driver loaded."""
     module, names = _documented_import()
-    host_settings = (HOST_PROJECT / "hostsite" / "settings.py").read_text()
+    host_settings = (HOST_PROJECT / "config" / "settings.py").read_text()
     assert f"from {module} import (" in host_settings, "the host project imports elsewhere"
     cwd, data = tmp_path / "cwd", tmp_path / "data"
     cwd.mkdir()

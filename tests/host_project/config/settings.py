@@ -1,7 +1,9 @@
 """A minimal host project that installs Waymark from its wheel (tests/test_packaging.py).
 
 It is what docs/embedding.md tells a host to write, and nothing of Waymark's own project:
-its own SECRET_KEY, apps, middleware, URLconf and database. The database is given in the
+its own SECRET_KEY, apps, middleware, URLconf and database. Its settings package is named
+`config`, as `django-admin startproject config .` and many project templates name it: the
+name Waymark's own project package once took, so this proves the two no longer collide. The database is given in the
 environment by the test (HOST_DB_*): a database of its own on the tests' PostgreSQL server.
 """
 
@@ -55,7 +57,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "hostsite.urls"
+ROOT_URLCONF = "config.urls"
 
 # No DIRS: every template Waymark uses comes from its installed packages (APP_DIRS).
 TEMPLATES = [
