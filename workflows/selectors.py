@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 
 from .errors import UnknownAutomation, UnknownOrganisation, UnknownRun, UnknownVersion
 from .models import Automation, AutomationVersion, Organisation, Run, RunEvent, Step
@@ -40,6 +40,17 @@ def run_list(*, org: Organisation) -> QuerySet[Run]:
     return Run.objects.filter(org=org).select_related("automation", "version").order_by("-id")
 
 
+def run_list_moves(runs: QuerySet[Run]) -> QuerySet[Run]:
+    """``runs`` with when each last moved (``moved_at``: its newest event) and the step that
+    moved last (``moved_step``). Each is one probe of the run's newest events (index
+    event_run_order), made for the rows a page fetches, never for the whole list."""
+    newest = RunEvent.objects.filter(run_id=OuterRef("pk")).order_by("-id")
+    return runs.annotate(
+        moved_at=Subquery(newest.values("at")[:1]),
+        moved_step=Subquery(newest.exclude(step_id="").values("step_id")[:1]),
+    )
+
+
 def run_get(*, org: Organisation, run_id: int) -> Run:
     try:
         return Run.objects.select_related("automation", "version").get(org=org, pk=run_id)
@@ -57,3 +68,9 @@ def run_history(*, org: Organisation, run_id: int) -> QuerySet[RunEvent]:
     """Every event of one run of ``org``, in order (index (run, id))."""
     run_get(org=org, run_id=run_id)
     return RunEvent.objects.filter(org=org, run_id=run_id)
+
+
+def run_events_after(*, run: Run, after_id: int) -> QuerySet[RunEvent]:
+    """The events of ``run`` (read through run_get, so of its organisation) after the event
+    ``after_id``, in order: what a follower has not seen yet."""
+    return RunEvent.objects.filter(org_id=run.org_id, run_id=run.pk, id__gt=after_id).order_by("id")

@@ -6,19 +6,25 @@ client would act on an unfiltered list: it is refused with 400 ``invalid_query``
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import django_filters
 from django import forms
-from django.db.models import QuerySet
+from django.db.models import QuerySet, Subquery
+from django.db.models.functions import Coalesce
 from django.http import HttpRequest
 from django_filters.rest_framework import DjangoFilterBackend
+from rest_framework.request import Request
 
 from ..errors import InvalidFilter, InvalidQuery
-from ..models import Run, Signal
+from ..models import Automation, Organisation, Run, Signal
 from ..states import RunStatus
+from .auth import request_key
 
 _STATUS_CHOICES = f"must be one of {', '.join(RunStatus.values)}"
+# How far back, in runs, RunFilter.by_created_after looks for where "since" begins.
+SINCE_WINDOW = 10_000
 
 
 class SlugFilter(django_filters.CharFilter):
@@ -32,17 +38,73 @@ class RunFilter(django_filters.FilterSet):
         help_text="Only runs in this status.",
     )
     automation = SlugFilter(
-        field_name="automation__slug", max_length=63, help_text="Only runs of this automation."
+        method="by_automation", max_length=63, help_text="Only runs of this automation."
     )
     # Exact, as sent (no trimming), like the start key itself; unique in the organisation,
     # so this finds the one run a start key started (index run_start_key_per_org).
     start_key = django_filters.CharFilter(
         max_length=255, strip=False, help_text="The run this start key started, if any."
     )
+    # No index serves a prefix (LIKE uses the start-key index only under the C collation):
+    # runs are read newest first until a page matches, all of them when none does (half a
+    # second at a million runs). created_after bounds that read to the runs since.
+    start_key_prefix = django_filters.CharFilter(
+        field_name="start_key", lookup_expr="startswith", max_length=255, strip=False,
+        help_text="Only runs whose start key begins with this.",
+    )  # fmt: skip
+    created_after = django_filters.IsoDateTimeFilter(
+        method="by_created_after", help_text="Only runs created at or after this instant."
+    )
+    created_before = django_filters.IsoDateTimeFilter(
+        field_name="created_at", lookup_expr="lt", help_text="Only runs created before this."
+    )
 
     class Meta:
         model = Run
-        fields = ["status", "automation", "start_key"]
+        fields = [
+            "status", "automation", "start_key", "start_key_prefix", "created_after",
+            "created_before",
+        ]  # fmt: skip
+
+    def __init__(self, data: Any = None, *, org: Organisation | None = None, **kw: Any) -> None:
+        """``org``: whose runs these are, for a caller without a request (``manage.py runs``);
+        the API's is its key's."""
+        super().__init__(data, **kw)
+        self.org = org
+
+    # The filter methods' ``value`` hints are the types the OpenAPI schema gives their filters.
+    def by_automation(self, queryset: QuerySet[Run], name: str, value: str) -> QuerySet[Run]:
+        """By the automation's id, read first. Given a literal id the planner weighs how many
+        runs it has (index run_org_automation_id); given a join on the slug it reads every
+        run of the organisation, newest first, when the automation has few (1.3 s at a
+        million runs) or does not exist."""
+        found = Automation.objects.filter(org=self._org(), slug=value).values_list("id", flat=True)
+        automation_id = found.first()
+        if automation_id is None:
+            return queryset.none()
+        return queryset.filter(automation_id=automation_id)
+
+    def _org(self) -> Organisation:
+        if self.org is not None:
+            return self.org
+        assert isinstance(self.request, Request), "the API filters with its request"
+        return request_key(self.request).org
+
+    def by_created_after(
+        self, queryset: QuerySet[Run], name: str, value: datetime
+    ) -> QuerySet[Run]:
+        """Runs created since ``value``, read by id as every list reads them. A bound on
+        ``created_at`` alone reads every older run of the organisation whenever fewer than a
+        page match (``since`` an hour ago, a quiet hour, a million runs). Ids grow with
+        creation, so the newest run created before ``value`` bounds the read: only ids above
+        it. That run is looked for among the newest ``SINCE_WINDOW`` only: when it is not
+        there, that many match and a page is found without a bound. A run whose start
+        overlapped that run's (created within a start's transaction of ``value``) may fall
+        on the far side of the bound."""
+        window_floor = queryset.order_by("-id").values("id")[SINCE_WINDOW - 1 : SINCE_WINDOW]
+        older = queryset.filter(created_at__lt=value, id__gte=Coalesce(Subquery(window_floor), 0))
+        bound = older.order_by("-id").values("id")[:1]
+        return queryset.filter(created_at__gte=value, id__gt=Coalesce(Subquery(bound), 0))
 
 
 SIGNAL_STATUSES = [("pending", "pending"), ("consumed", "consumed"), ("dropped", "dropped")]
