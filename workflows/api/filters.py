@@ -6,7 +6,7 @@ client would act on an unfiltered list: it is refused with 400 ``invalid_query``
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import django_filters
@@ -25,6 +25,8 @@ from .auth import request_key
 _STATUS_CHOICES = f"must be one of {', '.join(RunStatus.values)}"
 # How far back, in runs, RunFilter.by_created_after looks for where "since" begins.
 SINCE_WINDOW = 10_000
+# How much earlier than "since" that bound is taken: longer than any run's start transaction.
+START_OVERLAP = timedelta(minutes=5)
 
 
 class SlugFilter(django_filters.CharFilter):
@@ -98,11 +100,14 @@ class RunFilter(django_filters.FilterSet):
         page match (``since`` an hour ago, a quiet hour, a million runs). Ids grow with
         creation, so the newest run created before ``value`` bounds the read: only ids above
         it. That run is looked for among the newest ``SINCE_WINDOW`` only: when it is not
-        there, that many match and a page is found without a bound. A run whose start
-        overlapped that run's (created within a start's transaction of ``value``) may fall
-        on the far side of the bound."""
+        there, that many match and a page is found without a bound. The bound is taken
+        ``START_OVERLAP`` before ``value``: a run's ``created_at`` is its start transaction's
+        beginning and its id is drawn later, so a run created just before ``value`` can hold a
+        higher id than one created just after; only a start transaction longer than that
+        margin could put a matching run below the bound."""
         window_floor = queryset.order_by("-id").values("id")[SINCE_WINDOW - 1 : SINCE_WINDOW]
-        older = queryset.filter(created_at__lt=value, id__gte=Coalesce(Subquery(window_floor), 0))
+        before = value - START_OVERLAP
+        older = queryset.filter(created_at__lt=before, id__gte=Coalesce(Subquery(window_floor), 0))
         bound = older.order_by("-id").values("id")[:1]
         return queryset.filter(created_at__gte=value, id__gt=Coalesce(Subquery(bound), 0))
 
