@@ -1,8 +1,8 @@
 """Every SQL statement of timers and the due sweep, kept together.
 
-Time is the database's now(). Rows are read by column name. A timer is pending while it is
-neither fired nor cancelled (``fired_at IS NULL AND cancelled_at IS NULL``, the predicate of
-both partial indexes).
+Time is the database's now(). Rows are read by column name (the due batch's typed as
+DueTimerRow). A timer is pending while it is neither fired nor cancelled (``fired_at IS NULL
+AND cancelled_at IS NULL``, the predicate of both partial indexes).
 
 Lock order. A batch takes its timers FOR UPDATE SKIP LOCKED (never waiting for anyone),
 then their runs in run id order, each run before its steps (the engine's one lock order,
@@ -13,6 +13,9 @@ the run next, finds the step cancelled and records the timer so (MARK_FIRED).
 """
 
 from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, TypedDict
 
 # Enter a wait: the timer, written in the walk's transaction. When it is due before the
 # sweeper's next look (one sweep interval), the sweeper is told at commit (the fast path);
@@ -129,6 +132,26 @@ SELECT t.id, t.org_id, t.run_id, t.step_id, t.iteration, t.kind, t.intent::json 
  -- as every path that locks several runs does (a group settle too).
  ORDER BY t.run_id, t.id
 """
+
+
+class DueTimerRow(TypedDict):
+    """DUE_BATCH's row: a due timer, its waiting step, and when the sweeper looks next."""
+
+    id: int
+    org_id: int
+    run_id: int
+    step_id: str
+    iteration: int
+    kind: str  # the step type: wait, wait_until
+    intent: dict[str, Any]  # what the step asked, as written (free-form per kind: models.Timer)
+    zone: str
+    offset_seconds: float
+    created_at: datetime
+    due_at: datetime
+    late_seconds: float
+    step_pk: int | None  # the waiting step (None: its walk failed before writing it)
+    next_seconds: float | None
+
 
 # The batch's timers spent: fired (with an error when firing raised), or cancelled when
 # their step was cancelled before the batch got its run (a cancel that skipped the timer,

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection, transaction
 
@@ -133,7 +133,7 @@ def _fire_batch(*, by: str, batch: int, where: dict[str, int], alone: bool) -> B
     # included (it was six).
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         params = {"scan": ORG_SCAN, "orgs": ORGS_PER_BATCH, "batch": batch, **where}
-        due = query_prepared(cursor, sql.DUE_BATCH, params)
+        due = cast(list[sql.DueTimerRow], query_prepared(cursor, sql.DUE_BATCH, params))
         if not due:
             return Batch(0, 0, [])
         next_due_at = _due_at(due[0]["next_seconds"])
@@ -155,7 +155,7 @@ def _fire_batch(*, by: str, batch: int, where: dict[str, int], alone: bool) -> B
     return Batch(len(due), len(orgs), late, next_due_at)
 
 
-def _closing(due: list[dict[str, Any]], errors: list[str], orgs: list[int]) -> list[Statement]:
+def _closing(due: list[sql.DueTimerRow], errors: list[str], orgs: list[int]) -> list[Statement]:
     """The batch's closing writes: its timers marked fired (with their errors, '' when
     fired) and its organisations marked served."""
     return [
@@ -164,7 +164,7 @@ def _closing(due: list[dict[str, Any]], errors: list[str], orgs: list[int]) -> l
     ]
 
 
-def _fire_together(due: list[dict[str, Any]], by: str, closing: list[Statement]) -> bool:
+def _fire_together(due: list[sql.DueTimerRow], by: str, closing: list[Statement]) -> bool:
     """Wake every timer's step; the closing writes go with the last wake's when it woke
     one (True), else the caller sends them."""
     closed = False
@@ -179,7 +179,7 @@ def _fire_together(due: list[dict[str, Any]], by: str, closing: list[Statement])
     return closed
 
 
-def _fire_alone(timer: dict[str, Any], by: str) -> str:
+def _fire_alone(timer: sql.DueTimerRow, by: str) -> str:
     """Fire one timer under a savepoint; its error ('' when it fired). A transient database
     error is raised instead: it is not the timer's, and the batch is fired again."""
     try:
@@ -193,7 +193,7 @@ def _fire_alone(timer: dict[str, Any], by: str) -> str:
     return ""
 
 
-def _wake(timer: dict[str, Any], by: str, also: Sequence[Statement] = ()) -> bool:
+def _wake(timer: sql.DueTimerRow, by: str, also: Sequence[Statement] = ()) -> bool:
     """Wake the timer's step: its run walks on. The step no longer waiting (cancelled, its
     run ended) is no error: the timer is spent. True: it woke, and ``also`` was sent with
     the walk's writes."""
@@ -209,7 +209,7 @@ def _due_at(seconds: float | None) -> float | None:
     return None if seconds is None else time.monotonic() + float(seconds)
 
 
-def _moved(cursor: Any, timer: dict[str, Any], by: str) -> bool:
+def _moved(cursor: Any, timer: sql.DueTimerRow, by: str) -> bool:
     if "zone_template" not in timer["intent"]:
         return False
     new = recomputed(cursor, timer)

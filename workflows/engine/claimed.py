@@ -4,17 +4,18 @@ each other."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from .places import Place
+from .sql import ClaimedRow
 from .walk import CONTINUATION_TYPE
 
 
 @dataclass(frozen=True)
 class ClaimedStep:
-    """One claimed step, as the claim returns it (columns by name)."""
+    """One claimed step, as the claim returns it (sql.ClaimedRow)."""
 
     id: int
     org_id: int
@@ -33,7 +34,7 @@ class ClaimedStep:
     run_outputs: dict[str, Any] = field(repr=False)
     run_created_at: datetime = field(repr=False)
     run_expired: bool = False  # the run is past its max age (the database's clock)
-    wait_detail: dict[str, Any] | None = field(default=None, repr=False)
+    wait_detail: dict[str, Any] | None = field(default=None, repr=False)  # see sql.ClaimedRow
     fork_join_id: int | None = None  # the join its branch arrives at (see forks.py)
     branch: int | None = None
     # The rest of the run's row as of the claim, for a hop's walk (hops.py): which version
@@ -44,8 +45,19 @@ class ClaimedStep:
     run_seen: str | None = None
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> ClaimedStep:
-        return cls(**{f.name: row[f.name] for f in fields(cls)})
+    def from_row(cls, row: ClaimedRow) -> ClaimedStep:
+        return cls(
+            id=row["id"], org_id=row["org_id"], run_id=row["run_id"], step_id=row["step_id"],
+            iteration=row["iteration"], type=row["type"], lane=row["lane"],
+            attempt=row["attempt"], attempts_used=row["attempts_used"],
+            max_attempts=row["max_attempts"], version_id=row["version_id"],
+            run_input=row["run_input"], run_vars=row["run_vars"],
+            run_outputs=row["run_outputs"], run_created_at=row["run_created_at"],
+            run_expired=row["run_expired"], wait_detail=row["wait_detail"],
+            fork_join_id=row["fork_join_id"], branch=row["branch"],
+            run_entered=row["run_entered"], run_steps_executed=row["run_steps_executed"],
+            run_max_steps=row["run_max_steps"], run_seen=row["run_seen"],
+        )  # fmt: skip
 
     @property
     def poisoned(self) -> bool:

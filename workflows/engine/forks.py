@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from psycopg.types.json import Jsonb
 
@@ -161,7 +161,7 @@ class Forks:
             sql.JOIN_ARRIVE,
             {"id": place.fork_join, "branch": place.branch, "join_wait": JOIN_WAIT},
         )
-        row = fetch_dict(walk.cursor)
+        row = cast(sql.JoinArrivalRow | None, fetch_dict(walk.cursor))
         join_step_id = self.join_step_of(place.fork_join)
         if row is None:
             # The join completed without this branch (`first`, or a number of branches), or
@@ -185,7 +185,7 @@ class Forks:
         walk.cursor.execute(
             sql.CANCEL_FORK, {"join": join_id, "run": walk.run.id, "joins": registry.joining()}
         )
-        for row in fetch_dicts(walk.cursor):
+        for row in cast(list[sql.CancelledStepRow], fetch_dicts(walk.cursor)):
             walk.event("step.cancelled", row["step_id"], iteration=row["iteration"],
                        attempt=row["attempt"], detail={"reason": "its join completed"})  # fmt: skip
         # Entries of the fork still queued in this walk are dropped the same way.

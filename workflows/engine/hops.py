@@ -31,8 +31,9 @@ finds out whether the hop wrote (sql.CLAIM_AFTER_HOPS).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection
 from psycopg.types.json import Jsonb
@@ -56,7 +57,7 @@ class Hop:
     walk: Walk
     taken_id: int | None = None  # the run's next step, written claimed for this worker
     seen: str | None = None  # the run row's version the hop wrote (for the next hop)
-    claimed: dict[str, Any] | None = None  # a step of the lane claimed with it (claim_lane)
+    claimed: sql.ClaimedRow | None = None  # a step of the lane claimed with it (claim_lane)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def hop_planned(planned: PlannedHop, take: TakeNext | None) -> Hop | None:
     # the statement is a transaction of its own.
     with connection.cursor() as cursor:
         answer = query_prepared(cursor, sql.SETTLE_HOP, _one_hop(planned.params))[0]
-    return _answered(planned, answer)
+    return _answered(planned, cast(sql.HopAnswerRow, answer))
 
 
 def hops_together(planned: list[PlannedHop], take: TakeNext | None = None) -> list[Hop | None]:
@@ -126,26 +127,29 @@ def hops_together(planned: list[PlannedHop], take: TakeNext | None = None) -> li
     if take is None or not claiming:
         with connection.cursor() as cursor:  # in autocommit: a transaction of its own
             answers = query_prepared(cursor, sql.SETTLE_HOPS, hops)
-        return _all_answered(planned, answers)
+        return _all_answered(planned, cast(list[sql.HopsAnswerRow], answers))
     claim = take.claim_after_hops_params([planned[n].params["step"] for n in claiming])
     with connection.cursor() as cursor:
         answers, claimed = transaction_pipelined(
             cursor, [(sql.SETTLE_HOPS, hops), (sql.CLAIM_AFTER_HOPS, claim)]
         )
-    hopped = _all_answered(planned, answers)
+    hopped = _all_answered(planned, cast(list[sql.HopsAnswerRow], answers))
     takers = [n for n in claiming if (each := hopped[n]) is not None and each.ok]
-    for n, row in zip(takers, claimed, strict=False):  # fewer rows: nothing more was ready
+    claimed_rows = cast(list[sql.ClaimedRow], claimed)
+    for n, row in zip(takers, claimed_rows, strict=False):  # fewer rows: nothing more was ready
         settled = hopped[n]
         assert settled is not None
         hopped[n] = replace(settled, claimed=row)
     return hopped
 
 
-def _all_answered(planned: list[PlannedHop], answers: list[dict[str, Any]]) -> list[Hop | None]:
+def _all_answered(
+    planned: list[PlannedHop], answers: Sequence[sql.HopAnswerRow]
+) -> list[Hop | None]:
     return [_answered(each, answer) for each, answer in zip(planned, answers, strict=True)]
 
 
-def _answered(planned: PlannedHop, answer: dict[str, Any]) -> Hop | None:
+def _answered(planned: PlannedHop, answer: sql.HopAnswerRow) -> Hop | None:
     if answer["outcome"] == "fenced":
         return Hop(False, planned.walk)
     if answer["outcome"] != "settled":
@@ -177,10 +181,10 @@ def _hop_and_claim(planned: PlannedHop, take: TakeNext) -> Hop | None:
         (answer,), claimed = transaction_pipelined(
             cursor, [(sql.SETTLE_HOP, _one_hop(planned.params)), (sql.CLAIM_AFTER_HOPS, claim)]
         )
-    hopped = _answered(planned, answer)
+    hopped = _answered(planned, cast(sql.HopAnswerRow, answer))
     if hopped is None or not hopped.ok or not claimed:
         return hopped
-    return replace(hopped, claimed=claimed[0])
+    return replace(hopped, claimed=cast(sql.ClaimedRow, claimed[0]))
 
 
 def _speculative_walk(

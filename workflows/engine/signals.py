@@ -21,7 +21,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection, transaction
 
@@ -147,14 +147,14 @@ def _wake_a_waiter_late(signal: dict[str, Any]) -> str:
     return ""
 
 
-def _waiters(signal: dict[str, Any]) -> list[dict[str, Any]]:
+def _waiters(signal: dict[str, Any]) -> list[sql.SignalWaiterRow]:
     """The steps waiting for this signal, oldest first."""
     with connection.cursor() as cursor:
         cursor.execute(sql.SIGNAL_WAITERS, signal)
-        return fetch_dicts(cursor)
+        return cast(list[sql.SignalWaiterRow], fetch_dicts(cursor))
 
 
-def _taker(waiter: dict[str, Any]) -> str:
+def _taker(waiter: sql.SignalWaiterRow) -> str:
     return f"{waiter['run_id']}/{waiter['step_id']}/{waiter['iteration']}"
 
 

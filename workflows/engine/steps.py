@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from django.db import connection, transaction
@@ -32,6 +32,7 @@ from .lanes import UNSHARED, FairShare, LanePolicy
 from .places import Entry
 from .plans import refresh_plans_when_due
 from .sql.rows import (
+    EventRow,
     event_row,
     fetch_dicts,
     insert_events,
@@ -97,12 +98,15 @@ def plan_claims_generically_from_now_on() -> None:
     connection_created.connect(plan_claims_generically, dispatch_uid="waymark.generic-plans")
 
 
-def _rows(on: PreparedClaims | None, statement: str, params: dict[str, Any]) -> list[dict]:
+def _claimed_rows(
+    on: PreparedClaims | None, statement: str, params: dict[str, Any]
+) -> list[sql.ClaimedRow]:
+    """The rows of a claim (``statement``: sql.CLAIM or sql.CLAIM_SUSPECT)."""
     if on is not None:
-        return on.rows(statement, params)
+        return cast(list[sql.ClaimedRow], on.rows(statement, params))
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
-        return fetch_dicts(cursor)
+        return cast(list[sql.ClaimedRow], fetch_dicts(cursor))
 
 
 def claim(
@@ -123,7 +127,7 @@ def claim(
         "lane": policy.name, "n": limit, "worker": worker, "lease": policy.lease_seconds,
         "after_org": after_org, **share.params(limit),
     }  # fmt: skip
-    return [ClaimedStep.from_row(row) for row in _rows(on, sql.CLAIM, params)]
+    return [ClaimedStep.from_row(row) for row in _claimed_rows(on, sql.CLAIM, params)]
 
 
 def claim_suspect(
@@ -132,7 +136,7 @@ def claim_suspect(
     """One step whose last attempt never settled, for a worker holding nothing else
     (sql.CLAIM_SUSPECT)."""
     params = {"lane": policy.name, "worker": worker, "lease": policy.lease_seconds}
-    rows = _rows(on, sql.CLAIM_SUSPECT, params)
+    rows = _claimed_rows(on, sql.CLAIM_SUSPECT, params)
     return ClaimedStep.from_row(rows[0]) if rows else None
 
 
@@ -175,7 +179,7 @@ def heartbeat(
     cursor = conn.execute(
         sql.HEARTBEAT, {"ids": list(ids), "attempts": list(attempts), "lease": lease_seconds}
     )
-    rows = fetch_dicts(cursor)
+    rows = cast(list[sql.HeartbeatRow], fetch_dicts(cursor))
     return Beat(
         extended={(r["id"], r["attempt"]) for r in rows if r["extended"]},
         lost={(r["id"], r["attempt"]) for r in rows if not r["held"]},
@@ -223,7 +227,8 @@ def _settling(
     version, not the claim's (a migration may have moved the run in between). None: this
     attempt was fenced out. The caller walks and flushes inside the transaction."""
     with transaction.atomic(durable=True), connection.cursor() as cursor:
-        rows = query_prepared(cursor, statement, {**params, "run": step.run_id})
+        found = query_prepared(cursor, statement, {**params, "run": step.run_id})
+        rows = cast(list[sql.LockedRunThenRow], found)
         changed = rows[0].pop("changed") if rows else 0
         run = run_state(rows, step.run_id)
         if not changed:
@@ -298,7 +303,7 @@ def _claim_for(cursor: Any, take: TakeNext) -> ClaimedStep | None:
     transaction (TakeNext.claim_lane). Its row locks are taken with SKIP LOCKED, and runs
     are read, not locked, so it never waits on another transaction while the settle holds
     its run's lock."""
-    rows = query_prepared(cursor, sql.CLAIM, take.claim_params())
+    rows = cast(list[sql.ClaimedRow], query_prepared(cursor, sql.CLAIM, take.claim_params()))
     return ClaimedStep.from_row(rows[0]) if rows else None
 
 
@@ -431,7 +436,7 @@ def release(*, held: list[tuple[int, int]], worker: str) -> int:
     ids, attempts = zip(*held, strict=True)
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         cursor.execute(sql.RELEASE, {"ids": list(ids), "attempts": list(attempts)})
-        rows = fetch_dicts(cursor)
+        rows = cast(list[sql.ReadiedStepRow], fetch_dicts(cursor))
         insert_events(
             cursor,
             [
@@ -464,7 +469,7 @@ def fail_step_and_run(step: ClaimedStep, error: str, *, worker: str) -> bool:
     return True
 
 
-def _step_event(step: ClaimedStep, kind: str, worker: str, detail: Any = None) -> tuple:
+def _step_event(step: ClaimedStep, kind: str, worker: str, detail: Any = None) -> EventRow:
     return event_row(
         step.org_id, step.run_id, kind, step.step_id,
         iteration=step.iteration, attempt=step.attempt, worker=worker, detail=detail,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection, transaction
 
@@ -93,7 +93,8 @@ def wake_step(
             raise LookupError(f"run {run_id} does not exist")
         if not woken:
             return False
-        run, row = RunState(**locked[0]), woken[0]
+        run = RunState(**cast(sql.RunRow, locked[0]))
+        row = cast(sql.WokenStepRow, woken[0])
         definition = definition_for(run.version_id)
         walk = Walk(cursor, run, definition, worker=wake.by)
         walk.event(f"step.{wake.reason}", row["step_id"], iteration=row["iteration"],
@@ -109,7 +110,7 @@ def _wake_ready(cursor: Any, run: RunState, step_pk: int, wake: Wake, due_only: 
     paused = run.status == RunStatus.PAUSED
     ready = {"id": step_pk, "run": run.id, "paused": paused, "due": due_only,
              "payload": _json(wake.payload)}  # fmt: skip
-    rows = query_prepared(cursor, sql.WAKE_READY, ready)
+    rows = cast(list[sql.ReadiedStepRow], query_prepared(cursor, sql.WAKE_READY, ready))
     if not rows:
         return False
     row = rows[0]
@@ -129,7 +130,7 @@ def fire_due_deadlines(*, limit: int = 500, by: str = "sweep") -> int:
     woken meanwhile by its awaited event is skipped by the guard (``due_only``)."""
     with connection.cursor() as cursor:
         cursor.execute(sql.DUE_DEADLINES, {"n": limit})
-        due = fetch_dicts(cursor)
+        due = cast(list[sql.DueDeadlineRow], fetch_dicts(cursor))
     fired = 0
     for row in due:
         try:

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection
 from psycopg.types.json import Jsonb
@@ -31,11 +31,21 @@ from .lanes import UNSHARED, FairShare, engine_setting, lane_policy
 from .places import TOP, Entry, Place
 from .run_state import RunState
 from .speculative import NeedsTransaction
-from .sql import CANCEL_LIVE_STEPS_LOGGED, LIVE_STEPS, LOCK_RUN, STEP_ID_OF, UPDATE_RUN
+from .sql import (
+    CANCEL_LIVE_STEPS_LOGGED,
+    LIVE_STEPS,
+    LOCK_RUN,
+    STEP_ID_OF,
+    UPDATE_RUN,
+    RunRow,
+    TakenStepRow,
+)
 from .sql.rows import (
     EVENT_COLUMNS,
     NOW,
     STEP_COLUMNS,
+    EventRow,
+    NewStep,
     NowPlus,
     Statement,
     event_row,
@@ -106,10 +116,10 @@ class Taken:
 
 def lock_run(cursor: Any, run_id: int) -> RunState:
     """Lock the run (the first lock of every transition: the run, then its steps)."""
-    return run_state(query_prepared(cursor, LOCK_RUN, {"id": run_id}), run_id)
+    return run_state(cast(list[RunRow], query_prepared(cursor, LOCK_RUN, {"id": run_id})), run_id)
 
 
-def run_state(rows: list[dict[str, Any]], run_id: int) -> RunState:
+def run_state(rows: Sequence[RunRow], run_id: int) -> RunState:
     """The locked run's state, from the row of LOCK_RUN (or a statement that embeds it)."""
     if not rows:
         raise LookupError(f"run {run_id} does not exist")
@@ -148,8 +158,8 @@ class Walk:
         self.definition = definition
         self.steps = {step["id"]: step for step in definition["steps"]}
         self.worker = worker
-        self.new_steps: list[tuple] = []
-        self.events: list[tuple] = []
+        self.new_steps: list[NewStep] = []
+        self.events: list[EventRow] = []
         self.wake_lanes: set[str] = set()
         self.live_added = 0
         self.path_ended = False
@@ -212,11 +222,16 @@ class Walk:
         live = status in (StepStatus.READY, StepStatus.RUNNING, StepStatus.WAITING)
         lease = NowPlus(lease_seconds) if lease_seconds is not None else None
         self.new_steps.append(
-            (self.run.org_id, self.run.id, step_id, iteration, step_type, lane, status, owner,
-             attempt, 0, 0, max_attempts, NOW if status == StepStatus.READY else lease,
-             wait_kind, None if wake_in is None else NowPlus(wake_in),
-             json_or_null(wait_detail), json_or_null(output), error, None if live else NOW,
-             place.fork_join, place.branch)
+            NewStep.__new__(  # by name, as cheaply as that goes (see rows.NewStep)
+                NewStep, org_id=self.run.org_id, run_id=self.run.id, step_id=step_id,
+                iteration=iteration, type=step_type, lane=lane, status=status, owner=owner,
+                attempt=attempt, release_count=0, series_offset=0, max_attempts=max_attempts,
+                lease_until=NOW if status == StepStatus.READY else lease, wait_kind=wait_kind,
+                wake_at=None if wake_in is None else NowPlus(wake_in),
+                wait_detail=json_or_null(wait_detail), output=json_or_null(output),
+                error=error, finished_at=None if live else NOW,
+                fork_join_id=place.fork_join, branch=place.branch,
+            )
         )  # fmt: skip
 
     def insert_new_steps(self) -> None:
@@ -517,7 +532,7 @@ class Walk:
         self.new_steps = []
         if self.dirty and updated != 1:
             raise RuntimeError(f"run {self.run.id} changed under its lock")
-        return self._taken_id(rows)
+        return self._taken_id(cast(list[TakenStepRow], rows))
 
     def hop(self, seen: str) -> dict[str, Any] | None:
         """This walk's writes as a hop's (sql.SETTLE_HOP's parameters, but for the settled
@@ -564,7 +579,7 @@ class Walk:
         """Whether the step taken for the worker is among the rows still to insert."""
         assert self.taken is not None
         key = (self.taken.step_id, self.taken.iteration)
-        return any((row[2], row[3]) == key for row in self.new_steps)
+        return any((row.step_id, row.iteration) == key for row in self.new_steps)
 
     def _taken_query(self, steps: Statement | None) -> tuple[Statement, Statement | None]:
         """What reads the id of the step this walk took for its worker, and the steps'
@@ -579,7 +594,7 @@ class Walk:
                   "iteration": self.taken.iteration}  # fmt: skip
         return (STEP_ID_OF, params), steps
 
-    def _taken_id(self, rows: list[dict[str, Any]]) -> int | None:
+    def _taken_id(self, rows: list[TakenStepRow]) -> int | None:
         if self.taken is None:
             return None
         key = (self.taken.step_id, self.taken.iteration)

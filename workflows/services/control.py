@@ -26,7 +26,7 @@ from django.db import connection, transaction
 from ..engine import sql
 from ..engine.definition_cache import definition_for
 from ..engine.places import Entry, Place
-from ..engine.sql.rows import event_row, fetch_dicts, insert_events, insert_wakes
+from ..engine.sql.rows import EventRow, event_row, fetch_dicts, insert_events, insert_wakes
 from ..engine.walk import RunState, Walk, lock_run
 from ..errors import NothingToRetry, RunStateConflict, UnknownRun
 from ..models import Organisation, Run
@@ -197,7 +197,7 @@ _SOURCES = {
 }
 
 
-def _run_event(run: RunState, kind: str, actor: str, **detail: Any) -> tuple:
+def _run_event(run: RunState, kind: str, actor: str, **detail: Any) -> EventRow:
     return event_row(run.org_id, run.id, kind, worker=actor, detail={"by": actor, **detail})
 
 

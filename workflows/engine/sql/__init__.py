@@ -1,7 +1,9 @@
 """Every SQL statement of the engine, kept together; ``rows`` builds and reads their rows.
 
 Claim, heartbeat, settle, park, wake, release, run control, run start and the relay's batch.
-Statements name every column they return (rows are read by name, ``rows.fetch_dicts``).
+Statements name every column they return (rows are read by name, ``rows.fetch_dicts``); the
+rows the walk, the claim and the settles pass around are typed beside their statement, as
+TypedDicts naming those columns (a caller casts the fetched dicts to one: no conversion).
 Every time comparison uses the database's now(), never a worker's clock. Each statement here
 has a test that races it.
 
@@ -10,6 +12,9 @@ raw SQL here selects JSON columns cast to ``json``, which psycopg decodes.
 """
 
 from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, NotRequired, TypedDict
 
 from .rows import LANE_CHANNEL_PREFIX
 
@@ -72,6 +77,40 @@ logged AS (
 )
 SELECT * FROM claimed WHERE status = 'running'
 """
+
+
+class ClaimedRow(TypedDict):
+    """A claimed step, as the claims return it (CLAIM, CLAIM_SUSPECT, CLAIM_AFTER_HOPS):
+    claimed.ClaimedStep is built from it."""
+
+    id: int
+    org_id: int
+    run_id: int
+    step_id: str
+    iteration: int
+    type: str
+    lane: str
+    status: str
+    attempt: int
+    attempts_used: int
+    max_attempts: int
+    # Free-form: what the step parked with (its executor's detail), plus the engine's keys
+    # (a wake's woken_with, a continuation's enter).
+    wait_detail: dict[str, Any] | None
+    fork_join_id: int | None
+    branch: int | None
+    version_id: int
+    # The run's template data (free-form JSON: the start's input, what its steps wrote).
+    run_input: Any
+    run_vars: dict[str, Any]
+    run_outputs: dict[str, Any]
+    run_created_at: datetime
+    run_expired: bool
+    run_entered: dict[str, int]
+    run_steps_executed: int
+    run_max_steps: int
+    run_seen: str
+
 
 # Claim up to %(n)s claimable steps of one lane, fairly across organisations.
 #
@@ -245,6 +284,14 @@ SELECT h.id, h.attempt, e.id IS NOT NULL AS extended,
   LEFT JOIN workflows_step s ON s.id = h.id
 """
 
+
+class HeartbeatRow(TypedDict):
+    id: int
+    attempt: int
+    extended: bool
+    held: bool
+
+
 # Idle workers (workflows_idleworker): a worker waiting for work lists itself, so the next
 # transaction that makes work for its lane notifies it (rows.wakes_statement); a worker that
 # takes work again strikes itself off. Run on the worker's own autocommit connection.
@@ -332,6 +379,12 @@ SELECT id, wait_detail ->> 'on_deadline' AS on_deadline FROM workflows_step
  LIMIT %(n)s
 """
 
+
+class DueDeadlineRow(TypedDict):
+    id: int
+    on_deadline: str | None  # the outcome the step declared when it parked
+
+
 STEP_RUN = "SELECT run_id FROM workflows_step WHERE id = %(id)s"
 
 # The one way a waiting step wakes (a signal consumed, a decision taken, a timer or a
@@ -350,6 +403,21 @@ RETURNING id, org_id, run_id, step_id, iteration, attempt, wait_detail::json AS 
           fork_join_id, branch
 """
 
+
+class WokenStepRow(TypedDict):
+    """WAKE_DONE's row: the step woken done, which the walk goes on from."""
+
+    id: int
+    org_id: int
+    run_id: int
+    step_id: str
+    iteration: int
+    attempt: int
+    wait_detail: dict[str, Any] | None  # free-form, as ClaimedRow's
+    fork_join_id: int | None
+    branch: int | None
+
+
 # Ready, to run again (its executor sees why in its context); parked instead while the run
 # is paused.
 WAKE_READY = """
@@ -364,8 +432,22 @@ UPDATE workflows_step
 RETURNING id, org_id, run_id, step_id, iteration, attempt, lane
 """
 
+
+class ReadiedStepRow(TypedDict):
+    """WAKE_READY's row, and RELEASE's: a step made ready again, whose lane is to wake."""
+
+    id: int
+    org_id: int
+    run_id: int
+    step_id: str
+    iteration: int
+    attempt: int
+    lane: str
+
+
 # Shutdown: hand steps back at once instead of letting their leases lapse. The hand-back does
 # not count against max_attempts (`release_count`), so deploys cannot turn a step into poison.
+# Its rows are ReadiedStepRow's.
 RELEASE = """
 UPDATE workflows_step s
    SET status = 'ready', owner = NULL, lease_until = now(), release_count = s.release_count + 1
@@ -387,6 +469,32 @@ SELECT id, org_id, version_id, status, input::json AS input, vars::json AS vars,
   FROM workflows_run WHERE id = %({key})s FOR NO KEY UPDATE
 """
 LOCK_RUN = _LOCK_RUN_BY.format(key="id")
+
+
+class RunRow(TypedDict):
+    """LOCK_RUN's row: the run as the walk holds it (walk.RunState is built from it)."""
+
+    id: int
+    org_id: int
+    version_id: int
+    status: str
+    # The run's template data (free-form JSON: the start's input, what its steps wrote).
+    input: Any
+    vars: dict[str, Any]
+    outputs: dict[str, Any]
+    entered: dict[str, int]
+    steps_executed: int
+    max_steps: int
+    expired: bool
+    created_at: datetime
+
+
+class LockedRunThenRow(RunRow):
+    """The row of a statement of locked_run_then: the run's, and how many steps changed."""
+
+    # Always there; NotRequired only so that it can be popped before the rest becomes a
+    # RunState (steps._settling).
+    changed: NotRequired[int]
 
 
 def locked_run_then(transition: str) -> str:
@@ -426,6 +534,14 @@ SELECT id, step_id, iteration FROM workflows_step
  WHERE run_id = %(run)s AND step_id = %(step_id)s AND iteration = %(iteration)s
    AND status = 'running'
 """
+
+
+class TakenStepRow(TypedDict):
+    """STEP_ID_OF's row, and the walk's steps' INSERT's when it returns them."""
+
+    id: int
+    step_id: str
+    iteration: int
 
 
 LIVE_STEPS = """
@@ -546,6 +662,18 @@ UPDATE workflows_step
 RETURNING status, step_id, iteration, fork_join_id, branch, wait_detail::json AS wait_detail
 """
 
+
+class JoinArrivalRow(TypedDict):
+    """JOIN_ARRIVE's row: the join as the arrival left it."""
+
+    status: str
+    step_id: str
+    iteration: int
+    fork_join_id: int | None
+    branch: int | None
+    wait_detail: dict[str, Any]  # INSERT_JOIN_ROW's detail: need, branches, arrived, fork
+
+
 # The join completed before every branch arrived (`first`, or `n`): the rest of the fork,
 # nested forks included, ends.
 CANCEL_FORK = """
@@ -562,6 +690,13 @@ UPDATE workflows_step
    AND status IN ('ready', 'running', 'waiting')
 RETURNING step_id, iteration, attempt
 """
+
+
+class CancelledStepRow(TypedDict):
+    step_id: str
+    iteration: int
+    attempt: int
+
 
 JOIN_ROWS_UNDER = """
 SELECT id FROM workflows_step
@@ -904,6 +1039,14 @@ SELECT id, run_id, step_id, iteration
  LIMIT 10
 """
 
+
+class SignalWaiterRow(TypedDict):
+    id: int
+    run_id: int
+    step_id: str
+    iteration: int
+
+
 SIGNAL_CONSUMED = """
 UPDATE workflows_signal
    SET consumed_at = now(), consumed_by = %(by)s
@@ -1015,8 +1158,23 @@ SELECT r.outcome, r.run_xmin, r.taken_id
            (h->>'taken_iteration')::integer) r
 """
 
+
+class HopAnswerRow(TypedDict):
+    """SETTLE_HOP's row: functions.SETTLE_HOP_V1's answer."""
+
+    outcome: str  # 'settled'; 'fenced' or 'run_changed': nothing was written
+    run_xmin: str | None  # the run row's version the hop wrote
+    taken_id: int | None  # the step the hop wrote claimed for its worker
+
+
 # Hops that finish together, as one statement (sql.functions.SETTLE_HOPS_V3): %(hops)s is a
 # JSON array of SETTLE_HOP's parameters (hops.hops_together).
 SETTLE_HOPS = """
 SELECT n, outcome, run_xmin, taken_id FROM waymark_settle_hops_v3(%(hops)s) ORDER BY n
 """
+
+
+class HopsAnswerRow(HopAnswerRow):
+    """SETTLE_HOPS's row: a member's answer, as SETTLE_HOP's ('busy' too: see SETTLE_HOPS_V3)."""
+
+    n: int  # the hop's place in the group, from 1
