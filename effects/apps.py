@@ -8,10 +8,12 @@ class EffectsConfig(AppConfig):
     def ready(self) -> None:
         from workflows.plugins import register_sweep_task
 
+        from . import health
         from .egress import tenant_ceiling
         from .resolve import reconcile_budgets
         from .steptypes import register_step_types
 
         tenant_ceiling()  # a bad WAYMARK_EGRESS_ALLOWABLE stops the process now, naming it
         register_step_types()
+        health.register()
         register_sweep_task("effects.reconcile_budgets", reconcile_budgets)

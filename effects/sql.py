@@ -298,3 +298,28 @@ CHECK_END = """
 UPDATE effects_connection SET check_token = '', check_until = NULL
  WHERE id = %(connection_id)s AND check_token = %(token)s
 """
+
+# --- health checks (effects/health.py) ---------------------------------------------------
+
+# Effects in flight whose lease lapsed more than %(late)s seconds ago (or that have none): the
+# attempt that claimed them stopped without recording an answer, and no attempt of their step
+# has looked since (the next one makes them outcome_unknown and reconciles). From the
+# effect_in_flight index (in-flight effects only), with their step's state.
+LAPSED_IN_FLIGHT = """
+WITH lapsed AS (
+    SELECT id, org_id, run_id, step_id, iteration, provider, owner, lease_until
+      FROM effects_effect
+     WHERE state = 'in_flight'
+       AND (lease_until IS NULL OR lease_until < now() - make_interval(secs => %(late)s))
+     ORDER BY lease_until NULLS FIRST
+     LIMIT %(cap)s
+)
+SELECT (SELECT count(*) FROM lapsed) AS total, l.id, l.org_id, l.run_id, l.step_id,
+       l.iteration, l.provider, l.owner,
+       EXTRACT(EPOCH FROM now() - l.lease_until)::float AS lapsed_seconds,
+       s.status AS step_status
+  FROM (SELECT * FROM lapsed ORDER BY lease_until NULLS FIRST LIMIT %(examples)s) l
+  LEFT JOIN workflows_step s
+         ON s.run_id = l.run_id AND s.step_id = l.step_id AND s.iteration = l.iteration
+ ORDER BY l.lease_until NULLS FIRST
+"""

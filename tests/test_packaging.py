@@ -270,6 +270,8 @@ def test_a_host_project_migrates_starts_a_run_and_its_engine_finishes_it(host: H
     # sweep: the host's own engine processes moved the run.
     assert steps["record"]["lane"] == "io" and steps["~continue"]["status"] == "done", steps
     assert stopped == 0, output
+    # The absence monitors run in the host too, and find nothing broken (exit 0).
+    assert "healthy: every invariant holds" in host.run("manage.py", "doctor")
     # The host's settings evaluated none of Waymark's own: no secret key of its kept anywhere.
     assert not (host.site_packages / ".data").exists()
     assert not list(host.project.rglob("secret_key"))

@@ -8,10 +8,12 @@ class TimersConfig(AppConfig):
     def ready(self) -> None:
         from workflows.plugins import register_sweep_service, register_sweep_task
 
+        from . import health
         from .schedules import fire_due_schedules
         from .steptypes import register_step_types
         from .sweep import TimerFiring
 
         register_step_types()
+        health.register()
         register_sweep_service("timers.due", TimerFiring)
         register_sweep_task("timers.schedules", fire_due_schedules, each_tick=True)

@@ -236,3 +236,55 @@ CREATE TRIGGER timers_cancel_with_step
  FOR EACH ROW WHEN (OLD.status = 'waiting' AND NEW.status = 'cancelled')
  EXECUTE FUNCTION timers_cancel_with_step_v1();
 """
+
+
+# --- health checks (timers/health.py) ------------------------------------------------------------
+
+# The timers' answer for the waits they park steps on (workflows.plugins.register_wait_answer):
+# a boolean over the waiting step `s`, true while its timer is pending (the unique index on
+# run, step and iteration). False: the row is gone, or it was fired or cancelled without
+# waking the step, and nothing else will.
+TIMER_HOLDS_WAIT = """
+EXISTS (SELECT 1 FROM timers_timer t
+         WHERE t.run_id = s.run_id AND t.step_id = s.step_id AND t.iteration = s.iteration
+           AND t.fired_at IS NULL AND t.cancelled_at IS NULL)
+""".strip()
+
+# Pending timers due more than %(late)s seconds ago: the due sweep fires them on time, so
+# these mean no sweeper leads, or its firing fails. The timer_next_due index, from its
+# earliest end (its predicate, org_id > 0, is named to match it), up to %(cap)s.
+OVERDUE_TIMERS = """
+WITH overdue AS (
+    SELECT id, org_id, run_id, step_id, iteration, kind, due_at
+      FROM timers_timer
+     WHERE fired_at IS NULL AND cancelled_at IS NULL AND org_id > 0
+       AND due_at < now() - make_interval(secs => %(late)s)
+     ORDER BY due_at
+     LIMIT %(cap)s
+)
+SELECT (SELECT count(*) FROM overdue) AS total, o.id, o.org_id, o.run_id, o.step_id,
+       o.iteration, o.kind, EXTRACT(EPOCH FROM now() - o.due_at)::float AS late_seconds
+  FROM (SELECT * FROM overdue ORDER BY due_at LIMIT %(examples)s) o
+ ORDER BY o.due_at
+"""
+
+# Steps waiting on a timer (wait_detail.parked_on "timer:<id>", no deadline of their own)
+# whose timer is not pending: nothing will ever wake them. From the waiting steps without a
+# wake time, each checked by the unique index; with what became of its timer, if it is there.
+WAITS_WITHOUT_TIMER = f"""
+WITH lost AS (
+    SELECT s.id, s.org_id, s.run_id, s.step_id, s.iteration
+      FROM workflows_step s
+     WHERE s.status = 'waiting' AND s.wait_kind = 'external' AND s.wake_at IS NULL
+       AND split_part(s.wait_detail->>'parked_on', ':', 1) = 'timer'
+       AND NOT {TIMER_HOLDS_WAIT}
+     LIMIT %(cap)s
+)
+SELECT (SELECT count(*) FROM lost) AS total, l.org_id, l.run_id, l.step_id, l.iteration,
+       t.id AS timer_id, t.fired_at IS NOT NULL AS fired, t.cancelled_at IS NOT NULL AS cancelled,
+       left(t.error, 200) AS error
+  FROM (SELECT * FROM lost ORDER BY id LIMIT %(examples)s) l
+  LEFT JOIN timers_timer t
+         ON t.run_id = l.run_id AND t.step_id = l.step_id AND t.iteration = l.iteration
+ ORDER BY l.id
+"""  # noqa: S608 (this module's constant fragments)

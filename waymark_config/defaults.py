@@ -271,7 +271,29 @@ WAYMARK = {
     "QUOTA_PENDING_SIGNALS": env.int("WAYMARK_QUOTA_PENDING_SIGNALS", default=10_000),
     # How long a stopping worker lets running steps finish before releasing them.
     "SHUTDOWN_GRACE_SECONDS": env.float("WAYMARK_SHUTDOWN_GRACE_SECONDS", default=10.0),
+    # The absence monitors (`manage.py doctor`, /readyz; docs/operations.md): how late is too
+    # late (a timer, a deadline, a lapsed lease, an unsent outbox row, an effect in flight
+    # past its lease), how many examples a finding lists, and how long each check's
+    # statements may take (the doctor's; /readyz's, whose answer a web process reuses for
+    # READYZ_CACHE_SECONDS, since probes come every few seconds).
+    "DOCTOR_LATE_SECONDS": env.float("WAYMARK_DOCTOR_LATE_SECONDS", default=300.0),
+    "DOCTOR_EXAMPLES": env.int("WAYMARK_DOCTOR_EXAMPLES", default=10),
+    "DOCTOR_TIMEOUT_SECONDS": env.float("WAYMARK_DOCTOR_TIMEOUT_SECONDS", default=30.0),
+    "READYZ_TIMEOUT_SECONDS": env.float("WAYMARK_READYZ_TIMEOUT_SECONDS", default=5.0),
+    "READYZ_CACHE_SECONDS": env.float("WAYMARK_READYZ_CACHE_SECONDS", default=30.0),
 }
+if not (
+    WAYMARK["DOCTOR_LATE_SECONDS"] > 0
+    and 1 <= WAYMARK["DOCTOR_EXAMPLES"] <= 1000
+    and WAYMARK["DOCTOR_TIMEOUT_SECONDS"] > 0
+    and WAYMARK["READYZ_TIMEOUT_SECONDS"] > 0
+    and WAYMARK["READYZ_CACHE_SECONDS"] >= 0
+):
+    raise ImproperlyConfigured(
+        "invalid_setting: WAYMARK_DOCTOR_LATE_SECONDS, WAYMARK_DOCTOR_TIMEOUT_SECONDS and "
+        "WAYMARK_READYZ_TIMEOUT_SECONDS must be above 0, WAYMARK_DOCTOR_EXAMPLES from 1 to "
+        "1000, WAYMARK_READYZ_CACHE_SECONDS at least 0"
+    )
 
 
 # --- Effects (effects/) ------------------------------------------------------------------

@@ -72,7 +72,7 @@ SESSION_COOKIE_SECURE = env.bool("WAYMARK_SECURE_COOKIES", default=PRODUCTION)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_SSL_REDIRECT = env.bool("WAYMARK_SSL_REDIRECT", default=PRODUCTION)
 # Health checks come from load balancers over plain http: never redirect them.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^livez$"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^livez$", r"^readyz$"]
 SECURE_HSTS_SECONDS = env.int("WAYMARK_HSTS_SECONDS", default=31_536_000 if PRODUCTION else 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("WAYMARK_HSTS_INCLUDE_SUBDOMAINS", default=PRODUCTION)
 SECURE_HSTS_PRELOAD = env.bool("WAYMARK_HSTS_PRELOAD", default=PRODUCTION)

@@ -71,6 +71,7 @@ from ..definitions.registry import (
 )
 from ..engine.executors import Park, StepContext, StepDeferred, StepFailure, StepResult
 from ..engine.sweeper import SWEEP_SERVICES, SWEEP_TASKS, Sweep, SweepService, SweepTask
+from .health import register_health_check, register_wait_answer
 
 __all__ = [
     "INLINE",
@@ -94,9 +95,11 @@ __all__ = [
     "check_string",
     "check_template_field",
     "check_template_value",
+    "register_health_check",
     "register_step_type",
     "register_sweep_service",
     "register_sweep_task",
+    "register_wait_answer",
     "render",
 ]
 

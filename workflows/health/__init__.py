@@ -1,0 +1,1 @@
+"""``/readyz``: the absence monitors (``workflows.engine.health``) over HTTP, for probes."""
