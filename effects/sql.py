@@ -298,3 +298,28 @@ CHECK_END = """
 UPDATE effects_connection SET check_token = '', check_until = NULL
  WHERE id = %(connection_id)s AND check_token = %(token)s
 """
+
+
+# --- scrape-time gauges (effects/metrics.py) ------------------------------------------------------
+
+# Effects by state, all but settled: settled is the ledger's history, growing with every call
+# made (until its runs' retention), and is never counted. From effect_org_state (PostgreSQL 18
+# skips through its leading org column; index-only once vacuumed).
+METRICS_EFFECTS = """
+SELECT state, count(*) AS effects
+  FROM effects_effect
+ WHERE state IN ('in_flight', 'outcome_unknown', 'needs_review', 'failed')
+ GROUP BY state
+"""
+
+# Connections whose circuit is not closed, or that are broken, by provider: a small table
+# (an organisation's connections), read whole.
+METRICS_CONNECTIONS = """
+SELECT provider,
+       count(*) FILTER (WHERE circuit = 'open') AS open,
+       count(*) FILTER (WHERE circuit = 'half_open') AS half_open,
+       count(*) FILTER (WHERE status = 'broken') AS broken
+  FROM effects_connection
+ WHERE circuit <> 'closed' OR status = 'broken'
+ GROUP BY provider
+"""

@@ -6,12 +6,18 @@ class TimersConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from workflows.plugins import register_sweep_service, register_sweep_task
+        from workflows.plugins import (
+            register_metrics_collector,
+            register_sweep_service,
+            register_sweep_task,
+        )
 
+        from .metrics import timer_gauges
         from .schedules import fire_due_schedules
         from .steptypes import register_step_types
         from .sweep import TimerFiring
 
         register_step_types()
+        register_metrics_collector("timers", timer_gauges)
         register_sweep_service("timers.due", TimerFiring)
         register_sweep_task("timers.schedules", fire_due_schedules, each_tick=True)

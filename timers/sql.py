@@ -213,3 +213,15 @@ CREATE TRIGGER timers_cancel_with_step
  FOR EACH ROW WHEN (OLD.status = 'waiting' AND NEW.status = 'cancelled')
  EXECUTE FUNCTION timers_cancel_with_step_v1();
 """
+
+
+# --- scrape-time gauge (timers/metrics.py) -------------------------------------------------------
+
+# How late the earliest pending timer is (0: none is due): one probe of timer_next_due. It
+# grows while no sweeper fires, which the lateness of fired timers cannot show.
+METRICS_OVERDUE = """
+SELECT GREATEST(0, EXTRACT(EPOCH FROM now() - min(due_at)))::float8 AS seconds
+  FROM timers_timer
+ WHERE fired_at IS NULL AND cancelled_at IS NULL
+   AND org_id > 0  -- the timer_next_due index (see its comment)
+"""

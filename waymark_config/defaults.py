@@ -271,7 +271,16 @@ WAYMARK = {
     "QUOTA_PENDING_SIGNALS": env.int("WAYMARK_QUOTA_PENDING_SIGNALS", default=10_000),
     # How long a stopping worker lets running steps finish before releasing them.
     "SHUTDOWN_GRACE_SECONDS": env.float("WAYMARK_SHUTDOWN_GRACE_SECONDS", default=10.0),
+    # The bearer token a Prometheus scrape of /metrics must show; empty: /metrics is off.
+    "METRICS_TOKEN": env.str("WAYMARK_METRICS_TOKEN", default=""),
 }
+if 0 < len(WAYMARK["METRICS_TOKEN"]) < 16:
+    # Anyone who can reach the web can try tokens: a short one is guessable.
+    raise ImproperlyConfigured(
+        "invalid_setting: WAYMARK_METRICS_TOKEN must be at least 16 characters (for example: "
+        "python -c 'import secrets; print(secrets.token_urlsafe(32))'); unset it to turn "
+        "/metrics off"
+    )
 
 
 # --- Effects (effects/) ------------------------------------------------------------------

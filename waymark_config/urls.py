@@ -9,6 +9,7 @@ urlpatterns = [
     path("api/v1/", include("effects.urls")),  # connections, suppressions, effects
     path("api/v1/", include("timers.urls")),  # schedules
     path("", include("approvals.urls")),  # /slack/interactions, /api/v1/approvals, /tasks
+    path("", include("workflows.monitoring")),  # /metrics (with WAYMARK_METRICS_TOKEN)
     path("healthz", healthz),
     path("livez", livez),
 ]

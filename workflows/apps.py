@@ -12,11 +12,13 @@ class WorkflowsConfig(AppConfig):
     def ready(self) -> None:
         from .api import schema  # noqa: F401 (registers the OpenAPI auth extension)
         from .engine.retention import purge_finished_runs
+        from .engine.scrape import ENGINE_COLLECTOR, engine_gauges
         from .engine.signals import drop_old
-        from .plugins import register_sweep_task
+        from .plugins import register_metrics_collector, register_sweep_task
         from .steptypes import register_step_types
 
         register_step_types()
+        register_metrics_collector(ENGINE_COLLECTOR, engine_gauges)
         register_sweep_task("workflows.retention", lambda by: purge_finished_runs())
         register_sweep_task("workflows.drop_old_signals", lambda by: drop_old())
         import_extra_step_modules(settings.WAYMARK.get("EXTRA_STEP_MODULES", ()))

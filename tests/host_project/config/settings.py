@@ -3,8 +3,9 @@
 It is what docs/embedding.md tells a host to write, and nothing of Waymark's own project:
 its own SECRET_KEY, apps, middleware, URLconf and database. Its settings package is named
 `config`, as `django-admin startproject config .` and many project templates name it: the
-name Waymark's own project package once took, so this proves the two no longer collide. The database is given in the
-environment by the test (HOST_DB_*): a database of its own on the tests' PostgreSQL server.
+name Waymark's own project package once took, so this proves the two no longer collide. The
+database is given in the environment by the test (HOST_DB_*): a database of its own on the
+tests' PostgreSQL server.
 """
 
 import os
@@ -48,6 +49,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "workflows.monitoring.RequestMetricsMiddleware",  # optional: request times for /metrics
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
