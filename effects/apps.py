@@ -6,14 +6,16 @@ class EffectsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from workflows.plugins import register_sweep_task
+        from workflows.plugins import register_metrics_collector, register_sweep_task
 
         from . import health
         from .egress import tenant_ceiling
+        from .metrics import effect_gauges
         from .resolve import reconcile_budgets
         from .steptypes import register_step_types
 
         tenant_ceiling()  # a bad WAYMARK_EGRESS_ALLOWABLE stops the process now, naming it
         register_step_types()
         health.register()
+        register_metrics_collector("effects", effect_gauges)
         register_sweep_task("effects.reconcile_budgets", reconcile_budgets)

@@ -323,3 +323,27 @@ SELECT (SELECT count(*) FROM lapsed) AS total, l.id, l.org_id, l.run_id, l.step_
          ON s.run_id = l.run_id AND s.step_id = l.step_id AND s.iteration = l.iteration
  ORDER BY l.lease_until NULLS FIRST
 """
+
+# --- scrape-time gauges (effects/metrics.py) ------------------------------------------------------
+
+# Effects by state, all but settled: settled is the ledger's history, growing with every call
+# made (until its runs' retention), and is never counted. From effect_org_state (PostgreSQL 18
+# skips through its leading org column; index-only once vacuumed).
+METRICS_EFFECTS = """
+SELECT state, count(*) AS effects
+  FROM effects_effect
+ WHERE state IN ('in_flight', 'outcome_unknown', 'needs_review', 'failed')
+ GROUP BY state
+"""
+
+# Connections whose circuit is not closed, or that are broken, by provider: a small table
+# (an organisation's connections), read whole.
+METRICS_CONNECTIONS = """
+SELECT provider,
+       count(*) FILTER (WHERE circuit = 'open') AS open,
+       count(*) FILTER (WHERE circuit = 'half_open') AS half_open,
+       count(*) FILTER (WHERE status = 'broken') AS broken
+  FROM effects_connection
+ WHERE circuit <> 'closed' OR status = 'broken'
+ GROUP BY provider
+"""

@@ -283,6 +283,8 @@ def test_a_host_project_migrates_starts_a_run_and_its_engine_finishes_it(host: H
     assert "step.started" in run_page["html"] or "run.started" in run_page["html"]
     assert inbox["status"] == 200 and "Waiting for you" in inbox["html"]
     assert connection_page["status"] == 200
+    # /metrics is there, answered by Waymark's view (off: the host set no token).
+    assert pages["metrics"]["status"] == 404 and "WAYMARK_METRICS_TOKEN" in pages["metrics"]["html"]
     header, *_, actions = pages["slack"]
     assert header["text"]["text"] == "Approval requested"
     assert [b["value"] for b in actions["elements"]] == ["yes-token", "no-token"]

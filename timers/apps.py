@@ -6,14 +6,20 @@ class TimersConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from workflows.plugins import register_sweep_service, register_sweep_task
+        from workflows.plugins import (
+            register_metrics_collector,
+            register_sweep_service,
+            register_sweep_task,
+        )
 
         from . import health
+        from .metrics import timer_gauges
         from .schedules import fire_due_schedules
         from .steptypes import register_step_types
         from .sweep import TimerFiring
 
         register_step_types()
         health.register()
+        register_metrics_collector("timers", timer_gauges)
         register_sweep_service("timers.due", TimerFiring)
         register_sweep_task("timers.schedules", fire_due_schedules, each_tick=True)

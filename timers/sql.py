@@ -288,3 +288,14 @@ SELECT (SELECT count(*) FROM lost) AS total, l.org_id, l.run_id, l.step_id, l.it
          ON t.run_id = l.run_id AND t.step_id = l.step_id AND t.iteration = l.iteration
  ORDER BY l.id
 """  # noqa: S608 (this module's constant fragments)
+
+# --- scrape-time gauge (timers/metrics.py) -------------------------------------------------------
+
+# How late the earliest pending timer is (0: none is due): one probe of timer_next_due. It
+# grows while no sweeper fires, which the lateness of fired timers cannot show.
+METRICS_OVERDUE = """
+SELECT GREATEST(0, EXTRACT(EPOCH FROM now() - min(due_at)))::float8 AS seconds
+  FROM timers_timer
+ WHERE fired_at IS NULL AND cancelled_at IS NULL
+   AND org_id > 0  -- the timer_next_due index (see its comment)
+"""

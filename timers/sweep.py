@@ -53,7 +53,7 @@ from workflows.plugins.engine import (
     wake_step,
 )
 
-from . import sql
+from . import metrics, sql
 from .recompute import move, recomputed
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,13 @@ def fire_due_timers(
 
     ``part`` of ``parts``: only the timers of that part (sql.NEXT_DUE); a sweeper's firing
     threads each serve one."""
-    where = {"part": part, "parts": parts}
+    started = time.perf_counter()
+    fired = _fire_trying_again(by=by, batch=batch, where={"part": part, "parts": parts})
+    metrics.batch_fired(fired.late_seconds, time.perf_counter() - started)
+    return fired
+
+
+def _fire_trying_again(*, by: str, batch: int, where: dict[str, int]) -> Batch:
     for attempt in range(1, BATCH_TRIES):
         try:
             return _fire_optimistically(by=by, batch=batch, where=where)

@@ -281,6 +281,8 @@ WAYMARK = {
     "DOCTOR_TIMEOUT_SECONDS": env.float("WAYMARK_DOCTOR_TIMEOUT_SECONDS", default=30.0),
     "READYZ_TIMEOUT_SECONDS": env.float("WAYMARK_READYZ_TIMEOUT_SECONDS", default=5.0),
     "READYZ_CACHE_SECONDS": env.float("WAYMARK_READYZ_CACHE_SECONDS", default=30.0),
+    # The bearer token a Prometheus scrape of /metrics must show; empty: /metrics is off.
+    "METRICS_TOKEN": env.str("WAYMARK_METRICS_TOKEN", default=""),
 }
 if not (
     WAYMARK["DOCTOR_LATE_SECONDS"] > 0
@@ -293,6 +295,13 @@ if not (
         "invalid_setting: WAYMARK_DOCTOR_LATE_SECONDS, WAYMARK_DOCTOR_TIMEOUT_SECONDS and "
         "WAYMARK_READYZ_TIMEOUT_SECONDS must be above 0, WAYMARK_DOCTOR_EXAMPLES from 1 to "
         "1000, WAYMARK_READYZ_CACHE_SECONDS at least 0"
+    )
+if 0 < len(WAYMARK["METRICS_TOKEN"]) < 16:
+    # Anyone who can reach the web can try tokens: a short one is guessable.
+    raise ImproperlyConfigured(
+        "invalid_setting: WAYMARK_METRICS_TOKEN must be at least 16 characters (for example: "
+        "python -c 'import secrets; print(secrets.token_urlsafe(32))'); unset it to turn "
+        "/metrics off"
     )
 
 

@@ -10,6 +10,7 @@ urlpatterns = [
     path("api/v1/", include("timers.urls")),  # schedules
     path("", include("approvals.urls")),  # /slack/interactions, /api/v1/approvals, /tasks
     path("", include("workflows.health.urls")),  # /readyz: the absence monitors
+    path("", include("workflows.monitoring")),  # /metrics (with WAYMARK_METRICS_TOKEN)
     path("healthz", healthz),
     path("livez", livez),
 ]

@@ -13,11 +13,13 @@ class WorkflowsConfig(AppConfig):
         from .api import schema  # noqa: F401 (registers the OpenAPI auth extension)
         from .engine.absences import ENGINE_CHECKS
         from .engine.retention import purge_finished_runs
+        from .engine.scrape import ENGINE_COLLECTOR, engine_gauges
         from .engine.signals import drop_old
-        from .plugins import register_health_check, register_sweep_task
+        from .plugins import register_health_check, register_metrics_collector, register_sweep_task
         from .steptypes import register_step_types
 
         register_step_types()
+        register_metrics_collector(ENGINE_COLLECTOR, engine_gauges)
         register_sweep_task("workflows.retention", lambda by: purge_finished_runs())
         register_sweep_task("workflows.drop_old_signals", lambda by: drop_old())
         for name, check in ENGINE_CHECKS.items():  # the doctor's and /readyz's own checks

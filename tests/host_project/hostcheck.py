@@ -89,6 +89,7 @@ def pages(run_id: str) -> Any:
         ("run", f"/admin/workflows/run/{run_id}/change/"),
         ("inbox", "/admin/approvals/approvalrequest/"),
         ("connection", "/admin/effects/connection/add/"),
+        ("metrics", "/metrics"),
     ]:
         response = client.get(path)
         found[name] = {"status": response.status_code, "html": response.content.decode()}

@@ -14,7 +14,7 @@ import time
 
 from django.db import connection, transaction
 
-from . import sql
+from . import metrics, sql
 from .faults import crash_point
 from .lanes import engine_setting
 from .sql.rows import fetch_dicts
@@ -35,6 +35,7 @@ def relay_once(transport: Transport, *, batch: int | None = None) -> int:
         )
         crash_point("relay.after_publish")
         cursor.execute(sql.RELAY_MARK_SENT, {"ids": [row["id"] for row in rows]})
+    metrics.relay_published(len(rows), max(row["age_seconds"] for row in rows))
     return len(rows)
 
 

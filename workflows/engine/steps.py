@@ -21,7 +21,7 @@ from django.db.backends.signals import connection_created
 from psycopg.rows import dict_row
 
 from ..definitions.expressions import build_context
-from ..definitions.registry import registry
+from ..definitions.registry import RetryPolicy, registry
 from . import hops, sql
 from .claimed import ClaimedStep
 from .definition_cache import definition_for
@@ -325,21 +325,31 @@ def _taken_step(walk: Walk, step_pk: int | None, *, seen: str | None = None) -> 
     )  # fmt: skip
 
 
+def retries(step: ClaimedStep, failure: StepFailure) -> bool:
+    """Whether this failed attempt gets another: the failure is retryable (by itself and by
+    its step type's policy) and attempts remain."""
+    retry = _retry_policy(step)
+    retryable = failure.retryable and not (
+        retry is not None and failure.error_class in retry.non_retryable
+    )
+    return retryable and step.attempts_used < step.max_attempts
+
+
+def _retry_policy(step: ClaimedStep) -> RetryPolicy | None:
+    step_type = registry.get(step.type)
+    return step_type.retry if step_type is not None else None
+
+
 def settle_failure(
     step: ClaimedStep, failure: StepFailure, *, worker: str, policy: LanePolicy
 ) -> bool:
     """Schedule a retry while attempts remain; otherwise fail the step and walk on."""
     error = str(failure)[:2000]
-    step_type = registry.get(step.type)
-    retry = step_type.retry if step_type is not None else None
-    retryable = failure.retryable and not (
-        retry is not None and failure.error_class in retry.non_retryable
-    )
-    if retryable and step.attempts_used < step.max_attempts:
+    if retries(step, failure):
         # A provider's Retry-After wins over the schedule.
         delay = failure.retry_after
         if delay is None:
-            delay = policy.backoff(step.attempts_used, retry=retry)
+            delay = policy.backoff(step.attempts_used, retry=_retry_policy(step))
         return _schedule_retry(step, error, worker=worker, delay=delay)
     failed = {"id": step.id, "attempt": step.attempt, "error": error}
     with _settling(step, sql.SETTLE_FAILED_LOCKED, failed, worker=worker) as walk:

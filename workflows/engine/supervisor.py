@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from waymark_config.exit_codes import EXIT_CONFIG
@@ -43,9 +43,18 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, children: list[Child], *, grace_seconds: float = 10.0) -> None:
+    def __init__(
+        self,
+        children: list[Child],
+        *,
+        grace_seconds: float = 10.0,
+        on_exit: Callable[[int], None] | None = None,
+    ) -> None:
         self.children = children
         self.grace_seconds = grace_seconds
+        # Called with the pid of a child that exited on its own, before it is restarted
+        # (runengine: the metrics' bookkeeping for a dead process).
+        self.on_exit = on_exit
         self.stopping = threading.Event()
         self.failure: str | None = None
 
@@ -68,6 +77,8 @@ class Supervisor:
             code = child.process.poll()
             if code is None:
                 continue
+            if self.on_exit is not None:
+                self.on_exit(child.process.pid)
             if code == EXIT_CONFIG:
                 self.failure = f"{child.name} exited with {code} (misconfigured); stopping"
                 self.stopping.set()

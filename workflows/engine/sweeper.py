@@ -29,13 +29,14 @@ from typing import Any, Protocol
 
 from django.db import connection
 
-from . import sql
+from . import metrics, sql
 from .lanes import engine_setting
 from .sweep import sweep_once
 
 logger = logging.getLogger(__name__)
 
 LEASE_NAME = "sweep"
+ENGINE_SWEEP = "workflows.sweep"  # the engine's own housekeeping, as its duration is labelled
 SLOW_TASKS_EVERY_SECONDS = 60.0
 
 
@@ -141,14 +142,17 @@ class Sweeper:
             connection.close()
 
     def _housekeeping(self) -> None:
-        """The engine's sweep, then the apps' tasks: each fails alone."""
-        _logged("the engine's sweep", self._engine_sweep)
+        """The engine's sweep, then the apps' tasks: each fails alone, and each is timed
+        (metrics.SWEEP_DURATION, by its name)."""
+        with metrics.sweep_timed(ENGINE_SWEEP):
+            _logged("the engine's sweep", self._engine_sweep)
         slow = time.monotonic() >= self.next_slow
         if slow:
             self.next_slow = time.monotonic() + SLOW_TASKS_EVERY_SECONDS
         for name, task in list(SWEEP_TASKS.items()):
             if task.each_tick or slow:
-                _logged(name, task.run, self.name)
+                with metrics.sweep_timed(name):
+                    _logged(name, task.run, self.name)
 
     def _engine_sweep(self) -> None:
         counts = sweep_once(name=self.name)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from django.db import InterfaceError, OperationalError, connection
 
-from . import sql
+from . import metrics, sql
 from .executors import StepDeferred, StepFailure, StepResult, executor_for
 from .faults import crash_point, heartbeats_paused
 from .group_settle import GroupSettler
@@ -41,6 +41,7 @@ from .steps import (
     plan_claims_generically_from_now_on,
     promote_due_retries,
     release,
+    retries,
     run_context,
     settle_and_take_next,
     settle_continuation,
@@ -211,6 +212,7 @@ class Worker:
                 self.stop.wait(self.poll_seconds)
                 continue
             if claimed:
+                metrics.steps_claimed(self.policy.name, len(claimed))
                 self._strike_off_idle()
                 self.after_org = next_after_org(claimed, self.after_org)
                 now = time.monotonic()
@@ -372,6 +374,7 @@ class Worker:
     def _adopt(self, step: ClaimedStep) -> Attempt | None:
         """Take on the step a settle claimed for this worker; hand it straight back when the
         worker is stopping (the drain may already have released what it held)."""
+        metrics.steps_claimed(step.lane, 1)
         now = time.monotonic()
         attempt = Attempt(step, deadline=now + self.policy.timeout_seconds, extended=now)
         with self.lock:
@@ -403,21 +406,25 @@ class Worker:
             return None
         if step.is_continuation:
             # Walk on from where an earlier walk stopped: no executor, just the settle.
-            self._settle(step, lambda: settle_continuation(step, worker=self.name))
+            continued = self._settle(step, lambda: settle_continuation(step, worker=self.name))
+            _count_settle(step, continued, "continued")
             return None
         crash_point("worker.after_claim")
         result, failure = self._run_executor(attempt)
         if attempt.timed_out:
             failure = self._timeout_failure()  # whatever it returned, it was too late
         elif self._abandoned(step, lost):
+            metrics.step_fenced_out(step.lane)
             return None
         if isinstance(failure, StepDeferred):
             deferred = failure
-            self._settle(step, lambda: settle_deferred(step, deferred, worker=self.name))
+            later = self._settle(step, lambda: settle_deferred(step, deferred, worker=self.name))
+            _count_settle(step, later, "deferred")
         elif failure is not None:
             self._fail(step, failure)
         elif result is not None:
             settled = self._settle(step, self._success(step, result))
+            _count_settle(step, settled, "succeeded" if result.park is None else "waiting")
             if isinstance(settled, Settled) and settled.next_step is not None:
                 if settled.from_lane:  # the lane's fair claim served an organisation
                     # A hint for fairness, as in the claim loop: no lock (a lost update only
@@ -458,9 +465,14 @@ class Worker:
             return None, StepFailure(f"{type(exc).__name__}: {exc}")
 
     def _fail(self, step: ClaimedStep, failure: StepFailure) -> None:
-        self._settle(
+        final = not retries(step, failure)
+        failed = self._settle(
             step, lambda: settle_failure(step, failure, worker=self.name, policy=self.policy)
         )
+        if failed is True:
+            metrics.step_failed(step.lane, final=final)
+        elif failed is False:
+            metrics.step_fenced_out(step.lane)
 
     def _settle(self, step: ClaimedStep, write: Callable[[], object]) -> object:
         """Run a settle, retrying on a dropped connection or a deadlock with a fresh one.
@@ -480,8 +492,9 @@ class Worker:
                 time.sleep(0.05 * attempt)
             except Exception as exc:
                 logger.exception("the walk failed for step %s attempt %s", step.id, step.attempt)
-                fail_step_and_run(step, f"engine_error: {type(exc).__name__}: {exc}",
-                                  worker=self.name)  # fmt: skip
+                if fail_step_and_run(step, f"engine_error: {type(exc).__name__}: {exc}",
+                                     worker=self.name):  # fmt: skip
+                    metrics.step_failed(step.lane, final=True)
                 return None
         logger.error("gave up settling step %s; its lease will lapse and it will re-run", step.id)
         return None
@@ -570,3 +583,16 @@ class Worker:
             for attempt in self.inflight.values():
                 if attempt.extended < horizon:
                     attempt.lost.set()
+
+
+def _count_settle(step: ClaimedStep, settled: object, result: str) -> None:
+    """Count what a settle did: ``result`` when it committed, fenced out when it was refused
+    (a newer attempt owns the step). None: nothing was written (the settle gave up, or the
+    engine failed the run, counted as a failure where that happened)."""
+    if settled is None:
+        return
+    ok = settled.ok if isinstance(settled, Settled) else bool(settled)
+    if ok:
+        metrics.step_settled(step.lane, result)
+    else:
+        metrics.step_fenced_out(step.lane)

@@ -70,12 +70,14 @@ from ..definitions.registry import (
     registry,
 )
 from ..engine.executors import Park, StepContext, StepDeferred, StepFailure, StepResult
+from ..engine.scrape import SCRAPE_COLLECTORS, MetricsCollector
 from ..engine.sweeper import SWEEP_SERVICES, SWEEP_TASKS, Sweep, SweepService, SweepTask
 from .health import register_health_check, register_wait_answer
 
 __all__ = [
     "INLINE",
     "WORKER_LANES",
+    "MetricsCollector",
     "Park",
     "RetryPolicy",
     "StepContext",
@@ -96,6 +98,7 @@ __all__ = [
     "check_template_field",
     "check_template_value",
     "register_health_check",
+    "register_metrics_collector",
     "register_step_type",
     "register_sweep_service",
     "register_sweep_task",
@@ -116,6 +119,18 @@ def register_sweep_service(name: str, service: Callable[[Sweep], SweepService]) 
     that needs threads of its own (timers' firing threads). It works only while
     ``sweep.leading`` is set. The same name again replaces it."""
     SWEEP_SERVICES[name] = service
+
+
+def register_metrics_collector(name: str, collect: MetricsCollector) -> None:
+    """Have ``/metrics`` call ``collect()`` at every scrape, in the web process, for gauges
+    read from the database (``prometheus_client.core.GaugeMetricFamily`` and the like). It
+    runs in a transaction of its own under a short statement_timeout; one that raises is
+    logged and left out of that scrape (``waymark_metrics_collector_up{collector=name}`` is
+    0). Keep it to a few statements on indexes: it runs every scrape. Label nothing by
+    organisation. Counters and histograms need no registering: a prometheus-client
+    instrument created in any process is scraped with the others (docs/operations.md,
+    "Metrics"). The same name again replaces it."""
+    SCRAPE_COLLECTORS[name] = collect
 
 
 def register_step_type(step_type: StepType) -> None:

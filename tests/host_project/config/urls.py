@@ -10,4 +10,5 @@ urlpatterns = [
     path("api/v1/", include("timers.urls")),
     path("", include("approvals.urls")),  # /slack/interactions and /api/v1/approvals, /tasks
     path("", include("workflows.health.urls")),  # /readyz
+    path("", include("workflows.monitoring")),  # /metrics: off without WAYMARK_METRICS_TOKEN
 ]

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from waymark_config.web import PortInUse, bind, web_argv
 from workflows.engine.lanes import WORKER_LANES, lane_policy
+from workflows.engine.scrape import multiprocess_directory, process_died
 from workflows.engine.supervisor import Child, Supervisor
 
 # Beyond the grace, how long a stopping worker gets to hand its remaining steps back before
@@ -46,6 +47,11 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        # Every child records its metrics in one directory, which the web's /metrics sums.
+        with multiprocess_directory():
+            self._supervise(opts)
+
+    def _supervise(self, opts: dict[str, Any]) -> None:
         children = [] if opts["web_only"] else engine_children(opts["grace"])
         listener = None
         if not opts["no_web"]:
@@ -56,7 +62,9 @@ class Command(BaseCommand):
                 raise CommandError(str(error)) from error
             processes = opts["web_workers"] or settings.WAYMARK_WEB["PROCESSES"]
             children[:0] = web_children(listener, processes, opts["grace"])
-        supervisor = Supervisor(children, grace_seconds=opts["grace"] + RELEASE_MARGIN_SECONDS)
+        supervisor = Supervisor(
+            children, grace_seconds=opts["grace"] + RELEASE_MARGIN_SECONDS, on_exit=process_died
+        )
         if listener is not None:
             self._background(announce_ready, opts["host"], opts["port"], self.stdout, supervisor)
         if opts["demo_runs"]:
