@@ -63,7 +63,15 @@ def spawn_relay(**env: str) -> subprocess.Popen[bytes]:
     return spawn("relay", **env)
 
 
-def wait_for(predicate: Callable[[], T | None], *, timeout: float = 30.0, what: str = "") -> T:
+# How long wait_for waits by default: a bound for a failure, never a budget a passing test
+# spends (it returns at the event). Generous, since on a loaded 2-core machine starting
+# runengine's ten niced children alone took 30 s.
+WAIT_BOUND_SECONDS = 120.0
+
+
+def wait_for(
+    predicate: Callable[[], T | None], *, timeout: float = WAIT_BOUND_SECONDS, what: str = ""
+) -> T:
     """The predicate's first truthy value, polled until ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
