@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from django.utils import timezone
 
 from workflows.engine.executors import StepResult
@@ -49,8 +50,14 @@ IO = lane_policy("io")
 
 def start(org: Any, key: str) -> Run:
     automation_publish_definition(org=org, slug="hopping", definition=HOPPING)
-    return Run.objects.get(pk=run_start(org=org, automation_slug="hopping", run_input={},
-                                        start_key=key).run_id)  # fmt: skip
+    run = Run.objects.get(pk=run_start(org=org, automation_slug="hopping", run_input={},
+                                       start_key=key).run_id)  # fmt: skip
+    # Every start in a test's one transaction is ready at the same now(), and the claim takes
+    # equals in the index's order, not the runs'. Ready a moment earlier the earlier the run,
+    # so claim_of(run) claims the runs in the order they started.
+    earlier = timedelta(microseconds=10**9 - run.pk)
+    Step.objects.filter(run=run, status="ready").update(lease_until=F("lease_until") - earlier)
+    return run
 
 
 def claim_of(run: Run, worker: str = "w") -> ClaimedStep:
