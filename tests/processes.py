@@ -38,6 +38,9 @@ def engine_env(**overrides: str) -> dict[str, str]:
         # The stubs listen on 127.0.0.1: organisations may allowlist it
         # (waymark_config/settings_test).
         WAYMARK_EGRESS_ALLOWABLE="127.0.0.1/32",
+        # A child that does not exit in time is sent SIGABRT (exit_code): with this, it
+        # prints every thread's stack first, so the failure says where it was stuck.
+        PYTHONFAULTHANDLER="1",
     )
     env.update(overrides)
     return env
@@ -80,6 +83,27 @@ def wait_for(
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+# How long a child may take to exit once it was asked to (or to finish its one job): a bound
+# for a failure again. Twenty Django processes starting at once on a loaded 2-core machine
+# took over 60 s.
+EXIT_BOUND_SECONDS = 300.0
+
+
+def exit_code(process: subprocess.Popen[bytes], timeout: float = EXIT_BOUND_SECONDS) -> int:
+    """The child's exit code once it exits. One that is still running after ``timeout`` is
+    sent SIGABRT, which makes it print its threads' stacks (PYTHONFAULTHANDLER) to its
+    stderr, and the test fails saying so: a hang is reported with where it hung."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        _, err = process.communicate(timeout=30)
+        stacks = err.decode(errors="replace") if err else "in its stderr"
+        raise AssertionError(
+            f"{process.args!r} still running after {timeout:g}s; its stacks: {stacks}"
+        ) from None
 
 
 def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 15) -> int:

@@ -27,7 +27,7 @@ from workflows.services.control import run_act
 from workflows.services.runs import run_start
 
 from .factories import SIGNAL_WAIT_DEFINITION
-from .processes import ROOT, engine_env, wait_for
+from .processes import ROOT, engine_env, exit_code, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -297,12 +297,17 @@ def test_tail_stops_after_its_timeout_while_the_run_waits(org, mix) -> None:
 
 
 def _tail(org: Organisation, run_id: int, out: Path, *extra: str) -> subprocess.Popen[bytes]:
-    """`runs tail` in its own process, its output into ``out`` (the child keeps the file)."""
-    with out.open("wb") as sink:
+    """`runs tail` in its own process, its output into ``out`` and its errors into
+    ``out.err`` (files the child keeps: no pipe to fill, none left open to the test)."""
+    with out.open("wb") as sink, _err(out).open("wb") as errors:
         return subprocess.Popen(
             [sys.executable, "manage.py", "runs", "tail", "--org", org.slug, str(run_id), *extra],
-            cwd=ROOT, env=engine_env(), stdout=sink, stderr=subprocess.PIPE,
+            cwd=ROOT, env=engine_env(), stdout=sink, stderr=errors,
         )  # fmt: skip
+
+
+def _err(out: Path) -> Path:
+    return out.with_suffix(".err")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -322,8 +327,7 @@ def test_tail_follows_a_run_that_moves_and_exits_0_when_it_succeeds(
                     format="json")  # fmt: skip
     assert sent.status_code == 201 and sent.json()["status"] == "consumed", sent.json()
 
-    _, err = tail.communicate(timeout=60)
-    assert tail.returncode == 0, err
+    assert exit_code(tail) == 0, _err(out).read_text()
     lines = out.read_text().splitlines()
     assert lines[0] == f"run {run_id}  waiter@1"
     kinds = [line.split()[2] for line in lines[2:-1]]
@@ -341,9 +345,8 @@ def test_ctrl_c_stops_tail_cleanly_and_leaves_the_run_going(org, procs, tmp_path
     procs.append(tail)
     wait_for(lambda: "step.waiting" in out.read_text(), timeout=60, what="the timeline so far")
     tail.send_signal(signal.SIGINT)
-    _, err = tail.communicate(timeout=60)
-    assert tail.returncode == 130
-    assert err.decode().strip() == (
+    assert exit_code(tail) == 130
+    assert _err(out).read_text().strip() == (
         f"CommandError: interrupted: stopped following run {run_id}; the run goes on"
     )
     assert [json.loads(line)["kind"] for line in out.read_text().splitlines()] == [

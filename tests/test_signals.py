@@ -13,7 +13,7 @@ from workflows.models import Run, RunEvent, Signal, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
-from .processes import running, spawn, wait_for
+from .processes import exit_code, running, spawn, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -189,7 +189,7 @@ def test_a_signal_sent_twice_at_once_by_two_processes_advances_the_run_once(org)
                for i in range(10) for _ in range(2)]  # fmt: skip
     with running(*senders):
         for sender in senders:
-            assert sender.wait(timeout=60) == 0
+            assert exit_code(sender) == 0
     for run_id in runs:
         assert run_of(run_id).status == "succeeded"
         assert kinds(run_id).count("step.signal") == 1
@@ -216,7 +216,7 @@ def test_a_signal_racing_its_deadline_advances_each_run_exactly_once(org):
     senders = [send_from_a_process("order.paid", f"o-{i}", f"pay-{i}") for i in range(20)]
     with running(sweeper, *senders):
         for sender in senders:
-            assert sender.wait(timeout=60) == 0
+            assert exit_code(sender) == 0
         wait_for(lambda: not Run.objects.filter(pk__in=runs, status="running").exists(),
                  what="every run to end")  # fmt: skip
     for run_id in runs:
