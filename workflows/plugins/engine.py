@@ -28,7 +28,7 @@ from ..engine.sql.rows import (
 from ..engine.stop_signals import wait_for_stop_signal
 from ..engine.transient import is_transient, lost_connection
 from ..engine.transport import listen, own_connection
-from ..engine.waits import Wake, wake_step
+from ..engine.waits import Wake, fail_waiting_step, wake_step
 from ..engine.walk import lock_run
 from ..states import RunStatus, StepStatus
 
@@ -42,6 +42,7 @@ __all__ = [
     "definition_for",
     "engine_setting",
     "event_row",
+    "fail_waiting_step",
     "fetch_dict",
     "fetch_dicts",
     "insert_events",

@@ -373,7 +373,7 @@ SELECT org_id, run_id, 'step.retry_due', step_id, iteration, attempt, %(worker)s
 # each is then fired under its run's lock by a guarded transition (WAKE_*), so a deadline
 # racing a wake from outside has exactly one winner.
 DUE_DEADLINES = """
-SELECT id, wait_detail ->> 'on_deadline' AS on_deadline FROM workflows_step
+SELECT id, run_id, wait_detail ->> 'on_deadline' AS on_deadline FROM workflows_step
  WHERE status = 'waiting' AND wake_at <= now() AND wait_kind = 'external'
  ORDER BY wake_at
  LIMIT %(n)s
@@ -382,6 +382,7 @@ SELECT id, wait_detail ->> 'on_deadline' AS on_deadline FROM workflows_step
 
 class DueDeadlineRow(TypedDict):
     id: int
+    run_id: int
     on_deadline: str | None  # the outcome the step declared when it parked
 
 
@@ -399,6 +400,19 @@ UPDATE workflows_step
        finished_at = now()
  WHERE id = %(id)s AND run_id = %(run)s AND status = 'waiting' AND wait_kind = 'external'
    AND (NOT %(due)s OR wake_at <= now())
+RETURNING id, org_id, run_id, step_id, iteration, attempt, wait_detail::json AS wait_detail,
+          fork_join_id, branch
+"""
+
+
+# A waiting step failed for good by what should have woken it (its wake raised a bug, not
+# a transient error): its run then follows the step's failure path instead of waiting for
+# a wake that will never come. Same row as WAKE_DONE's, for the walk.
+FAIL_WAITING = """
+UPDATE workflows_step
+   SET status = 'failed', error = %(error)s, wait_kind = '', wake_at = NULL,
+       finished_at = now()
+ WHERE id = %(id)s AND run_id = %(run)s AND status = 'waiting'
 RETURNING id, org_id, run_id, step_id, iteration, attempt, wait_detail::json AS wait_detail,
           fork_join_id, branch
 """
