@@ -102,6 +102,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First, so it times every request, redirects and static files included (/metrics).
     "workflows.monitoring.RequestMetricsMiddleware",
+    # A caller's traceparent continues into the runs it starts; left out while tracing is off.
+    "workflows.monitoring.TraceContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

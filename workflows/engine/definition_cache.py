@@ -13,6 +13,7 @@ from . import sql
 from .sql.rows import fetch_dict
 
 _cache: dict[int, dict[str, Any]] = {}
+_labels: dict[int, tuple[str, int]] = {}
 
 
 def definition_for(version_id: int) -> dict[str, Any]:
@@ -26,3 +27,16 @@ def definition_for(version_id: int) -> dict[str, Any]:
         definition = row["definition"]
         _cache[version_id] = definition
     return definition
+
+
+def version_label(version_id: int) -> tuple[str, int]:
+    """The version's automation slug and number, as a trace names them (engine/tracing.py);
+    read once per version, and only by traced paths."""
+    label = _labels.get(version_id)
+    if label is None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql.VERSION_LABEL, {"id": version_id})
+            row = fetch_dict(cursor)
+        label = (row["slug"], row["number"]) if row is not None else ("", 0)
+        _labels[version_id] = label
+    return label

@@ -1,0 +1,45 @@
+"""What every engine process does as it starts and stops, whatever its role (web, a lane's
+worker, relay, sweep): trace as the ``OTEL_*`` variables say (tracing.py), and flush the
+spans still queued when it stops.
+
+A process's role is ``WAYMARK_PROCESS_ROLE``: ``runengine`` sets it for each child it starts
+(``web``, ``worker-io``, ``worker-io-suspects``, ``relay``, ``sweep``), and such a process
+begins as the engine's at start-up (``begin_from_environment``, from the app's ``ready``).
+The ``worker``, ``relay`` and ``sweep`` commands started on their own (by systemd, say) name
+their role themselves (``engine_process``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from . import tracing
+
+ROLE_ENV = "WAYMARK_PROCESS_ROLE"
+
+
+def begin(role: str) -> None:
+    """This process is the engine's ``role`` from now on. Idempotent."""
+    os.environ[ROLE_ENV] = role  # what its own children (template sandboxes) inherit
+    if not tracing.on():
+        tracing.configure(role)
+
+
+def begin_from_environment() -> None:
+    """Begin as the role ``runengine`` gave this process, if it gave one."""
+    role = os.environ.get(ROLE_ENV, "")
+    if role:
+        begin(role)
+
+
+@contextmanager
+def engine_process(role: str) -> Iterator[None]:
+    """Run the block as the engine's ``role``; the spans still queued are sent when it ends
+    (a stop on SIGTERM, or an exit to be replaced)."""
+    begin(role)
+    try:
+        yield
+    finally:
+        tracing.shutdown()
