@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from workflows.engine import tracing
@@ -31,6 +27,7 @@ from .effect_setup import connect, drive, one_step, post_item
 from .processes import ROOT, engine_env, wait_for
 from .stubs import ProviderStub
 from .stubs.otlp import STATUS_ERROR, OtlpStub, ReceivedSpan
+from .tracing_setup import attempt_of, hex_span, hex_trace, named, parent_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,41 +35,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 CALLER = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
-
-
-@pytest.fixture
-def exported() -> Iterator[InMemorySpanExporter]:
-    """Tracing on in this process, every span kept in memory as it ends."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.use(provider)
-    yield exporter
-    tracing.use(None)
-    provider.shutdown()
-
-
-def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
-    return [span for span in exporter.get_finished_spans() if span.name == name]
-
-
-def hex_trace(span: ReadableSpan) -> str:
-    assert span.context is not None
-    return format(span.context.trace_id, "032x")
-
-
-def hex_span(span: ReadableSpan) -> str:
-    assert span.context is not None
-    return format(span.context.span_id, "016x")
-
-
-def parent_of(span: ReadableSpan) -> str:
-    return format(span.parent.span_id, "016x") if span.parent is not None else ""
-
-
-def attempt_of(span: ReadableSpan) -> int:
-    assert span.attributes is not None
-    return int(span.attributes["waymark.attempt"])  # type: ignore[arg-type]
 
 
 def stored(run_id: int) -> tuple[str, str]:

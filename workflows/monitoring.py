@@ -1,5 +1,6 @@
-"""The web's side of the metrics and traces: ``/metrics``, the request-latency middleware,
-and the middleware that continues a caller's trace.
+"""The web's side of the metrics, traces and logs: ``/metrics``, the request-latency
+middleware, the middleware that continues a caller's trace, and the one that gives each
+request's log lines their own context.
 
 ``/metrics`` answers in Prometheus' text format (``engine/scrape.py``), only to a scraper
 that shows the bearer token ``WAYMARK_METRICS_TOKEN``; with no token set it is off (404).
@@ -24,7 +25,7 @@ from django.urls import path
 from opentelemetry import context as otel_context
 from prometheus_client import Histogram
 
-from .engine import tracing
+from .engine import logcontext, tracing
 from .engine.scrape import render
 
 REQUEST_DURATION = Histogram(
@@ -53,6 +54,23 @@ class RequestMetricsMiddleware:
             status=str(response.status_code),
         ).observe(time.perf_counter() - started)
         return response
+
+
+class LogContextMiddleware:
+    """Each request's log lines carry what was bound while serving it (the API key's
+    organisation: api/auth.py), and nothing of the request before it on this thread: the
+    context is cleared as a request begins, not when it ends, so Django's own lines after the
+    middleware (a 404's "Not Found") and the access log carry it too. Not in the chain at all
+    unless logs are JSON (WAYMARK_LOG_FORMAT=json)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        if not logcontext.on():
+            raise MiddlewareNotUsed
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        logcontext.clear()
+        return self.get_response(request)
 
 
 HEADERS = (("traceparent", "HTTP_TRACEPARENT"), ("tracestate", "HTTP_TRACESTATE"))

@@ -26,7 +26,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, connection
 from opentelemetry.trace import SpanKind
 
-from . import metrics, sql, tracing
+from . import logcontext, metrics, sql, tracing
 from .definition_cache import version_label
 from .executors import StepDeferred, StepFailure, StepResult, executor_for
 from .faults import crash_point, heartbeats_paused
@@ -391,7 +391,17 @@ class Worker:
 
     def _execute(self, attempt: Attempt) -> Attempt | None:
         """Run one attempt and settle it; return the run's next step when the settle claimed
-        it for this worker. Traced, the attempt is a span, the child of its run's start."""
+        it for this worker. What is logged meanwhile names the run and the step (with
+        WAYMARK_LOG_FORMAT=json: logcontext.py)."""
+        if not logcontext.on():
+            return self._execute_traced(attempt)
+        step = attempt.step
+        with logcontext.bound(run_id=step.run_id, step=step.step_id, iteration=step.iteration,
+                              attempt=step.attempt, org_id=step.org_id):  # fmt: skip
+            return self._execute_traced(attempt)
+
+    def _execute_traced(self, attempt: Attempt) -> Attempt | None:
+        """The attempt, traced: a span, the child of its run's start (tracing.py)."""
         if not tracing.on():
             return self._execute_attempt(attempt)
         step = attempt.step
