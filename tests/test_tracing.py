@@ -300,7 +300,7 @@ def test_one_trace_across_the_web_the_worker_and_the_effect_over_otlp(org, procs
 
 def start_engine(procs: list, out: Path, collector: str) -> int:
     """`runengine` with one web process on a free port, tracing to ``collector``."""
-    from .test_metrics import free_port
+    from .test_web_server import free_port
 
     port = free_port()
     with out.open("wb") as sink:

@@ -41,6 +41,7 @@ from .defaults import (  # noqa: E402, F401
     WAYMARK_WEB,
     env,
 )
+from .process_role import application_name  # noqa: E402
 
 DATA_DIR = Path(env.str("WAYMARK_DATA_DIR", default=str(BASE_DIR / ".data")))
 
@@ -195,6 +196,9 @@ _DB_OPTIONS.setdefault(
         env.int("WAYMARK_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", default=60_000),
     ),
 )
+# Each connection names its process (waymark-web, waymark-worker-io, waymark-relay, ...;
+# process_role.py): pg_stat_activity says who holds it. One set in DATABASE_URL wins.
+_DB_OPTIONS.setdefault("application_name", application_name())
 # A database host that drops packets fails a connection attempt (and /healthz) in 10 s.
 _DB_OPTIONS.setdefault("connect_timeout", env.int("WAYMARK_DB_CONNECT_TIMEOUT", default=10))
 _DB_OPTIONS.setdefault("keepalives", 1)

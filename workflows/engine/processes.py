@@ -1,6 +1,7 @@
 """What every engine process does as it starts and stops, whatever its role (web, a lane's
-worker, relay, sweep): trace as the ``OTEL_*`` variables say (tracing.py), and flush the
-spans still queued when it stops.
+worker, relay, sweep): name its database connections by its role (``application_name``
+``waymark-<role>``: waymark_config/process_role.py), trace as the ``OTEL_*`` variables say
+(tracing.py), and flush the spans still queued when it stops.
 
 A process's role is ``WAYMARK_PROCESS_ROLE``: ``runengine`` sets it for each child it starts
 (``web``, ``worker-io``, ``worker-io-suspects``, ``relay``, ``sweep``), and such a process
@@ -15,16 +16,36 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from django.conf import settings
+from django.db import connections
+
+from waymark_config.process_role import PREFIX, ROLE_ENV, application_name
+
 from . import tracing
 
-ROLE_ENV = "WAYMARK_PROCESS_ROLE"
+__all__ = ["ROLE_ENV", "begin", "begin_from_environment", "engine_process"]
 
 
 def begin(role: str) -> None:
     """This process is the engine's ``role`` from now on. Idempotent."""
     os.environ[ROLE_ENV] = role  # what its own children (template sandboxes) inherit
+    _name_connections(application_name(role))
     if not tracing.on():
         tracing.configure(role)
+
+
+def _name_connections(name: str) -> None:
+    """Connections opened from now on carry ``name`` (Django reads a database's OPTIONS at
+    each connect, and ``own_connection`` takes its parameters from there too); one opened
+    before under another name is closed, to be opened again when next used. A name the
+    operator chose (``application_name`` in DATABASE_URL) is left as it is."""
+    for alias, database in settings.DATABASES.items():
+        options = database.setdefault("OPTIONS", {})
+        given = options.get("application_name")
+        if given == name or (given is not None and not str(given).startswith(PREFIX)):
+            continue
+        options["application_name"] = name
+        connections[alias].close()
 
 
 def begin_from_environment() -> None:
