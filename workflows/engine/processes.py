@@ -28,7 +28,9 @@ __all__ = ["ROLE_ENV", "begin", "begin_from_environment", "engine_process"]
 
 def begin(role: str) -> None:
     """This process is the engine's ``role`` from now on. Idempotent."""
-    os.environ[ROLE_ENV] = role  # what its own children (template sandboxes) inherit
+    # Read wherever a connection is opened outside Django's settings (the embedded server's
+    # bootstrap connection).
+    os.environ[ROLE_ENV] = role
     _name_connections(application_name(role))
     if not tracing.on():
         tracing.configure(role)
