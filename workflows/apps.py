@@ -12,6 +12,7 @@ class WorkflowsConfig(AppConfig):
     def ready(self) -> None:
         from .api import schema  # noqa: F401 (registers the OpenAPI auth extension)
         from .engine.absences import ENGINE_CHECKS
+        from .engine.processes import begin_from_environment
         from .engine.retention import purge_finished_runs
         from .engine.scrape import ENGINE_COLLECTOR, engine_gauges
         from .engine.signals import drop_old
@@ -25,6 +26,8 @@ class WorkflowsConfig(AppConfig):
         for name, check in ENGINE_CHECKS.items():  # the doctor's and /readyz's own checks
             register_health_check(name, check)
         import_extra_step_modules(settings.WAYMARK.get("EXTRA_STEP_MODULES", ()))
+        # A process runengine started (its role in the environment): tracing, if configured.
+        begin_from_environment()
 
 
 def import_extra_step_modules(names: list[str] | tuple[str, ...]) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
+from ..engine import logcontext
 from ..errors import AuthenticationFailed, ReadOnlyKey
 from ..models import ApiKey
 from ..services.tenancy import api_key_authenticate
@@ -47,6 +48,8 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         except AuthenticationFailed:
             self._count_failure(request)
             raise
+        if logcontext.on():  # the request's log lines name its organisation
+            logcontext.bind(org_id=key.org_id)
         return OrganisationPrincipal(key), key
 
     @staticmethod

@@ -65,7 +65,9 @@ claimed AS (
            r.deadline_at <= now() AS run_expired,
            -- What a hop's walk starts from (hops.py): the run's row as of the claim.
            r.entered::json AS run_entered, r.steps_executed AS run_steps_executed,
-           r.max_steps AS run_max_steps, r.xmin::text AS run_seen
+           r.max_steps AS run_max_steps, r.xmin::text AS run_seen,
+           -- The start's span (engine/tracing.py): the attempt's span is its child.
+           r.trace_context
 ),
 logged AS (
     INSERT INTO workflows_runevent (org_id, run_id, kind, step_id, iteration, attempt, worker, at)
@@ -110,6 +112,7 @@ class ClaimedRow(TypedDict):
     run_steps_executed: int
     run_max_steps: int
     run_seen: str
+    trace_context: str | None  # the run's start span (W3C traceparent); None: untraced
 
 
 # Claim up to %(n)s claimable steps of one lane, fairly across organisations.
@@ -796,12 +799,14 @@ UPDATE workflows_quotausage SET bound = NULL, counted_at = NULL WHERE bound IS N
 # A new run's row (INSERT_RUN, INSERT_RUN_IF_CURRENT): its columns and their values.
 _RUN_COLUMNS = """
     (org_id, automation_id, version_id, start_key, start_key_derived, input, input_digest,
-     status, vars, outputs, entered, error, steps_executed, max_steps, deadline_at, created_at)
+     status, vars, outputs, entered, error, steps_executed, max_steps, deadline_at, created_at,
+     trace_context)
 """.strip()
+# %(trace)s: the start span's W3C traceparent, NULL while tracing is off (engine/tracing.py).
 _RUN_VALUES = """
     %(org)s, %(automation)s, %(version)s, %(key)s, %(derived)s, %(input)s, %(digest)s,
     'running', '{}', '{}', '{}', '', 0, %(max_steps)s,
-    now() + make_interval(secs => %(max_age)s), now()
+    now() + make_interval(secs => %(max_age)s), now(), %(trace)s
 """.strip()
 
 INSERT_RUN = f"""
@@ -835,7 +840,9 @@ SELECT target.automation_id, target.version_id, inserted.id, inserted.created_at
 # walk ran before the run had an id: its rows carry none, each takes the inserted one. The
 # JSON values come in one document (%(document)s: the run's input, vars, outputs and entered,
 # its steps and events as arrays of objects keyed by column name, times as seconds from
-# now(), and the lanes to wake). With %(admit)s, the start is admitted under the
+# now(), the lanes to wake, and the start span's traceparent under "trace" only while
+# tracing is on: no parameter of its own, so an untraced start sends nothing more). With
+# %(admit)s, the start is admitted under the
 # organisation's start quotas in the same statement (as QUOTA_ADMIT, services/quotas.py): the
 # usage row is locked for this statement alone. Not admitted (no usage row yet, or the bound
 # at the quota), it writes nothing and says so (`admitted` false): the caller admits the
@@ -857,7 +864,8 @@ inserted AS (
     INSERT INTO workflows_run {_RUN_COLUMNS}
     SELECT %(org)s, %(automation)s, %(version)s, %(key)s, %(derived)s, doc.d->'input',
            %(digest)s, %(status)s, doc.d->'vars', doc.d->'outputs', doc.d->'entered', '',
-           %(steps)s, %(max_steps)s, now() + make_interval(secs => %(max_age)s), now()
+           %(steps)s, %(max_steps)s, now() + make_interval(secs => %(max_age)s), now(),
+           doc.d->>'trace'
       FROM target CROSS JOIN doc
      WHERE target.automation_id = %(automation)s AND target.version_id = %(version)s
        AND (NOT %(admit)s OR EXISTS (SELECT FROM admitted))
@@ -907,7 +915,7 @@ SELECT target.automation_id, target.version_id, inserted.id,
 """  # noqa: S608 (this module's constant fragments)
 
 EXISTING_RUN = """
-SELECT id, automation_id, input_digest, status FROM workflows_run
+SELECT id, automation_id, version_id, input_digest, status FROM workflows_run
  WHERE org_id = %(org)s AND start_key = %(key)s
 """
 
@@ -934,6 +942,14 @@ SELECT k.id, k.org_id, k.name, k.prefix, k.key_hash, k.created_at, k.revoked_at,
 PUBLISHED_DEFINITION = """
 SELECT definition::json AS definition FROM workflows_automationversion
  WHERE id = %(id)s AND published_at IS NOT NULL
+"""
+
+# What a version is called in a trace (engine/tracing.py): its automation's slug and its
+# number. Read once per version and process, and only while tracing is on.
+VERSION_LABEL = """
+SELECT a.slug, v.number FROM workflows_automationversion v
+  JOIN workflows_automation a ON a.id = v.automation_id
+ WHERE v.id = %(id)s
 """
 
 # Relay: a batch of unsent intents, locked so two relays never take the same rows, each with
