@@ -214,6 +214,9 @@ WAYMARK = {
     # Finished runs (with their steps and history) are deleted this many days after they
     # finished, in batches, by the sweep. 0 keeps them forever.
     "RETENTION_DAYS": env.float("WAYMARK_RETENTION_DAYS", default=90.0),
+    # The audit log's entries are deleted this many days after they were written, by the
+    # sweep (services/audit.py). 0 keeps them forever.
+    "AUDIT_RETENTION_DAYS": env.float("WAYMARK_AUDIT_RETENTION_DAYS", default=0.0),
     # Signals nobody waits for (and none will) are dropped after this many days (0: kept).
     "SIGNAL_RETENTION_DAYS": env.float("WAYMARK_SIGNAL_RETENTION_DAYS", default=30.0),
     # A signal sent without an id is identified by its content: the same content again is a
