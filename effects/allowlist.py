@@ -14,7 +14,7 @@ from workflows.errors import AlreadyExists, InvalidInput, NotFound, WaymarkError
 from workflows.models import Organisation
 from workflows.plugins.audit import Actor, record_audit
 
-from .egress import NotAllowable, allowable_entry, normalized_entry
+from .egress import Allowlist, NotAllowable, allowable_entry, normalized_entry
 from .models import EgressAllow
 
 NOTE_CHARS = 200  # EgressAllow.note
@@ -58,6 +58,14 @@ def allow_add(org: Organisation, raw: str, note: str = "", *, actor: Actor) -> E
             what=f"The egress allowlist entry {row.entry}", id=held.pk if held else None
         ) from exc
     return row
+
+
+def allowlist_in_force(org_id: int) -> Allowlist:
+    """What the organisation's outside calls may reach beyond public addresses now: its
+    entries that the operator's ceiling still covers, read at each call (a row saved before
+    the ceiling was lowered opens nothing)."""
+    entries = EgressAllow.objects.filter(org_id=org_id).values_list("entry", flat=True)
+    return Allowlist.for_tenant(entries)
 
 
 def allow_list(org: Organisation) -> QuerySet[EgressAllow]:
