@@ -1,6 +1,6 @@
 """Waymark's own project's settings, read from the environment (django-environ).
 
-The settings objects a host project imports too (WAYMARK, EFFECTS, REST_FRAMEWORK,
+The settings objects a host project imports too (WAYMARK, EFFECTS, WEBHOOKS, REST_FRAMEWORK,
 SPECTACULAR_SETTINGS, CACHES, WAYMARK_WEB) live in defaults.py; this module adds what a host
 sets for itself: the secret key (kept under WAYMARK_DATA_DIR when none is given), the
 database, HTTPS, sign-in lockout, logging. A host never imports this module.
@@ -27,7 +27,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env")
 
-# WAYMARK, EFFECTS, REST_FRAMEWORK, SPECTACULAR_SETTINGS, CACHES and WAYMARK_WEB: the
+# WAYMARK, EFFECTS, WEBHOOKS, REST_FRAMEWORK, SPECTACULAR_SETTINGS, CACHES and WAYMARK_WEB: the
 # settings objects a host project imports too, with their WAYMARK_* variables (defaults.py).
 # Imported here, they are this project's settings as well.
 from .defaults import (  # noqa: E402, F401
@@ -39,6 +39,7 @@ from .defaults import (  # noqa: E402, F401
     SPECTACULAR_SETTINGS,
     WAYMARK,
     WAYMARK_WEB,
+    WEBHOOKS,
     env,
 )
 from .process_role import application_name  # noqa: E402
@@ -99,6 +100,7 @@ INSTALLED_APPS = [
     "timers",
     "effects",
     "approvals",
+    "webhooks",
 ]
 
 MIDDLEWARE = [

@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from ..engine import logcontext
 from ..errors import AuthenticationFailed, ReadOnlyKey
 from ..models import ApiKey
+from ..services.audit import Actor
 from ..services.tenancy import api_key_authenticate
 from .throttles import FailedAuthThrottle
 
@@ -77,9 +78,9 @@ def request_key(request: Request) -> ApiKey:
     return key
 
 
-def request_actor(request: Request) -> str:
-    """Who acted, for run histories and audits: the key's public prefix."""
-    return f"api_key:{request_key(request).prefix}"
+def request_actor(request: Request) -> Actor:
+    """Who acted, for the audit log and run histories (``label``: ``api_key:<prefix>``)."""
+    return Actor.api_key(request_key(request))
 
 
 class IsOrganisationKey(permissions.BasePermission):

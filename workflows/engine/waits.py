@@ -55,7 +55,14 @@ class Wake:
     output: Any = None
     payload: Any = None
     reason: str = "woken"  # recorded in the run's history: "signal", "approval", "deadline"
-    by: str = ""  # who or what woke it, for the history
+    by: str = ""  # who or what woke it, for the history (the event's worker column)
+    # The person, API key or command whose action woke it (their label, "admin:ada"), written
+    # as the wake event's detail.by, which the API's run history shows; the engine's own
+    # wakes (deadlines, timers, signals) name nobody.
+    actor: str = ""
+
+    def detail(self, **detail: Any) -> dict[str, Any]:
+        return {**detail, "by": self.actor} if self.actor else detail
 
 
 def wake_step(
@@ -99,7 +106,7 @@ def wake_step(
         definition = definition_for(run.version_id)
         walk = Walk(cursor, run, definition, worker=wake.by)
         walk.event(f"step.{wake.reason}", row["step_id"], iteration=row["iteration"],
-                   attempt=row["attempt"], detail={"outcome": wake.outcome})  # fmt: skip
+                   attempt=row["attempt"], detail=wake.detail(outcome=wake.outcome))  # fmt: skip
         if not walk.finished:
             result = StepResult(output=wake.output, outcome=wake.outcome)
             walk.step_succeeded(row["step_id"], result, Place(row["fork_join_id"], row["branch"]))
@@ -140,7 +147,7 @@ def _wake_ready(cursor: Any, run: RunState, step_pk: int, wake: Wake, due_only: 
     row = rows[0]
     events = [event_row(row["org_id"], row["run_id"], f"step.{wake.reason}", row["step_id"],
                         iteration=row["iteration"], attempt=row["attempt"], worker=wake.by,
-                        detail={"ready": not paused})]  # fmt: skip
+                        detail=wake.detail(ready=not paused))]  # fmt: skip
     insert_events(cursor, events)
     if not paused:
         insert_wakes(cursor, [(row["org_id"], row["run_id"], row["lane"])])

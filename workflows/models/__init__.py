@@ -1,10 +1,13 @@
+from .audit import ActorKind, AuditEntry
 from .automations import Automation, AutomationVersion
 from .runs import IdleWorker, Outbox, Run, RunEvent, Step, SweepLease
 from .signals import Signal
 from .tenancy import ApiKey, Membership, Organisation, QuotaUsage
 
 __all__ = [
+    "ActorKind",
     "ApiKey",
+    "AuditEntry",
     "Automation",
     "AutomationVersion",
     "IdleWorker",

@@ -1012,6 +1012,21 @@ DELETE FROM workflows_run
  WHERE id = ANY(%(ids)s) AND status IN ('succeeded', 'failed', 'cancelled')
 """
 
+# The audit log's retention (services/audit.py::purge_audit): the purge says, for its own
+# transaction only, before which instant entries may go (the append-only trigger lets those
+# go and nothing else), then deletes a batch of them, oldest first (index audit_at).
+AUDIT_PURGE_BEFORE = """
+SELECT set_config('waymark.audit_purge_before',
+                  (now() - make_interval(secs => %(age)s))::text, true)
+"""
+PURGE_AUDIT = """
+DELETE FROM workflows_auditentry
+ WHERE id = ANY(ARRAY(
+       SELECT id FROM workflows_auditentry
+        WHERE at < current_setting('waymark.audit_purge_before')::timestamptz
+        ORDER BY at LIMIT %(batch)s))
+"""
+
 # The last resort when the walk itself fails on a settled step (an engine bug, a step type
 # missing in this process, an output that is not JSON): fail the step and its run without
 # walking, so the step is not re-run until poisoned, and a person sees the error.
