@@ -54,6 +54,7 @@ STEP_CHANGES = [
     (sql.SETTLE_PARK, StepStatus.WAITING, "status = 'running'"),
     (sql.PROMOTE_DUE_RETRIES, StepStatus.READY, "s.status = 'waiting'"),
     (sql.WAKE_DONE, StepStatus.DONE, "status = 'waiting'"),
+    (sql.FAIL_WAITING, StepStatus.FAILED, "status = 'waiting'"),
     (sql.WAKE_READY, StepStatus.READY, "status = 'waiting'"),
     (sql.WAKE_READY, StepStatus.WAITING, "status = 'waiting'"),  # run paused: stays parked
     (sql.RELEASE, StepStatus.READY, "s.status = 'running'"),

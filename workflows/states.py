@@ -68,9 +68,16 @@ STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {
         }
     ),
     # wake to run again (ready) or with an outcome (done); the deadline; cancel; a paused
-    # run's ready-again step stays parked (waiting -> waiting, kind paused)
+    # run's ready-again step stays parked (waiting -> waiting, kind paused); its timer or
+    # deadline could not wake it, for a reason that is not transient (failed)
     StepStatus.WAITING: frozenset(
-        {StepStatus.READY, StepStatus.DONE, StepStatus.CANCELLED, StepStatus.WAITING}
+        {
+            StepStatus.READY,
+            StepStatus.DONE,
+            StepStatus.CANCELLED,
+            StepStatus.WAITING,
+            StepStatus.FAILED,
+        }
     ),
     StepStatus.DONE: frozenset(),
     StepStatus.FAILED: frozenset({StepStatus.READY}),  # an operator's retry: a new series
