@@ -1,4 +1,5 @@
 from .automations import Automation, AutomationVersion
+from .run_migrations import MigrationStatus, RunMigration
 from .runs import IdleWorker, Outbox, Run, RunEvent, Step, SweepLease
 from .signals import Signal
 from .tenancy import ApiKey, Membership, Organisation, QuotaUsage
@@ -9,11 +10,13 @@ __all__ = [
     "AutomationVersion",
     "IdleWorker",
     "Membership",
+    "MigrationStatus",
     "Organisation",
     "Outbox",
     "QuotaUsage",
     "Run",
     "RunEvent",
+    "RunMigration",
     "Signal",
     "Step",
     "SweepLease",
