@@ -18,6 +18,7 @@ left on the old version: which runs, at which steps, and why.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import connection
@@ -45,15 +46,24 @@ class JobProgress:
     more: bool  # this call stopped at its limit: call again with the job's id
 
 
-def migration_start(*, plan: MigrationPlan, actor: str, limit: int | None = None) -> JobProgress:
+def migration_start(
+    *,
+    plan: MigrationPlan,
+    actor: str,
+    limit: int | None = None,
+    started: Callable[[RunMigration], None] | None = None,
+) -> JobProgress:
     """Make the job (with the dry run it starts from) and apply it, trying at most ``limit``
-    runs in this call (None: all)."""
+    runs in this call (None: all). ``started``: told the job once it exists, before any run
+    moves (a command prints its id, to resume it by)."""
     planned = dry_run(plan)
     job = RunMigration.objects.create(
         org=plan.org, automation=plan.automation, from_version=plan.from_version,
         to_version=plan.to_version, plan=plan.as_json(), planned=planned.as_json(),
         created_by=actor[:150],
     )  # fmt: skip
+    if started is not None:
+        started(job)
     return _apply(job, plan, actor, limit)
 
 
