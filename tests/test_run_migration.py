@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from approvals.models import ApprovalRequest
 from approvals.services import Actor, decide
@@ -33,6 +33,7 @@ from workflows.services.run_migration import (
     migration_resume,
     migration_start,
 )
+from workflows.services.run_migration.move import move_run
 from workflows.services.runs import run_start
 from workflows.services.signals import signal_send
 
@@ -301,6 +302,43 @@ def test_a_running_step_is_left_alone_and_moved_once_it_parks(org) -> None:
     assert version_of(held) == 4 and len(migrated_events(held)) == 1
     approve_all([held])
     assert outputs([held]) == {("succeeded", "v4")}
+
+
+def test_a_move_gives_way_to_a_transaction_holding_a_row_it_must_rename(org) -> None:
+    """A timer batch holds the run's timer (and wants the run next): the move does not wait
+    into a deadlock; it rolls back at once, changing nothing, and moves the run later."""
+    publish(org, 3)
+    run_id = run_start(org=org, automation_slug=SLUG, run_input=run_input("cool", 0)).run_id
+    publish(org, 4)
+    plan = plan_3_to_4(org)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_timer() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT id FROM timers_timer WHERE run_id = %s FOR UPDATE",
+                               [run_id])  # fmt: skip
+                locked.set()
+                release.wait(timeout=60)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_timer)
+    holder.start()
+    try:
+        assert locked.wait(timeout=30)
+        began = time.monotonic()
+        result = move_run(plan, run_id, migration_id=None, actor="test:ops")
+        assert (result.outcome, result.reason) == ("busy", "locked")
+        assert time.monotonic() - began < 10
+        assert version_of(run_id) == 3 and live_steps(run_id) == [("cool", 1, "waiting")]
+        assert not migrated_events(run_id)
+    finally:
+        release.set()
+        holder.join(timeout=60)
+
+    assert move_run(plan, run_id, migration_id=None, actor="test:ops").outcome == "moved"
+    assert Timer.objects.get(run_id=run_id).step_id == "cooldown"
 
 
 # --- bad input: a clear code, nothing done -------------------------------------------------------

@@ -8,6 +8,13 @@ renamer, registered through the door (``workflows.plugins.register_step_renamer`
 engine names no app. Each runs in the migration's transaction, under the run's lock, after
 the step row is renamed: the step and what it waits on move together or not at all.
 
+What refers to a step execution by (run, step id, iteration): the step row (renamed by the
+migration), a signal wait (its name and key live on the step row itself), the run's outputs
+and loop counts by step id (renamed by the migration), timers' timers, approvals' requests,
+the effect ledger's rows and keys (renamed by their apps). Left as they were, on purpose:
+the run's history (``workflows_runevent``: what happened, under the ids it happened under)
+and a consumed signal's ``consumed_by`` (who took it, then).
+
 A renamer that meets a row another transaction holds (a timer batch firing it, a decision
 taking its request) must not wait for it: that transaction waits for the run's lock, which the
 migration holds. The migration's transaction runs under a short ``lock_timeout`` (its own
