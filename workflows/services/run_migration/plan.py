@@ -16,7 +16,7 @@ the removed-step rule: ``stay`` (its runs stay on the old version and are report
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -168,14 +168,16 @@ def _checked(plan: MigrationPlan) -> MigrationPlan:
             )
     if plan.removed.move_to is not None:
         _known(plan.removed.move_to, new_steps, plan.to_version)
+    targets: dict[str, str] = {}
+    unmapped: dict[str, str] = {}
     for old_id, old_type in old_steps.items():
         if old_id in plan.mapping:
-            plan.targets[old_id] = plan.mapping[old_id]
+            targets[old_id] = plan.mapping[old_id]
         elif new_steps.get(old_id) == old_type:
-            plan.targets[old_id] = old_id
+            targets[old_id] = old_id
         else:
-            plan.unmapped[old_id] = "step_type_changed" if old_id in new_steps else "step_removed"
-    return plan
+            unmapped[old_id] = "step_type_changed" if old_id in new_steps else "step_removed"
+    return replace(plan, targets=targets, unmapped=unmapped)
 
 
 def _types(version: AutomationVersion) -> dict[str, str]:

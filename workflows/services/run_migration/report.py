@@ -17,8 +17,8 @@ from ...engine.sql import migration as sql
 from ...engine.sql.rows import fetch_dict
 from .plan import MigrationPlan
 
-# Why a run is not moved, in words (docs/operations.md, "Changing an automation while runs
-# are in flight", lists them too).
+# Why the plan does not move a run (now), in words (docs/operations.md, "Changing an
+# automation while runs are in flight", lists them too).
 REASONS = {
     "step_removed": "parked on a step the new version does not have (the rule says stay)",
     "step_type_changed": "parked on a step whose id names a step of another type in the new "
@@ -26,11 +26,6 @@ REASONS = {
     "join_removed": "waiting at a fork's join the new version does not have",
     "step_running": "a step is running (a worker holds it): tried again until it settles",
     "mid_walk": "its walk is between steps (a continuation waits to run): tried again",
-    "locked": "someone else was changing it (a timer firing, a decision): tried again",
-    "version_changed": "it moved to another version meanwhile",
-    "run_finished": "it finished meanwhile",
-    "status_changed": "its status no longer matches the filter",
-    "step_changed": "it is no longer at one of the steps asked for",
 }
 
 
