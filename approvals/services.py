@@ -42,6 +42,8 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
 from workflows.models import Membership, Run, Step
+from workflows.plugins.audit import Actor as AuditActor
+from workflows.plugins.audit import record_audit
 from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable, unstorable_path
 from workflows.plugins.engine import RunStatus, StepStatus, Wake, database_now, wake_step
 
@@ -98,6 +100,18 @@ class Actor:
     ip: str | None = None
     slack_team_id: str = ""
     slack_user_id: str = ""
+
+    def audited(self) -> AuditActor:
+        """Who this is in the audit log and the run history (``.label``)."""
+        if self.via == "api":
+            return AuditActor.from_label(self.name)  # "api_key:<prefix>"
+        if self.via == "slack":
+            return AuditActor.slack(
+                team_id=self.slack_team_id, user_id=self.slack_user_id, name=self.name
+            )
+        if self.user is not None and self.user.is_authenticated:
+            return AuditActor.user(self.user)
+        return AuditActor.system(f"{self.via}:{self.name}")
 
 
 class Refused(Exception):
@@ -374,6 +388,13 @@ def _decide(
         if cursor.rowcount != 1:  # cannot happen under the row lock; the guard stays anyway
             raise Refused("already_decided", "This request was decided a moment ago.")
     approval.refresh_from_db()
+    who = actor.audited()
+    record_audit(
+        org=approval.org_id, actor=who, action=f"{approval.kind}.{decision}",
+        target_type=approval.kind, target_id=approval.pk,
+        detail={"run": approval.run_id, "step": approval.step_id, "iteration": approval.iteration,
+                "decision": str(approval.status), "via": actor.via, "level": approval.level},
+    )  # fmt: skip
     woke = wake_step(
         step_pk=approval.step_row_id,
         wake=Wake(
@@ -381,6 +402,7 @@ def _decide(
             output=output_of(approval),
             reason="approval",
             by=f"{actor.via}:{actor.name}"[:100],
+            actor=who.label,
         ),
     )
     if not woke:

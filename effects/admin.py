@@ -21,6 +21,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
@@ -36,9 +37,18 @@ from workflows.plugins.admin import (
     may_change_here,
     pretty_json,
 )
+from workflows.plugins.audit import Actor
 from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable
 
-from .api import CONNECTION_NAME, MAX_REASON_CHARS, MAX_SECRET_CHARS, json_problem, provider_names
+from .allowlist import audit_allow
+from .api import (
+    CONNECTION_NAME,
+    MAX_REASON_CHARS,
+    MAX_SECRET_CHARS,
+    audit_connection,
+    json_problem,
+    provider_names,
+)
 from .checks import check_connection, check_seconds
 from .egress import NotAllowable, allowable_entry, in_force, tenant_ceiling
 from .limits import limit_problem
@@ -55,14 +65,13 @@ from .resolve import (
 from .secrets import secret_problem
 from .states import ConnectionStatus, EffectState
 
-# Run events name who acted in a column of 100 characters; a username may have 150.
-ACTOR_CHARS = 100
 CHECK_LIMIT = 20  # connections probed by one click (all within one check's bound)
 _AFTER_COMMIT = "_effects_after_commit"
 
 
-def actor_for(request: HttpRequest) -> str:
-    return request.user.get_username()[:ACTOR_CHARS]
+def actor_for(request: HttpRequest) -> Actor:
+    """The signed-in person, as the audit log and the run history (``admin:<user>``) name them."""
+    return Actor.user(request.user)
 
 
 def _after_commit(request: HttpRequest, action: Any) -> None:
@@ -218,13 +227,29 @@ class ConnectionAdmin(AfterSaveMixin, OrgScopedMixin, admin.ModelAdmin):
         secret_fields = obj.replace_secret(secret) if secret else []
         if not change:
             obj.save()
+            audit_connection(obj, actor_for(request), "connection.create",
+                             fields=sorted(form.changed_data), secret_set=bool(secret))  # fmt: skip
             return
         # Only what the form edits: the engine updates the health fields meanwhile.
         fields = [name for name in SETTINGS if name in form.cleaned_data]
         obj.save(update_fields=[*fields, *secret_fields, "updated_at"])
+        changed = sorted(name for name in form.changed_data if name != "secret")
+        if changed or secret:
+            audit_connection(obj, actor_for(request), "connection.update", fields=changed,
+                             secret_replaced=bool(secret))  # fmt: skip
         current = Connection.objects.filter(pk=obj.pk).values_list("status", flat=True).first()
         if secret and current == ConnectionStatus.BROKEN:
             _after_commit(request, lambda req: self._repair(req, obj, "with the new secret"))
+
+    def delete_model(self, request: HttpRequest, obj: Connection) -> None:
+        audit_connection(obj, actor_for(request), "connection.delete")
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Connection]) -> None:
+        with transaction.atomic():  # the change list's action runs in none of its own
+            for conn in queryset:
+                audit_connection(conn, actor_for(request), "connection.delete")
+            super().delete_queryset(request, queryset)
 
     def _repair(self, request: HttpRequest, conn: Connection, how: str) -> None:
         woken = repair_connection(conn, by=actor_for(request))
@@ -548,6 +573,22 @@ class EgressAllowAdmin(OrgScopedMixin, admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return _org_fixed_once_saved([], obj)
+
+    def save_model(self, request: HttpRequest, obj: EgressAllow, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)  # in the admin's transaction, as this:
+        audit_allow(
+            obj, actor_for(request), "egress_allow.change" if change else "egress_allow.add"
+        )
+
+    def delete_model(self, request: HttpRequest, obj: EgressAllow) -> None:
+        audit_allow(obj, actor_for(request), "egress_allow.remove")
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[EgressAllow]) -> None:
+        with transaction.atomic():  # the change list's action runs in none of its own
+            for row in queryset:
+                audit_allow(row, actor_for(request), "egress_allow.remove")
+            super().delete_queryset(request, queryset)
 
     @admin.display(description="in force", boolean=True)
     def in_force(self, obj: EgressAllow) -> bool:

@@ -37,9 +37,10 @@ from workflows.plugins.api import (
     request_actor,
     request_key,
 )
+from workflows.plugins.audit import Actor, record_audit
 from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable, unstorable_path
 
-from .allowlist import allow_add, allow_get
+from .allowlist import allow_add, allow_delete, allow_get
 from .checks import check_connection
 from .consent import stored_address
 from .egress import in_force, tenant_ceiling
@@ -313,6 +314,13 @@ def _org(request: Request) -> Organisation:
     return request_key(request).org  # the key's organisation: every query is scoped by it
 
 
+def audit_connection(conn: Connection, actor: Actor, action: str, **detail: Any) -> None:
+    """Record a change of a connection, in the caller's transaction. Never its secret: which
+    fields changed, and whether a secret was set (``secret_set``, ``secret_replaced``)."""
+    record_audit(org=conn.org_id, actor=actor, action=action, target_type="connection",
+                 target_id=conn.name, detail={"provider": conn.provider, **detail})  # fmt: skip
+
+
 def connection_get(org: Organisation, name: str) -> Connection:
     conn = Connection.objects.filter(org=org, name=name).first()
     if conn is None:
@@ -359,6 +367,8 @@ class ConnectionListView(ScopedList):
         try:
             with transaction.atomic():
                 conn.save()
+                audit_connection(conn, request_actor(request), "connection.create",
+                                 fields=sorted(fields), secret_set=bool(secret))  # fmt: skip
         except IntegrityError as exc:
             raise AlreadyExists(what=f'A connection "{conn.name}"', name=conn.name) from exc
         return Response(ConnectionOut(conn).data, status=status.HTTP_201_CREATED)
@@ -389,7 +399,11 @@ class ConnectionDetailView(APIView):
         if new_secret is not None:
             changed += conn.replace_secret(new_secret)
         if changed:
-            conn.save(update_fields=[*changed, "updated_at"])
+            with transaction.atomic():
+                conn.save(update_fields=[*changed, "updated_at"])
+                audit_connection(conn, request_actor(request), "connection.update",
+                                 fields=sorted(fields),
+                                 secret_replaced=new_secret is not None)  # fmt: skip
         if new_secret is not None and conn.status == ConnectionStatus.BROKEN:
             repair_connection(conn, by=request_actor(request))
             conn.refresh_from_db()
@@ -402,7 +416,10 @@ class ConnectionDetailView(APIView):
         "with `unknown_connection` until one with that name exists again.",
     )
     def delete(self, request: Request, name: str) -> Response:
-        connection_get(_org(request), name).delete()
+        conn = connection_get(_org(request), name)
+        with transaction.atomic():
+            audit_connection(conn, request_actor(request), "connection.delete")
+            conn.delete()
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -613,7 +630,8 @@ class EgressAllowListView(ScopedList):
     def post(self, request: Request) -> Response:
         data = EgressAllowIn(data=request.data)
         data.is_valid(raise_exception=True)
-        row = allow_add(_org(request), data.validated_data["entry"], data.validated_data["note"])
+        row = allow_add(_org(request), data.validated_data["entry"], data.validated_data["note"],
+                        actor=request_actor(request))  # fmt: skip
         return Response(EgressAllowOut(row).data, status=status.HTTP_201_CREATED)
 
 
@@ -630,7 +648,7 @@ class EgressAllowDetailView(APIView):
         description="Remove the entry: the next call to it is refused again.",
     )
     def delete(self, request: Request, entry_id: int) -> Response:
-        allow_get(_org(request), entry_id).delete()
+        allow_delete(allow_get(_org(request), entry_id), actor=request_actor(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

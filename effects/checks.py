@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from workflows.errors import Conflict, NotFound, WaymarkError
 from workflows.plugins import StepFailure
+from workflows.plugins.audit import Actor
 
 from . import sql
 from .models import Connection
@@ -79,7 +80,7 @@ def check_seconds() -> float:
     return float(settings.EFFECTS["CONNECTION_CHECK_SECONDS"])
 
 
-def check_connection(conn: Connection, *, by: str, seconds: float | None = None) -> str:
+def check_connection(conn: Connection, *, by: Actor | str, seconds: float | None = None) -> str:
     """Probe the connection's credentials at its provider now: "ok" (repaired if it was
     broken), "broken" (marked so, with the reason), or "failed: …" (the check could not tell;
     the connection is left as it was). Waits at most ``seconds`` (at most the operator's
@@ -143,7 +144,7 @@ def _end(connection_id: int, token: str) -> None:
         cursor.execute(sql.CHECK_END, {"connection_id": connection_id, "token": token})
 
 
-def _record(conn: Connection, error: Exception | None, *, by: str) -> str:
+def _record(conn: Connection, error: Exception | None, *, by: Actor | str) -> str:
     """What the probe's outcome says about the connection, written down."""
     now = timezone.now()
     row = Connection.objects.filter(pk=conn.pk)

@@ -45,6 +45,7 @@ from workflows.plugins.engine import (
     insert_events,
     json_or_null,
     own_connection,
+    tracing_on,
 )
 
 from . import sql
@@ -61,6 +62,7 @@ from .providers.base import (
     Request,
 )
 from .states import EffectState, sources
+from .traces import provider_called, traced_effect
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +118,15 @@ class Suppressed(Exception):
 
 def run_effect(call: Call) -> StepResult:
     """Make the effect of ``call`` at most once per key, as far as the provider allows; return
-    the step's result (the stored answer on every repeat)."""
+    the step's result (the stored answer on every repeat). Traced, it is a span of its own."""
+    if tracing_on():
+        name = call.conn.name if call.conn else None
+        return traced_effect(call.ctx, provider=call.provider.name, connection=name,
+                             run=lambda: _run_effect(call))  # fmt: skip
+    return _run_effect(call)
+
+
+def _run_effect(call: Call) -> StepResult:
     try:
         answer = _effect(call)
     except ParkStep as parked:
@@ -377,6 +387,8 @@ def _to_review(call: Call, effect: dict[str, Any], why: str) -> Park:
 def _make_call(call: Call, effect: dict[str, Any]) -> Answer:
     """Call the provider under the effect claimed for this attempt, and record how it ended."""
     crash_point("effect.before_call")
+    if tracing_on():
+        provider_called()
     started = time.monotonic()
     try:
         with _lease_kept(call, effect):

@@ -13,10 +13,11 @@ from typing import Any
 
 from workflows.plugins import StepContext, StepFailure, StepResult
 
+from .allowlist import allowlist_in_force
 from .egress import Allowlist
 from .ledger import Call, run_effect
 from .limits import operator_limit
-from .models import Connection, EgressAllow
+from .models import Connection
 from .providers.base import ConnectionInfo, Provider
 from .providers.crm import CrmUpsertProvider
 from .providers.email import EmailProvider
@@ -102,5 +103,4 @@ def within_limits(conn: ConnectionInfo | None, ctx: StepContext) -> ConnectionIn
 def _allowlist(org_id: int) -> Allowlist:
     """The organisation's entries that the operator's ceiling still covers, read at each
     call: a row saved before the ceiling was lowered opens nothing."""
-    entries = EgressAllow.objects.filter(org_id=org_id).values_list("entry", flat=True)
-    return Allowlist.for_tenant(entries)
+    return allowlist_in_force(org_id)

@@ -15,6 +15,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from workflows.plugins.audit import Actor, as_actor, record_audit
 from workflows.plugins.engine import (
     Wake,
     event_row,
@@ -43,11 +44,14 @@ DONE, RETRY, FAIL = "done", "retry", "fail"
 ACTIONS = (DONE, RETRY, FAIL)
 
 
-def resolve_effect(effect_id: int, action: str, *, by: str, result: Any = None,
+def resolve_effect(effect_id: int, action: str, *, by: Actor | str, result: Any = None,
                    reason: str = "") -> None:  # fmt: skip
-    """Resolve a needs_review effect; its parked step wakes in the same transaction."""
+    """Resolve a needs_review effect as ``by`` (an Actor, or its label); its parked step
+    wakes, and the audit log records it (``effect.resolve``), in the same transaction."""
     if action not in ACTIONS:
         raise ResolveError("invalid_action", f"action must be one of {', '.join(ACTIONS)}")
+    actor = as_actor(by)
+    label = actor.label
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         # The run first, as every transition does: a step parking on this effect right now
         # is then either parked when we look for it, or sees the resolution as it parks
@@ -58,7 +62,7 @@ def resolve_effect(effect_id: int, action: str, *, by: str, result: Any = None,
             moved = _last_moved_by(cursor, effect)
             raise ResolveError("not_in_review",
                                f"effect is {effect['state']}, not needs_review{moved}")  # fmt: skip
-        params: dict[str, Any] = {"id": effect_id, "by": by}
+        params: dict[str, Any] = {"id": effect_id, "by": label}
         if action == DONE:
             params |= {"result": _json(result), "sources": sources(EffectState.SETTLED)}
             cursor.execute(sql.SETTLE_FOUND, params)
@@ -74,12 +78,20 @@ def resolve_effect(effect_id: int, action: str, *, by: str, result: Any = None,
         if effect["reserved_cost"]:  # a model call's reservation: nothing more will settle it
             held = {"org_id": effect["org_id"], "reserved": effect["reserved_cost"], "spent": 0}
             cursor.execute(sql.SETTLE_BUDGET, held)
-        detail = {"key": effect["key"], "action": action, "by": by, "reason": reason}
+        detail = {"key": effect["key"], "action": action, "by": label, "reason": reason}
         insert_events(cursor, [event_row(effect["org_id"], effect["run_id"], "effect.resolved",
                                          effect["step_id"], iteration=effect["iteration"],
-                                         worker=by, detail=detail)])  # fmt: skip
+                                         worker=label, detail=detail)])  # fmt: skip
+        record_audit(
+            org=effect["org_id"], actor=actor, action="effect.resolve", target_type="effect",
+            target_id=effect_id,
+            detail={"key": effect["key"], "action": action, "reason": reason,
+                    "run": effect["run_id"], "step": effect["step_id"]},
+        )  # fmt: skip
         payload = {"resolution": action, "effect": effect["key"], "reason": reason}
-        wake_parked(cursor, effect["org_id"], f"effect:{effect_id}", payload, "effect_resolved", by)
+        wake_parked(
+            cursor, effect["org_id"], f"effect:{effect_id}", payload, "effect_resolved", label
+        )
 
 
 def _lock_run_of(cursor: Any, effect_id: int) -> None:
@@ -118,8 +130,11 @@ def _last_moved_by(cursor: Any, effect: dict[str, Any]) -> str:
     return f": reconciled ({detail.get('action')})"
 
 
-def repair_connection(conn: Connection, *, by: str) -> int:
-    """Mark the connection working again and wake the steps parked on it; how many woke."""
+def repair_connection(conn: Connection, *, by: Actor | str) -> int:
+    """Mark the connection working again and wake the steps parked on it; how many woke.
+    Audited (``connection.repair``) as ``by`` (an Actor, or its label)."""
+    actor = as_actor(by)
+    label = actor.label
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         changed = Connection.objects.filter(pk=conn.pk).update(
             status=ConnectionStatus.OK, broken_reason="", broken_at=None,
@@ -128,17 +143,20 @@ def repair_connection(conn: Connection, *, by: str) -> int:
         )  # fmt: skip
         if not changed:
             return 0
-        payload = {"connection": conn.name, "repaired_by": by}
+        record_audit(org=conn.org_id, actor=actor, action="connection.repair",
+                     target_type="connection", target_id=conn.name)  # fmt: skip
+        payload = {"connection": conn.name, "repaired_by": label}
         return wake_parked(cursor, conn.org_id, f"connection:{conn.pk}", payload,
-                            "connection_repaired", by)  # fmt: skip
+                            "connection_repaired", label)  # fmt: skip
 
 
-def budget_raised(org_id: int, *, by: str) -> int:
+def budget_raised(org_id: int, *, by: Actor | str) -> int:
     """Wake the steps parked on the organisation's exhausted model budget (they reserve
     again, and park again if it is still short)."""
+    label = as_actor(by).label
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         return wake_parked(cursor, org_id, f"budget:{org_id}", {"budget": "raised"},
-                            "budget_raised", by)  # fmt: skip
+                            "budget_raised", label)  # fmt: skip
 
 
 def wake_parked(cursor: Any, org_id: int, parked_on: str, payload: dict[str, Any],
@@ -147,7 +165,8 @@ def wake_parked(cursor: Any, org_id: int, parked_on: str, payload: dict[str, Any
     cursor.execute(sql.PARKED_ON, {"org_id": org_id, "parked_on": parked_on})
     woken = 0
     for row in fetch_dicts(cursor):
-        woken += wake_step(step_pk=row["id"], wake=Wake(payload=payload, reason=reason, by=by))
+        wake = Wake(payload=payload, reason=reason, by=by, actor=by)  # a person's action
+        woken += wake_step(step_pk=row["id"], wake=wake)
     return woken
 
 

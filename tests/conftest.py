@@ -19,6 +19,9 @@ from .processes import kill_tree
 # asks for one by name.
 from .stubs.fixtures import model_stub, provider_stub, slack_stub, smtp_stub  # noqa: F401
 
+# Tracing on in this process, spans kept in memory (tests/tracing_setup.py).
+from .tracing_setup import exported  # noqa: F401
+
 
 @pytest.fixture
 def org(db: None) -> Organisation:

@@ -27,7 +27,7 @@ from django.conf import settings
 from .processes import ROOT
 
 DOCUMENTS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
-CODE_DIRS = ["waymark_config", "workflows", "effects", "timers", "approvals"]
+CODE_DIRS = ["waymark_config", "workflows", "effects", "timers", "approvals", "webhooks"]
 ENV_READERS = ["tests", "benchmarks"]  # only what they read from their environment counts
 NAME = re.compile(r"WAYMARK_[A-Z0-9_]+")
 # A name as the docs write it, placeholders included: WAYMARK_<LANE>_<NAME>.

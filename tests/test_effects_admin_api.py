@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 from effects.admin import ConnectionForm, ModelBudgetForm
 from effects.models import Connection, Effect, EgressAllow, ModelBudget, Suppression
 from effects.secrets import decrypt, encrypt
-from workflows.models import Membership, Organisation, Run, RunEvent
+from workflows.models import AuditEntry, Membership, Organisation, Run, RunEvent
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 from workflows.services.tenancy import api_key_create
@@ -767,13 +767,18 @@ def test_marking_done_in_the_admin_settles_it_and_records_the_event(
     assert done.status_code == 200
     assert done.redirect_chain[-1][0] == effect_url(effect)
     effect.refresh_from_db()
+    # Named as run control names people in the history (admin:<user>), and audited as them.
     assert (effect.state, effect.result, effect.resolved_by) == (
-        "settled", {"id": "c_17", "ok": True}, "admin",
+        "settled", {"id": "c_17", "ok": True}, "admin:admin",
     )  # fmt: skip
     (event,) = resolved_events(effect)
     (detail,) = details(effect)
-    assert (detail["action"], detail["by"], event.worker) == ("done", "admin", "admin")
+    assert (detail["action"], detail["by"], event.worker) == ("done", "admin:admin", "admin:admin")
     assert any("marked done" in m for m in messages_of(done))
+    (entry,) = AuditEntry.objects.filter(action="effect.resolve", target_id=str(effect.pk))
+    assert (entry.actor_kind, entry.actor_display, entry.detail["action"]) == (
+        "user", "admin", "done",
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -889,7 +894,7 @@ def test_a_member_sees_and_resolves_only_their_organisations_effects(
     resolve(client, mine, "retry")
     mine.refresh_from_db()
     assert mine.state == "failed"
-    assert details(mine)[0]["by"] == "ana"
+    assert details(mine)[0]["by"] == "admin:ana"
 
 
 def test_resolving_needs_the_change_permission_at_the_moment_of_the_post(

@@ -18,4 +18,4 @@ def test_every_module_of_workflows_is_either_the_door_or_forbidden_to_the_apps()
     forbidden = {name.removeprefix("workflows.") for name in door["forbidden_modules"]}
     modules = {m.name for m in pkgutil.iter_modules(workflows.__path__)}
     assert modules - DOOR == forbidden
-    assert set(door["source_modules"]) == {"effects", "timers", "approvals"}
+    assert set(door["source_modules"]) == {"effects", "timers", "approvals", "webhooks"}

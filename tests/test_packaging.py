@@ -38,7 +38,7 @@ from .processes import kill_tree
 ROOT = Path(__file__).resolve().parent.parent
 HOST_PROJECT = Path(__file__).resolve().parent / "host_project"
 EMBEDDING = ROOT / "docs" / "embedding.md"
-PACKAGES = ["waymark_config", "workflows", "timers", "effects", "approvals"]
+PACKAGES = ["waymark_config", "workflows", "timers", "effects", "approvals", "webhooks"]
 # Each file that is not a module, by where it lands in site-packages.
 PACKAGE_DATA = [
     "workflows/templates/admin/locked_out.html",
@@ -56,6 +56,7 @@ PACKAGE_DATA = [
     "approvals/templates/admin/approvals/review.html",
     "approvals/templates/approvals/slack_request.json",
     "approvals/templates/approvals/slack_task.json",
+    "webhooks/templates/admin/webhooks/subscription/secret.html",
     "workflows/migrations/0001_initial.py",
 ]
 # Bounds, not budgets: pip may fetch from the package index; the run takes about 2 s.

@@ -284,8 +284,8 @@ def test_tail_json_is_one_event_a_line_then_the_run(org, failed_run) -> None:
         call_command("runs", "tail", "--org", org.slug, str(failed_run), "--json", stdout=out)
     *events, end = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [e["kind"] for e in events][-2:] == ["step.failed", "run.failed"]
-    assert set(events[0]) == {"id", "kind", "step_id", "iteration", "attempt", "detail", "at",
-                              "worker"}  # fmt: skip
+    assert set(events[0]) == {"id", "kind", "step_id", "iteration", "attempt", "by", "detail",
+                              "at", "worker"}  # fmt: skip
     assert end["run"]["id"] == failed_run and end["run"]["status"] == "failed"
 
 

@@ -1,8 +1,9 @@
 """The server-side functions and triggers the migrations built are exactly the current ones.
 
 Each migration that installs a function or trigger runs its own frozen copy of the SQL; the
-runtime homes (workflows/engine/sql/functions.py, and timers/sql.py for the trigger the
-timers app puts on the engine's steps) hold each one's current text and nothing else. The
+runtime homes (workflows/engine/sql/functions.py, timers/sql.py for the trigger the timers
+app puts on the engine's steps, webhooks/sql.py for the one the webhooks app puts on its run
+history) hold each one's current text and nothing else. The
 test database is built by the migrations; this test reads its functions and triggers as
 PostgreSQL describes them (pg_get_functiondef, pg_get_triggerdef), then, in a transaction it
 rolls back, drops them all, installs the runtime homes' texts instead and reads them again.
@@ -20,9 +21,10 @@ import pytest
 from django.db import connection, transaction
 
 from timers import sql as timers_sql
+from webhooks import sql as webhooks_sql
 from workflows.engine.sql import functions
 
-HOMES: tuple[ModuleType, ...] = (functions, timers_sql)
+HOMES: tuple[ModuleType, ...] = (functions, timers_sql, webhooks_sql)
 
 # The app's functions: every one in its schema but an extension's, and any named waymark_*.
 # (pg_get_functiondef describes functions and procedures; anything else is named by kind.)

@@ -116,7 +116,8 @@ def test_the_sweeper_knows_how_long_to_sleep(org):
 def test_a_timer_that_fails_to_fire_fails_alone_and_its_batch_goes_on(org, monkeypatch):
     """A batch fires its timers without a savepoint each; one that raises rolls the batch
     back, and the batch is fired again timer by timer: the others fire, the bad one keeps
-    its error, and each fired step is woken once."""
+    its error, and each fired step is woken once. The bad one's step fails for good (its
+    run fails, saying why): before, it stayed waiting on a spent timer for ever."""
     import timers.sweep as sweep
 
     runs = [start(org, waits({"type": "wait", "duration": "1h"}), key=f"k{i}") for i in range(5)]
@@ -137,12 +138,58 @@ def test_a_timer_that_fails_to_fire_fails_alone_and_its_batch_goes_on(org, monke
     fired = {t.run_id: t for t in Timer.objects.filter(run_id__in=runs)}
     assert all(t.fired_at is not None for t in fired.values())
     assert "RuntimeError: the walk broke" in fired[runs[2]].error
-    assert [Run.objects.get(pk=r).status for r in runs] == ["succeeded"] * 2 + ["running"] + [
+    assert [Run.objects.get(pk=r).status for r in runs] == ["succeeded"] * 2 + ["failed"] + [
         "succeeded"
     ] * 2
+    failed = Run.objects.get(pk=runs[2])
+    assert failed.error == (
+        "step 'pause' failed: wake_failed: its timer could not fire: RuntimeError: the walk broke"
+    )
+    assert Step.objects.get(pk=bad).status == "failed"
     woken = RunEvent.objects.filter(run_id__in=runs, kind="step.timer_fired").count()
     assert woken == 4  # each once: the optimistic pass was rolled back, not kept twice
     assert fire_due_timers().fired == 0
+
+
+def test_a_step_whose_timer_cannot_fire_takes_its_failure_path_or_can_be_retried(org, monkeypatch):
+    """The failed step is an ordinary failure: its declared `on_failure` path runs; without
+    one its run fails, and once the bug is fixed an operator's retry runs the step again (a
+    new timer), which then fires."""
+    import timers.sweep as sweep
+    from workflows.services.control import run_act
+
+    with_path = {
+        "start": "pause",
+        "steps": [
+            {"id": "pause", "type": "wait", "duration": "1h", "next": "done",
+             "on_failure": "tell"},
+            {"id": "tell", "type": "set", "values": {"told": "yes"}, "next": "failed"},
+            {"id": "failed", "type": "end", "status": "failed"},
+            {"id": "done", "type": "end"},
+        ],
+    }  # fmt: skip
+    guarded = start(org, with_path, key="guarded")
+    plain = start(org, waits({"type": "wait", "duration": "1h"}), key="plain")
+    broken = {"walk": True}  # until the bug is fixed, every wake raises
+    real_wake = sweep.wake_step
+
+    def wake_step(**kwargs: object) -> bool:
+        if broken["walk"]:
+            raise RuntimeError("the walk broke")
+        return real_wake(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sweep, "wake_step", wake_step)
+    make_due()
+    assert fire_due_timers().fired == 2
+    steps = dict(Step.objects.filter(run_id=guarded).values_list("step_id", "status"))
+    assert steps == {"pause": "failed", "tell": "done", "failed": "done"}
+    assert Run.objects.get(pk=plain).status == "failed"
+
+    broken["walk"] = False
+    run_act(org=org, run_id=plain, action="retry", actor="test")
+    make_due(fired_at__isnull=True)
+    assert fire_due_timers().fired == 1
+    assert Run.objects.get(pk=plain).status == "succeeded"
 
 
 @pytest.mark.parametrize("failing_pass", ["optimistic", "one by one"])

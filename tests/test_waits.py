@@ -136,6 +136,46 @@ def test_the_deadline_fires_the_declared_outcome(org) -> None:
     assert "step.deadline_passed" in kinds(run)
 
 
+def test_a_deadline_that_cannot_fire_fails_its_step_and_a_transient_error_waits(
+    org, monkeypatch
+) -> None:
+    """A deadline whose wake raises a bug fails its step for good (the run fails, saying
+    why), instead of being tried and logged at every sweep for ever; one that meets a
+    transient error is left due, and fires at the next sweep."""
+    import workflows.engine.waits as waits
+
+    run, step = park(org, park_outcome="timed_out")
+    pass_deadline(step)
+    real_wake = waits.wake_step
+    trouble = ["deadlock"]
+
+    def wake_step(**kwargs: Any) -> bool:
+        if trouble and trouble.pop() == "deadlock":
+            with connection.cursor() as cursor:  # a real server error, SQLSTATE 40P01
+                cursor.execute("DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' "
+                               "USING ERRCODE = '40P01'; END $$")  # fmt: skip
+        return real_wake(**kwargs)
+
+    monkeypatch.setattr(waits, "wake_step", wake_step)
+    assert fire_due_deadlines() == 0
+    step.refresh_from_db()
+    assert step.status == "waiting"  # transient: still due, for the next sweep
+
+    def broken(**kwargs: Any) -> bool:
+        raise RuntimeError("the walk broke")
+
+    monkeypatch.setattr(waits, "wake_step", broken)
+    assert fire_due_deadlines() == 1
+    step.refresh_from_db()
+    run.refresh_from_db()
+    assert step.status == "failed" and run.status == "failed"
+    assert run.error == (
+        f"step {step.step_id!r} failed: wake_failed: the deadline could not be fired: "
+        "RuntimeError: the walk broke"
+    )
+    assert fire_due_deadlines() == 0
+
+
 def test_a_wake_after_the_deadline_fired_changes_nothing(org) -> None:
     run, step = park(org, park_outcome="timed_out")
     pass_deadline(step)

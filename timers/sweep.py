@@ -44,6 +44,7 @@ from workflows.plugins.engine import (
     Wake,
     crash_point,
     engine_setting,
+    fail_waiting_step,
     fetch_dict,
     is_transient,
     listen,
@@ -195,8 +196,28 @@ def _fire_alone(timer: sql.DueTimerRow, by: str) -> str:
         if is_transient(exc):
             raise
         logger.exception("firing timer %s failed", timer["id"])
-        return f"{type(exc).__name__}: {exc}"[:2000]
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        _fail_its_step(timer, by, error)
+        return error
     return ""
+
+
+def _fail_its_step(timer: sql.DueTimerRow, by: str, error: str) -> None:
+    """A timer that cannot wake its step fails the step for good (the run follows its
+    failure path, where an operator sees why and can retry): the timer is spent, and a step
+    left waiting on it would wait for ever. Should that raise too, the step stays waiting
+    and doctor lists it (a timer fired with an error)."""
+    if timer["step_pk"] is None:
+        return
+    try:
+        with transaction.atomic():  # a savepoint of its own
+            fail_waiting_step(step_pk=timer["step_pk"], run_id=timer["run_id"], by=by,
+                              error=f"wake_failed: its timer could not fire: {error}")  # fmt: skip
+    except Exception as exc:
+        if is_transient(exc):
+            raise
+        logger.exception("failing the step of timer %s, which could not fire, failed",
+                         timer["id"])  # fmt: skip
 
 
 def _wake(timer: sql.DueTimerRow, by: str, also: Sequence[Statement] = ()) -> bool:

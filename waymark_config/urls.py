@@ -8,6 +8,7 @@ urlpatterns = [
     path("api/v1/", include("workflows.api.urls")),
     path("api/v1/", include("effects.urls")),  # connections, suppressions, effects
     path("api/v1/", include("timers.urls")),  # schedules
+    path("api/v1/", include("webhooks.urls")),  # webhook subscriptions and deliveries
     path("", include("approvals.urls")),  # /slack/interactions, /api/v1/approvals, /tasks
     path("", include("workflows.health.urls")),  # /readyz: the absence monitors
     path("", include("workflows.monitoring")),  # /metrics (with WAYMARK_METRICS_TOKEN)

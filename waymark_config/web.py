@@ -232,7 +232,15 @@ def make_server(listener: socket.socket, application: Any) -> Server:
 def serve(fd: int, grace: float) -> None:
     """Serve until SIGTERM or SIGINT, then let answers in progress finish for ``grace`` s."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waymark_config.settings")
-    from waymark_config.wsgi import application
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        from waymark_config.wsgi import application
+    except ImproperlyConfigured as error:
+        # A setting that cannot work (manage.py's rule): one line, and EX_CONFIG, on which
+        # runengine stops with the reason instead of restarting this process forever.
+        print(error, file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
 
     try:
         listener = socket.socket(fileno=fd)

@@ -12,19 +12,24 @@ class WorkflowsConfig(AppConfig):
     def ready(self) -> None:
         from .api import schema  # noqa: F401 (registers the OpenAPI auth extension)
         from .engine.absences import ENGINE_CHECKS
+        from .engine.processes import begin_from_environment
         from .engine.retention import purge_finished_runs
         from .engine.scrape import ENGINE_COLLECTOR, engine_gauges
         from .engine.signals import drop_old
         from .plugins import register_health_check, register_metrics_collector, register_sweep_task
+        from .services.audit import purge_audit
         from .steptypes import register_step_types
 
         register_step_types()
         register_metrics_collector(ENGINE_COLLECTOR, engine_gauges)
         register_sweep_task("workflows.retention", lambda by: purge_finished_runs())
         register_sweep_task("workflows.drop_old_signals", lambda by: drop_old())
+        register_sweep_task("workflows.audit_retention", lambda by: purge_audit())
         for name, check in ENGINE_CHECKS.items():  # the doctor's and /readyz's own checks
             register_health_check(name, check)
         import_extra_step_modules(settings.WAYMARK.get("EXTRA_STEP_MODULES", ()))
+        # A process runengine started (its role in the environment): tracing, if configured.
+        begin_from_environment()
 
 
 def import_extra_step_modules(names: list[str] | tuple[str, ...]) -> None:

@@ -1,11 +1,15 @@
-"""The web's side of the metrics: ``/metrics`` and the request-latency middleware.
+"""The web's side of the metrics, traces and logs: ``/metrics``, the request-latency
+middleware, the middleware that continues a caller's trace, and the one that gives each
+request's log lines their own context.
 
 ``/metrics`` answers in Prometheus' text format (``engine/scrape.py``), only to a scraper
 that shows the bearer token ``WAYMARK_METRICS_TOKEN``; with no token set it is off (404).
 Waymark's web is the public one, so its metrics are not left open on it. Include it from a
 URLconf (``path("", include("workflows.monitoring"))``) and list
 ``workflows.monitoring.RequestMetricsMiddleware`` first in ``MIDDLEWARE`` to time requests
-(docs/operations.md, "Metrics").
+(docs/operations.md, "Metrics"). ``TraceContextMiddleware`` (after it) makes the spans a
+request causes (a run's start) children of the caller's, from its ``traceparent`` header
+(docs/operations.md, "Tracing and logs").
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ import time
 from collections.abc import Callable
 
 from django.conf import settings
+from django.core.exceptions import MiddlewareNotUsed
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.urls import path
+from opentelemetry import context as otel_context
 from prometheus_client import Histogram
 
+from .engine import logcontext, tracing
 from .engine.scrape import render
 
 REQUEST_DURATION = Histogram(
@@ -47,6 +54,48 @@ class RequestMetricsMiddleware:
             status=str(response.status_code),
         ).observe(time.perf_counter() - started)
         return response
+
+
+class LogContextMiddleware:
+    """Each request's log lines carry what was bound while serving it (the API key's
+    organisation: api/auth.py), and nothing of the request before it on this thread: the
+    context is cleared as a request begins, not when it ends, so Django's own lines after the
+    middleware (a 404's "Not Found") and the access log carry it too. Not in the chain at all
+    unless logs are JSON (WAYMARK_LOG_FORMAT=json)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        if not logcontext.on():
+            raise MiddlewareNotUsed
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        logcontext.clear()
+        return self.get_response(request)
+
+
+HEADERS = (("traceparent", "HTTP_TRACEPARENT"), ("tracestate", "HTTP_TRACESTATE"))
+
+
+class TraceContextMiddleware:
+    """A request's W3C ``traceparent`` (and ``tracestate``) header, as the current context
+    while the request is handled: a run it starts (POST /api/v1/runs, a signal that starts
+    its run) continues the caller's trace. A header that does not parse is ignored (a new
+    trace), as W3C asks. Not in the chain at all while tracing is off."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        if not tracing.on():
+            raise MiddlewareNotUsed  # Django leaves it out: no cost per request
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        carrier = {name: request.META[meta] for name, meta in HEADERS if meta in request.META}
+        if not carrier:
+            return self.get_response(request)
+        token = otel_context.attach(tracing.context_from(carrier))
+        try:
+            return self.get_response(request)
+        finally:
+            otel_context.detach(token)
 
 
 def _route(request: HttpRequest) -> str:

@@ -35,6 +35,7 @@ TEMPLATES = [
     "admin/approvals/inbox.html",
     "approvals/slack_request.json",
     "approvals/slack_task.json",
+    "admin/webhooks/subscription/secret.html",
 ]
 
 
@@ -43,10 +44,11 @@ def origins() -> Any:
     import effects
     import timers
     import waymark_config
+    import webhooks
     import workflows
     from workflows.demo.bootstrap import DEFINITION_FILE
 
-    modules = [approvals, effects, timers, waymark_config, workflows]
+    modules = [approvals, effects, timers, waymark_config, webhooks, workflows]
     engine = engines["django"].engine  # type: ignore[attr-defined]
     return {
         "modules": {m.__name__: m.__file__ for m in modules},

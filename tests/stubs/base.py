@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -120,6 +121,8 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, stub: HttpStub) -> None:
         super().__init__((stub.host, 0), _Handler)
         self.stub = stub
+        if stub.tls is not None:  # HTTPS: each accepted connection's handshake, then HTTP
+            self.socket = stub.tls.wrap_socket(self.socket, server_side=True)
         self.conns: set[socket.socket] = set()
         self.conns_lock = threading.Lock()
 
@@ -163,8 +166,12 @@ class Holdable:
 class HttpStub(Holdable):
     """Base of the HTTP stubs; not used on its own. Thread-safe: all state is under `_lock`."""
 
-    def __init__(self, *, token: str | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, *, token: str | None = None, host: str = "127.0.0.1",
+        tls: ssl.SSLContext | None = None,
+    ) -> None:  # fmt: skip
         self.host = host  # another loopback address (127.0.0.2) is another host to a client
+        self.tls = tls  # a server-side context: the stub answers HTTPS
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._server: _Server | None = None
@@ -226,7 +233,7 @@ class HttpStub(Holdable):
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     # --- behaviours ------------------------------------------------------------------------
 

@@ -22,6 +22,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from ..process_role import application_name
+
 with warnings.catch_warnings():
     # platformdirs warns at import when XDG_RUNTIME_DIR is unset (as under CI and cron); the
     # wheel then keeps its lock file under /tmp, which is what we want anyway.
@@ -141,7 +143,9 @@ def ensure_database(data_dir: Path, name: str) -> None:
     if (data_dir, name) in _databases_checked:
         return
     address = ensure_server(data_dir)
-    with psycopg.connect(address.uri("postgres"), autocommit=True) as conn:
+    with psycopg.connect(
+        address.uri("postgres"), autocommit=True, application_name=application_name()
+    ) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
         if not exists:
             # Another process may create it between our check and our create: that is fine.

@@ -12,6 +12,7 @@ from django.urls import URLPattern, path
 from ..definitions.validator import validate_definition
 from ..errors import WaymarkError
 from ..models import Automation, AutomationVersion
+from ..services.audit import Actor
 from ..services.automations import version_publish, version_update_draft
 from .display import pretty_json
 from .migrations import migrate_runs_view
@@ -122,7 +123,7 @@ class AutomationVersionAdmin(OrgScopedMixin, admin.ModelAdmin):
     def publish(self, request: HttpRequest, queryset: Any) -> None:
         for version in queryset:
             try:
-                version_publish(version=version)
+                version_publish(version=version, actor=Actor.user(request.user))
             except WaymarkError as exc:
                 messages.error(request, f"v{version.number}: {exc.code}: {exc.detail}")
             else:

@@ -21,6 +21,7 @@ from django.urls import reverse
 
 from ..errors import WaymarkError
 from ..models import Automation, RunMigration
+from ..services.audit import Actor
 from ..services.run_migration import (
     REASONS,
     JobProgress,
@@ -169,8 +170,8 @@ def _tell(request: HttpRequest, progress: JobProgress) -> None:
     )
 
 
-def _actor(request: HttpRequest) -> str:
-    return f"admin:{request.user.get_username()}"
+def _actor(request: HttpRequest) -> Actor:
+    return Actor.user(request.user)
 
 
 @admin.register(RunMigration)

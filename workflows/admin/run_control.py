@@ -17,6 +17,7 @@ from django.template.response import TemplateResponse
 
 from ..errors import RunStateConflict, UnknownRun
 from ..models import Run
+from ..services.audit import Actor
 from ..services.control import ACTIONS, BULK_LIMIT, run_act
 from ..states import RunStatus, run_sources
 
@@ -48,8 +49,9 @@ APPLIES_TO: dict[str, list[str]] = {
 }
 
 
-def actor_for(request: HttpRequest) -> str:
-    return f"admin:{request.user.get_username()}"
+def actor_for(request: HttpRequest) -> Actor:
+    """The signed-in person, as the audit log and the run history (``admin:<user>``) name them."""
+    return Actor.user(request.user)
 
 
 def actions_allowed(status: str) -> list[str]:

@@ -9,6 +9,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
 from ..models import ApiKey, Membership, Organisation
+from ..services.audit import Actor
 from ..services.tenancy import api_key_create, api_key_revoke
 from .scoping import OrgScopedMixin, OrgScopedRelatedFilter
 
@@ -66,8 +67,9 @@ class ApiKeyAdmin(OrgScopedMixin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         key, raw = api_key_create(
-            org=obj.org, name=obj.name, read_only=obj.read_only, expires_at=obj.expires_at
-        )
+            org=obj.org, name=obj.name, read_only=obj.read_only, expires_at=obj.expires_at,
+            actor=Actor.user(request.user),
+        )  # fmt: skip
         obj.pk, obj.prefix = key.pk, key.prefix
         request._waymark_new_key = raw  # type: ignore[attr-defined]  # for response_add only
 
@@ -86,5 +88,5 @@ class ApiKeyAdmin(OrgScopedMixin, admin.ModelAdmin):
     @admin.action(description="Revoke selected keys", permissions=["delete"])
     def revoke(self, request: HttpRequest, queryset: Any) -> None:
         for key in queryset:
-            api_key_revoke(prefix=key.prefix)
+            api_key_revoke(prefix=key.prefix, actor=Actor.user(request.user))
         messages.success(request, f"Revoked {queryset.count()} key(s).")

@@ -12,8 +12,10 @@ from typing import Any
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
+from ..engine import logcontext
 from ..errors import AuthenticationFailed, ReadOnlyKey
 from ..models import ApiKey
+from ..services.audit import Actor
 from ..services.tenancy import api_key_authenticate
 from .throttles import FailedAuthThrottle
 
@@ -47,6 +49,8 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         except AuthenticationFailed:
             self._count_failure(request)
             raise
+        if logcontext.on():  # the request's log lines name its organisation
+            logcontext.bind(org_id=key.org_id)
         return OrganisationPrincipal(key), key
 
     @staticmethod
@@ -74,9 +78,9 @@ def request_key(request: Request) -> ApiKey:
     return key
 
 
-def request_actor(request: Request) -> str:
-    """Who acted, for run histories and audits: the key's public prefix."""
-    return f"api_key:{request_key(request).prefix}"
+def request_actor(request: Request) -> Actor:
+    """Who acted, for the audit log and run histories (``label``: ``api_key:<prefix>``)."""
+    return Actor.api_key(request_key(request))
 
 
 class IsOrganisationKey(permissions.BasePermission):

@@ -99,11 +99,22 @@ def check_client_start_key(value: str) -> str:
 
 class RunEventOut(serializers.ModelSerializer):
     # No `worker`: it names the engine's host and process id (host:pid:lane), which tenants
-    # have no use for and should not learn; the admin shows it. An action's `detail.by`
-    # names the API key that asked.
+    # have no use for and should not learn; the admin shows it. Who acted is `by`.
+    by = serializers.SerializerMethodField(
+        help_text="Who caused it, when a person, an API key or a command did: "
+        "`api_key:<prefix>`, `admin:<user>`, `slack:<user>`, `command:<os user>` (a run "
+        "cancelled, paused, resumed or retried, an approval decided, an effect resolved, a "
+        "connection repaired). Null for the engine's own events."
+    )
+
     class Meta:
         model = RunEvent
-        fields = ["id", "kind", "step_id", "iteration", "attempt", "detail", "at"]
+        fields = ["id", "kind", "step_id", "iteration", "attempt", "by", "detail", "at"]
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_by(self, event: RunEvent) -> str | None:
+        by = event.detail.get("by") if isinstance(event.detail, dict) else None
+        return str(by) if by else None
 
 
 class RunLinksOut(serializers.Serializer):

@@ -7,7 +7,7 @@ from django.urls import URLPattern, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.views import APIView
 
-from . import migrations, signals, views
+from . import audit, migrations, signals, views
 
 app_name = "api"
 
@@ -49,4 +49,5 @@ urlpatterns = [
     *route("runs/bulk/<slug:action>", views.RunBulkActionView, "runs-bulk"),
     *route("signals", signals.SignalListView, "signals"),
     *route("inbound-email", signals.InboundEmailView, "inbound-email"),
+    *route("audit", audit.AuditListView, "audit"),
 ]

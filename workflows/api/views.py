@@ -215,7 +215,8 @@ class VersionPublishView(APIView):
     def post(self, request: Request, slug: str, number: int) -> Response:
         automation = selectors.automation_get(org=request_key(request).org, slug=slug)
         version = selectors.version_get(automation=automation, number=number)
-        return Response(VersionOut(services.version_publish(version=version)).data)
+        published = services.version_publish(version=version, actor=request_actor(request))
+        return Response(VersionOut(published).data)
 
 
 class RunListView(ListEndpoint):

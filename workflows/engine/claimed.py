@@ -43,6 +43,9 @@ class ClaimedStep:
     run_steps_executed: int = 0
     run_max_steps: int = 0
     run_seen: str | None = None
+    # The span that started the run (W3C traceparent; None: untraced): this attempt's span
+    # is its child (engine/tracing.py).
+    trace_context: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_row(cls, row: ClaimedRow) -> ClaimedStep:
@@ -57,6 +60,7 @@ class ClaimedStep:
             fork_join_id=row["fork_join_id"], branch=row["branch"],
             run_entered=row["run_entered"], run_steps_executed=row["run_steps_executed"],
             run_max_steps=row["run_max_steps"], run_seen=row["run_seen"],
+            trace_context=row["trace_context"],
         )  # fmt: skip
 
     @property

@@ -111,6 +111,8 @@ class StepContext:
     woken_with: Mapping[str, Any] | None = None
     # No attempt is left after this one: a retryable failure now fails the step for good.
     last_attempt: bool = False
+    # The version of the automation the run runs (what a trace names: engine/tracing.py).
+    version_id: int | None = None
 
     @property
     def effect_key(self) -> str:

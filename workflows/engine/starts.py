@@ -80,7 +80,10 @@ def start_in_one_trip(
     scalars, document = writes
     # The JSON values go as one document, encoded once: a parameter each (and psycopg's
     # JSON dumper for each) was a quarter of a start's client CPU.
-    params = {key: value for key, value in run_row.items() if key != "input"}
+    params = {key: value for key, value in run_row.items() if key not in ("input", "trace")}
+    if run_row.get("trace"):
+        # Only while tracing is on: an untraced start's document is as it was.
+        document = {**document, "trace": run_row["trace"]}
     params["document"] = json.dumps({"input": run_input, **document})
     with connection.cursor() as cursor:
         return query_prepared(cursor, sql.START_RUN, {**params, **scalars, **admission})

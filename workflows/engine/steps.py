@@ -194,7 +194,7 @@ def step_context(
         org_id=step.org_id, run_id=step.run_id, step_id=step.step_id,
         iteration=step.iteration, attempt=step.attempt, lane=step.lane, deadline=deadline,
         lease_lost=lost or threading.Event(), woken_with=step.woken_with,
-        last_attempt=step.attempts_used >= step.max_attempts,
+        last_attempt=step.attempts_used >= step.max_attempts, version_id=step.version_id,
     )  # fmt: skip
 
 

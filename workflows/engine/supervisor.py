@@ -10,6 +10,7 @@ or SIGINT stops every child with SIGTERM, waits for the grace period, then kills
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import threading
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 from waymark_config.exit_codes import EXIT_CONFIG
 
+from .processes import ROLE_ENV
 from .stop_signals import on_stop_signal
 
 logger = logging.getLogger(__name__)
@@ -35,9 +37,13 @@ class Child:
     started_at: float = field(default=0.0)
     # Descriptors the child inherits (the web's listening socket).
     pass_fds: Sequence[int] = ()
+    # What the child is to the engine (web, worker-io, relay, ...: processes.py), given to it
+    # as WAYMARK_PROCESS_ROLE: its database connections and its spans are named by it.
+    role: str = ""
 
     def start(self) -> None:
-        self.process = subprocess.Popen(list(self.argv), pass_fds=tuple(self.pass_fds))  # noqa: S603
+        env = {**os.environ, ROLE_ENV: self.role} if self.role else None
+        self.process = subprocess.Popen(list(self.argv), pass_fds=tuple(self.pass_fds), env=env)  # noqa: S603
         self.started_at = time.monotonic()
         logger.info("started %s (pid %s)", self.name, self.process.pid)
 

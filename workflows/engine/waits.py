@@ -40,6 +40,7 @@ from .sql.rows import (
     run_batch,
 )
 from .sql.rows import json_or_null as _json
+from .transient import is_transient
 from .walk import RunState, Walk, lock_run
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,14 @@ class Wake:
     output: Any = None
     payload: Any = None
     reason: str = "woken"  # recorded in the run's history: "signal", "approval", "deadline"
-    by: str = ""  # who or what woke it, for the history
+    by: str = ""  # who or what woke it, for the history (the event's worker column)
+    # The person, API key or command whose action woke it (their label, "admin:ada"), written
+    # as the wake event's detail.by, which the API's run history shows; the engine's own
+    # wakes (deadlines, timers, signals) name nobody.
+    actor: str = ""
+
+    def detail(self, **detail: Any) -> dict[str, Any]:
+        return {**detail, "by": self.actor} if self.actor else detail
 
 
 def wake_step(
@@ -98,11 +106,34 @@ def wake_step(
         definition = definition_for(run.version_id)
         walk = Walk(cursor, run, definition, worker=wake.by)
         walk.event(f"step.{wake.reason}", row["step_id"], iteration=row["iteration"],
-                   attempt=row["attempt"], detail={"outcome": wake.outcome})  # fmt: skip
+                   attempt=row["attempt"], detail=wake.detail(outcome=wake.outcome))  # fmt: skip
         if not walk.finished:
             result = StepResult(output=wake.output, outcome=wake.outcome)
             walk.step_succeeded(row["step_id"], result, Place(row["fork_join_id"], row["branch"]))
         walk.flush(also)
+    return True
+
+
+def fail_waiting_step(*, step_pk: int, run_id: int, error: str, by: str) -> bool:
+    """Fail a waiting step for good, inside the caller's transaction, when what should wake
+    it cannot (its wake raised an error that is not transient: a bug, a broken row). Its
+    run follows the step's failure path (or fails), where an operator sees the error and
+    can retry, rather than waiting for a wake that will never come. False: the step was
+    not waiting any more."""
+    assert connection.in_atomic_block, "fail_waiting_step runs in its caller's transaction"
+    with connection.cursor() as cursor:
+        run = lock_run(cursor, run_id)
+        failed = {"id": step_pk, "run": run_id, "error": error[:2000]}
+        rows = cast(list[sql.WokenStepRow], query_prepared(cursor, sql.FAIL_WAITING, failed))
+        if not rows:
+            return False
+        row = rows[0]
+        walk = Walk(cursor, run, definition_for(run.version_id), worker=by)
+        walk.event("step.failed", row["step_id"], iteration=row["iteration"],
+                   attempt=row["attempt"], detail={"error": error[:2000]})  # fmt: skip
+        if not walk.finished:
+            walk.step_failed(row["step_id"], error, Place(row["fork_join_id"], row["branch"]))
+        walk.flush()
     return True
 
 
@@ -116,7 +147,7 @@ def _wake_ready(cursor: Any, run: RunState, step_pk: int, wake: Wake, due_only: 
     row = rows[0]
     events = [event_row(row["org_id"], row["run_id"], f"step.{wake.reason}", row["step_id"],
                         iteration=row["iteration"], attempt=row["attempt"], worker=wake.by,
-                        detail={"ready": not paused})]  # fmt: skip
+                        detail=wake.detail(ready=not paused))]  # fmt: skip
     insert_events(cursor, events)
     if not paused:
         insert_wakes(cursor, [(row["org_id"], row["run_id"], row["lane"])])
@@ -138,6 +169,21 @@ def fire_due_deadlines(*, limit: int = 500, by: str = "sweep") -> int:
             wake = Wake(outcome=row["on_deadline"], reason="deadline_passed", by=by)
             with transaction.atomic(durable=True):
                 fired += wake_step(step_pk=row["id"], wake=wake, due_only=True)
-        except Exception:
+        except Exception as exc:
             logger.exception("firing the deadline of step %s failed", row["id"])
+            if not is_transient(exc):
+                fired += _fail_unwakeable(row["id"], row["run_id"], exc, by)
     return fired
+
+
+def _fail_unwakeable(step_pk: int, run_id: int, exc: Exception, by: str) -> bool:
+    """A deadline that cannot fire fails its step (a transient error is tried again at the
+    next sweep instead). Should failing it raise too, the step stays waiting and doctor
+    lists it: there is nothing sound left to write."""
+    error = f"wake_failed: the deadline could not be fired: {type(exc).__name__}: {exc}"
+    try:
+        with transaction.atomic(durable=True):
+            return fail_waiting_step(step_pk=step_pk, run_id=run_id, error=error, by=by)
+    except Exception:
+        logger.exception("failing step %s, whose deadline could not fire, failed", step_pk)
+        return False

@@ -21,10 +21,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from django.db import InterfaceError, OperationalError, connection
+from opentelemetry.trace import SpanKind
 
-from . import metrics, sql
+from . import logcontext, metrics, sql, tracing
+from .definition_cache import version_label
 from .executors import StepDeferred, StepFailure, StepResult, executor_for
 from .faults import crash_point, heartbeats_paused
 from .group_settle import GroupSettler
@@ -388,21 +391,39 @@ class Worker:
 
     def _execute(self, attempt: Attempt) -> Attempt | None:
         """Run one attempt and settle it; return the run's next step when the settle claimed
-        it for this worker."""
+        it for this worker. What is logged meanwhile names the run and the step (with
+        WAYMARK_LOG_FORMAT=json: logcontext.py)."""
+        if not logcontext.on():
+            return self._execute_traced(attempt)
+        step = attempt.step
+        with logcontext.bound(run_id=step.run_id, step=step.step_id, iteration=step.iteration,
+                              attempt=step.attempt, org_id=step.org_id):  # fmt: skip
+            return self._execute_traced(attempt)
+
+    def _execute_traced(self, attempt: Attempt) -> Attempt | None:
+        """The attempt, traced: a span, the child of its run's start (tracing.py)."""
+        if not tracing.on():
+            return self._execute_attempt(attempt)
+        step = attempt.step
+        parent = tracing.parent_of_run(step.trace_context)
+        with tracing.span("waymark.step", kind=SpanKind.CONSUMER, parent=parent,
+                          attributes=_step_attributes(step)):  # fmt: skip
+            taken = self._execute_attempt(attempt)
+        if taken is not None and taken.step.run_id == step.run_id:
+            # A step the settle's walk claimed for this worker comes without the run's row:
+            # it is the same run, so the same trace.
+            taken.step = replace(taken.step, trace_context=step.trace_context)
+        return taken
+
+    def _execute_attempt(self, attempt: Attempt) -> Attempt | None:
         step, lost = attempt.step, attempt.lost
         if lost.is_set():
             return None  # handed back on shutdown before it started
-        if step.poisoned:
-            self._fail(step, StepFailure(
-                f"attempts exhausted: {step.max_attempts} claim(s) never settled "
-                "(the step may kill its worker)",
-                retryable=False,
-            ))  # fmt: skip
-            return None
-        if step.run_expired:
-            # No work for a run past its max age: the failed step makes the walk end the run.
-            self._fail(step, StepFailure("max_age_exceeded: the run is past its max age",
-                                         retryable=False))  # fmt: skip
+        refused = self._refused(step)
+        if refused is not None:
+            if tracing.on():
+                _trace_outcome(None, refused)
+            self._fail(step, refused)
             return None
         if step.is_continuation:
             # Walk on from where an earlier walk stopped: no executor, just the settle.
@@ -415,7 +436,11 @@ class Worker:
             failure = self._timeout_failure()  # whatever it returned, it was too late
         elif self._abandoned(step, lost):
             metrics.step_fenced_out(step.lane)
+            if tracing.on():
+                tracing.current().set_attribute(tracing.OUTCOME, "fenced_out")
             return None
+        if tracing.on():
+            _trace_outcome(result, failure)
         if isinstance(failure, StepDeferred):
             deferred = failure
             later = self._settle(step, lambda: settle_deferred(step, deferred, worker=self.name))
@@ -431,6 +456,20 @@ class Worker:
                     # serves one organisation again).
                     self.after_org = next_after_org([settled.next_step], self.after_org)
                 return self._adopt(settled.next_step)
+        return None
+
+    @staticmethod
+    def _refused(step: ClaimedStep) -> StepFailure | None:
+        """Why the step fails without running, if it does."""
+        if step.poisoned:
+            return StepFailure(
+                f"attempts exhausted: {step.max_attempts} claim(s) never settled "
+                "(the step may kill its worker)",
+                retryable=False,
+            )
+        if step.run_expired:
+            # No work for a run past its max age: the failed step makes the walk end the run.
+            return StepFailure("max_age_exceeded: the run is past its max age", retryable=False)
         return None
 
     def _success(self, step: ClaimedStep, result: StepResult) -> Callable[[], Settled]:
@@ -596,3 +635,28 @@ def _count_settle(step: ClaimedStep, settled: object, result: str) -> None:
         metrics.step_settled(step.lane, result)
     else:
         metrics.step_fenced_out(step.lane)
+
+
+def _step_attributes(step: ClaimedStep) -> dict[str, Any]:
+    """What a step attempt's span says of it (engine/tracing.py)."""
+    automation, number = version_label(step.version_id)
+    return {
+        tracing.RUN_ID: step.run_id, tracing.ORG_ID: step.org_id,
+        tracing.AUTOMATION: automation, tracing.VERSION: number,
+        tracing.VERSION_ID: step.version_id, tracing.STEP: step.step_id,
+        tracing.ITERATION: step.iteration, tracing.ATTEMPT: step.attempt,
+        tracing.LANE: step.lane, tracing.STEP_TYPE: step.type,
+    }  # fmt: skip
+
+
+def _trace_outcome(result: StepResult | None, failure: StepFailure | StepDeferred | None) -> None:
+    """What the attempt's executor did, on its span: a failure is the span's error; a
+    deferral (not the step's fault, no attempt spent) is not."""
+    span = tracing.current()
+    if isinstance(failure, StepDeferred):
+        span.set_attribute(tracing.OUTCOME, "deferred")
+    elif failure is not None:
+        span.set_attribute(tracing.OUTCOME, "failed")
+        tracing.failed(span, failure, message=str(failure))
+    elif result is not None:
+        span.set_attribute(tracing.OUTCOME, "succeeded" if result.park is None else "waiting")

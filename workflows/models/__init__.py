@@ -1,3 +1,4 @@
+from .audit import ActorKind, AuditEntry
 from .automations import Automation, AutomationVersion
 from .run_migrations import MigrationStatus, RunMigration
 from .runs import IdleWorker, Outbox, Run, RunEvent, Step, SweepLease
@@ -5,7 +6,9 @@ from .signals import Signal
 from .tenancy import ApiKey, Membership, Organisation, QuotaUsage
 
 __all__ = [
+    "ActorKind",
     "ApiKey",
+    "AuditEntry",
     "Automation",
     "AutomationVersion",
     "IdleWorker",

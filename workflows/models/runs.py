@@ -41,6 +41,10 @@ class Run(models.Model):
     deadline_at = models.DateTimeField()
     created_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The W3C traceparent of the span that started the run, written only while tracing is on
+    # (engine/tracing.py): each step attempt's span is its child, in whichever process it
+    # runs, so a run's spans form one trace. NULL: the run was started untraced.
+    trace_context = models.TextField(null=True, blank=True, editable=False)
 
     class Meta:
         constraints = [

@@ -73,11 +73,13 @@ from ..engine.executors import Park, StepContext, StepDeferred, StepFailure, Ste
 from ..engine.renames import STEP_RENAMERS, StepBusy, StepRename, StepRenamer
 from ..engine.scrape import SCRAPE_COLLECTORS, MetricsCollector
 from ..engine.sweeper import SWEEP_SERVICES, SWEEP_TASKS, Sweep, SweepService, SweepTask
+from .audit import Actor, record_audit
 from .health import register_health_check, register_wait_answer
 
 __all__ = [
     "INLINE",
     "WORKER_LANES",
+    "Actor",
     "MetricsCollector",
     "Park",
     "RetryPolicy",
@@ -101,6 +103,7 @@ __all__ = [
     "check_string",
     "check_template_field",
     "check_template_value",
+    "record_audit",
     "register_health_check",
     "register_metrics_collector",
     "register_step_renamer",

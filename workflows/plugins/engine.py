@@ -1,9 +1,11 @@
 """The engine's public door for apps that keep state of their own (timers, effects,
 approvals, a host project's): write a run's events in its transaction, wake a waiting step,
-mark a crash point the tests can stop a process at, read the database's clock, and tell a
-transient database error from a real one. Everything else under ``workflows.engine`` is
-private: the import contracts in pyproject.toml ([tool.importlinter]) refuse an app that
-imports it directly.
+mark a crash point the tests can stop a process at, read the database's clock, tell a
+transient database error from a real one, and trace work a step does (``tracing_on``,
+``step_span``: a span that is the child of the step attempt's; ``use_tracer_provider``: a
+host that configures OpenTelemetry itself hands Waymark its provider). Everything else under
+``workflows.engine`` is private: the import contracts in pyproject.toml
+([tool.importlinter]) refuse an app that imports it directly.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from ..engine.sql.rows import (
     run_batch,
 )
 from ..engine.stop_signals import wait_for_stop_signal
+from ..engine.tracing import on as tracing_on
+from ..engine.tracing import step_span
+from ..engine.tracing import use as use_tracer_provider
 from ..engine.transient import is_transient, lost_connection
 from ..engine.transport import listen, own_connection
-from ..engine.waits import Wake, wake_step
+from ..engine.waits import Wake, fail_waiting_step, wake_step
 from ..engine.walk import lock_run
 from ..states import RunStatus, StepStatus
 
@@ -42,6 +47,7 @@ __all__ = [
     "definition_for",
     "engine_setting",
     "event_row",
+    "fail_waiting_step",
     "fetch_dict",
     "fetch_dicts",
     "insert_events",
@@ -53,6 +59,9 @@ __all__ = [
     "own_connection",
     "query_prepared",
     "run_batch",
+    "step_span",
+    "tracing_on",
+    "use_tracer_provider",
     "wait_for_stop_signal",
     "wake_step",
 ]

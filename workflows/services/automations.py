@@ -17,6 +17,7 @@ from ..errors import (
 )
 from ..models import Automation, AutomationVersion, Organisation
 from . import quotas
+from .audit import Actor, record_audit
 from .naming import check_slug_and_name
 
 
@@ -70,8 +71,9 @@ def version_update_draft(*, version: AutomationVersion, definition: Any) -> Auto
     return version
 
 
-def version_publish(*, version: AutomationVersion) -> AutomationVersion:
-    """Publish a draft: from now on it is immutable and new runs start on it."""
+def version_publish(*, version: AutomationVersion, actor: Actor | None = None) -> AutomationVersion:
+    """Publish a draft: from now on it is immutable and new runs start on it. Audited
+    (``automation.publish``) as ``actor``; None: Waymark itself (the demo, scripts)."""
     _validated(version.definition, for_publish=True)
     with transaction.atomic():
         # Lock the automation row first: concurrent publishes of one automation take turns,
@@ -86,15 +88,23 @@ def version_publish(*, version: AutomationVersion) -> AutomationVersion:
             version.refresh_from_db()
             raise AlreadyPublished(version=version.number, published_at=version.published_at)
         # Newer versions win even if an older draft is published later.
-        Automation.objects.filter(pk=version.automation_id).exclude(
-            current_version__number__gt=version.number
-        ).update(current_version=version)
+        became_current = (
+            Automation.objects.filter(pk=version.automation_id)
+            .exclude(current_version__number__gt=version.number)
+            .update(current_version=version)
+        )
+        record_audit(
+            org=version.org_id, actor=actor or Actor.system(), action="automation.publish",
+            target_type="automation", target_id=version.automation.slug,
+            detail={"version": version.number, "digest": version.digest,
+                    "current": bool(became_current)},
+        )  # fmt: skip
     version.refresh_from_db()
     return version
 
 
 def automation_publish_definition(
-    *, org: Organisation, slug: str, definition: Any, name: str = ""
+    *, org: Organisation, slug: str, definition: Any, name: str = "", actor: Actor | None = None
 ) -> AutomationVersion:
     """Create the automation if needed and publish ``definition`` unless it is already current.
 
@@ -111,4 +121,4 @@ def automation_publish_definition(
     if current is not None and current.digest == definition_digest(definition):
         return current
     draft = version_create_draft(automation=automation, definition=definition)
-    return version_publish(version=draft)
+    return version_publish(version=draft, actor=actor)

@@ -31,6 +31,7 @@ from ..engine.walk import RunState, Walk, lock_run
 from ..errors import NothingToRetry, RunStateConflict, UnknownRun
 from ..models import Organisation, Run
 from ..states import RunStatus, run_sources
+from .audit import Actor, as_actor, record_audit
 
 ACTIONS = ("cancel", "pause", "resume", "retry")
 BULK_LIMIT = 1_000  # runs changed by one bulk call; the answer says when more match
@@ -54,21 +55,29 @@ class BulkOutcome:
     dry_run: bool
 
 
-def run_act(*, org: Organisation, run_id: int, action: str, actor: str) -> Outcome:
-    """Apply ``action`` to one run of ``org``. Raises UnknownRun (another organisation's run
-    is unknown too) or RunStateConflict (recorded in the run's history)."""
+def run_act(*, org: Organisation, run_id: int, action: str, actor: Actor | str) -> Outcome:
+    """Apply ``action`` to one run of ``org`` as ``actor`` (an ``Actor``, or its history
+    label), recorded in the run's history and, in the same transaction, the audit log
+    (``run.cancel``, ...). Raises UnknownRun (another organisation's run is unknown too) or
+    RunStateConflict (recorded in the run's history, not audited: nothing changed)."""
     perform = _PERFORM.get(action)
     if perform is None:
         raise ValueError(f"unknown action {action!r}; one of {ACTIONS}")
+    who = as_actor(actor)
     try:
         with transaction.atomic(durable=True), connection.cursor() as cursor:
             cursor.execute(sql.RUN_OF_ORG, {"id": run_id, "org": org.pk})
             if cursor.fetchone() is None:
                 raise UnknownRun(run_id=run_id)
             run = lock_run(cursor, run_id)
-            return perform(cursor, run, actor)
+            outcome = perform(cursor, run, who.label)
+            record_audit(
+                org=org, actor=who, action=f"run.{action}", target_type="run", target_id=run_id,
+                detail={"status": str(outcome.status), "steps_changed": outcome.steps},
+            )  # fmt: skip
+            return outcome
     except RunStateConflict as refused:
-        _record_refusal(org.pk, run_id, action, actor, refused)
+        _record_refusal(org.pk, run_id, action, who.label, refused)
         raise
 
 
@@ -76,7 +85,7 @@ def runs_act_bulk(
     *,
     org: Organisation,
     action: str,
-    actor: str,
+    actor: Actor | str,
     status: str | None = None,
     automation: str | None = None,
     dry_run: bool = True,

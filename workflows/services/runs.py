@@ -11,13 +11,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from opentelemetry.trace import Span, SpanKind
 from psycopg.types.json import Jsonb
 
 from ..definitions.fields import parse_duration
 from ..definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
 from ..definitions.validator import canonical_json
-from ..engine import sql
-from ..engine.definition_cache import definition_for
+from ..engine import sql, tracing
+from ..engine.definition_cache import definition_for, version_label
 from ..engine.faults import crash_point
 from ..engine.sql.rows import fetch_dict, in_outermost_block, query_prepared
 from ..engine.starts import start_in_one_trip
@@ -44,6 +45,7 @@ class StartResult:
     created: bool
     status: str  # the run's status as the start left it (a quick-only run may be finished)
     start_key: str  # as given, or derived from the input
+    version_id: int | None = None  # the version the run runs (a repeat: the first start's)
 
 
 MAX_INPUT_DEPTH = 32
@@ -118,14 +120,36 @@ def run_start(
     into one run (see docs/api.md). The same key with another input, or for another
     automation, is refused with start_key_conflict.
     """
+    if not tracing.on():
+        return _run_start(org, automation_slug, run_input, start_key, trace=None)
+    attributes = {tracing.ORG_ID: org.pk, tracing.AUTOMATION: automation_slug}
+    with tracing.span("waymark.run.start", kind=SpanKind.PRODUCER, attributes=attributes) as span:
+        # The run stores this span's context: its steps' spans, in any process, are children.
+        started = _run_start(org, automation_slug, run_input, start_key,
+                             trace=tracing.traceparent(span))  # fmt: skip
+        _traced_start(span, started)
+        return started
+
+
+def _run_start(
+    org: Organisation, slug: str, run_input: Any, start_key: str | None, *, trace: str | None
+) -> StartResult:
     canonical = check_input(run_input)
     if start_key is not None:
         _check_start_key(start_key)
-    start = _Start(org, automation_slug, start_key, run_input, canonical)
+    start = _Start(org, slug, start_key, run_input, canonical, trace)
     admission = quotas.start_admission(org)
     result = _start_in_one_trip(start, admission) or _start_in_a_transaction(start, admission)
     crash_point("run_start.after_commit")
     return result
+
+
+def _traced_start(span: Span, started: StartResult) -> None:
+    span.set_attribute(tracing.RUN_ID, started.run_id)
+    span.set_attribute(tracing.CREATED, started.created)
+    if started.version_id is not None:
+        span.set_attribute(tracing.VERSION_ID, started.version_id)
+        span.set_attribute(tracing.VERSION, version_label(started.version_id)[1])
 
 
 def _start_in_a_transaction(start: _Start, admission: dict[str, Any]) -> StartResult:
@@ -190,6 +214,7 @@ class _Start:
     start_key: str | None
     run_input: Any
     canonical: str  # the input's canonical JSON (check_input made it)
+    trace: str | None = None  # the start span's traceparent; None: untraced
 
     def key(self, target: _Target) -> str:
         """The start key: as given, or derived from the automation and the input's digest."""
@@ -212,7 +237,7 @@ class _Start:
             "version": target.version_id, "key": self.key(target),
             "derived": self.start_key is None, "digest": self.digest,
             "max_steps": target.max_steps, "max_age": target.max_age,
-            "input": Jsonb(self.run_input),
+            "input": Jsonb(self.run_input), "trace": self.trace,
         }  # fmt: skip
 
 
@@ -265,8 +290,9 @@ def _start_in_one_trip(start: _Start, admission: dict[str, Any]) -> StartResult 
     if current["id"] is None:
         return _existing(start, target)
     return StartResult(
-        run_id=current["id"], created=True, status=RunStatus.RUNNING, start_key=start.key(target)
-    )
+        run_id=current["id"], created=True, status=RunStatus.RUNNING,
+        start_key=start.key(target), version_id=target.version_id,
+    )  # fmt: skip
 
 
 def _start_as_last_seen(start: _Start) -> StartResult | None:
@@ -332,8 +358,9 @@ def _existing(start: _Start, target: _Target) -> StartResult:
     ):
         raise StartKeyConflict(start_key=key, run_id=existing["id"])
     return StartResult(
-        run_id=existing["id"], created=False, status=existing["status"], start_key=key
-    )
+        run_id=existing["id"], created=False, status=existing["status"], start_key=key,
+        version_id=existing["version_id"],
+    )  # fmt: skip
 
 
 def _started(start: _Start, target: _Target, inserted: list[dict[str, Any]]) -> StartResult:
@@ -355,4 +382,6 @@ def _started(start: _Start, target: _Target, inserted: list[dict[str, Any]]) -> 
         # run_start's block is the outermost.
         walk.flush(commit=in_outermost_block())
     status = walk.finish[0] if walk.finish is not None else state.status
-    return StartResult(run_id=run_id, created=True, status=status, start_key=key)
+    return StartResult(
+        run_id=run_id, created=True, status=status, start_key=key, version_id=target.version_id
+    )

@@ -14,6 +14,7 @@ from ..engine.sql.rows import model_from_row, query_prepared
 from ..errors import ApiKeyExpired, ApiKeyRevoked, InvalidApiKey, NotFound
 from ..models import ApiKey, Organisation
 from ..models.tenancy import KEY_PREFIX, hash_key, new_raw_key
+from .audit import Actor, record_audit
 from .naming import check_slug_and_name
 
 
@@ -32,17 +33,28 @@ def api_key_create(
     name: str,
     read_only: bool = False,
     expires_at: datetime | None = None,
+    actor: Actor | None = None,
 ) -> tuple[ApiKey, str]:
-    """Create a key and return it with its secret; the secret is never stored or shown again."""
+    """Create a key and return it with its secret; the secret is never stored or shown again.
+    Audited (``api_key.create``) as ``actor``; None: Waymark itself (the demo, scripts)."""
     prefix, raw = new_raw_key()
-    key = ApiKey.objects.create(
-        org=org, name=name, prefix=prefix, key_hash=hash_key(raw), read_only=read_only,
-        expires_at=expires_at,
-    )  # fmt: skip
+    with transaction.atomic():
+        key = ApiKey.objects.create(
+            org=org, name=name, prefix=prefix, key_hash=hash_key(raw), read_only=read_only,
+            expires_at=expires_at,
+        )  # fmt: skip
+        record_audit(
+            org=org, actor=actor or Actor.system(), action="api_key.create",
+            target_type="api_key", target_id=prefix,
+            detail={"name": name, "read_only": read_only,
+                    "expires_at": expires_at.isoformat() if expires_at else None},
+        )  # fmt: skip
     return key, raw
 
 
-def api_key_revoke(*, prefix: str) -> ApiKey:
+def api_key_revoke(*, prefix: str, actor: Actor | None = None) -> ApiKey:
+    """Revoke the key now (again: nothing changes, nothing is audited). Audited
+    (``api_key.revoke``) as ``actor``; None: Waymark itself."""
     with transaction.atomic():
         try:
             key = ApiKey.objects.select_for_update().get(prefix=prefix)
@@ -51,6 +63,10 @@ def api_key_revoke(*, prefix: str) -> ApiKey:
         if key.revoked_at is None:
             ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=Now())
             key.refresh_from_db()
+            record_audit(
+                org=key.org_id, actor=actor or Actor.system(), action="api_key.revoke",
+                target_type="api_key", target_id=prefix, detail={"name": key.name},
+            )  # fmt: skip
     return key
 
 

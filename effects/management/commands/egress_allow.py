@@ -18,6 +18,7 @@ from django.core.management.base import CommandError, CommandParser
 from effects.allowlist import allow_add, allow_list, allow_remove
 from effects.egress import in_force, tenant_ceiling
 from workflows.errors import WaymarkError
+from workflows.plugins.audit import Actor
 from workflows.plugins.runs import MigratedCommand, organisation_get
 
 
@@ -42,11 +43,11 @@ class Command(MigratedCommand):
                 self._list(organisation)
             elif action == "add":
                 assert entry is not None
-                row = allow_add(organisation, entry, note)
+                row = allow_add(organisation, entry, note, actor=Actor.command())
                 self.stdout.write(f"added {row.entry} for {organisation.slug}")
             else:
                 assert entry is not None
-                allow_remove(organisation, entry)
+                allow_remove(organisation, entry, actor=Actor.command())
                 self.stdout.write(f"removed {entry.strip()} for {organisation.slug}")
         except WaymarkError as exc:
             raise CommandError(f"{exc.code}: {exc.detail}") from exc

@@ -20,9 +20,13 @@ from waymark_config.defaults import (
     SPECTACULAR_SETTINGS,
     WAYMARK,
     WAYMARK_WEB,
+    WEBHOOKS,
 )
 
-__all__ = ["CACHES", "EFFECTS", "REST_FRAMEWORK", "SPECTACULAR_SETTINGS", "WAYMARK", "WAYMARK_WEB"]
+__all__ = [
+    "CACHES", "EFFECTS", "REST_FRAMEWORK", "SPECTACULAR_SETTINGS", "WAYMARK", "WAYMARK_WEB",
+    "WEBHOOKS",
+]  # fmt: skip
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = BASE_DIR / "var"  # where bootstrap_demo keeps the demo's credentials
@@ -46,6 +50,7 @@ INSTALLED_APPS = [
     "timers",
     "effects",
     "approvals",
+    "webhooks",
 ]
 
 MIDDLEWARE = [

@@ -8,6 +8,7 @@ urlpatterns = [
     path("api/v1/", include("workflows.api.urls")),
     path("api/v1/", include("effects.urls")),
     path("api/v1/", include("timers.urls")),
+    path("api/v1/", include("webhooks.urls")),
     path("", include("approvals.urls")),  # /slack/interactions and /api/v1/approvals, /tasks
     path("", include("workflows.health.urls")),  # /readyz
     path("", include("workflows.monitoring")),  # /metrics: off without WAYMARK_METRICS_TOKEN

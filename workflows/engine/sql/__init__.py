@@ -65,7 +65,9 @@ claimed AS (
            r.deadline_at <= now() AS run_expired,
            -- What a hop's walk starts from (hops.py): the run's row as of the claim.
            r.entered::json AS run_entered, r.steps_executed AS run_steps_executed,
-           r.max_steps AS run_max_steps, r.xmin::text AS run_seen
+           r.max_steps AS run_max_steps, r.xmin::text AS run_seen,
+           -- The start's span (engine/tracing.py): the attempt's span is its child.
+           r.trace_context
 ),
 logged AS (
     INSERT INTO workflows_runevent (org_id, run_id, kind, step_id, iteration, attempt, worker, at)
@@ -110,6 +112,7 @@ class ClaimedRow(TypedDict):
     run_steps_executed: int
     run_max_steps: int
     run_seen: str
+    trace_context: str | None  # the run's start span (W3C traceparent); None: untraced
 
 
 # Claim up to %(n)s claimable steps of one lane, fairly across organisations.
@@ -373,7 +376,7 @@ SELECT org_id, run_id, 'step.retry_due', step_id, iteration, attempt, %(worker)s
 # each is then fired under its run's lock by a guarded transition (WAKE_*), so a deadline
 # racing a wake from outside has exactly one winner.
 DUE_DEADLINES = """
-SELECT id, wait_detail ->> 'on_deadline' AS on_deadline FROM workflows_step
+SELECT id, run_id, wait_detail ->> 'on_deadline' AS on_deadline FROM workflows_step
  WHERE status = 'waiting' AND wake_at <= now() AND wait_kind = 'external'
  ORDER BY wake_at
  LIMIT %(n)s
@@ -382,6 +385,7 @@ SELECT id, wait_detail ->> 'on_deadline' AS on_deadline FROM workflows_step
 
 class DueDeadlineRow(TypedDict):
     id: int
+    run_id: int
     on_deadline: str | None  # the outcome the step declared when it parked
 
 
@@ -399,6 +403,19 @@ UPDATE workflows_step
        finished_at = now()
  WHERE id = %(id)s AND run_id = %(run)s AND status = 'waiting' AND wait_kind = 'external'
    AND (NOT %(due)s OR wake_at <= now())
+RETURNING id, org_id, run_id, step_id, iteration, attempt, wait_detail::json AS wait_detail,
+          fork_join_id, branch
+"""
+
+
+# A waiting step failed for good by what should have woken it (its wake raised a bug, not
+# a transient error): its run then follows the step's failure path instead of waiting for
+# a wake that will never come. Same row as WAKE_DONE's, for the walk.
+FAIL_WAITING = """
+UPDATE workflows_step
+   SET status = 'failed', error = %(error)s, wait_kind = '', wake_at = NULL,
+       finished_at = now()
+ WHERE id = %(id)s AND run_id = %(run)s AND status = 'waiting'
 RETURNING id, org_id, run_id, step_id, iteration, attempt, wait_detail::json AS wait_detail,
           fork_join_id, branch
 """
@@ -782,12 +799,14 @@ UPDATE workflows_quotausage SET bound = NULL, counted_at = NULL WHERE bound IS N
 # A new run's row (INSERT_RUN, INSERT_RUN_IF_CURRENT): its columns and their values.
 _RUN_COLUMNS = """
     (org_id, automation_id, version_id, start_key, start_key_derived, input, input_digest,
-     status, vars, outputs, entered, error, steps_executed, max_steps, deadline_at, created_at)
+     status, vars, outputs, entered, error, steps_executed, max_steps, deadline_at, created_at,
+     trace_context)
 """.strip()
+# %(trace)s: the start span's W3C traceparent, NULL while tracing is off (engine/tracing.py).
 _RUN_VALUES = """
     %(org)s, %(automation)s, %(version)s, %(key)s, %(derived)s, %(input)s, %(digest)s,
     'running', '{}', '{}', '{}', '', 0, %(max_steps)s,
-    now() + make_interval(secs => %(max_age)s), now()
+    now() + make_interval(secs => %(max_age)s), now(), %(trace)s
 """.strip()
 
 INSERT_RUN = f"""
@@ -821,7 +840,9 @@ SELECT target.automation_id, target.version_id, inserted.id, inserted.created_at
 # walk ran before the run had an id: its rows carry none, each takes the inserted one. The
 # JSON values come in one document (%(document)s: the run's input, vars, outputs and entered,
 # its steps and events as arrays of objects keyed by column name, times as seconds from
-# now(), and the lanes to wake). With %(admit)s, the start is admitted under the
+# now(), the lanes to wake, and the start span's traceparent under "trace" only while
+# tracing is on: no parameter of its own, so an untraced start sends nothing more). With
+# %(admit)s, the start is admitted under the
 # organisation's start quotas in the same statement (as QUOTA_ADMIT, services/quotas.py): the
 # usage row is locked for this statement alone. Not admitted (no usage row yet, or the bound
 # at the quota), it writes nothing and says so (`admitted` false): the caller admits the
@@ -843,7 +864,8 @@ inserted AS (
     INSERT INTO workflows_run {_RUN_COLUMNS}
     SELECT %(org)s, %(automation)s, %(version)s, %(key)s, %(derived)s, doc.d->'input',
            %(digest)s, %(status)s, doc.d->'vars', doc.d->'outputs', doc.d->'entered', '',
-           %(steps)s, %(max_steps)s, now() + make_interval(secs => %(max_age)s), now()
+           %(steps)s, %(max_steps)s, now() + make_interval(secs => %(max_age)s), now(),
+           doc.d->>'trace'
       FROM target CROSS JOIN doc
      WHERE target.automation_id = %(automation)s AND target.version_id = %(version)s
        AND (NOT %(admit)s OR EXISTS (SELECT FROM admitted))
@@ -893,7 +915,7 @@ SELECT target.automation_id, target.version_id, inserted.id,
 """  # noqa: S608 (this module's constant fragments)
 
 EXISTING_RUN = """
-SELECT id, automation_id, input_digest, status FROM workflows_run
+SELECT id, automation_id, version_id, input_digest, status FROM workflows_run
  WHERE org_id = %(org)s AND start_key = %(key)s
 """
 
@@ -920,6 +942,14 @@ SELECT k.id, k.org_id, k.name, k.prefix, k.key_hash, k.created_at, k.revoked_at,
 PUBLISHED_DEFINITION = """
 SELECT definition::json AS definition FROM workflows_automationversion
  WHERE id = %(id)s AND published_at IS NOT NULL
+"""
+
+# What a version is called in a trace (engine/tracing.py): its automation's slug and its
+# number. Read once per version and process, and only while tracing is on.
+VERSION_LABEL = """
+SELECT a.slug, v.number FROM workflows_automationversion v
+  JOIN workflows_automation a ON a.id = v.automation_id
+ WHERE v.id = %(id)s
 """
 
 # Relay: a batch of unsent intents, locked so two relays never take the same rows, each with
@@ -980,6 +1010,21 @@ PURGE_RUN_STEPS = "DELETE FROM workflows_step WHERE run_id = ANY(%(ids)s)"
 PURGE_RUNS = """
 DELETE FROM workflows_run
  WHERE id = ANY(%(ids)s) AND status IN ('succeeded', 'failed', 'cancelled')
+"""
+
+# The audit log's retention (services/audit.py::purge_audit): the purge says, for its own
+# transaction only, before which instant entries may go (the append-only trigger lets those
+# go and nothing else), then deletes a batch of them, oldest first (index audit_at).
+AUDIT_PURGE_BEFORE = """
+SELECT set_config('waymark.audit_purge_before',
+                  (now() - make_interval(secs => %(age)s))::text, true)
+"""
+PURGE_AUDIT = """
+DELETE FROM workflows_auditentry
+ WHERE id = ANY(ARRAY(
+       SELECT id FROM workflows_auditentry
+        WHERE at < current_setting('waymark.audit_purge_before')::timestamptz
+        ORDER BY at LIMIT %(batch)s))
 """
 
 # The last resort when the walk itself fails on a settled step (an engine bug, a step type

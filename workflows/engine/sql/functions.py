@@ -368,3 +368,28 @@ CREATE TRIGGER published_version_is_immutable
 BEFORE UPDATE OR DELETE ON workflows_automationversion
 FOR EACH ROW EXECUTE FUNCTION waymark_published_version_is_immutable();
 """
+
+# The audit log is append-only (models/audit.py): an UPDATE of an entry is refused, and so is
+# a DELETE, whatever issued it (the ORM, raw SQL, psql), with SQLSTATE WM002. The one
+# exception is the retention purge (services/audit.py::purge_audit), which announces in its
+# own transaction (set_config(..., true): for that transaction only) the instant before which
+# entries may go, and deletes only those. TRUNCATE is a table owner's act, beyond a row trigger.
+AUDIT_APPEND_ONLY_V1 = """
+CREATE OR REPLACE FUNCTION waymark_audit_append_only_v1() RETURNS trigger
+LANGUAGE plpgsql AS $function$
+BEGIN
+    IF TG_OP = 'DELETE'
+       AND OLD.at < NULLIF(current_setting('waymark.audit_purge_before', true), '')::timestamptz
+    THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'audit entry % is append-only: % refused', OLD.id, TG_OP
+        USING ERRCODE = 'WM002',
+              HINT = 'Audit entries are never changed; only the retention purge deletes them.';
+END;
+$function$;
+
+CREATE TRIGGER audit_append_only
+BEFORE UPDATE OR DELETE ON workflows_auditentry
+FOR EACH ROW EXECUTE FUNCTION waymark_audit_append_only_v1();
+"""

@@ -8,6 +8,7 @@ from workflows.errors import WaymarkError
 from workflows.management.base import MAX_DAYS, MigratedCommand
 from workflows.models import ApiKey
 from workflows.selectors import organisation_get
+from workflows.services.audit import Actor
 from workflows.services.naming import check_length
 from workflows.services.tenancy import api_key_create
 
@@ -48,7 +49,8 @@ class Command(MigratedCommand):
         except WaymarkError as exc:
             raise CommandError(f"{exc.code}: {exc.detail}") from exc
         key, raw = api_key_create(
-            org=organisation, name=name, read_only=read_only, expires_at=expires_at
-        )
+            org=organisation, name=name, read_only=read_only, expires_at=expires_at,
+            actor=Actor.command(),
+        )  # fmt: skip
         self.stderr.write(f"API key {key.prefix} for {organisation.slug}; it is not shown again:")
         self.stdout.write(raw)

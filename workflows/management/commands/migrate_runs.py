@@ -1,4 +1,3 @@
-import getpass
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -7,6 +6,7 @@ from workflows.errors import WaymarkError
 from workflows.management.base import MigratedCommand
 from workflows.models import RunMigration
 from workflows.selectors import organisation_get
+from workflows.services.audit import Actor
 from workflows.services.run_migration import (
     REASONS,
     JobProgress,
@@ -54,7 +54,7 @@ class Command(MigratedCommand):
         parser.add_argument("--resume", type=int, metavar="ID", help="go on with migration ID")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        actor = f"command:{getpass.getuser()}"
+        actor = Actor.command()
         try:
             org = organisation_get(slug=options["org"])
             if options["resume"] is not None:

@@ -7,6 +7,7 @@ from django.core.management.base import CommandError, CommandParser
 from workflows.errors import InvalidDefinitionError, WaymarkError
 from workflows.management.base import MigratedCommand
 from workflows.selectors import organisation_get
+from workflows.services.audit import Actor
 from workflows.services.automations import automation_publish_definition
 
 
@@ -27,8 +28,9 @@ class Command(MigratedCommand):
         definition = _definition_in(content, file)
         try:
             version = automation_publish_definition(
-                org=organisation_get(slug=org), slug=slug, definition=definition, name=name
-            )
+                org=organisation_get(slug=org), slug=slug, definition=definition, name=name,
+                actor=Actor.command(),
+            )  # fmt: skip
         except InvalidDefinitionError as exc:
             lines = [f"  {i['code']}: {i['message']}" for i in exc.issues]
             raise CommandError("invalid_definition:\n" + "\n".join(lines)) from exc

@@ -4,6 +4,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from workflows.errors import WaymarkError
 from workflows.management.base import MigratedCommand
+from workflows.services.audit import Actor
 from workflows.services.tenancy import api_key_revoke
 
 
@@ -15,7 +16,7 @@ class Command(MigratedCommand):
 
     def handle(self, *args: Any, prefix: str, **options: Any) -> None:
         try:
-            key = api_key_revoke(prefix=prefix)
+            key = api_key_revoke(prefix=prefix, actor=Actor.command())
         except WaymarkError as exc:
             raise CommandError(f"{exc.code}: {exc.detail}") from exc
         self.stdout.write(f"revoked {key.prefix} at {key.revoked_at:%Y-%m-%d %H:%M:%S}Z")

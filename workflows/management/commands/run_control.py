@@ -1,4 +1,3 @@
-import getpass
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -6,6 +5,7 @@ from django.core.management.base import CommandError, CommandParser
 from workflows.errors import WaymarkError
 from workflows.management.base import MigratedCommand
 from workflows.selectors import organisation_get
+from workflows.services.audit import Actor
 from workflows.services.control import ACTIONS, run_act, runs_act_bulk
 from workflows.states import RunStatus
 
@@ -25,7 +25,7 @@ class Command(MigratedCommand):
         parser.add_argument("--yes", action="store_true", help="act on the filter's runs")
 
     def handle(self, *args: Any, action: str, org: str, **options: Any) -> None:
-        actor = f"command:{getpass.getuser()}"
+        actor = Actor.command()
         try:
             organisation = organisation_get(slug=org)
             if options["run"] is not None:

@@ -89,19 +89,21 @@ def web_children(listener: socket.socket, processes: int, grace: float) -> list[
     leaves the others serving."""
     fd = listener.fileno()
     return [
-        Child(f"web-{number}", web_argv(fd, grace), pass_fds=(fd,)) for number in range(processes)
+        Child(f"web-{number}", web_argv(fd, grace), pass_fds=(fd,), role="web")
+        for number in range(processes)
     ]
 
 
 def engine_children(grace: float) -> list[Child]:
     manage = [sys.executable, "manage.py"]
     return [
-        Child("relay", [*manage, "relay"]),
-        Child("sweep", [*manage, "sweep"]),
+        Child("relay", [*manage, "relay"], role="relay"),
+        Child("sweep", [*manage, "sweep"], role="sweep"),
         *[
             Child(
                 f"worker-{lane}" + (f"-{number}" if number else ""),
                 [*manage, "worker", "--lane", lane, "--grace", str(grace)],
+                role=f"worker-{lane}",
             )
             for lane in WORKER_LANES
             for number in range(lane_policy(lane).processes)
@@ -113,6 +115,7 @@ def engine_children(grace: float) -> list[Child]:
             Child(
                 f"suspects-{lane}",
                 [*manage, "worker", "--lane", lane, "--suspects-only", "--grace", str(grace)],
+                role=f"worker-{lane}-suspects",
             )
             for lane in WORKER_LANES
         ],

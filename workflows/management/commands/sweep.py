@@ -2,6 +2,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from workflows.engine.processes import engine_process
 from workflows.engine.stop_signals import wait_for_stop_signal
 from workflows.engine.sweeper import run_sweeper
 
@@ -15,4 +16,5 @@ class Command(BaseCommand):
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        wait_for_stop_signal(run_sweeper)
+        with engine_process("sweep"):
+            wait_for_stop_signal(run_sweeper)

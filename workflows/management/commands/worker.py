@@ -7,6 +7,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from workflows.engine.lanes import WORKER_LANES, lane_policy
+from workflows.engine.processes import engine_process
 from workflows.engine.worker import EXIT_REPLACE_ME, Worker
 
 
@@ -28,11 +29,12 @@ class Command(BaseCommand):
         if concurrency is not None and concurrency < 1:
             raise CommandError("invalid_concurrency: --concurrency must be at least 1")
         lower_priority(settings.WAYMARK["WORKER_NICE"])
-        worker = Worker(
-            lane_policy(lane), concurrency=concurrency, grace_seconds=grace,
-            suspects_only=suspects_only,
-        )  # fmt: skip
-        worker.run()
+        with engine_process(f"worker-{lane}" + ("-suspects" if suspects_only else "")):
+            worker = Worker(
+                lane_policy(lane), concurrency=concurrency, grace_seconds=grace,
+                suspects_only=suspects_only,
+            )  # fmt: skip
+            worker.run()
         if worker.replace_requested:
             # Hung executors cannot be stopped, only left behind: exit so the supervisor
             # (runengine, or systemd and the like) starts a fresh process with every slot.

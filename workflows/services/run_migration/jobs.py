@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from ...engine.sql import migration as sql
@@ -29,6 +29,7 @@ from ...engine.sql.rows import fetch_dicts
 from ...errors import UnknownMigration
 from ...models import MigrationStatus, Organisation, RunMigration
 from ...selectors import automation_get
+from ..audit import Actor, as_actor, record_audit
 from .move import BUSY, MOVED, move_run
 from .plan import MigrationPlan, plan_from_job
 from .report import dry_run
@@ -49,33 +50,46 @@ class JobProgress:
 def migration_start(
     *,
     plan: MigrationPlan,
-    actor: str,
+    actor: Actor | str,
     limit: int | None = None,
     started: Callable[[RunMigration], None] | None = None,
 ) -> JobProgress:
-    """Make the job (with the dry run it starts from) and apply it, trying at most ``limit``
-    runs in this call (None: all). ``started``: told the job once it exists, before any run
-    moves (a command prints its id, to resume it by)."""
+    """Make the job (with the dry run it starts from; audited as ``run_migration.start``) and
+    apply it, trying at most ``limit`` runs in this call (None: all). ``started``: told the
+    job once it exists, before any run moves (a command prints its id, to resume it by)."""
+    who = as_actor(actor)
     planned = dry_run(plan)
-    job = RunMigration.objects.create(
-        org=plan.org, automation=plan.automation, from_version=plan.from_version,
-        to_version=plan.to_version, plan=plan.as_json(), planned=planned.as_json(),
-        created_by=actor[:150],
-    )  # fmt: skip
+    with transaction.atomic():
+        job = RunMigration.objects.create(
+            org=plan.org, automation=plan.automation, from_version=plan.from_version,
+            to_version=plan.to_version, plan=plan.as_json(), planned=planned.as_json(),
+            created_by=who.label[:150],
+        )  # fmt: skip
+        record_audit(
+            org=plan.org, actor=who, action="run_migration.start", target_type="run_migration",
+            target_id=job.pk, detail={**plan.describe(), "would_move": planned.would_move},
+        )  # fmt: skip
     if started is not None:
         started(job)
-    return _apply(job, plan, actor, limit)
+    return _apply(job, plan, who, limit)
 
 
 def migration_resume(
-    *, org: Organisation, automation_slug: str, migration_id: int, actor: str,
+    *, org: Organisation, automation_slug: str, migration_id: int, actor: Actor | str,
     limit: int | None = None,
 ) -> JobProgress:  # fmt: skip
-    """Go on with a job that was stopped; a finished one is answered as it is."""
+    """Go on with a job that was stopped (audited as ``run_migration.resume``); a finished one
+    is answered as it is."""
+    who = as_actor(actor)
     job = migration_get(org=org, automation_slug=automation_slug, migration_id=migration_id)
     if job.status == MigrationStatus.FINISHED:
         return JobProgress(job, 0, more=False)
-    return _apply(job, plan_from_job(job), actor, limit)
+    plan = plan_from_job(job)
+    with transaction.atomic():
+        record_audit(org=org, actor=who, action="run_migration.resume",
+                     target_type="run_migration", target_id=job.pk,
+                     detail={"moved_before": job.moved})  # fmt: skip
+    return _apply(job, plan, who, limit)
 
 
 def migration_get(*, org: Organisation, automation_slug: str, migration_id: int) -> RunMigration:
@@ -90,7 +104,7 @@ def migration_get(*, org: Organisation, automation_slug: str, migration_id: int)
     return job
 
 
-def _apply(job: RunMigration, plan: MigrationPlan, actor: str, limit: int | None) -> JobProgress:
+def _apply(job: RunMigration, plan: MigrationPlan, actor: Actor, limit: int | None) -> JobProgress:
     moved = 0
     tried = 0
     put_off: list[int] = []

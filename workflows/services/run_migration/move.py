@@ -36,6 +36,7 @@ from ...engine.sql import migration as sql
 from ...engine.sql.rows import event_row, fetch_dicts, insert_events
 from ...engine.walk import CONTINUATION_STEP, RunState, Walk, lock_run
 from ...states import RUN_FINISHED
+from ..audit import Actor, as_actor, record_audit
 from .plan import MigrationPlan
 
 MOVED = "moved"
@@ -67,14 +68,24 @@ class LiveStep:
 
 
 def move_run(
-    plan: MigrationPlan, run_id: int, *, migration_id: int | None, actor: str
+    plan: MigrationPlan, run_id: int, *, migration_id: int | None, actor: Actor | str
 ) -> MoveResult:
-    """Move one run (its own transaction). ``migration_id``: the job, recorded in the event and
-    counted (None: no job, a single move)."""
+    """Move one run (its own transaction; audited as ``run.migrate``). ``migration_id``: the
+    job, recorded in the event and counted (None: no job, a single move)."""
+    who = as_actor(actor)
     try:
         with transaction.atomic(durable=True), connection.cursor() as cursor:
             cursor.execute(sql.LOCK_TIMEOUT)
-            return _move_locked(cursor, plan, run_id, migration_id, actor)
+            result = _move_locked(cursor, plan, run_id, migration_id, who.label)
+            if result.outcome == MOVED:
+                record_audit(
+                    org=plan.org, actor=who, action="run.migrate", target_type="run",
+                    target_id=run_id, detail={
+                        "migration": migration_id, "from_version": plan.from_version.number,
+                        "to_version": plan.to_version.number,
+                    },
+                )  # fmt: skip
+            return result
     except StepBusy:
         return MoveResult(BUSY, "locked")
     except Exception as exc:

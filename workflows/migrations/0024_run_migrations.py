@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('workflows', '0021_sweep_lease_belongs_to_the_engine'),
+        ('workflows', '0023_audit_log'),
     ]
 
     operations = [
