@@ -4,6 +4,7 @@ each scoped to the organisation and refusing bad input with a stable code."""
 
 from __future__ import annotations
 
+from collections import Counter
 from io import StringIO
 from typing import Any
 
@@ -13,7 +14,14 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from rest_framework.test import APIClient
 
-from workflows.models import Automation, Membership, Organisation, Run, RunMigration
+from workflows.models import (
+    AuditEntry,
+    Automation,
+    Membership,
+    Organisation,
+    Run,
+    RunMigration,
+)
 from workflows.services.automations import automation_publish_definition
 from workflows.services.tenancy import api_key_create
 
@@ -77,6 +85,14 @@ def test_the_api_moves_runs_in_calls_of_limit_and_resumes_by_id(org: Organisatio
     assert all(len(migrated_events(r)) == 1 for r in moved)
     by = migrated_events(moved[0])[0].detail
     assert by is not None and by["by"] == status["created_by"]
+    # Audited, each in its action's transaction: the job made, resumed, and each run moved.
+    entries = AuditEntry.objects.filter(org=org, action__contains="migrat")
+    audited = Counter(entries.values_list("action", "actor_kind"))
+    assert audited == {
+        ("run_migration.start", "api_key"): 1,
+        ("run_migration.resume", "api_key"): 1,
+        ("run.migrate", "api_key"): 6,
+    }
 
 
 @pytest.mark.parametrize(
