@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import threading
 import time
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 
 from approvals.models import ApprovalRequest
@@ -156,6 +158,9 @@ def test_runs_move_once_with_their_waits_and_finish_on_the_new_version(org) -> N
         assert ApprovalRequest.objects.get(run_id=run_id).step_id == "review"
     run = Run.objects.get(pk=runs["cool"][0])
     assert run.entered["cooldown"] == 1 and "cool" not in run.entered
+    shown = StringIO()
+    call_command("runs", "show", "--org", org.slug, str(run.pk), stdout=shown)
+    assert f"moved from v3 to v4 (migration {job.pk}): cool#1 -> cooldown#1" in shown.getvalue()
 
     # Woken, the moved runs walk version 4 (its `after` sets "v4"); the others, version 3.
     make_timers_due(runs["cool"] + runs["hold"])
