@@ -6,9 +6,10 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from workflows.plugins import register_sweep_task
+        from workflows.plugins import register_step_renamer, register_sweep_task
 
         from . import sweep
+        from .renames import rename_requests
         from .steptypes import register_step_types
 
         register_step_types()
@@ -18,3 +19,4 @@ class ApprovalsConfig(AppConfig):
         register_sweep_task("approvals.wake_decided", sweep.wake_decided)
         register_sweep_task("approvals.reminders", sweep.send_reminders)
         register_sweep_task("approvals.slack_updates", sweep.update_slack)
+        register_step_renamer("approvals", rename_requests)

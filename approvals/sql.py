@@ -108,3 +108,16 @@ DELETE FROM approvals_slackinteraction WHERE id IN (
    WHERE applied_at < now() - make_interval(days => %(keep_days)s)
    LIMIT 1000)
 """
+
+# A migration between versions renamed the step (workflows.plugins.StepRename): its requests
+# follow it (the executor finds its request by run, step and iteration when it runs again).
+# Buttons already posted name the old step in their token and are refused until the sweep
+# updates the messages (``slack_stale``), which gives them new tokens. The migration holds the
+# run's lock and bounds its lock waits: a decision that holds the request (and wants the run
+# next) is not waited for into a deadlock; the migration gives way and tries again later.
+RENAME_REQUESTS = """
+UPDATE approvals_approvalrequest
+   SET step_id = %(new_step_id)s, iteration = %(new_iteration)s, updated_at = now(),
+       slack_stale = slack_messages <> '[]'::jsonb
+ WHERE run_id = %(run)s AND step_id = %(step_id)s AND iteration = %(iteration)s
+"""

@@ -6,11 +6,16 @@ class EffectsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from workflows.plugins import register_metrics_collector, register_sweep_task
+        from workflows.plugins import (
+            register_metrics_collector,
+            register_step_renamer,
+            register_sweep_task,
+        )
 
         from . import health
         from .egress import tenant_ceiling
         from .metrics import effect_gauges
+        from .renames import rename_effects
         from .resolve import reconcile_budgets
         from .steptypes import register_step_types
 
@@ -19,3 +24,4 @@ class EffectsConfig(AppConfig):
         health.register()
         register_metrics_collector("effects", effect_gauges)
         register_sweep_task("effects.reconcile_budgets", reconcile_budgets)
+        register_step_renamer("effects", rename_effects)

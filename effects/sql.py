@@ -347,3 +347,17 @@ SELECT provider,
  WHERE circuit <> 'closed' OR status = 'broken'
  GROUP BY provider
 """
+
+# A migration between versions renamed the step (workflows.plugins.StepRename): its effects
+# follow it, their ledger keys too (``run/step/iteration``, with a suffix after a slash for a
+# step's further effects), so the step, run again, finds what it already did instead of doing
+# it again. What providers were sent (external_key) stays as sent: it is what they know the
+# effect by. Compared with left(), never LIKE: an underscore in a step id is not a wildcard.
+RENAME_EFFECTS = """
+UPDATE effects_effect
+   SET step_id = %(new_step_id)s, iteration = %(new_iteration)s,
+       key = %(new_key)s || substr(key, length(%(old_key)s) + 1), updated_at = now()
+ WHERE org_id = %(org)s AND run_id = %(run)s AND step_id = %(step_id)s
+   AND iteration = %(iteration)s
+   AND (key = %(old_key)s OR left(key, length(%(old_key)s) + 1) = %(old_key)s || '/')
+"""

@@ -241,6 +241,14 @@ class Harness:
                   expect=200)  # fmt: skip
         return slug
 
+    def publish_version(self, slug: str, definition: Mapping[str, Any]) -> int:
+        """Add the definition to an automation as its next version and publish it: its number."""
+        version = self.call("POST", f"/api/v1/automations/{slug}/versions",
+                            {"definition": definition}, expect=201)  # fmt: skip
+        self.call("POST", f"/api/v1/automations/{slug}/versions/{version['number']}/publish",
+                  expect=200)  # fmt: skip
+        return int(version["number"])
+
     def start(self, slug: str, run_input: Mapping[str, Any] | None = None,
               start_key: str | None = None) -> int:  # fmt: skip
         body: dict[str, Any] = {"automation": slug, "input": dict(run_input or {})}

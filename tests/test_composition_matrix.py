@@ -16,15 +16,19 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from django.db.models.functions import Now
 
+from timers.models import Timer
 from workflows.models import Run, RunEvent, Signal
 
 from .composition import (
+    DONE,
     KINDS,
     Plan,
     chain,
     finish_plans,
     fork,
+    fragment,
     loop,
     pair,
     problems,
@@ -177,3 +181,39 @@ def test_a_pause_and_a_resume_anywhere_in_a_pair_change_nothing(harness: Harness
     found = finish_plans(harness, started)
 
     assert not found, report(found)
+
+
+# --- a run migrated mid-way (issue 30) -----------------------------------------------------------
+
+
+def test_a_run_between_an_effect_and_a_wait_is_migrated_and_finishes_on_the_new_version(
+    harness: Harness,
+) -> None:
+    """http → wait, migrated while it waits to a version that calls the wait `hold` and sends
+    an email after it: the wait's timer is carried over, the effect already made is not made
+    again, and the new version's email goes out once."""
+    sent = fragment("http", "s1", "pause")
+    pause = {"id": "pause", "type": "wait", "duration": "1h", "next": DONE}
+    done = {"id": DONE, "type": "end", "output": {"ended": DONE}}
+    slug = harness.publish({"start": "s1", "steps": [*sent.steps, pause, done]})
+    run_id = harness.start(slug, run_input(harness))
+    harness.wait_quiet([run_id])
+    assert harness.path(run_id) == [("s1", 1, "done"), ("pause", 1, "waiting")]
+    email = fragment("email", "s3", DONE)
+    hold = {**pause, "id": "hold", "next": "s3"}
+    then = {**sent.steps[0], "next": "hold"}
+    assert harness.publish_version(slug, {"start": "s1", "steps": [then, hold, *email.steps,
+                                                                   done]}) == 2  # fmt: skip
+
+    migrated = harness.call("POST", f"/api/v1/automations/{slug}/migrations", {
+        "from_version": 1, "to_version": 2, "map": {"pause": "hold"}, "dry_run": False,
+    }, expect=200)  # fmt: skip
+    assert (migrated["status"], migrated["moved"]) == ("finished", 1)
+    assert Timer.objects.filter(run_id=run_id, step_id="hold").update(due_at=Now()) == 1
+
+    run = harness.wait_finished([run_id])[run_id]
+    assert (run.status, run.output, run.version.number) == ("succeeded", {"ended": DONE}, 2)
+    assert harness.path(run_id) == [
+        ("s1", 1, "done"), ("hold", 1, "done"), ("s3", 1, "done"), (DONE, 1, "done"),
+    ]  # fmt: skip
+    assert harness.effect_keys(run_id) == {f"{run_id}/s1/1": 1, f"{run_id}/s3/1": 1}

@@ -8,12 +8,14 @@ class TimersConfig(AppConfig):
     def ready(self) -> None:
         from workflows.plugins import (
             register_metrics_collector,
+            register_step_renamer,
             register_sweep_service,
             register_sweep_task,
         )
 
         from . import health
         from .metrics import timer_gauges
+        from .renames import rename_timer
         from .schedules import fire_due_schedules
         from .steptypes import register_step_types
         from .sweep import TimerFiring
@@ -23,3 +25,4 @@ class TimersConfig(AppConfig):
         register_metrics_collector("timers", timer_gauges)
         register_sweep_service("timers.due", TimerFiring)
         register_sweep_task("timers.schedules", fire_due_schedules, each_tick=True)
+        register_step_renamer("timers", rename_timer)

@@ -299,3 +299,13 @@ SELECT GREATEST(0, EXTRACT(EPOCH FROM now() - min(due_at)))::float8 AS seconds
  WHERE fired_at IS NULL AND cancelled_at IS NULL
    AND org_id > 0  -- the timer_next_due index (see its comment)
 """
+
+# A migration between versions renamed the waiting step (workflows.plugins.StepRename): its
+# timer follows it, fired or not, so the sweep still finds the step its timer wakes. The
+# migration holds the run's lock and its lock waits are bounded (a batch firing this timer
+# holds the row and waits for the run: the migration gives way and tries again later).
+RENAME_TIMER = """
+UPDATE timers_timer
+   SET step_id = %(new_step_id)s, iteration = %(new_iteration)s
+ WHERE run_id = %(run)s AND step_id = %(step_id)s AND iteration = %(iteration)s
+"""

@@ -244,3 +244,65 @@ class InvalidFilter(InvalidInput):
 
     def as_dict(self) -> dict[str, Any]:
         return {**super().as_dict(), "parameter": self.extra["parameter"]}
+
+
+# --- migrating runs between versions (services/run_migration) ---------------------------------
+
+
+class UnknownStep(WaymarkError):
+    """A migration plan names a step id its version does not have (a mapping's old or new
+    step, ``move_to``, the current-step filter); ``step`` and ``version`` say which."""
+
+    code = "unknown_step"
+    default_detail = "Version {version} has no step {step!r}."
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "step": self.extra["step"], "version": self.extra["version"]}
+
+
+class IncompatibleStepType(WaymarkError):
+    """A mapping sends a step to one of another type: a run parked on a ``wait`` can only
+    carry its timer over to a ``wait``, an approval's request to an ``approval``..."""
+
+    code = "incompatible_step_type"
+    default_detail = (
+        "Step {step!r} is a {old_type} step and {target!r} is a {new_type} step: a run parked "
+        "on one cannot carry its wait over to the other; map it to a {old_type} step, or let "
+        "the removed-step rule handle it (move_to re-makes the wait)."
+    )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "step": self.extra["step"], "target": self.extra["target"]}
+
+
+class VersionOfAnotherAutomation(WaymarkError):
+    code = "version_of_another_automation"
+    default_detail = (
+        "The target version belongs to automation {other!r}, not {slug!r}: runs move between "
+        "versions of their own automation only."
+    )
+
+
+class SameVersion(WaymarkError):
+    code = "same_version"
+    default_detail = "The runs are on version {version} already: choose another target version."
+
+
+class VersionNotPublished(Conflict):
+    code = "version_not_published"
+    default_detail = "Version {version} is a draft: runs move only to and from published versions."
+
+
+class MigratingFinishedRuns(WaymarkError):
+    """A filter that asks for finished runs: a finished run keeps the version it ended on."""
+
+    code = "run_finished"
+    default_detail = (
+        "Finished runs ({statuses}) are never migrated: they keep the version they ended on. "
+        "Filter on running and/or paused runs."
+    )
+
+
+class UnknownMigration(NotFound):
+    code = "unknown_migration"
+    default_detail = "No migration {migration_id} of this automation in this organisation."

@@ -6,7 +6,8 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path
 
 from ..definitions.validator import validate_definition
 from ..errors import WaymarkError
@@ -14,6 +15,7 @@ from ..models import Automation, AutomationVersion
 from ..services.audit import Actor
 from ..services.automations import version_publish, version_update_draft
 from .display import pretty_json
+from .migrations import migrate_runs_view
 from .scoping import OrgScopedMixin, OrgScopedRelatedFilter
 
 
@@ -37,6 +39,19 @@ class AutomationAdmin(OrgScopedMixin, admin.ModelAdmin):
     list_select_related = ["org", "current_version__automation"]
     readonly_fields = ["current_version", "created_at"]
     inlines = [VersionInline]
+    # Its page links to "Migrate runs" (admin/migrations.py): dry run first, then confirm.
+    change_form_template = "admin/workflows/automation/change_form.html"
+
+    def get_urls(self) -> list[URLPattern]:
+        migrate = path(
+            "<path:object_id>/migrate-runs/",
+            self.admin_site.admin_view(self.migrate_runs),
+            name="workflows_automation_migrate_runs",
+        )
+        return [migrate, *super().get_urls()]
+
+    def migrate_runs(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return migrate_runs_view(self, request, object_id)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         if obj is None:

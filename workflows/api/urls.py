@@ -7,7 +7,7 @@ from django.urls import URLPattern, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.views import APIView
 
-from . import audit, signals, views
+from . import audit, migrations, signals, views
 
 app_name = "api"
 
@@ -33,6 +33,12 @@ urlpatterns = [
         "automations/<slug:slug>/versions/<int:number>/publish",
         views.VersionPublishView,
         "version-publish",
+    ),
+    *route("automations/<slug:slug>/migrations", migrations.MigrationListView, "migrations"),
+    *route(
+        "automations/<slug:slug>/migrations/<int:migration_id>",
+        migrations.MigrationDetailView,
+        "migration",
     ),
     *route("runs", views.RunListView, "runs"),
     *route("runs/<int:run_id>", views.RunDetailView, "run"),

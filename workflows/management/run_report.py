@@ -102,9 +102,26 @@ def event_words(event: RunEvent) -> str:
         seconds = detail.get("deadline_seconds")
         limit = f", at most {_span(float(seconds))}" if seconds else ""
         return "waits for " + _waited_on(detail) + limit
+    if event.kind == "run.migrated":
+        return _migrated(detail)
     # "by" is said apart; the version a run started with (its row id) is the header's.
     shown = {k: v for k, v in detail.items() if k not in ("by", "version_id")}
     return one_line(", ".join(f"{k}: {one_line(v, 120)}" for k, v in shown.items()))
+
+
+def _migrated(detail: Mapping[str, Any]) -> str:
+    """A migration's move in words: the versions, the job, where each live step went."""
+    moves = []
+    for move in detail.get("steps") or []:
+        was = step_label(str(move.get("step_id")), move.get("iteration"))
+        if move.get("how") == "move_to":
+            moves.append(f"{was} ended, enters {move.get('to')}")
+        else:
+            iteration = move.get("to_iteration", move.get("iteration"))
+            moves.append(f"{was} -> {step_label(str(move.get('to')), iteration)}")
+    job = f" (migration {detail['migration']})" if detail.get("migration") else ""
+    head = f"moved from v{detail.get('from_version')} to v{detail.get('to_version')}{job}"
+    return one_line(head + (": " + ", ".join(moves) if moves else ""))
 
 
 def who(event: RunEvent) -> str:

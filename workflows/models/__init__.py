@@ -1,5 +1,6 @@
 from .audit import ActorKind, AuditEntry
 from .automations import Automation, AutomationVersion
+from .run_migrations import MigrationStatus, RunMigration
 from .runs import IdleWorker, Outbox, Run, RunEvent, Step, SweepLease
 from .signals import Signal
 from .tenancy import ApiKey, Membership, Organisation, QuotaUsage
@@ -12,11 +13,13 @@ __all__ = [
     "AutomationVersion",
     "IdleWorker",
     "Membership",
+    "MigrationStatus",
     "Organisation",
     "Outbox",
     "QuotaUsage",
     "Run",
     "RunEvent",
+    "RunMigration",
     "Signal",
     "Step",
     "SweepLease",

@@ -70,6 +70,7 @@ from ..definitions.registry import (
     registry,
 )
 from ..engine.executors import Park, StepContext, StepDeferred, StepFailure, StepResult
+from ..engine.renames import STEP_RENAMERS, StepBusy, StepRename, StepRenamer
 from ..engine.scrape import SCRAPE_COLLECTORS, MetricsCollector
 from ..engine.sweeper import SWEEP_SERVICES, SWEEP_TASKS, Sweep, SweepService, SweepTask
 from .audit import Actor, record_audit
@@ -82,9 +83,12 @@ __all__ = [
     "MetricsCollector",
     "Park",
     "RetryPolicy",
+    "StepBusy",
     "StepContext",
     "StepDeferred",
     "StepFailure",
+    "StepRename",
+    "StepRenamer",
     "StepReport",
     "StepResult",
     "StepType",
@@ -102,6 +106,7 @@ __all__ = [
     "record_audit",
     "register_health_check",
     "register_metrics_collector",
+    "register_step_renamer",
     "register_step_type",
     "register_sweep_service",
     "register_sweep_task",
@@ -134,6 +139,18 @@ def register_metrics_collector(name: str, collect: MetricsCollector) -> None:
     instrument created in any process is scraped with the others (docs/operations.md,
     "Metrics"). The same name again replaces it."""
     SCRAPE_COLLECTORS[name] = collect
+
+
+def register_step_renamer(name: str, renamer: StepRenamer) -> None:
+    """Have a migration between versions call ``renamer(cursor, rename)`` whenever it gives a
+    live step of a run a new id (or iteration): rename your app's rows kept per ``(run, step
+    id, iteration)`` or under the step's effect key (``rename.params()``: ``run``,
+    ``step_id``, ``iteration``, ``new_step_id``, ``new_iteration``, ``old_key``,
+    ``new_key``). It runs in the migration's transaction, with the run locked, after the step
+    row was renamed; it must not wait for a row another transaction holds (the migration runs
+    under a short lock_timeout, and ``StepBusy`` puts the run off until later in the job).
+    The same name again replaces it."""
+    STEP_RENAMERS[name] = renamer
 
 
 def register_step_type(step_type: StepType) -> None:

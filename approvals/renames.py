@@ -1,0 +1,14 @@
+"""A request follows its step when a migration between versions renames it (the door's
+``register_step_renamer``, registered from ApprovalsConfig.ready)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workflows.plugins import StepRename
+
+from . import sql
+
+
+def rename_requests(cursor: Any, rename: StepRename) -> None:
+    cursor.execute(sql.RENAME_REQUESTS, rename.params())

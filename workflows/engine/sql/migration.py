@@ -1,0 +1,167 @@
+"""The statements of a migration of runs between versions (services/run_migration/).
+
+Which runs a plan matches and what would become of each is one statement (``_VERDICTS``):
+the runs of the filter (on the old version, in the statuses asked, at one of the steps asked)
+by the index ``run_org_automation_id``, their live steps by the steps' ``(run, step id,
+iteration)`` key, each step classified by the plan (the mapping as one JSON object, so the
+statement's text never depends on the plan), each run by its steps. The dry run counts it
+(``DRY_RUN``: cheap at thousands of runs, nothing locked); the job reads the runs to try from
+it (``CANDIDATES``) and then moves each one under its lock, where the same rules are checked
+again in Python (services/run_migration/move.py) on the rows as they are then.
+
+Shared parameters: %(org)s, %(automation)s, %(from)s (the old version's id), %(statuses)s
+(run statuses), %(steps)s (the current-step filter; empty: any), %(targets)s (JSON: old step
+id -> new step id), %(unmapped)s (JSON: old step id -> why it has no new one), %(move_to)s
+(the removed-step rule's step, or NULL: stay), %(continuation)s (the walk's continuation
+row's step id), %(join_wait)s (a fork's join row's wait_kind), %(after)s (only runs with a
+greater id).
+"""
+
+from __future__ import annotations
+
+# Why a run is not moved now but may be later in the same job (its step settles, its walk's
+# continuation runs): the job tries such runs again. Every other reason is final for the plan.
+BUSY_REASONS = ("step_running", "mid_walk")
+
+_VERDICTS = """
+WITH runs AS (
+    SELECT r.id FROM workflows_run r
+     WHERE r.org_id = %(org)s AND r.automation_id = %(automation)s
+       AND r.version_id = %(from)s AND r.status = ANY(%(statuses)s::text[])
+       AND r.id > %(after)s
+       AND (cardinality(%(steps)s::text[]) = 0 OR EXISTS (
+            SELECT 1 FROM workflows_step f
+             WHERE f.run_id = r.id AND f.status IN ('ready', 'running', 'waiting')
+               AND f.step_id = ANY(%(steps)s::text[])))
+),
+live AS (
+    SELECT s.run_id, s.step_id,
+           CASE WHEN s.step_id = %(continuation)s THEN NULL
+                WHEN %(targets)s::jsonb ? s.step_id THEN 'mapped'
+                WHEN %(move_to)s::text IS NOT NULL THEN 'move_to' END AS how,
+           CASE WHEN s.step_id = %(continuation)s THEN NULL
+                ELSE coalesce(%(targets)s::jsonb ->> s.step_id, %(move_to)s::text) END AS target,
+           -- A run is never moved mid-step: a running step (claimed by a worker) or the
+           -- walk's continuation (its next steps not entered yet) puts it off.
+           CASE WHEN s.step_id = %(continuation)s THEN 'mid_walk'
+                -- A fork's join row, removed: its branches would arrive nowhere.
+                WHEN s.wait_kind = %(join_wait)s AND NOT %(targets)s::jsonb ? s.step_id
+                    THEN 'join_removed'
+                WHEN s.status = 'running' THEN 'step_running'
+                WHEN %(targets)s::jsonb ? s.step_id OR %(move_to)s::text IS NOT NULL THEN NULL
+                ELSE coalesce(%(unmapped)s::jsonb ->> s.step_id, 'step_removed') END AS reason
+      FROM runs JOIN workflows_step s ON s.run_id = runs.id
+     WHERE s.status IN ('ready', 'running', 'waiting')
+),
+-- Why each run is not moved (NULL: it is): a final reason before a passing one.
+verdicts AS (
+    SELECT runs.id AS run_id,
+           (array_agg(l.reason ORDER BY l.reason IN ('step_running', 'mid_walk'), l.reason)
+                FILTER (WHERE l.reason IS NOT NULL))[1] AS reason
+      FROM runs LEFT JOIN live l ON l.run_id = runs.id
+     GROUP BY runs.id
+)
+"""
+
+# The dry run: per current step, where its runs go (or why they stay, which may be another of
+# their steps), and per outcome, how many runs, each with a bounded sample of run ids.
+DRY_RUN = (
+    _VERDICTS  # noqa: S608 (constant SQL joined with constant SQL)
+    + """
+SELECT
+    (SELECT coalesce(json_agg(json_build_object(
+                'step_id', g.step_id, 'to', g.target, 'how', g.how, 'cannot', g.reason,
+                'runs', g.runs, 'sample', g.sample)
+            ORDER BY g.step_id, g.reason NULLS FIRST, g.target), '[]'::json)
+       FROM (SELECT l.step_id, l.target, l.how, v.reason, count(*) AS runs,
+                    (array_agg(l.run_id ORDER BY l.run_id))[1:%(sample)s] AS sample
+               FROM live l JOIN verdicts v ON v.run_id = l.run_id
+              GROUP BY l.step_id, l.target, l.how, v.reason) g) AS steps,
+    (SELECT coalesce(json_agg(json_build_object(
+                'cannot', o.reason, 'runs', o.runs, 'sample', o.sample)
+            ORDER BY o.reason NULLS FIRST), '[]'::json)
+       FROM (SELECT v.reason, count(*) AS runs,
+                    (array_agg(v.run_id ORDER BY v.run_id))[1:%(sample)s] AS sample
+               FROM verdicts v GROUP BY v.reason) o) AS outcomes
+"""
+)
+
+# The job's next runs to try, in id order: those the plan moves, and those put off for now
+# (a running step, a continuation), which the move itself checks again under the run's lock.
+CANDIDATES = (
+    _VERDICTS
+    + """
+SELECT run_id, reason FROM verdicts
+ WHERE reason IS NULL OR reason IN ('step_running', 'mid_walk')
+ ORDER BY run_id
+ LIMIT %(n)s
+"""
+)
+
+# --- one run's move, under its lock (the run locked first: LOCK_RUN) -------------------------
+
+# A lock the move waits for longer than this is someone else's work in progress (a timer
+# batch firing the run's timer, a decision on its request, a settle of a step): they want the
+# run's lock next, which the move holds. The move gives way (its transaction rolls back, the
+# job tries the run again later) instead of waiting for a deadlock to be detected.
+LOCK_TIMEOUT = "SET LOCAL lock_timeout = '250ms'"
+
+# The run's live steps, locked (after the run: the one lock order). A worker's claim skips
+# locked rows, so no step of the run can be claimed while it moves.
+LIVE_STEPS_LOCKED = """
+SELECT id, step_id, iteration, type, status, wait_kind, fork_join_id, branch
+  FROM workflows_step
+ WHERE run_id = %(run)s AND status IN ('ready', 'running', 'waiting')
+ ORDER BY id
+   FOR UPDATE
+"""
+
+# The iterations of the given step ids the run already has rows for: a step renamed to one of
+# them takes an iteration no row of that id has.
+TAKEN_ITERATIONS = """
+SELECT step_id, iteration FROM workflows_step
+ WHERE run_id = %(run)s AND step_id = ANY(%(ids)s::text[])
+"""
+
+# Whether this job moved the run already (its history says so): a resumed job skips it.
+MOVED_BY = """
+SELECT id FROM workflows_runevent
+ WHERE run_id = %(run)s AND kind = 'run.migrated'
+   AND detail->>'migration' = %(migration)s::text
+ LIMIT 1
+"""
+
+# The run onto the new version, with its template data's step ids renamed (outputs, entered:
+# computed under the run's lock from the row LOCK_RUN read, with no step running, so nothing
+# can have merged into them meanwhile). Guarded on the version and status it was read with.
+MIGRATE_RUN = """
+UPDATE workflows_run
+   SET version_id = %(to)s, outputs = %(outputs)s, entered = %(entered)s
+ WHERE id = %(id)s AND version_id = %(from)s AND status IN ('running', 'paused')
+RETURNING id
+"""
+
+# A live step (not running) takes its new id, and iteration. Its wait (wait_kind, wake_at,
+# wait_detail: a deadline, a signal's name and key) stays as it was made.
+RENAME_STEP = """
+UPDATE workflows_step
+   SET step_id = %(new_step_id)s, iteration = %(new_iteration)s
+ WHERE id = %(step_pk)s AND run_id = %(run)s AND status IN ('ready', 'waiting')
+RETURNING id
+"""
+
+# A live step on a removed step, under the rule move_to: cancelled (its timer with it: the
+# timers app's trigger; an approval's request is closed by approvals' sweep), and the walk
+# enters the rule's step in its place.
+CANCEL_MOVED_STEPS = """
+UPDATE workflows_step
+   SET status = 'cancelled', owner = NULL, lease_until = NULL, wait_kind = '', wake_at = NULL,
+       finished_at = now()
+ WHERE run_id = %(run)s AND id = ANY(%(ids)s::bigint[]) AND status IN ('ready', 'waiting')
+RETURNING id, step_id, iteration, attempt, fork_join_id, branch
+"""
+
+# The job's count, in the transaction of each move: exact whatever stops the job.
+COUNT_MOVED = """
+UPDATE workflows_runmigration SET moved = moved + 1, updated_at = now() WHERE id = %(id)s
+"""

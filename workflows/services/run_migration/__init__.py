@@ -1,0 +1,23 @@
+"""Migrating runs between versions of an automation (docs/operations.md, "Changing an
+automation while runs are in flight"): a checked plan (``plan.py``), its dry run in SQL
+(``report.py``), each run's move under its lock (``move.py``), and the resumable job that
+applies a plan run by run (``jobs.py``). The API, the admin and ``manage.py migrate_runs`` call
+these and nothing else."""
+
+from .jobs import JobProgress, migration_get, migration_resume, migration_start
+from .plan import STAY, MigrationPlan, RemovedRule, migration_plan
+from .report import REASONS, DryRun, dry_run
+
+__all__ = [
+    "REASONS",
+    "STAY",
+    "DryRun",
+    "JobProgress",
+    "MigrationPlan",
+    "RemovedRule",
+    "dry_run",
+    "migration_get",
+    "migration_plan",
+    "migration_resume",
+    "migration_start",
+]
