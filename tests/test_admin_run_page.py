@@ -127,7 +127,7 @@ def test_a_waiting_step_shows_what_it_waits_for_and_when_it_wakes(
     html = admin_client.get(f"{RUNS}/{run.pk}/change/?step_status=waiting").content.decode()
 
     assert rows(html, "step ") == 1
-    waiting = html[html.index('<tr class="step step-waiting">') :].split("</tr>")[0]
+    waiting = html[html.index('<tr class="step step-waiting"') :].split("</tr>")[0]
     assert "<td>external" in waiting
     assert "on_deadline" in unescape(waiting)
     assert wake_at.strftime("%Y-%m-%d %H:%M:%S") in waiting

@@ -17,6 +17,7 @@ from django.http import QueryDict
 
 from ..models import Run, RunEvent, Step
 from ..states import StepStatus
+from .run_graph import picture
 
 PAGE_SIZE = 200
 STEP_STATUS_PARAM = "step_status"
@@ -38,9 +39,12 @@ def run_page_context(run: Run, params: QueryDict, *, size: int = PAGE_SIZE) -> d
     steps = Step.objects.filter(run_id=run.pk).defer("output")
     if status in StepStatus.values:
         steps = steps.filter(status=status)
+    step_window = window(steps, params, "steps", size)
+    _mark_anchors(step_window.rows)
     return {
+        "graph": picture(run, run.version.definition),
         "events": events,
-        "steps": window(steps, params, "steps", size),
+        "steps": step_window,
         "step_status": status if status in StepStatus.values else "",
         "step_counts": _step_counts(run, params),
         "all_steps_query": _status_query(params, ""),
@@ -69,6 +73,16 @@ def window(queryset: QuerySet, params: QueryDict, prefix: str, size: int) -> Win
         later=_query(params, prefix, after=rows[-1].id) if rows and has_later else None,
         newest=_query(params, prefix) if moved else None,
     )
+
+
+def _mark_anchors(steps: list[Step]) -> None:
+    """The graph links each step to ``#step-<id>``: the row of its newest entry shown."""
+    newest: dict[str, Any] = {}
+    for step in steps:
+        if step.step_id not in newest or step.iteration > newest[step.step_id].iteration:
+            newest[step.step_id] = step
+    for step in steps:
+        step.anchor = newest[step.step_id] is step  # type: ignore[attr-defined]
 
 
 def _step_counts(run: Run, params: QueryDict) -> list[dict[str, Any]]:
