@@ -12,13 +12,14 @@ class TimersConfig(AppConfig):
             register_sweep_task,
         )
 
-        from . import health
+        from . import health, waits
         from .metrics import timer_gauges
         from .schedules import fire_due_schedules
         from .steptypes import register_step_types
         from .sweep import TimerFiring
 
         register_step_types()
+        waits.register()  # what its parked steps wait on, in words (the run page, the API)
         health.register()
         register_metrics_collector("timers", timer_gauges)
         register_sweep_service("timers.due", TimerFiring)

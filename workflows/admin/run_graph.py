@@ -5,7 +5,8 @@ once the edges that close loops are set aside), ordered within a layer by where 
 predecessors stand, and drawn with their edges: ``next`` (one step, or an outcome each),
 ``on_failure``, a ``parallel``'s branches and the join its branches meet at. Each step is
 coloured by what the run did there (its newest entry's status), the edges the run took are
-drawn bold, and each step links to its row on the page (``#step-<id>``).
+drawn bold, and each step links to its row on the page (``#step-<id>``, or the page of
+that step's rows when they are not in the window shown).
 
 No script and no outside service: the page's SVG is plain markup, so it is drawn the same in
 every browser and refreshed by replacing it (run_live.py). A definition may hold thousands
@@ -15,9 +16,10 @@ were left out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from django.db.models.fields.json import KeyTextTransform
 
@@ -79,6 +81,7 @@ class DrawnNode:
     x: int
     y: int
     current: bool
+    href: str  # its row on the run page
 
     @property
     def title(self) -> str:
@@ -288,8 +291,9 @@ def taken(link: Link, marks: Mapping[str, StepMark]) -> bool:
 # --- drawing ---------------------------------------------------------------------------------
 
 
-def picture(run: Run, definition: Mapping[str, Any]) -> Picture:
-    """The run's picture over ``definition`` (its version's)."""
+def picture(run: Run, definition: Mapping[str, Any], *, on_page: Set[str] = frozenset()) -> Picture:
+    """The run's picture over ``definition`` (its version's). A step links to its row,
+    ``#step-<id>``, on this page when ``on_page`` holds it, else on the page of its rows."""
     steps = definition_steps(definition)
     start = definition.get("start")
     every_link = links(steps)
@@ -303,7 +307,9 @@ def picture(run: Run, definition: Mapping[str, Any]) -> Picture:
     marks = step_marks(run, drawn_ids)
     place, width, height = _places(arranged.rows)
     row_of = {item: number for number, row in enumerate(arranged.rows) for item in row}
-    nodes = [_node(sid, steps[sid], place[sid], marks.get(sid)) for sid in drawn_ids]
+    nodes = [
+        _node(sid, steps[sid], place[sid], marks.get(sid), sid in on_page) for sid in drawn_ids
+    ]
     edges = [
         _edge(link, place, row_of, arranged.routes.get(index, []), taken(link, marks))
         for index, link in enumerate(shown_links)
@@ -336,13 +342,14 @@ def _places(rows: list[list[str]]) -> tuple[dict[str, tuple[int, int]], int, int
 
 
 def _node(
-    sid: str, step: Mapping[str, Any], at: tuple[int, int], mark: StepMark | None
+    sid: str, step: Mapping[str, Any], at: tuple[int, int], mark: StepMark | None, here: bool
 ) -> DrawnNode:
     state = SHOWN_STATUS.get(mark.status, NOT_REACHED) if mark else NOT_REACHED
     label = sid if len(sid) <= LABEL_CHARS else sid[: LABEL_CHARS - 1] + "…"
+    href = f"#step-{sid}" if here else f"?{urlencode({'step': sid})}#step-{sid}"
     return DrawnNode(step_id=sid, type=str(step.get("type", "")), label=label, state=state,
                      entries=mark.entries if mark else 0, x=at[0], y=at[1],
-                     current=state in CURRENT)  # fmt: skip
+                     current=state in CURRENT, href=href)  # fmt: skip
 
 
 Point = tuple[int, int]
