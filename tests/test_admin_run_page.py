@@ -166,7 +166,7 @@ def test_a_steps_input_and_output_are_shown_small_ones_open_large_ones_folded_an
     small = words("bulk-1")
     assert '<pre class="value">{\n  "order": "o-7",\n  "total": 12\n}</pre>' in small
     large = words("bulk-2")
-    assert '<details class="value"><summary>{"blob": "xxx' in large
+    assert '<details class="value" data-key="bulk-2/1/output"><summary>{"blob": "xxx' in large
     assert f"(50012 characters, the first {MAX_CHARS} shown)" in large
     assert large.count("x") < MAX_CHARS + 200
     # The step's input: the step as its version defines it (no id, no type).

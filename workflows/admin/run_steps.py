@@ -49,6 +49,7 @@ def in_words(run: Run, steps: list[Step], definition: Mapping[str, Any]) -> None
     for step in steps:
         row: Any = step  # the template reads these beside the model's fields
         row.anchor = newest[step.step_id] is step  # the graph links to #step-<id>
+        row.key = f"{step.step_id}/{step.iteration}"  # what keeps its folds open when live
         row.input_shown = shown(_own_input(defined.get(step.step_id)))
         row.output_shown = shown_text(row.output_text, row.output_size)
         row.waiting_on = waits.get(step.pk)

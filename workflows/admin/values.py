@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_CHARS = 10_000  # read and shown of one value at most
-FOLD_CHARS = 160  # longer than this (or than FOLD_LINES lines) is folded
-FOLD_LINES = 4
+FOLD_CHARS = 600  # longer than this (or than FOLD_LINES lines) is folded
+FOLD_LINES = 16
 SUMMARY_CHARS = 70
 
 
