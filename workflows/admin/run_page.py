@@ -49,7 +49,7 @@ def run_page_context(run: Run, params: QueryDict, *, size: int = PAGE_SIZE) -> d
     if one_step:
         steps = steps.filter(step_id=one_step)
     step_window = window(steps, params, "steps", size)
-    definition = run.version.definition
+    definition = run.version.document()  # as written: a step's input keeps its key order
     in_words(run, step_window.rows, definition)
     on_page = {step.step_id for step in step_window.rows}
     return {

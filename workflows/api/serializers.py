@@ -15,10 +15,17 @@ from ..states import RunStatus
 
 class VersionOut(serializers.ModelSerializer):
     automation = serializers.CharField(source="automation.slug")
+    definition = serializers.SerializerMethodField(
+        help_text="The definition as it was sent: its keys in the order written."
+    )
 
     class Meta:
         model = AutomationVersion
         fields = ["automation", "number", "digest", "definition", "created_at", "published_at"]
+
+    @extend_schema_field(serializers.JSONField())
+    def get_definition(self, version: AutomationVersion) -> Any:
+        return version.document()
 
 
 class VersionSummaryOut(serializers.ModelSerializer):
