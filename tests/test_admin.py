@@ -349,3 +349,13 @@ def test_a_new_automation_chooses_its_organisation_and_slug(
 
     assert response.status_code == 302
     assert Automation.objects.filter(org=org, slug="fresh").exists()
+
+
+def test_the_root_leads_to_the_admin_and_view_site_to_the_api_docs(admin_client: Client) -> None:
+    root = Client().get("/")
+    assert (root.status_code, root["Location"]) == (302, "/admin/")
+    assert Client().get("/", follow=True).redirect_chain[-1][0].startswith("/admin/login/")
+
+    html = admin_client.get("/admin/").content.decode()
+    assert '<a href="/api/v1/docs/">View site</a>' in html
+    assert Client().get("/api/v1/docs/").status_code == 200
