@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from datetime import UTC
 from typing import Any
 
 from django.db.models import QuerySet, TextField
@@ -23,7 +24,7 @@ from .run_graph import definition_steps
 from .values import MAX_CHARS, shown, shown_text
 
 STEP_EVENTS = 12  # the newest events shown per step; the rest are in the timeline
-EVENTS_READ = 2_000  # events read for one window of steps at most
+EVENTS_READ = 1_000  # events read for one window of steps at most
 OWN_FIELDS = ("id", "type")  # shown beside the step, not in its input
 
 
@@ -50,14 +51,14 @@ def in_words(run: Run, steps: list[Step], definition: Mapping[str, Any]) -> None
         row: Any = step  # the template reads these beside the model's fields
         row.anchor = newest[step.step_id] is step  # the graph links to #step-<id>
         row.key = f"{step.step_id}/{step.iteration}"  # what keeps its folds open when live
-        row.input_shown = shown(_own_input(defined.get(step.step_id)))
-        row.output_shown = shown_text(row.output_text, row.output_size)
+        row.input_shown = shown(_own_input(defined.get(step.step_id)), f"{row.key}/input")
+        row.output_shown = shown_text(row.output_text, row.output_size, f"{row.key}/output")
         row.waiting_on = waits.get(step.pk)
         events = history.get((step.step_id, step.iteration), [])
-        row.history = events[-STEP_EVENTS:]
+        row.history = events[len(events) - STEP_EVENTS :] if len(events) > STEP_EVENTS else events
         row.history_more = len(events) - len(row.history)
-        claims = [e for e in events if e.kind == "step.claimed" and e.worker]
-        row.ran_by = step.owner or (claims[-1].worker if claims else "")
+        claims = [e for e in events if e["kind"] == "step.claimed" and e["worker"]]
+        row.ran_by = step.owner or (claims[-1]["worker"] if claims else "")
 
 
 def _own_input(step: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -66,24 +67,27 @@ def _own_input(step: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {key: value for key, value in step.items() if key not in OWN_FIELDS}
 
 
-def _history(run: Run, steps: Iterable[Step]) -> dict[tuple[str, int], list[RunEvent]]:
+def _history(run: Run, steps: Iterable[Step]) -> dict[tuple[str, int], list[dict[str, Any]]]:
     """The events of ``steps``, by (step id, iteration), oldest first: the newest
-    ``EVENTS_READ`` of them (index event_run_order, read backwards)."""
+    ``EVENTS_READ`` of them (index event_run_order, read backwards), as rows (a window's
+    thousand events are little work as dicts; as model instances they were a good part of
+    the page's time)."""
     keys = {(step.step_id, step.iteration) for step in steps}
     if not keys:
         return {}
     events = (
         RunEvent.objects.filter(run_id=run.pk, step_id__in={sid for sid, _ in keys})
-        .only("id", "kind", "step_id", "iteration", "attempt", "worker", "detail", "at")
-        .order_by("-id")[:EVENTS_READ]
+        .order_by("-id")
+        .values("kind", "step_id", "iteration", "attempt", "worker", "detail", "at")
     )
-    found: dict[tuple[str, int], list[RunEvent]] = {}
-    for event in reversed(list(events)):
-        key = (event.step_id, event.iteration or 0)
+    found: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for event in reversed(list(events[:EVENTS_READ])):
+        key = (event["step_id"], event["iteration"] or 0)
         if key in keys:
-            shown_event: Any = event
-            shown_event.detail_json = (
-                json.dumps(event.detail, ensure_ascii=False) if event.detail else ""
-            )
-            found.setdefault(key, []).append(event)
+            detail = event["detail"]
+            found.setdefault(key, []).append({
+                **event,
+                "detail_json": json.dumps(detail, ensure_ascii=False) if detail else "",
+                "at": event["at"].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            })  # fmt: skip
     return found
