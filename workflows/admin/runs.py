@@ -21,7 +21,7 @@ from ..models import Run
 from ..services.control import ACTIONS
 from .display import pretty_json
 from .run_control import VERBS, act_on_many, act_on_one, actions_allowed, confirmation
-from .run_list import CappedPaginator
+from .run_list import CappedChangeList, CappedPaginator
 from .run_live import POLL_SECONDS, at_seconds, is_finished, live_answer, version_of
 from .run_page import run_page_context
 from .scoping import OrgScopedMixin, OrgScopedRelatedFilter, may_change_here
@@ -77,6 +77,9 @@ class RunAdmin(OrgScopedMixin, admin.ModelAdmin):
             super().get_queryset(request).select_related("org", "automation", "version__automation")
         )
         return runs.defer("outputs", "entered")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[CappedChangeList]:
+        return CappedChangeList
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Run], search_term: str
