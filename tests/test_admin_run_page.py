@@ -24,7 +24,8 @@ pytestmark = pytest.mark.django_db
 
 RUNS = "/admin/workflows/run"
 # Session, user, the run (with its organisation, automation and version), one window of
-# steps, one of events, the step counts, and the admin's own bookkeeping: never per row.
+# steps, one of events, the step counts, the graph's steps, the window's steps' history, one
+# per kind of wait shown, and the admin's own bookkeeping: never per row.
 MAX_QUERIES = 10
 
 
