@@ -8,11 +8,12 @@ class ApprovalsConfig(AppConfig):
     def ready(self) -> None:
         from workflows.plugins import register_step_renamer, register_sweep_task
 
-        from . import sweep
+        from . import sweep, waits
         from .renames import rename_requests
         from .steptypes import register_step_types
 
         register_step_types()
+        waits.register()  # what its parked steps wait on, in words (the run page, the API)
         # Here, not in steptypes: the sweep's tasks use steptypes (reminders), so steptypes
         # importing the sweep would close a cycle.
         register_sweep_task("approvals.slack_clicks", sweep.slack_clicks)

@@ -12,7 +12,7 @@ class EffectsConfig(AppConfig):
             register_sweep_task,
         )
 
-        from . import health
+        from . import health, waits
         from .egress import tenant_ceiling
         from .metrics import effect_gauges
         from .renames import rename_effects
@@ -21,6 +21,7 @@ class EffectsConfig(AppConfig):
 
         tenant_ceiling()  # a bad WAYMARK_EGRESS_ALLOWABLE stops the process now, naming it
         register_step_types()
+        waits.register()  # what its parked steps wait on, in words (the run page, the API)
         health.register()
         register_metrics_collector("effects", effect_gauges)
         register_sweep_task("effects.reconcile_budgets", reconcile_budgets)

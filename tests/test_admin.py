@@ -132,7 +132,8 @@ def test_published_version_is_read_only_and_pretty_printed(
 
     assert 'name="definition"' not in html
     assert "<textarea" not in html
-    pretty = json.dumps(published.definition, indent=2, ensure_ascii=False)
+    # As written: the document's own key order, not jsonb's (tests/test_definition_text.py).
+    pretty = json.dumps(published.document(), indent=2, ensure_ascii=False)
     assert f'<pre style="white-space: pre-wrap">{pretty}</pre>' in unescape(html)
     assert published.digest in html
 
@@ -348,3 +349,13 @@ def test_a_new_automation_chooses_its_organisation_and_slug(
 
     assert response.status_code == 302
     assert Automation.objects.filter(org=org, slug="fresh").exists()
+
+
+def test_the_root_leads_to_the_admin_and_view_site_to_the_api_docs(admin_client: Client) -> None:
+    root = Client().get("/")
+    assert (root.status_code, root["Location"]) == (302, "/admin/")
+    assert Client().get("/", follow=True).redirect_chain[-1][0].startswith("/admin/login/")
+
+    html = admin_client.get("/admin/").content.decode()
+    assert '<a href="/api/v1/docs/">View site</a>' in html
+    assert Client().get("/api/v1/docs/").status_code == 200

@@ -13,6 +13,7 @@ from django.test import Client
 from django.utils import timezone
 
 from workflows.admin.run_page import PAGE_SIZE
+from workflows.admin.values import MAX_CHARS
 from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
@@ -23,7 +24,8 @@ pytestmark = pytest.mark.django_db
 
 RUNS = "/admin/workflows/run"
 # Session, user, the run (with its organisation, automation and version), one window of
-# steps, one of events, the step counts, and the admin's own bookkeeping: never per row.
+# steps, one of events, the step counts, the graph's steps, the window's steps' history, one
+# per kind of wait shown, and the admin's own bookkeeping: never per row.
 MAX_QUERIES = 10
 
 
@@ -71,7 +73,9 @@ def links(html: str, text: str) -> list[str]:
 
 
 def event_numbers(html: str) -> list[int]:
-    return [int(n) for n in re.findall(r"{&quot;n&quot;: (\d+)}", html)]
+    """The events of the timeline (each step's own history shows them too)."""
+    timeline = html[html.index('id="timeline"') :]
+    return [int(n) for n in re.findall(r"{&quot;n&quot;: (\d+)}", timeline)]
 
 
 def test_a_run_with_10000_steps_and_20000_events_renders_one_window_of_each(
@@ -89,7 +93,7 @@ def test_a_run_with_10000_steps_and_20000_events_renders_one_window_of_each(
     assert rows(html, "event") == PAGE_SIZE
     # The newest window, oldest to newest within it.
     assert event_numbers(html) == list(range(20_000 - PAGE_SIZE + 1, 20_001))
-    assert "<td>bulk-10000</td>" in html
+    assert "<td><strong>bulk-10000</strong></td>" in html
     assert "done 10000" in html  # steps per status
     assert links(html, "&larr; earlier events")
     assert links(html, "&larr; earlier steps")
@@ -127,10 +131,13 @@ def test_a_waiting_step_shows_what_it_waits_for_and_when_it_wakes(
     html = admin_client.get(f"{RUNS}/{run.pk}/change/?step_status=waiting").content.decode()
 
     assert rows(html, "step ") == 1
-    waiting = html[html.index('<tr class="step step-waiting">') :].split("</tr>")[0]
-    assert "<td>external" in waiting
-    assert "on_deadline" in unescape(waiting)
-    assert wake_at.strftime("%Y-%m-%d %H:%M:%S") in waiting
+    waiting = html[html.index('<tr class="step step-waiting"') :].split("</tr>")[0]
+    # No app answers for this detail: its own words, and the deadline's.
+    said = (
+        f"a wake from outside; at {wake_at:%Y-%m-%d %H:%M:%S} UTC it wakes and takes the outcome x"
+    )
+    assert said in unescape(waiting)
+    assert "{" not in waiting  # no dict
     assert "waiting 1" in html
     assert "done 5" in html
 
@@ -142,3 +149,26 @@ def test_bad_cursors_and_filters_are_ignored(admin_client: Client, run: Run) -> 
         response = admin_client.get(url + query)
         assert response.status_code == 200, query
         assert rows(response.content.decode(), "event") == RunEvent.objects.filter(run=run).count()
+
+
+def test_a_steps_input_and_output_are_shown_small_ones_open_large_ones_folded_and_cut(
+    admin_client: Client, run: Run
+) -> None:
+    add_steps(run, 2)
+    Step.objects.filter(run=run, step_id="bulk-1").update(output={"order": "o-7", "total": 12})
+    Step.objects.filter(run=run, step_id="bulk-2").update(output={"blob": "x" * 50_000})
+
+    html = unescape(admin_client.get(f"{RUNS}/{run.pk}/change/").content.decode())
+
+    def words(step_id: str) -> str:
+        row = html.index(f'data-step="{step_id}" data-iteration=')
+        return html[row : html.index("</tr>", html.index('class="step-words', row))]
+
+    small = words("bulk-1")
+    assert '<pre class="value">{\n  "order": "o-7",\n  "total": 12\n}</pre>' in small
+    large = words("bulk-2")
+    assert '<details class="value" data-key="bulk-2/1/output"><summary>{"blob": "xxx' in large
+    assert f"(50012 characters, the first {MAX_CHARS} shown)" in large
+    assert large.count("x") < MAX_CHARS + 200
+    # The step's input: the step as its version defines it (no id, no type).
+    assert '"next": "done"' in words("work")

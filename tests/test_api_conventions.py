@@ -232,12 +232,15 @@ def test_the_schema_documents_the_run_filters_and_list_pagination() -> None:
     schema = APIClient().get("/api/v1/schema/?format=json").json()
     runs = schema["paths"]["/api/v1/runs"]["get"]
     names = {parameter["name"] for parameter in runs["parameters"]}
-    assert names == {"status", "automation", "start_key", "start_key_prefix", "created_after",
-                     "created_before", "cursor", "limit"}  # fmt: skip
+    assert names == {"status", "automation", "start_key", "start_key_prefix", "search",
+                     "created_after", "created_before", "cursor", "limit"}  # fmt: skip
     types = {p["name"]: p["schema"] for p in runs["parameters"]}
     date_time = {"type": "string", "format": "date-time"}
     assert types["created_after"] == types["created_before"] == date_time
     assert types["automation"] == {"type": "string"}
+    assert types["search"] == {"type": "string"}
+    search = next(p for p in runs["parameters"] if p["name"] == "search")
+    assert "at least 3 characters" in search["description"]
     for path in ("/api/v1/automations", "/api/v1/automations/{slug}/versions"):
         listed = schema["paths"][path]["get"]
         assert {p["name"] for p in listed["parameters"]} >= {"cursor", "limit"}

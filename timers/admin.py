@@ -1,7 +1,8 @@
-"""Schedules in the admin, scoped to the user's organisations like every other page
-(workflows/admin/scoping): a cron, a zone and an input are checked as the API checks them;
-the organisation and the name are fixed once a schedule exists; what the sweep records
-(the next occurrence, the last start, the last refusal) is read-only.
+"""Schedules, and timers read-only, in the admin, scoped to the user's organisations like
+every other page (workflows/admin/scoping): a cron, a zone and an input are checked as the
+API checks them; the organisation and the name are fixed once a schedule exists; what the
+sweep records (the next occurrence, the last start, the last refusal) is read-only. A
+timer is what a waiting step's row on the run page links to.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from workflows.errors import QuotaExceeded
 from workflows.plugins.admin import OrgScopedMixin, OrgScopedRelatedFilter, SafeJSONField
 
 from .api import SCHEDULE_NAME
-from .models import Schedule
+from .models import Schedule, Timer
 from .schedules import check_schedule_quota, first_occurrence
+from .waits import instant_words, intent_words, timer_state
 
 SWEPT = ["next_at", "last_started_at", "last_run_id", "last_error", "last_error_at",
          "created_at", "updated_at"]  # fmt: skip
@@ -102,3 +104,42 @@ class ScheduleAdmin(OrgScopedMixin, admin.ModelAdmin):
             # Counts from now: the occurrences missed while disabled are not caught up.
             obj.next_at = first_occurrence(obj.cron, obj.timezone)
         super().save_model(request, obj, form, change)
+
+
+@admin.register(Timer)
+class TimerAdmin(OrgScopedMixin, admin.ModelAdmin):
+    """Timers, read-only: what a wait or wait_until step is parked on (the run page links
+    each waiting step here). They change only through the engine."""
+
+    list_display = ["id", "org", "run", "step_id", "iteration", "kind", "intent_words",
+                    "due_at_utc", "state"]  # fmt: skip
+    list_filter = [("org", OrgScopedRelatedFilter), "kind"]
+    list_select_related = ["org", "run"]
+    search_fields = ["=run__id", "step_id"]
+    ordering = ["-id"]
+    fields = ("org", "run", "step_id", "iteration", "kind", "intent_words", "zone",
+              "spread_seconds", "offset_seconds", "due_at_utc", "state", "fired_at",
+              "cancelled_at", "error", "created_at")  # fmt: skip
+    readonly_fields = fields
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="intent")
+    def intent_words(self, obj: Timer) -> str:
+        return intent_words(obj.intent, obj.zone)
+
+    @admin.display(description="fires at", ordering="due_at")
+    def due_at_utc(self, obj: Timer) -> str:
+        return instant_words(obj.due_at, obj.zone)
+
+    @admin.display(description="state")
+    def state(self, obj: Timer) -> str:
+        return timer_state(obj)

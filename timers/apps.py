@@ -13,7 +13,7 @@ class TimersConfig(AppConfig):
             register_sweep_task,
         )
 
-        from . import health
+        from . import health, waits
         from .metrics import timer_gauges
         from .renames import rename_timer
         from .schedules import fire_due_schedules
@@ -21,6 +21,7 @@ class TimersConfig(AppConfig):
         from .sweep import TimerFiring
 
         register_step_types()
+        waits.register()  # what its parked steps wait on, in words (the run page, the API)
         health.register()
         register_metrics_collector("timers", timer_gauges)
         register_sweep_service("timers.due", TimerFiring)

@@ -1,9 +1,16 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from .health import healthz, livez
 
+# The admin's "View site": where Waymark's own pages are, the API's browsable schema. (A host
+# project that embeds Waymark keeps its own site_url.)
+admin.site.site_url = "/api/v1/docs/"
+
 urlpatterns = [
+    # The root is the control room: the admin (its login page first, for someone signed out).
+    path("", RedirectView.as_view(pattern_name="admin:index", permanent=False), name="root"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("workflows.api.urls")),
     path("api/v1/", include("effects.urls")),  # connections, suppressions, effects

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 
 from .errors import UnknownAutomation, UnknownOrganisation, UnknownRun, UnknownVersion
 from .models import Automation, AutomationVersion, Organisation, Run, RunEvent, Step
+from .models.runs import Searched
+
+# Fewer characters hold no trigram: pg_trgm's index would be read whole (a million runs).
+SEARCH_MIN_CHARS = 3
+SEARCH_MAX_CHARS = 200
 
 
 def organisation_get(*, slug: str) -> Organisation:
@@ -38,6 +43,28 @@ def version_get(*, automation: Automation, number: int) -> AutomationVersion:
 def run_list(*, org: Organisation) -> QuerySet[Run]:
     """The organisation's runs, newest first; the API filters them (api/filters.py)."""
     return Run.objects.filter(org=org).select_related("automation", "version").order_by("-id")
+
+
+def run_search(runs: QuerySet[Run], term: str) -> QuerySet[Run]:
+    """``runs`` whose input or start key holds ``term`` (case-insensitive, anywhere in the
+    input's JSON: a customer's name, an order id), read through the trigram index
+    run_search; a term of digits also finds the run of that id. A term shorter than
+    ``SEARCH_MIN_CHARS`` finds only the run of that id (every part of the condition is an
+    index's, so the planner can read each index and merge them)."""
+    term = term.strip()[:SEARCH_MAX_CHARS]
+    if not term:
+        return runs
+    found = Q(pk__in=[])
+    if term.isascii() and term.isdigit() and len(term) <= 18:
+        found |= Q(pk=int(term))
+    if len(term) >= SEARCH_MIN_CHARS:
+        found |= Q(Searched(f"%{_like_escaped(term)}%"))
+    return runs.filter(found)
+
+
+def _like_escaped(term: str) -> str:
+    """``term`` matched as written: LIKE's wildcards and its escape character escaped."""
+    return term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def run_list_moves(runs: QuerySet[Run]) -> QuerySet[Run]:

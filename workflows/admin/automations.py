@@ -8,6 +8,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
+from django.utils.html import format_html
 
 from ..definitions.validator import validate_definition
 from ..errors import WaymarkError
@@ -66,6 +67,11 @@ class DraftVersionForm(forms.ModelForm):
         model = AutomationVersion
         fields = ["definition"]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:  # edited as written, not in jsonb's key order
+            self.initial["definition"] = self.instance.document()
+
     def clean_definition(self) -> Any:
         definition = self.cleaned_data["definition"]
         issues = validate_definition(definition)
@@ -89,6 +95,9 @@ class AutomationVersionAdmin(OrgScopedMixin, admin.ModelAdmin):
 
     @admin.display(description="definition")
     def definition_pretty(self, obj: AutomationVersion) -> str:
+        """The document as published, verbatim (its keys in the order written)."""
+        if obj.definition_text:
+            return format_html('<pre style="white-space: pre-wrap">{}</pre>', obj.definition_text)
         return pretty_json(obj.definition)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:

@@ -1,8 +1,12 @@
-"""What the run page shows below the run: its steps and its timeline, one window at a time.
+"""What the run page shows besides the run's fields: its picture (run_graph.py), its steps in
+words (run_steps.py) and its timeline, the last two one window at a time.
 
 A run can have thousands of steps and tens of thousands of events, so the page never loads
 them all. Each list is read by keyset (``id`` before or after a cursor, on the run's index),
 ``PAGE_SIZE`` rows at a time, newest window first, shown oldest to newest within the window.
+The steps can be narrowed to one status (``step_status``) or one step of the definition
+(``step``: every entry of it; where a step of the picture links when its row is not in the
+window shown).
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ from django.http import QueryDict
 
 from ..models import Run, RunEvent, Step
 from ..states import StepStatus
+from .run_graph import picture
+from .run_steps import in_words, steps_of
 
 PAGE_SIZE = 200
 STEP_STATUS_PARAM = "step_status"
+STEP_ID_PARAM = "step"
 
 
 @dataclass(frozen=True)
@@ -35,12 +42,21 @@ def run_page_context(run: Run, params: QueryDict, *, size: int = PAGE_SIZE) -> d
     for event in events.rows:
         event.detail_json = json.dumps(event.detail, ensure_ascii=False) if event.detail else ""
     status = params.get(STEP_STATUS_PARAM, "")
-    steps = Step.objects.filter(run_id=run.pk).defer("output")
+    steps = steps_of(run)
     if status in StepStatus.values:
         steps = steps.filter(status=status)
+    one_step = params.get(STEP_ID_PARAM, "")[:63]
+    if one_step:
+        steps = steps.filter(step_id=one_step)
+    step_window = window(steps, params, "steps", size)
+    definition = run.version.document()  # as written: a step's input keeps its key order
+    in_words(run, step_window.rows, definition)
+    on_page = {step.step_id for step in step_window.rows}
     return {
+        "graph": picture(run, definition, on_page=on_page),
         "events": events,
-        "steps": window(steps, params, "steps", size),
+        "steps": step_window,
+        "one_step": one_step,
         "step_status": status if status in StepStatus.values else "",
         "step_counts": _step_counts(run, params),
         "all_steps_query": _status_query(params, ""),
@@ -85,6 +101,7 @@ def _step_counts(run: Run, params: QueryDict) -> list[dict[str, Any]]:
 def _status_query(params: QueryDict, status: str) -> str:
     kept = {k: v for k, v in params.items() if not k.startswith("steps_")}
     kept.pop(STEP_STATUS_PARAM, None)
+    kept.pop(STEP_ID_PARAM, None)
     if status:
         kept[STEP_STATUS_PARAM] = status
     return "?" + urlencode(kept)

@@ -11,15 +11,18 @@ from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
+from .. import selectors
 from ..models import Run
 from ..services.control import ACTIONS
 from .display import pretty_json
 from .run_control import VERBS, act_on_many, act_on_one, actions_allowed, confirmation
+from .run_list import CappedChangeList, CappedPaginator
+from .run_live import POLL_SECONDS, at_seconds, is_finished, live_answer, version_of
 from .run_page import run_page_context
 from .scoping import OrgScopedMixin, OrgScopedRelatedFilter, may_change_here
 
@@ -41,18 +44,30 @@ def _control_action(action: str) -> Callable[..., TemplateResponse | None]:
 @admin.register(Run)
 class RunAdmin(OrgScopedMixin, admin.ModelAdmin):
     list_display = ["id", "org", "automation", "version", "status", "steps_executed",
-                    "created_at", "finished_at"]  # fmt: skip
+                    "created", "finished"]  # fmt: skip
     list_filter = [
         "status", ("org", OrgScopedRelatedFilter), ("automation", OrgScopedRelatedFilter),
     ]  # fmt: skip
-    search_fields = ["=id", "start_key"]
+    # The search (get_search_results): a run id, or 3 characters or more found in a start
+    # key or anywhere in an input (a customer's name, an order id), by the trigram index.
+    search_fields = ["start_key"]
+    search_help_text = (
+        "A run id, or at least 3 characters found in the start key or anywhere in the input "
+        "(a name, an order id)."
+    )
+    # A million runs: the list counts what it shows up to 1,000 and never the whole table,
+    # offers no per-filter counts, and sorts only by what an index orders (run_list.py).
+    paginator = CappedPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    sortable_by = ["id", "created"]
     list_select_related = ["org", "automation", "version__automation"]
-    readonly_fields = [
-        "org", "automation", "version", "start_key", "start_key_derived", "status",
-        "steps_executed", "max_steps", "deadline_at", "created_at", "finished_at", "error",
+    # The run's status first; instants to the second (created, finished, deadline).
+    fields = readonly_fields = (
+        "status", "org", "automation", "version", "start_key", "start_key_derived",
+        "steps_executed", "max_steps", "created", "finished", "deadline", "error",
         "pretty_input", "pretty_output", "pretty_vars",
-    ]  # fmt: skip
-    exclude = ["input", "output", "vars", "outputs", "entered", "input_digest"]
+    )  # fmt: skip
     change_form_template = "admin/workflows/run/change_form.html"
     actions = [_control_action(action) for action in ACTIONS]
 
@@ -62,6 +77,14 @@ class RunAdmin(OrgScopedMixin, admin.ModelAdmin):
             super().get_queryset(request).select_related("org", "automation", "version__automation")
         )
         return runs.defer("outputs", "entered")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[CappedChangeList]:
+        return CappedChangeList
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Run], search_term: str
+    ) -> tuple[QuerySet[Run], bool]:
+        return selectors.run_search(queryset, search_term), False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -75,6 +98,20 @@ class RunAdmin(OrgScopedMixin, admin.ModelAdmin):
     def has_control_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Cancel, pause, resume, retry: the `change_run` permission, asked at every click."""
         return may_change_here(request, self.opts, obj)
+
+    # Instants to the second, in UTC, on the list and the page alike (the admin's own format
+    # drops the seconds, and a run's steps are seconds apart).
+    @admin.display(description="created (UTC)", ordering="id")
+    def created(self, obj: Run) -> str:
+        return at_seconds(obj.created_at)
+
+    @admin.display(description="finished (UTC)", ordering="finished_at")
+    def finished(self, obj: Run) -> str:
+        return at_seconds(obj.finished_at)
+
+    @admin.display(description="deadline (UTC)")
+    def deadline(self, obj: Run) -> str:
+        return at_seconds(obj.deadline_at)
 
     @admin.display(description="input")
     def pretty_input(self, obj: Run) -> str:
@@ -101,6 +138,12 @@ class RunAdmin(OrgScopedMixin, admin.ModelAdmin):
     ) -> HttpResponse:
         if obj is not None:
             context.update(run_page_context(obj, request.GET))
+            context["live"] = {
+                "url": reverse("admin:workflows_run_live", args=[obj.pk]),
+                "version": version_of(obj),
+                "finished": is_finished(obj),
+                "poll_ms": POLL_SECONDS * 1000,
+            }
             may_control = self.has_control_permission(request, obj)
             allowed = actions_allowed(obj.status) if may_control else []
             context["control_actions"] = [(action, VERBS[action]) for action in allowed]
@@ -114,7 +157,28 @@ class RunAdmin(OrgScopedMixin, admin.ModelAdmin):
             self.admin_site.admin_view(self.control_view),
             name="workflows_run_control",
         )
-        return [control, *super().get_urls()]
+        live = path(
+            "<path:object_id>/live/",
+            self.admin_site.admin_view(self.live_view),
+            name="workflows_run_live",
+        )
+        return [control, live, *super().get_urls()]
+
+    # --- the page, live (run_live.py) -------------------------------------------------------
+
+    def live_view(self, request: HttpRequest, object_id: str) -> JsonResponse:
+        """What the run page's script polls: scoped and permission-checked like the page."""
+        try:
+            run = self.get_object(request, object_id)
+        except Http404:
+            run = None
+        if run is None:
+            return JsonResponse({"code": "not_found", "detail": "No such run."}, status=404)
+        if not self.has_view_permission(request, run):
+            return JsonResponse(
+                {"code": "permission_denied", "detail": "You may not view this run."}, status=403
+            )
+        return JsonResponse(live_answer(request, run, request.GET))
 
     def control_selected(
         self, request: HttpRequest, queryset: QuerySet[Run], action: str

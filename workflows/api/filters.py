@@ -19,6 +19,7 @@ from rest_framework.request import Request
 
 from ..errors import InvalidFilter, InvalidQuery
 from ..models import Automation, Organisation, Run, Signal
+from ..selectors import SEARCH_MAX_CHARS, SEARCH_MIN_CHARS, run_search
 from ..states import RunStatus
 from .auth import request_key
 
@@ -54,6 +55,14 @@ class RunFilter(django_filters.FilterSet):
         field_name="start_key", lookup_expr="startswith", max_length=255, strip=False,
         help_text="Only runs whose start key begins with this.",
     )  # fmt: skip
+    # Inside the input and the start key, through the trigram index run_search (see
+    # selectors.run_search); fewer than 3 characters hold no trigram to look up.
+    search = django_filters.CharFilter(
+        method="by_search", min_length=SEARCH_MIN_CHARS, max_length=SEARCH_MAX_CHARS,
+        help_text="Only runs whose input (anywhere in its JSON: a name, an order id) or start "
+        "key holds this text, case-insensitive; at least 3 characters. Digits also find the "
+        "run of that id.",
+    )  # fmt: skip
     created_after = django_filters.IsoDateTimeFilter(
         method="by_created_after", help_text="Only runs created at or after this instant."
     )
@@ -64,7 +73,7 @@ class RunFilter(django_filters.FilterSet):
     class Meta:
         model = Run
         fields = [
-            "status", "automation", "start_key", "start_key_prefix", "created_after",
+            "status", "automation", "start_key", "start_key_prefix", "search", "created_after",
             "created_before",
         ]  # fmt: skip
 
@@ -85,6 +94,9 @@ class RunFilter(django_filters.FilterSet):
         if automation_id is None:
             return queryset.none()
         return queryset.filter(automation_id=automation_id)
+
+    def by_search(self, queryset: QuerySet[Run], name: str, value: str) -> QuerySet[Run]:
+        return run_search(queryset, value)
 
     def _org(self) -> Organisation:
         if self.org is not None:

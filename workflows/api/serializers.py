@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, cast
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from ..engine.wait_words import WaitDescription, describe_waits
 from ..models import Automation, AutomationVersion, Run, RunEvent, Step
 from ..states import RunStatus
 
 
 class VersionOut(serializers.ModelSerializer):
     automation = serializers.CharField(source="automation.slug")
+    definition = serializers.SerializerMethodField(
+        help_text="The definition as it was sent: its keys in the order written."
+    )
 
     class Meta:
         model = AutomationVersion
         fields = ["automation", "number", "digest", "definition", "created_at", "published_at"]
+
+    @extend_schema_field(serializers.JSONField())
+    def get_definition(self, version: AutomationVersion) -> Any:
+        return version.document()
 
 
 class VersionSummaryOut(serializers.ModelSerializer):
@@ -153,14 +162,49 @@ class RunOut(serializers.ModelSerializer):
 
 
 class StepOut(serializers.ModelSerializer):
+    """A step. Give ``steps_out`` the steps of a page: what the waiting ones wait on is read
+    for all of them at once (``context["waits"]``, by step row id)."""
+
+    waiting_on = serializers.SerializerMethodField(
+        help_text="A waiting step: what it waits on, in words (a signal and its key, an "
+        "effect in review with its full key, a timer's intent and instant, an approval and "
+        "who decides it, a retry's backoff), and when time wakes it. Null otherwise."
+    )
+    waiting_on_link = serializers.SerializerMethodField(
+        help_text="Where this API shows what it waits on (`/api/v1/effects/12`, "
+        "`/api/v1/approvals/7`, `/api/v1/signals?name=…`), when it does."
+    )
+
     # No `owner` either: it is the claiming worker's host:pid:lane (see RunEventOut).
     class Meta:
         model = Step
         fields = [
             "step_id", "iteration", "type", "lane", "status", "attempt", "max_attempts",
-            "lease_until", "wait_kind", "wake_at", "wait_detail", "output", "error",
-            "created_at", "finished_at",
+            "lease_until", "wait_kind", "wake_at", "wait_detail", "waiting_on",
+            "waiting_on_link", "output", "error", "created_at", "finished_at",
         ]  # fmt: skip
+
+    def _wait(self, step: Step) -> WaitDescription | None:
+        waits = self.context.get("waits")
+        if waits is None:  # one step on its own
+            waits = describe_waits([step])
+        return cast(WaitDescription | None, waits.get(step.pk))
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_waiting_on(self, step: Step) -> str | None:
+        wait = self._wait(step)
+        return wait.text if wait is not None else None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_waiting_on_link(self, step: Step) -> str | None:
+        wait = self._wait(step)
+        return wait.api_path if wait is not None else None
+
+
+def steps_out(steps: Iterable[Step]) -> Any:
+    """The steps as StepOut renders them, what they wait on read for all at once."""
+    rows = list(steps)
+    return StepOut(rows, many=True, context={"waits": describe_waits(rows)}).data
 
 
 DETAIL_PAGE = 100  # steps and events shown inline in a run's detail; the rest by link
@@ -178,7 +222,7 @@ class RunDetailOut(RunOut):
 
     @extend_schema_field(StepOut(many=True))
     def get_steps(self, run: Run) -> Any:
-        return StepOut(run.steps.order_by("id")[:DETAIL_PAGE], many=True).data
+        return steps_out(run.steps.order_by("id")[:DETAIL_PAGE])
 
     @extend_schema_field(RunEventOut(many=True))
     def get_history(self, run: Run) -> Any:

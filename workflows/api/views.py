@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import selectors
+from ..engine.wait_words import describe_waits
 from ..errors import InvalidInput, InvalidQuery
 from ..models import Automation, AutomationVersion, Run, RunEvent, Step
 from ..services import automations as services
@@ -296,6 +297,13 @@ class RunStepListView(ListEndpoint):
     @extend_schema(operation_id="runs_steps_list", responses=StepOut(many=True))
     def get(self, request: Request, run_id: int) -> Response:
         return self.list_page()
+
+    def get_serializer(self, *args: Any, **kwargs: Any) -> Any:
+        if args and kwargs.get("many"):  # a page: what its waiting steps wait on, at once
+            page = list(args[0])
+            kwargs["context"] = {**self.get_serializer_context(), "waits": describe_waits(page)}
+            return StepOut(page, **kwargs)
+        return super().get_serializer(*args, **kwargs)
 
 
 class RunHistoryView(ListEndpoint):

@@ -8,6 +8,7 @@ the exact steps it started on.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.db import models
@@ -44,6 +45,10 @@ class AutomationVersion(models.Model):
     automation = models.ForeignKey(Automation, on_delete=models.PROTECT, related_name="versions")
     number = models.PositiveIntegerField()
     definition = models.JSONField()
+    # The document as its author wrote it, keys in their order (``type`` beside ``id``, not
+    # where jsonb's own order puts it): what the admin and the API show. The engine reads
+    # ``definition``. Empty for none (a row no code of ours wrote).
+    definition_text = models.TextField(blank=True, default="")
     digest = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
     published_at = models.DateTimeField(null=True, blank=True)
@@ -59,6 +64,13 @@ class AutomationVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.automation.slug} v{self.number}"
+
+    def document(self) -> Any:
+        """The definition with its keys in the order written (``definition_text``), else
+        as jsonb keeps it."""
+        if self.definition_text:
+            return json.loads(self.definition_text)
+        return self.definition
 
     @property
     def is_published(self) -> bool:
@@ -80,3 +92,9 @@ class AutomationVersion(models.Model):
     def delete(self, *args: Any, **kwargs: Any) -> Any:
         self._guard_published()
         return super().delete(*args, **kwargs)
+
+
+def definition_text_of(definition: Any) -> str:
+    """A definition as it is kept in ``definition_text``: its keys in the order given (the
+    order a client sent them in: JSON objects are read into ordered dicts), indented."""
+    return json.dumps(definition, ensure_ascii=False, indent=2)

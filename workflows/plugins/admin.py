@@ -1,6 +1,7 @@
 """What an app's admin pages share with Waymark's own: scoping to the organisations the staff
 member belongs to (``OrgScopedMixin``, ``OrgScopedRelatedFilter``, ``scoped``, ``in_scope``),
-the JSON field that refuses what PostgreSQL cannot store, and JSON shown readably."""
+the JSON field that refuses what PostgreSQL cannot store, JSON shown readably, and the words
+for what a step parked by the app waits on (``register_wait_describer``)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,34 @@ from ..admin.scoping import (
     may_change_here,
     scoped,
 )
+from ..engine.wait_words import WAIT_DESCRIBERS, Describer, Wait, WaitDescription, when
 
 __all__ = [
+    "Describer",
     "OrgScopedMixin",
     "OrgScopedRelatedFilter",
     "SafeJSONField",
+    "Wait",
+    "WaitDescription",
     "in_scope",
     "may_change_here",
     "pretty_json",
+    "register_wait_describer",
     "scoped",
+    "when",
 ]
+
+
+def register_wait_describer(kind: str, describe: Describer) -> None:
+    """Say in words what the steps your app parks wait on, for the run page and the API's
+    run detail (``waiting_on``). ``kind``: the prefix of the ``parked_on`` your parks carry
+    (``"effect"`` for ``"effect:12"``), or a key of their detail (``"approval"``).
+
+    ``describe(waits)`` gets every waiting step of that kind on one page (``Wait``: its
+    organisation, run, step, iteration, ``detail`` and ``wake_at``) and returns a
+    ``WaitDescription`` for each, in the same order (None: the detail's own words): ``text``,
+    read after "waits on" ("effect 15/apply/1:9cf… to be resolved by a person"), and, when
+    there is one, the ``admin_url`` and ``api_path`` of the thing waited on. Read your rows
+    in one query for all of them, filtered by organisation as well as id. The engine adds
+    the deadline ("; at … it wakes"). The same kind again replaces it."""
+    WAIT_DESCRIBERS[kind] = describe

@@ -16,6 +16,7 @@ from ..errors import (
     VersionPublished,
 )
 from ..models import Automation, AutomationVersion, Organisation
+from ..models.automations import definition_text_of
 from . import quotas
 from .audit import Actor, record_audit
 from .naming import check_slug_and_name
@@ -55,6 +56,7 @@ def version_create_draft(*, automation: Automation, definition: Any) -> Automati
             automation=automation,
             number=latest + 1,
             definition=definition,
+            definition_text=definition_text_of(definition),
             digest=digest,
         )
 
@@ -63,7 +65,7 @@ def version_update_draft(*, version: AutomationVersion, definition: Any) -> Auto
     digest = _validated(definition)
     with transaction.atomic():
         changed = AutomationVersion.objects.filter(pk=version.pk, published_at__isnull=True).update(
-            definition=definition, digest=digest
+            definition=definition, definition_text=definition_text_of(definition), digest=digest
         )
         if changed != 1:
             raise VersionPublished(version=version.number)
