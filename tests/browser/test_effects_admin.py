@@ -63,7 +63,11 @@ def test_marking_an_effect_done_from_its_page(superuser_page: Page) -> None:
     expect(page.locator("ul.messagelist")).to_contain_text("marked done")
     expect(page.locator("#effect-resolve")).to_have_count(0)  # nothing left to resolve
     effect.refresh_from_db()
-    assert (effect.state, effect.result, effect.resolved_by) == ("settled", {"id": "c_9"}, "admin:root")
+    assert (effect.state, effect.result, effect.resolved_by) == (
+        "settled",
+        {"id": "c_9"},
+        "admin:root",
+    )
     assert RunEvent.objects.filter(run_id=effect.run_id, kind="effect.resolved").count() == 1
 
 
