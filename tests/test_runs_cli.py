@@ -123,14 +123,19 @@ def test_list_filters_as_the_api_does(org, mix, api: APIClient) -> None:
     ]
     assert listed("--org", org.slug, "--start-key", "order-1") == [mix["waiter"][1]]
     assert listed("--org", org.slug, "--start-key", "order-") == []  # exact
-    assert listed("--org", org.slug, "--search", "order-") == sorted(mix["waiter"], reverse=True)
+    assert listed("--org", org.slug, "--start-key-prefix", "order-") == sorted(
+        mix["waiter"], reverse=True
+    )
+    # Inside the input (or the start key), as the API's search: "o-1" is order-1's input.
+    assert listed("--org", org.slug, "--search", "o-1") == [mix["waiter"][1]]
     assert listed("--org", org.slug, "--since", "1h") == every_run(mix)
     assert listed("--org", org.slug, "--until", "1h") == []
     tomorrow = (timezone.now() + timedelta(days=1)).date().isoformat()
     assert listed("--org", org.slug, "--since", tomorrow) == []
     # The same filters, the same runs, through the API (one FilterSet serves both).
     since, until = (timezone.now() - timedelta(hours=1)).isoformat(), tomorrow
-    for query, option in [({"start_key_prefix": "quick-"}, ("--search", "quick-")),
+    for query, option in [({"start_key_prefix": "quick-"}, ("--start-key-prefix", "quick-")),
+                          ({"search": "o-2"}, ("--search", "o-2")),
                           ({"status": "running", "automation": "waiter"},
                            ("--status", "running", "--automation", "waiter")),
                           ({"created_after": since, "created_before": until},

@@ -1,8 +1,8 @@
 """Runs on a terminal: list an organisation's runs, show one, follow one until it ends.
 
     manage.py runs list --org SLUG [--status S] [--automation A] [--start-key K]
-                        [--search PREFIX] [--since WHEN] [--until WHEN] [--limit N]
-                        [--after ID] [--json]
+                        [--start-key-prefix P] [--search TEXT] [--since WHEN]
+                        [--until WHEN] [--limit N] [--after ID] [--json]
     manage.py runs show --org SLUG RUN_ID [--json]
     manage.py runs tail --org SLUG RUN_ID [--timeout SECONDS] [--json]
 
@@ -50,7 +50,8 @@ EXIT_BROKEN_PIPE = 141  # as a shell reports a process SIGPIPE ended (128 + 13)
 # Each RunFilter parameter the list takes, by the option that sets it.
 FILTER_OPTIONS = {
     "status": "--status", "automation": "--automation", "start_key": "--start-key",
-    "start_key_prefix": "--search", "created_after": "--since", "created_before": "--until",
+    "start_key_prefix": "--start-key-prefix", "search": "--search",
+    "created_after": "--since", "created_before": "--until",
 }  # fmt: skip
 
 
@@ -70,7 +71,10 @@ class Command(MigratedCommand):
         listing.add_argument("--status", help=f"one of {', '.join(RunStatus.values)}")
         listing.add_argument("--automation", help="automation slug")
         listing.add_argument("--start-key", help="the run this start key started (exact)")
-        listing.add_argument("--search", metavar="PREFIX", help="start keys beginning so")
+        listing.add_argument("--start-key-prefix", metavar="PREFIX",
+                             help="start keys beginning so")  # fmt: skip
+        listing.add_argument("--search", metavar="TEXT", help="runs whose input or start "
+                             "key holds this text (a name, an order id; 3+ chars)")  # fmt: skip
         listing.add_argument("--since", metavar="WHEN", help="started since: 30s, 15m, 12h, 30d "
                              "ago, or an ISO 8601 date-time (UTC unless it says)")  # fmt: skip
         listing.add_argument("--until", metavar="WHEN", help="started before (as --since)")
