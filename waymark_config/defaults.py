@@ -103,6 +103,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "workflows.states.RunStatus",
         "StepStatusEnum": "workflows.states.StepStatus",
+        "RunMigrationStatusEnum": "workflows.models.run_migrations.MigrationStatus",
     },
 }
 
