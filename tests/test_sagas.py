@@ -228,3 +228,31 @@ def test_an_irreversible_step_before_an_uncompensated_risky_step_is_a_warning():
     last = saga(URL)
     last["steps"][2]["irreversible"] = True  # the risky step itself, irreversible, last
     assert definition_warnings(last) == []
+
+
+def test_the_api_shows_warnings_refuses_bad_compensations_and_filters_compensated(
+    api, org, provider_stub
+):
+    assert api.post("/api/v1/automations", {"slug": "saga"}, format="json").status_code == 201
+    risky = saga(URL)
+    risky["steps"][1]["irreversible"] = True
+    saved = api.post("/api/v1/automations/saga/versions", {"definition": risky}, format="json")
+    assert saved.status_code == 201, saved.json()
+    assert [w["code"] for w in saved.json()["warnings"]] == ["irreversible_not_last"]
+    read = api.get("/api/v1/automations/saga/versions/1").json()
+    assert read["warnings"] == saved.json()["warnings"]
+
+    bad = saga(URL)
+    bad["steps"][0]["compensate"] = "ship"
+    refused = api.post("/api/v1/automations/saga/versions", {"definition": bad}, format="json")
+    assert refused.status_code == 400
+    assert refused.json()["code"] == "invalid_definition"
+    # (undo_reserve is left unreachable, and ship, now a compensation, has a next)
+    assert "compensation_refers_to_later_step" in [e["code"] for e in refused.json()["errors"]]
+    assert len(api.get("/api/v1/automations/saga/versions").json()["results"]) == 1  # no more
+
+    run_id = set_up(org, provider_stub)
+    drive()
+    listed = api.get("/api/v1/runs?status=compensated").json()["results"]
+    assert [run["id"] for run in listed] == [run_id]
+    assert listed[0]["status"] == "compensated"
