@@ -9,10 +9,12 @@ so a repeat under the same key creates nothing new)."""
 
 from __future__ import annotations
 
+import io
 import signal
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from workflows.definitions.validator import definition_warnings, validate_definition
 from workflows.engine.waits import fire_due_deadlines
@@ -253,6 +255,10 @@ def test_the_api_shows_warnings_refuses_bad_compensations_and_filters_compensate
 
     run_id = set_up(org, provider_stub)
     drive()
+    with pytest.raises(CommandError) as caught:
+        call_command("runs", "tail", "--org", org.slug, str(run_id), stdout=io.StringIO())
+    assert caught.value.returncode == 6
+    assert str(caught.value) == f"run_compensated: run {run_id} was compensated"
     listed = api.get("/api/v1/runs?status=compensated").json()["results"]
     assert [run["id"] for run in listed] == [run_id]
     assert listed[0]["status"] == "compensated"
