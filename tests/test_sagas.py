@@ -16,9 +16,12 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
+from webhooks.models import Delivery
+from webhooks.services import webhook_create
 from workflows.definitions.validator import definition_warnings, validate_definition
 from workflows.engine.waits import fire_due_deadlines
 from workflows.models import Run, RunEvent, Step
+from workflows.plugins import Actor
 from workflows.services.control import run_act
 
 from .effect_setup import connect, drive, events, start
@@ -262,3 +265,13 @@ def test_the_api_shows_warnings_refuses_bad_compensations_and_filters_compensate
     listed = api.get("/api/v1/runs?status=compensated").json()["results"]
     assert [run["id"] for run in listed] == [run_id]
     assert listed[0]["status"] == "compensated"
+
+
+def test_a_compensated_run_is_sent_to_webhook_subscribers(org, provider_stub):
+    webhook_create(org=org, url="https://hooks.example/saga", actor=Actor.system("test"),
+                   event_types=["run.compensated", "run.failed"])  # fmt: skip
+    run_id = set_up(org, provider_stub)
+    drive()
+    (sent,) = Delivery.objects.filter(org=org)  # compensated, not failed
+    assert (sent.event_type, sent.run_id) == ("run.compensated", run_id)
+    assert "step 'ship' failed" in sent.payload["detail"]["error"]
