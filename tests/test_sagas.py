@@ -275,3 +275,15 @@ def test_a_compensated_run_is_sent_to_webhook_subscribers(org, provider_stub):
     (sent,) = Delivery.objects.filter(org=org)  # compensated, not failed
     assert (sent.event_type, sent.run_id) == ("run.compensated", run_id)
     assert "step 'ship' failed" in sent.payload["detail"]["error"]
+
+
+def test_the_admin_filters_compensated_runs(org, provider_stub, admin_client):
+    run_id = set_up(org, provider_stub)
+    drive()
+    listed = admin_client.get("/admin/workflows/run/?status__exact=compensated")
+    assert listed.status_code == 200
+    html = listed.content.decode()
+    assert f"/admin/workflows/run/{run_id}/change/" in html
+    assert "Compensated" in html  # the status filter offers it
+    empty = admin_client.get("/admin/workflows/run/?status__exact=failed").content.decode()
+    assert f"/admin/workflows/run/{run_id}/change/" not in empty
