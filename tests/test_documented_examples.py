@@ -73,6 +73,11 @@ SCENARIOS: dict[str, list[Scenario]] = {
         Scenario({"amount": 50, "customer": {"name": "Ann", "id": "cus_3"}},
                  ["note", "size", "rejected"], {"refunded": "0"}, status="failed"),
     ],
+    # The saga: every call answered, so nothing is compensated (tests/test_sagas.py fails it).
+    "definitions.md#reserve": [
+        Scenario({}, ["reserve", "charge", "ship", "done"], None,
+                 effects={"{run}/reserve/1": 1, "{run}/charge/1": 1, "{run}/ship/1": 1}),
+    ],
 }  # fmt: skip
 
 EXAMPLES = documented_definitions()

@@ -10,6 +10,8 @@ EVENT_TYPES: dict[str, str] = {
     "run.failed": "a run failed (a step failed with no failure path of its own, its budget "
     "or max age ran out, or an end step said failed); an operator may retry it",
     "run.cancelled": "a run was cancelled",
+    "run.compensated": "a step failed for good and the run undid its completed steps "
+    "(their compensations all ran); final",
     "step.failed": "a step failed for good (its attempts used up, or a failure that is not "
     "retried); its run may go on along the step's failure path",
     "approval.requested": "an approval step waits for a decision (again when it escalates)",

@@ -58,8 +58,8 @@ $function$;
 CREATE TRIGGER webhooks_enqueue
  AFTER INSERT ON workflows_runevent
  FOR EACH ROW WHEN (
-     NEW.kind IN ('run.started', 'run.succeeded', 'run.failed', 'run.cancelled', 'step.failed',
-                  'effect.needs_review')
+     NEW.kind IN ('run.started', 'run.succeeded', 'run.failed', 'run.cancelled',
+                  'run.compensated', 'step.failed', 'effect.needs_review')
      OR (NEW.kind = 'step.waiting' AND (NEW.detail ? 'approval' OR NEW.detail ? 'task')))
  EXECUTE FUNCTION webhooks_enqueue_v1();
 """

@@ -17,6 +17,9 @@ class RunStatus(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # final unless an operator retries it
     CANCELLED = "cancelled"
+    # a step failed for good and the compensations of the completed steps all ran
+    # (docs/definitions.md, "Sagas and compensation")
+    COMPENSATED = "compensated"
 
 
 class StepStatus(models.TextChoices):
@@ -40,16 +43,29 @@ class WaitKind(models.TextChoices):
 
 RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.RUNNING: frozenset(
-        {RunStatus.PAUSED, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
+        {
+            RunStatus.PAUSED,
+            RunStatus.SUCCEEDED,
+            RunStatus.FAILED,
+            RunStatus.CANCELLED,
+            RunStatus.COMPENSATED,
+        }
     ),
     # A step that was already running when the run was paused may still settle: it can fail
     # the run, or end its last path.
     RunStatus.PAUSED: frozenset(
-        {RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
+        {
+            RunStatus.RUNNING,
+            RunStatus.SUCCEEDED,
+            RunStatus.FAILED,
+            RunStatus.CANCELLED,
+            RunStatus.COMPENSATED,
+        }
     ),
     RunStatus.SUCCEEDED: frozenset(),
     RunStatus.FAILED: frozenset({RunStatus.RUNNING}),  # an operator's retry
     RunStatus.CANCELLED: frozenset(),
+    RunStatus.COMPENSATED: frozenset(),
 }
 
 STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {
@@ -84,7 +100,9 @@ STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {
     StepStatus.CANCELLED: frozenset(),
 }
 
-RUN_FINISHED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+RUN_FINISHED = frozenset(
+    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPENSATED}
+)
 RUN_LIVE = frozenset({RunStatus.RUNNING, RunStatus.PAUSED})
 STEP_LIVE = frozenset({StepStatus.READY, StepStatus.RUNNING, StepStatus.WAITING})
 

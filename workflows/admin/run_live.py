@@ -27,7 +27,7 @@ from .display import pretty_json
 from .run_page import run_page_context
 
 POLL_SECONDS = 2
-FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPENSATED)
 
 
 def version_of(run: Run) -> str:

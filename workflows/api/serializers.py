@@ -8,6 +8,7 @@ from typing import Any, cast
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from ..definitions.validator import definition_warnings
 from ..engine.wait_words import WaitDescription, describe_waits
 from ..models import Automation, AutomationVersion, Run, RunEvent, Step
 from ..states import RunStatus
@@ -26,6 +27,28 @@ class VersionOut(serializers.ModelSerializer):
     @extend_schema_field(serializers.JSONField())
     def get_definition(self, version: AutomationVersion) -> Any:
         return version.document()
+
+
+class IssueOut(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+    step = serializers.CharField(allow_null=True)
+    field = serializers.CharField(allow_null=True)
+
+
+class VersionDetailOut(VersionOut):
+    """One version as saved or read alone: with the validator's warnings (what is allowed
+    but probably wrong, such as an irreversible step before a risky one; never a reason to
+    refuse it). Not in lists: each would validate its definition again."""
+
+    warnings = serializers.SerializerMethodField()
+
+    class Meta(VersionOut.Meta):
+        fields = [*VersionOut.Meta.fields, "warnings"]
+
+    @extend_schema_field(IssueOut(many=True))
+    def get_warnings(self, version: AutomationVersion) -> list[dict[str, str | None]]:
+        return [issue.as_dict() for issue in definition_warnings(version.definition)]
 
 
 class VersionSummaryOut(serializers.ModelSerializer):

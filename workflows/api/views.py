@@ -40,6 +40,7 @@ from .serializers import (
     RunStartedOut,
     RunStartIn,
     StepOut,
+    VersionDetailOut,
     VersionOut,
     run_links,
 )
@@ -180,7 +181,7 @@ class VersionListView(ListEndpoint):
     def get(self, request: Request, slug: str) -> Response:
         return self.list_page()
 
-    @extend_schema(request=DefinitionIn, responses={201: VersionOut})
+    @extend_schema(request=DefinitionIn, responses={201: VersionDetailOut})
     def post(self, request: Request, slug: str) -> Response:
         automation = selectors.automation_get(org=request_key(request).org, slug=slug)
         data = DefinitionIn(data=request.data)
@@ -188,18 +189,18 @@ class VersionListView(ListEndpoint):
         version = services.version_create_draft(
             automation=automation, definition=data.validated_data["definition"]
         )
-        return Response(VersionOut(version).data, status=status.HTTP_201_CREATED)
+        return Response(VersionDetailOut(version).data, status=status.HTTP_201_CREATED)
 
 
 class VersionDetailView(APIView):
-    @extend_schema(responses=VersionOut)
+    @extend_schema(responses=VersionDetailOut)
     def get(self, request: Request, slug: str, number: int) -> Response:
         automation = selectors.automation_get(org=request_key(request).org, slug=slug)
         return Response(
-            VersionOut(selectors.version_get(automation=automation, number=number)).data
+            VersionDetailOut(selectors.version_get(automation=automation, number=number)).data
         )
 
-    @extend_schema(request=DefinitionIn, responses=VersionOut)
+    @extend_schema(request=DefinitionIn, responses=VersionDetailOut)
     def put(self, request: Request, slug: str, number: int) -> Response:
         automation = selectors.automation_get(org=request_key(request).org, slug=slug)
         version = selectors.version_get(automation=automation, number=number)
@@ -208,7 +209,7 @@ class VersionDetailView(APIView):
         version = services.version_update_draft(
             version=version, definition=data.validated_data["definition"]
         )
-        return Response(VersionOut(version).data)
+        return Response(VersionDetailOut(version).data)
 
 
 class VersionPublishView(APIView):

@@ -45,7 +45,9 @@ __all__ = [
 
 MAX_DURATION = timedelta(days=3650)
 #: Fields every step may have; the generic validator checks them, step types the rest.
-COMMON_STEP_FIELDS = ("id", "type", "next", "on_failure", "name", "retry")
+COMMON_STEP_FIELDS = (
+    "id", "type", "next", "on_failure", "name", "retry", "compensate", "irreversible",
+)  # fmt: skip
 
 _STEP_ID_RE = re.compile(r"[a-z][a-z0-9_]{0,62}")
 _DURATION_RE = re.compile(r"([0-9]{1,7})([smhd])")

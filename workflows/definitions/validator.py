@@ -42,6 +42,12 @@ from workflows.definitions.fork_shapes import fork_issues
 from workflows.definitions.graph import shortest_cycle, strongly_connected_components
 from workflows.definitions.registry import Registry, StepType
 from workflows.definitions.registry import registry as default_registry
+from workflows.definitions.sagas import (
+    SAGA_ISSUE_CODES,
+    compensation_targets,
+    saga_issues,
+    saga_warnings,
+)
 from workflows.definitions.sandbox import definition_budget, template_limits
 from workflows.definitions.step_checks import Edge, StepChecks
 from workflows.definitions.storable import UNSTORABLE_REASON, unstorable_path
@@ -52,6 +58,7 @@ __all__ = [
     "InvalidDefinition",
     "canonical_json",
     "definition_digest",
+    "definition_warnings",
     "ensure_valid",
     "validate_definition",
 ]
@@ -87,6 +94,7 @@ ISSUE_CODES = (
     "too_many_conditions",
     "join_shared",
     "branch_leaves_fork",
+    *SAGA_ISSUE_CODES,
 )
 
 
@@ -160,6 +168,7 @@ class _Validation:
         self.ids: dict[str, int] = {}
         self.types: dict[str, StepType] = {}
         self.edges: dict[str, list[Edge]] = {}
+        self.successors: dict[str, list[str]] = {}  # ordinary edges, once the graph is checked
         # Reads self.ids when a step is checked, after collect_ids has filled it.
         self.type_names: dict[str, str] = {}  # step id -> its `type`, for cross-step checks
         self.step_checks = StepChecks(registry, self.ids, self.at_step, self.type_names)
@@ -370,7 +379,11 @@ class _Validation:
     def check_graph(self, definition: dict[Any, Any]) -> None:
         order = list(self.ids)  # definition order
         successors = {sid: [e.target for e in self.edges.get(sid, [])] for sid in order}
+        self.successors = successors
         start = definition.get("start")
+        steps = self.steps_by_id(definition)
+        # Compensation steps are entered by the engine, not by an edge (sagas.py).
+        compensations = compensation_targets(steps.values())
         if isinstance(start, str) and start in self.ids:
             reached = {start}
             queue = deque([start])
@@ -380,7 +393,7 @@ class _Validation:
                         reached.add(target)
                         queue.append(target)
             for sid in order:
-                if sid not in reached:
+                if sid not in reached and sid not in compensations:
                     self.issues.append(
                         DefinitionIssue(
                             "unreachable_step",
@@ -391,6 +404,9 @@ class _Validation:
                         )
                     )
         self.check_forks(definition, successors)
+        start_id = start if isinstance(start, str) else None
+        for saga in saga_issues(steps, successors, self.types, start_id):
+            self.issues.append(DefinitionIssue(saga.code, saga.message, saga.step, saga.field))
         limits = definition.get("limits")
         if isinstance(limits, dict) and "max_steps" in limits:
             return  # an explicit step limit bounds every loop
@@ -407,9 +423,12 @@ class _Validation:
         for _, first, members in sorted(loops, key=lambda loop: loop[0]):
             self.report_loop(first, members, successors, position)
 
+    def steps_by_id(self, definition: dict[Any, Any]) -> dict[str, dict[str, Any]]:
+        return {sid: definition["steps"][index] for sid, index in self.ids.items()}
+
     def check_forks(self, definition: dict[Any, Any], successors: dict[str, list[str]]) -> None:
         """Parallel shapes the engine cannot run as written (fork_shapes.py)."""
-        steps = {sid: definition["steps"][index] for sid, index in self.ids.items()}
+        steps = self.steps_by_id(definition)
         terminal = {sid for sid, step_type in self.types.items() if step_type.terminal}
         forking = {sid for sid, step_type in self.types.items() if step_type.forks}
         for issue in fork_issues(steps, successors, terminal, forking):
@@ -466,6 +485,25 @@ def validate_definition(
     # All the templates and conditions of one definition share one parse budget (tokens).
     with definition_budget(template_limits().max_definition_template_tokens):
         return _Validation(definition, reg, max_bytes, max_steps).run()
+
+
+def definition_warnings(
+    definition: object, *, registry: Registry | None = None
+) -> list[DefinitionIssue]:
+    """What is allowed but probably wrong (never a reason to refuse the definition): an
+    irreversible step followed by a step that can fail for good with no compensation
+    (code ``irreversible_not_last``). [] for a definition that is not valid."""
+    reg = registry if registry is not None else default_registry
+    validation = _Validation(definition, reg, *_configured_limits(None, None))
+    with definition_budget(template_limits().max_definition_template_tokens):
+        if validation.run():
+            return []
+    assert isinstance(definition, dict)
+    steps = validation.steps_by_id(definition)
+    return [
+        DefinitionIssue(w.code, w.message, w.step, w.field)
+        for w in saga_warnings(steps, validation.successors, validation.types)
+    ]
 
 
 def _unavailable_types(definition: object, registry: Registry) -> list[DefinitionIssue]:

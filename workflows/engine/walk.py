@@ -13,6 +13,7 @@ in the same transaction, so history, state and wake-ups commit together or not a
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,6 +34,8 @@ from .run_state import RunState
 from .speculative import NeedsTransaction
 from .sql import (
     CANCEL_LIVE_STEPS_LOGGED,
+    COMPENSATION_PLAN,
+    COMPLETED_STEPS,
     LIVE_STEPS,
     LOCK_RUN,
     STEP_ID_OF,
@@ -51,6 +54,7 @@ from .sql.rows import (
     event_row,
     events_statement,
     fetch_dict,
+    fetch_dicts,
     insert_rows,
     insert_statement,
     json_or_null,
@@ -157,6 +161,10 @@ class Walk:
         self.run = run
         self.definition = definition
         self.steps = {step["id"]: step for step in definition["steps"]}
+        # Sagas: the steps that compensate others, and the plan of this run's compensation
+        # once known (read back from its run.compensating event when a later walk needs it).
+        self.compensators = {s["compensate"] for s in definition["steps"] if "compensate" in s}
+        self.compensation: dict[str, Any] | None = None
         self.worker = worker
         self.new_steps: list[NewStep] = []
         self.events: list[EventRow] = []
@@ -289,9 +297,12 @@ class Walk:
         if result.finish is not None:
             if result.finish == "failed":
                 error = f"ended by step {step_id!r} with status failed"
-                self.finish_run(RunStatus.FAILED, output=result.output, error=error)
+                self.fail_run(step_id, error, output=result.output)
             else:
                 self.finish_run(RunStatus.SUCCEEDED, output=result.output)
+            return
+        if step_id in self.compensators:
+            self._compensation_done(step_id)
             return
         self.go_on(next_step_ids(self.steps[step_id], result.outcome), place)
 
@@ -322,7 +333,74 @@ class Walk:
             # The step's outcomes include "failed" and its `next` maps it: a declared path.
             self.go_on([mapped[FAILED_OUTCOME]], place)
         else:
-            self.finish_run(RunStatus.FAILED, error=f"step {step_id!r} failed: {error}")
+            self.fail_run(step_id, f"step {step_id!r} failed: {error}")
+
+    # --- sagas (docs/definitions.md, "Sagas and compensation") --------------------------------
+
+    def fail_run(self, step_id: str, error: str, *, output: Any = None) -> None:
+        """The run would fail because of ``step_id``: it compensates its completed steps
+        first when any declared a compensation; a compensation failing fails the run."""
+        if step_id in self.compensators:
+            self._compensation_failed(step_id, error)
+        elif not self.compensators or not self._begin_compensation(step_id, error):
+            self.finish_run(RunStatus.FAILED, output=output, error=error)
+
+    def _begin_compensation(self, step_id: str, error: str) -> bool:
+        """Plan the compensations (of the completed steps, latest completed first, each
+        once) and enter the first; False when no completed step has one."""
+        self.cursor.execute(COMPLETED_STEPS, {"run": self.run.id})
+        done = [row["step_id"] for row in fetch_dicts(self.cursor)]
+        done += [row.step_id for row in self.new_steps if row.status == StepStatus.DONE]
+        plan: list[dict[str, str]] = []
+        for completed in reversed(done):
+            compensator = self.steps.get(completed, {}).get("compensate")
+            if compensator and all(entry["step"] != compensator for entry in plan):
+                plan.append({"step": compensator, "compensates": completed})
+        if not plan:
+            return False
+        self.compensation = {"failed_step": step_id, "error": error, "plan": plan}
+        self.event("run.compensating", step_id, detail=self.compensation)
+        self._enter_compensation(0)
+        return True
+
+    def _compensation_plan(self) -> dict[str, Any]:
+        if self.compensation is None:
+            self.cursor.execute(COMPENSATION_PLAN, {"run": self.run.id})
+            row = fetch_dict(self.cursor)
+            assert row is not None, f"run {self.run.id}: a compensation step with no plan"
+            detail = row["detail"]  # (read as text where the event's detail is sent as such)
+            self.compensation = json.loads(detail) if isinstance(detail, str) else detail
+        return self.compensation
+
+    def _position(self, step_id: str) -> int:
+        plan = self._compensation_plan()["plan"]
+        return next(i for i, entry in enumerate(plan) if entry["step"] == step_id)
+
+    def _enter_compensation(self, position: int) -> None:
+        """Enter the compensation at ``position`` of the plan, as an ordinary step (its own
+        lane, retry policy and effect key); the next is entered when it completes."""
+        plan = self._compensation_plan()["plan"]
+        entry = plan[position]
+        detail = {"compensates": entry["compensates"], "position": position + 1, "of": len(plan)}
+        self.event("compensation.entered", entry["step"], detail=detail)
+        self.enter([entry["step"]])
+
+    def _compensation_done(self, step_id: str) -> None:
+        compensation = self._compensation_plan()
+        position = self._position(step_id) + 1
+        if position < len(compensation["plan"]):
+            self._enter_compensation(position)
+        else:
+            self.finish_run(RunStatus.COMPENSATED, error=compensation["error"])
+
+    def _compensation_failed(self, step_id: str, error: str) -> None:
+        """Parked for a person: the run fails with what is known, and an operator's retry
+        runs this compensation again and goes on with the rest of the plan."""
+        compensation = self._compensation_plan()
+        left = [entry["step"] for entry in compensation["plan"][self._position(step_id) + 1 :]]
+        self.finish_run(RunStatus.FAILED, error=(
+            f"compensation_failed: step {step_id!r} failed: {error}; compensations left: "
+            f"{', '.join(left) or 'none'}; compensating for: {compensation['error']}"))  # fmt: skip
 
     def finish_run(self, status: str, *, output: Any = None, error: str = "") -> None:
         if self.finished:

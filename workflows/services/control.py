@@ -156,6 +156,11 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
     cursor.execute(sql.FAILED_STEPS, {"run": run.id})
     # The steps that failed the run: failed, with no failure path of their own to follow.
     failed = [s for s in fetch_dicts(cursor) if not steps.get(s["step_id"], {}).get("on_failure")]
+    # A saga whose compensation failed: only the compensation runs again (the step that
+    # began it stays failed: it is being undone); its success goes on with the plan.
+    compensators = {step["compensate"] for step in steps.values() if "compensate" in step}
+    if any(s["step_id"] in compensators for s in failed):
+        failed = [s for s in failed if s["step_id"] in compensators]
     if not failed:
         raise NothingToRetry(run_id=run.id)
     _set_status(cursor, run, "retry")

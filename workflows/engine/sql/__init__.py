@@ -544,6 +544,22 @@ UPDATE workflows_run
  WHERE id = %(id)s AND status = %(expected)s AND status IN ('running', 'paused')
 """
 
+# Sagas (walk.py, compensation): the steps of the run that completed, in the order they did
+# (a walk's own rows are not written yet: the walk adds them), and the plan its compensation
+# was begun with (the latest run.compensating event: an operator's retry continues it).
+COMPLETED_STEPS = """
+SELECT step_id FROM workflows_step
+ WHERE run_id = %(run)s AND status = 'done'
+ ORDER BY finished_at, id
+"""
+
+COMPENSATION_PLAN = """
+SELECT detail FROM workflows_runevent
+ WHERE run_id = %(run)s AND kind = 'run.compensating'
+ ORDER BY id DESC
+ LIMIT 1
+"""
+
 # The id of the step the walk just wrote already claimed for the settling worker (unique
 # (run, step_id, iteration)); nothing if the same walk ended it again (its join completed).
 STEP_ID_OF = """
@@ -997,7 +1013,7 @@ UPDATE workflows_sweeplease SET lease_until = now()
 FINISHED_RUNS_BEFORE = """
 SELECT id FROM workflows_run
  WHERE finished_at < now() - make_interval(secs => %(age)s)
-   AND status IN ('succeeded', 'failed', 'cancelled')
+   AND status IN ('succeeded', 'failed', 'cancelled', 'compensated')
  ORDER BY finished_at
  LIMIT %(batch)s
    FOR UPDATE SKIP LOCKED
@@ -1009,7 +1025,7 @@ PURGE_RUN_EVENTS = "DELETE FROM workflows_runevent WHERE run_id = ANY(%(ids)s)"
 PURGE_RUN_STEPS = "DELETE FROM workflows_step WHERE run_id = ANY(%(ids)s)"
 PURGE_RUNS = """
 DELETE FROM workflows_run
- WHERE id = ANY(%(ids)s) AND status IN ('succeeded', 'failed', 'cancelled')
+ WHERE id = ANY(%(ids)s) AND status IN ('succeeded', 'failed', 'cancelled', 'compensated')
 """
 
 # The audit log's retention (services/audit.py::purge_audit): the purge says, for its own

@@ -45,6 +45,7 @@ POLL_SECONDS = 0.5
 MAX_LIMIT = 1000
 MAX_ID = 2**63 - 1  # ids are bigints: a larger number names no run
 EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT, EXIT_INTERRUPTED = 3, 4, 5, 130
+EXIT_COMPENSATED = 6  # a saga undone: not a success, though nothing waits for a person
 EXIT_BROKEN_PIPE = 141  # as a shell reports a process SIGPIPE ended (128 + 13)
 
 # Each RunFilter parameter the list takes, by the option that sets it.
@@ -214,6 +215,10 @@ class Command(MigratedCommand):
         if ended.status == RunStatus.CANCELLED:
             raise CommandError(
                 f"run_cancelled: run {ended.pk} was cancelled", returncode=EXIT_CANCELLED
+            )
+        if ended.status == RunStatus.COMPENSATED:
+            raise CommandError(
+                f"run_compensated: run {ended.pk} was compensated", returncode=EXIT_COMPENSATED
             )
 
 
