@@ -287,3 +287,43 @@ def test_the_admin_filters_compensated_runs(org, provider_stub, admin_client):
     assert "Compensated" in html  # the status filter offers it
     empty = admin_client.get("/admin/workflows/run/?status__exact=failed").content.decode()
     assert f"/admin/workflows/run/{run_id}/change/" not in empty
+
+
+def test_two_branches_failing_compensate_each_completed_step_once(org, provider_stub):
+    """Both branches of a parallel fail for good, one after the other: the first failure
+    begins the compensation, the second is recorded and changes nothing more (before, it
+    planned again and the provider was asked for each compensation twice, at new keys)."""
+    provider_stub.idempotent = True
+    connect(org, base_url=provider_stub.url, options={"idempotency_keys": True})
+    url = provider_stub.url
+    definition = {
+        "start": "reserve",
+        "steps": [
+            call("reserve", f"{url}/echo/reserve", next="charge", compensate="undo_reserve"),
+            call("charge", f"{url}/echo/charge", next="fan", compensate="undo_charge"),
+            {"id": "fan", "type": "parallel", "branches": ["ship_a", "ship_b"], "next": "meet"},
+            call("ship_a", f"{url}/ship", next="meet", retry={"max_attempts": 1}),
+            call("ship_b", f"{url}/ship", next="meet", retry={"max_attempts": 1}),
+            {"id": "meet", "type": "join", "wait_for": ["ship_a", "ship_b"], "next": "done"},
+            {"id": "done", "type": "end"},
+            call("undo_charge", f"{url}/items"),
+            call("undo_reserve", f"{url}/items"),
+        ],
+    }
+    # The first compensation's first call meets a 503 (tried again after a backoff), so the
+    # second branch fails while the run compensates, whichever the worker runs first.
+    provider_stub.fail_next(1, status=503, path_prefix="/items")
+    run_id = start(org, definition)
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "compensated", run.error
+    assert provider_stub.count("POST", "/ship") == 2  # both branches ran and failed
+    failed_at = [e.kind for e in RunEvent.objects.filter(run_id=run_id).order_by("id")]
+    assert (
+        failed_at.index("run.compensating")
+        < max(i for i, kind in enumerate(failed_at) if kind == "step.failed")
+        < failed_at.index("run.compensated")
+    )  # the second failure came mid-compensation
+    assert undone(provider_stub) == ["undo_charge", "undo_reserve"]
+    assert len(events(run_id, "run.compensating")) == 1
+    assert Step.objects.filter(run_id=run_id, step_id__startswith="undo_").count() == 2

@@ -165,6 +165,7 @@ class Walk:
         # once known (read back from its run.compensating event when a later walk needs it).
         self.compensators = {s["compensate"] for s in definition["steps"] if "compensate" in s}
         self.compensation: dict[str, Any] | None = None
+        self.compensation_checked = False  # whether _compensating read the run's events
         self.worker = worker
         self.new_steps: list[NewStep] = []
         self.events: list[EventRow] = []
@@ -342,8 +343,37 @@ class Walk:
         first when any declared a compensation; a compensation failing fails the run."""
         if step_id in self.compensators:
             self._compensation_failed(step_id, error)
+        elif self.compensators and self._compensating():
+            # Another branch failing while the run compensates: its failure is recorded
+            # (step.failed) and changes nothing more. A second plan would undo the same
+            # steps again, at new effect keys: a second refund.
+            return
         elif not self.compensators or not self._begin_compensation(step_id, error):
             self.finish_run(RunStatus.FAILED, output=output, error=error)
+
+    def _compensating(self) -> bool:
+        """Whether this run's compensation has begun (it has a run.compensating event): read
+        once a walk, and only for a definition that declares compensations."""
+        if self.compensation is not None:
+            return True
+        if self.compensation_checked:
+            return False
+        self.compensation_checked = True
+        self.cursor.execute(COMPENSATION_PLAN, {"run": self.run.id})
+        row = fetch_dict(self.cursor)
+        if row is None:
+            return False
+        detail = row["detail"]
+        self.compensation = json.loads(detail) if isinstance(detail, str) else detail
+        return True
+
+    def _held_by_compensation(self, step_id: str) -> bool:
+        """While the run compensates, nothing of its forward path goes on: a sibling branch's
+        next step (or a join it completes) is not entered, so no new work is done that the
+        plan would not undo. Only the plan's compensations are entered."""
+        return (
+            bool(self.compensators) and step_id not in self.compensators and (self._compensating())
+        )
 
     def _begin_compensation(self, step_id: str, error: str) -> bool:
         """Plan the compensations (of the completed steps, latest completed first, each
@@ -405,6 +435,8 @@ class Walk:
     def finish_run(self, status: str, *, output: Any = None, error: str = "") -> None:
         if self.finished:
             return
+        if status == RunStatus.SUCCEEDED and self.compensators and self._compensating():
+            return  # a sibling branch ended while the run compensates: the plan decides
         self.dirty = True
         self.finish = (status, output, error)
         self.event(f"run.{status}", detail={"error": error} if error else None)
@@ -430,7 +462,10 @@ class Walk:
                 if self.paused or self._inline_budget_spent():
                     self._continue_later()
                     return
-                self._enter_one(self.queue.popleft())
+                entry = self.queue.popleft()
+                if self._held_by_compensation(entry.step_id):
+                    continue
+                self._enter_one(entry)
         finally:
             self.draining = False
 
