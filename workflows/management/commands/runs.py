@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 import time
 from datetime import UTC, datetime
@@ -175,6 +176,10 @@ class Command(MigratedCommand):
             self.stdout.write(f"run {run.pk}  {run.automation.slug}@{run.version.number}")
             self.stdout.write(report.event_header())
         seen = 0
+        # Ctrl-C stops following, whatever this process inherited: a shell starts a
+        # background command with SIGINT ignored, and Python then never raises
+        # KeyboardInterrupt, so `runs tail … &` would ignore the SIGINT sent to stop it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             while True:
                 seen = self._write_events(run, seen, as_json=as_json)
