@@ -1,0 +1,228 @@
+"""DBOS Transact's side of the peer benchmark (run by run.py with the peer's venv, see
+requirements.txt; prints one JSON object). The same work as waymark_side.py, on a fresh
+embedded PostgreSQL of its own under --data, default settings:
+
+- chain-3 / chain-10: a @DBOS.workflow calling 3 or 10 no-op @DBOS.step's, through a queue
+  (worker_concurrency 128, polling every 10 ms: its fastest settings on this work). drain:
+  every workflow enqueued on a queue not yet registered, then the queue is registered; rate
+  from the first dequeue to the last completion (database clock). e2e: the queue running
+  while one thread enqueues; first enqueue to last completion.
+- serial: one 3-step workflow at a time, called directly in this process (its fastest way;
+  no queue, no other process).
+- sleep: workflows of one DBOS.sleep(2), all started together; lateness = when the sleep
+  returned minus when it was due.
+- starts: enqueues with 10 % duplicate workflow ids (SetWorkflowID); enqueues/s, and that
+  the duplicates made no workflow.
+- commits per step (pg_stat_database over the drain pass) and the server's commit limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from machine import (  # noqa: E402
+    commit_limit,
+    fresh_server,
+    load_average,
+    percentile,
+    server_commits,
+)
+
+SYSTEM_DB = "dbos_peer_sys"
+CONCURRENCY, POLL = 128, 0.01
+
+
+class Side:
+    def __init__(self, data: Path) -> None:
+        from sqlalchemy.engine import make_url
+
+        self.server, uri = fresh_server(data)
+        self.uri = make_url(uri).set(database=SYSTEM_DB).render_as_string(hide_password=False)
+        from dbos import DBOS, DBOSConfig
+
+        system_url = make_url(uri).set(drivername="postgresql+psycopg", database=SYSTEM_DB)
+        config: DBOSConfig = {
+            "name": "peer",
+            "log_level": "WARNING",
+            "system_database_url": system_url.render_as_string(hide_password=False),
+        }
+        DBOS(config=config)
+        self.dbos = DBOS
+
+        @DBOS.step()
+        def noop(i: int) -> int:
+            return i
+
+        @DBOS.workflow()
+        def chain_3(i: int) -> int:
+            for s in range(3):
+                noop(s)
+            return i
+
+        @DBOS.workflow()
+        def chain_10(i: int) -> int:
+            for s in range(10):
+                noop(s)
+            return i
+
+        self.late: list[float] = []
+        lock = threading.Lock()
+
+        @DBOS.workflow()
+        def sleeper(seconds: float) -> None:
+            due = time.time() + seconds
+            DBOS.sleep(seconds)
+            with lock:
+                self.late.append((time.time() - due) * 1000)
+
+        self.chains = {3: chain_3, 10: chain_10}
+        self.sleeper = sleeper
+        DBOS.launch()
+        logging.getLogger("dbos").setLevel(logging.WARNING)
+        self.queues = 0
+
+    def q(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        with psycopg.connect(self.uri, autocommit=True) as c:
+            return c.execute(sql, params).fetchall()
+
+    def await_done(self, queue: str, n: int, poll: float = 0.01) -> None:
+        sql = (
+            "SELECT count(*) FROM dbos.workflow_status WHERE queue_name = %s"
+            " AND status IN ('SUCCESS', 'ERROR')"
+        )
+        while self.q(sql, (queue,))[0][0] < n:
+            time.sleep(poll)
+
+    def not_succeeded(self, queue: str) -> int:
+        sql = (
+            "SELECT count(*) FROM dbos.workflow_status"
+            " WHERE queue_name = %s AND status <> 'SUCCESS'"
+        )
+        return int(self.q(sql, (queue,))[0][0])
+
+    def new_queue(self) -> str:
+        self.queues += 1
+        return f"peer_{self.queues}"
+
+    def chain(self, steps: int, mode: str, n: int) -> dict[str, Any]:
+        DBOS, workflow, queue = self.dbos, self.chains[steps], self.new_queue()
+        if mode == "e2e":
+            DBOS.register_queue(queue, worker_concurrency=CONCURRENCY, polling_interval_sec=POLL)
+            time.sleep(1.5)  # its queue thread takes a new queue up within a second
+            began = time.monotonic()
+            for i in range(n):
+                DBOS.enqueue_workflow(queue, workflow, i)
+        else:
+            for i in range(n):
+                DBOS.enqueue_workflow(queue, workflow, i)
+            time.sleep(1.0)
+            before = server_commits(self.uri, SYSTEM_DB)
+            began = time.monotonic()
+            DBOS.register_queue(queue, worker_concurrency=CONCURRENCY, polling_interval_sec=POLL)
+        self.await_done(queue, n)
+        wall = time.monotonic() - began
+        first, last, dequeued = self.q(
+            "SELECT min(created_at), max(updated_at), min(started_at_epoch_ms)"
+            " FROM dbos.workflow_status WHERE queue_name = %s",
+            (queue,),
+        )[0]
+        span = (last - (first if mode == "e2e" else dequeued)) / 1000
+        row: dict[str, Any] = {
+            "work": f"chain-{steps} {mode}",
+            "runs": n,
+            "wall_s": round(wall, 2),
+            "steps_per_s": round(steps * n / span, 1),
+            "not_succeeded": self.not_succeeded(queue),
+        }
+        if mode == "drain":
+            time.sleep(1.0)  # pg_stat_database lags the commits
+            used = server_commits(self.uri, SYSTEM_DB) - before
+            row["commits_per_step"] = round(used / (steps * n), 2)
+        return row
+
+    def serial(self, n: int) -> dict[str, Any]:
+        took = []
+        for i in range(n):
+            began = time.monotonic()
+            self.chains[3](i)
+            took.append((time.monotonic() - began) * 1000)
+        return {
+            "work": "serial chain-3",
+            "runs": n,
+            "p50_ms": percentile(took, 50),
+            "p99_ms": percentile(took, 99),
+            "not_succeeded": 0,
+        }
+
+    def sleep(self, n: int) -> dict[str, Any]:
+        self.late.clear()
+        handles = [self.dbos.start_workflow(self.sleeper, 2.0) for _ in range(n)]
+        for handle in handles:
+            handle.get_result()
+        return {
+            "work": "sleep 2s",
+            "runs": n,
+            "late_p50_ms": percentile(self.late, 50),
+            "late_p99_ms": percentile(self.late, 99),
+            "late_max_ms": round(max(self.late), 1),
+            "not_succeeded": n - len(self.late),
+        }
+
+    def starts(self, n: int) -> dict[str, Any]:
+        from dbos import SetWorkflowID
+
+        queue = self.new_queue()  # never registered: the enqueues are the work measured
+        keys = [f"start-{k}" for k in range(n)]
+        keys = [keys[k - 1] if k and k % 10 == 0 else key for k, key in enumerate(keys)]
+        began = time.monotonic()
+        ids = set()
+        for key in keys:
+            with SetWorkflowID(key):
+                ids.add(self.dbos.enqueue_workflow(queue, self.chains[3], 0).workflow_id)
+        wall = time.monotonic() - began
+        made = self.q("SELECT count(*) FROM dbos.workflow_status WHERE queue_name = %s", (queue,))
+        return {
+            "work": "starts, 10% duplicate keys",
+            "runs": n,
+            "starts_per_s": round(n / wall, 1),
+            "runs_made": int(made[0][0]),
+            "distinct_ids": len(ids),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--serial", type=int, default=200)
+    parser.add_argument("--sleepers", type=int, default=1000)
+    args = parser.parse_args()
+    out: dict[str, Any] = {"engine": "dbos", "load_before": load_average(), "rows": []}
+    side = Side(args.data)
+    try:
+        out["commit_limit_1"] = round(commit_limit(side.uri, 1))
+        out["commit_limit_8"] = round(commit_limit(side.uri, 8))
+        for steps in (3, 10):
+            for mode in ("drain", "e2e"):
+                out["rows"].append(side.chain(steps, mode, args.runs))
+        out["rows"].append(side.serial(args.serial))
+        out["rows"].append(side.sleep(args.sleepers))
+        out["rows"].append(side.starts(args.runs))
+    finally:
+        side.dbos.destroy()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

