@@ -162,9 +162,14 @@ def test_a_step_of_a_run_past_its_max_age_is_not_executed(org) -> None:
     assert Step.objects.get(pk=step.id).error.startswith("max_age_exceeded")
 
 
-def test_every_connection_is_bounded_by_statement_and_idle_transaction_timeouts(db) -> None:
-    # A half-open settle connection must not keep its step's row locked for hours.
-    expected = {"statement_timeout": "1min", "idle_in_transaction_session_timeout": "1min"}
+def test_every_connection_is_bounded_by_statement_lock_and_idle_transaction_timeouts(db) -> None:
+    # A half-open settle connection must not keep its step's row locked for hours, nor a
+    # statement wait for a row lock longer than the lock timeout.
+    expected = {
+        "statement_timeout": "1min",
+        "idle_in_transaction_session_timeout": "1min",
+        "lock_timeout": "20s",
+    }
     with connection.cursor() as cursor:
         for name, value in expected.items():
             cursor.execute(f"SHOW {name}")

@@ -188,14 +188,17 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # Every connection (web, workers, relay, sweep) is bounded: no statement runs longer than
 # statement_timeout, a transaction left idle (a process stopped mid-transaction, a half-open
 # connection) is ended by the server after idle_in_transaction_session_timeout, releasing its
-# row locks, and TCP keepalives find a dead peer over TCP in about a minute (unix sockets
-# need none). 0 turns a timeout off.
+# row locks, a statement waiting for a row lock gives up after lock_timeout (the engine retries
+# it as a transient error, so a worker stuck behind one stuck transaction goes on with other
+# work sooner than statement_timeout would let it), and TCP keepalives find a dead peer over
+# TCP in about a minute (unix sockets need none). 0 turns a timeout off.
 _DB_OPTIONS = DATABASES["default"].setdefault("OPTIONS", {})
 _DB_OPTIONS.setdefault(
     "options",
-    "-c statement_timeout={} -c idle_in_transaction_session_timeout={}".format(
+    "-c statement_timeout={} -c idle_in_transaction_session_timeout={} -c lock_timeout={}".format(
         env.int("WAYMARK_DB_STATEMENT_TIMEOUT_MS", default=60_000),
         env.int("WAYMARK_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", default=60_000),
+        env.int("WAYMARK_DB_LOCK_TIMEOUT_MS", default=20_000),
     ),
 )
 # Each connection names its process (waymark-web, waymark-worker-io, waymark-relay, ...;
