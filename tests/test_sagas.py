@@ -301,9 +301,7 @@ def test_the_admin_filters_compensated_runs(org, provider_stub, admin_client):
     assert f"/admin/workflows/run/{run_id}/change/" not in empty
 
 
-def test_a_branch_failing_cancels_the_other_and_each_compensation_runs_once(
-    org, provider_stub
-):
+def test_a_branch_failing_cancels_the_other_and_each_compensation_runs_once(org, provider_stub):
     """Both branches of a parallel would fail for good: the first failure begins the
     compensation and cancels the other branch (claimed with it, not yet run), which then
     does not run; each completed step is compensated once."""
@@ -386,8 +384,8 @@ def test_a_retry_of_a_run_stopped_mid_compensation_goes_on_with_the_plan(org, pr
     (retried,) = events(run_id, "run.retried")
     assert retried.detail is not None and retried.detail["steps"] == ["undo_charge"]
     assert retried.detail["compensation_position"] == 1
-    assert sorted(Step.objects.filter(run_id=run_id, step_id="undo_charge")
-                  .values_list("iteration", "status")) == [(1, "cancelled"), (2, "done")]  # fmt: skip
+    undos = Step.objects.filter(run_id=run_id, step_id="undo_charge")
+    assert sorted(undos.values_list("iteration", "status")) == [(1, "cancelled"), (2, "done")]
 
 
 def confirmed_release(url: str) -> dict[str, Any]:
@@ -456,7 +454,8 @@ def test_every_completed_execution_is_compensated_with_its_own_output(org, provi
              "next": "charge"},
             {"id": "charge", "type": "http", "connection": "api", "request": charge,
              "next": "again", "compensate": "refund"},
-            {"id": "again", "type": "branch", "when": [{"outcome": "more", "if": "vars.turn | int < 3"}],
+            {"id": "again", "type": "branch",
+             "when": [{"outcome": "more", "if": "vars.turn | int < 3"}],
              "next": {"more": "count", "default": "ship"}},
             call("ship", f"{url}/ship", next="done", retry={"max_attempts": 1}),
             {"id": "done", "type": "end"},

@@ -158,8 +158,8 @@ def ambiguous_compensations(
             looped = sid in _reached(successors.get(sid, []), successors)
             if not (looped or len(sources) > 1) or not _reads_output_of(steps[target], sid):
                 continue
-            why = ("can complete more than once (it is on a loop)" if looped
-                   else f"shares it with {', '.join(show(s) for s in sources if s != sid)}")  # fmt: skip
+            others = ", ".join(show(s) for s in sources if s != sid)
+            why = "can complete more than once (a loop)" if looped else f"shares it with {others}"
             warnings.append(SagaIssue("ambiguous_compensation", f'step "{target}" undoes each '
                             f'completed execution of "{sid}", which {why}, but reads '
                             f"steps.{sid}: the latest execution's output, each time. Read "

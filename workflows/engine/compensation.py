@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 from ..definitions.registry import registry
 from ..definitions.sagas import compensation_targets
 from ..states import RunStatus, StepStatus
 from .definition_cache import definition_for
+from .run_state import RunState
 from .sql import (
     CANCEL_FORWARD_STEPS,
     COMPENSATED_EXECUTION,
@@ -35,10 +37,7 @@ from .sql import (
     COMPLETED_STEPS,
     STEP_OUTPUT,
 )
-from .sql.rows import NOW, fetch_dict, fetch_dicts
-
-if TYPE_CHECKING:
-    from .walk import Walk
+from .sql.rows import NOW, NewStep, fetch_dict, fetch_dicts
 
 LIVE = (StepStatus.READY, StepStatus.RUNNING, StepStatus.WAITING)
 CANCELLED_FOR = {"reason": "the run compensates"}
@@ -75,9 +74,7 @@ def compensated_execution(
 ) -> dict[str, Any] | None:
     """What a compensation step's row undoes, for its template context (``compensating``):
     the step, the iteration and the output of that execution; None outside a plan."""
-    cursor.execute(
-        COMPENSATED_EXECUTION, {"run": run_id, "step": step_id, "iteration": iteration}
-    )
+    cursor.execute(COMPENSATED_EXECUTION, {"run": run_id, "step": step_id, "iteration": iteration})
     row = fetch_dict(cursor)
     if row is None:
         return None
@@ -92,10 +89,41 @@ def entry_label(entry: dict[str, Any]) -> str:
     return f"{entry['step']} ({undoes})"
 
 
+class SagaWalk(Protocol):
+    """What compensation uses of the walk (walk.py's Walk): named here, so that this module
+    need not import the walk, which imports it."""
+
+    cursor: Any
+    run: RunState
+    definition: Mapping[str, Any]
+    steps: dict[str, dict[str, Any]]
+    new_steps: list[NewStep]
+
+    @property
+    def taken(self) -> Any: ...
+
+    @taken.setter
+    def taken(self, value: Any) -> None: ...
+
+    def event(
+        self,
+        kind: str,
+        step_id: str = "",
+        *,
+        iteration: int | None = None,
+        attempt: int | None = None,
+        detail: Any = None,
+    ) -> None: ...
+
+    def enter(self, step_ids: Iterable[str]) -> None: ...
+
+    def finish_run(self, status: str, *, output: Any = None, error: str = "") -> None: ...
+
+
 class Compensation:
     """One walk's view of its run's compensation (``walk.sagas``)."""
 
-    def __init__(self, walk: Walk) -> None:
+    def __init__(self, walk: SagaWalk) -> None:
         self.walk = walk
         self.compensators = compensation_targets(walk.definition["steps"])
         self.plan: dict[str, Any] | None = None
@@ -160,14 +188,14 @@ class Compensation:
         for row in fetch_dicts(walk.cursor):
             walk.event("step.cancelled", row["step_id"], iteration=row["iteration"],
                        attempt=row["attempt"], detail=CANCELLED_FOR)  # fmt: skip
-        rows = []
-        for row in walk.new_steps:
-            if row.status in LIVE and row.step_id not in self.compensators:
-                row = row._replace(status=StepStatus.CANCELLED, owner=None, lease_until=None,
+        rows: list[NewStep] = []
+        for new in walk.new_steps:
+            if new.status in LIVE and new.step_id not in self.compensators:
+                new = new._replace(status=StepStatus.CANCELLED, owner=None, lease_until=None,
                                    wait_kind="", wake_at=None, finished_at=NOW)  # fmt: skip
-                walk.event("step.cancelled", row.step_id, iteration=row.iteration,
-                           attempt=row.attempt or None, detail=CANCELLED_FOR)  # fmt: skip
-            rows.append(row)
+                walk.event("step.cancelled", new.step_id, iteration=new.iteration,
+                           attempt=new.attempt or None, detail=CANCELLED_FOR)  # fmt: skip
+            rows.append(new)
         walk.new_steps = rows
         if walk.taken is not None and walk.taken.step_id not in self.compensators:
             walk.taken = None

@@ -13,7 +13,6 @@ in the same transaction, so history, state and wake-ups commit together or not a
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -53,7 +52,6 @@ from .sql.rows import (
     event_row,
     events_statement,
     fetch_dict,
-    fetch_dicts,
     insert_rows,
     insert_statement,
     json_or_null,

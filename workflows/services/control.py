@@ -25,9 +25,9 @@ from typing import Any
 from django.db import connection, transaction
 
 from ..engine import sql
+from ..engine.compensation import compensation_state
 from ..engine.definition_cache import definition_for
 from ..engine.places import Entry, Place
-from ..engine.compensation import compensation_state
 from ..engine.sql.rows import (
     EventRow,
     event_row,
