@@ -31,6 +31,7 @@ from workflows.plugins import (
 from .perform import executor_for_provider
 
 EFFECT_OUTCOMES = frozenset({"ok", "failed"})
+OK = frozenset({"ok"})  # the outcome that means the effect was made (a compensation counts)
 CONTACT_OUTCOMES = frozenset({"ok", "failed", "suppressed"})
 # Provider failures that no retry fixes: a refused request, a refused address, revoked
 # credentials (those park the step instead), an unknown connection.
@@ -102,6 +103,7 @@ HTTP = StepType(
     execute=executor_for_provider("http"),
     built=True,
     outcomes=effect_outcomes,
+    success_outcomes=OK,
     retry=EFFECT_RETRY,
     app="effects",
 )
@@ -130,6 +132,7 @@ EMAIL = StepType(
     execute=executor_for_provider("email", channel="email"),
     built=True,
     outcomes=contact_outcomes,
+    success_outcomes=OK,
     retry=EFFECT_RETRY,
     app="effects",
 )
@@ -154,6 +157,7 @@ SLACK_MESSAGE = StepType(
     execute=executor_for_provider("slack_message", channel="slack"),
     built=True,
     outcomes=contact_outcomes,
+    success_outcomes=OK,
     retry=EFFECT_RETRY,
     app="effects",
 )
@@ -184,6 +188,7 @@ MODEL = StepType(
     execute=executor_for_provider("model"),
     built=True,
     outcomes=effect_outcomes,
+    success_outcomes=OK,
     retry=MODEL_RETRY,
     app="effects",
 )
@@ -209,6 +214,7 @@ CRM_UPSERT = StepType(
     execute=executor_for_provider("crm_upsert"),
     built=True,
     outcomes=effect_outcomes,
+    success_outcomes=OK,
     retry=EFFECT_RETRY,
     app="effects",
 )

@@ -1071,7 +1071,7 @@ def test_settings_and_config_are_undefined() -> None:
         with pytest.raises(ExpressionError, match="undefined"):
             render_template("{{ " + name + " }}", CONTEXT)
         assert check_template("{{ " + name + " }}") == (
-            f'uses unknown name "{name}" (available: input, run, steps, vars)'
+            f'uses unknown name "{name}" (available: compensating, input, run, steps, vars)'
         )
 
 
@@ -1177,7 +1177,7 @@ def test_conditions() -> None:
     assert check_condition("input.x == 1 }}") is not None
     assert check_condition("input.x == 1 junk") is not None
     assert check_condition("secrets.x") == (
-        'uses unknown name "secrets" (available: input, run, steps, vars)'
+        'uses unknown name "secrets" (available: compensating, input, run, steps, vars)'
     )
 
 
@@ -1196,4 +1196,5 @@ def test_build_context_holds_plain_data_only() -> None:
         "vars": {},
         "steps": {},
         "run": {"id": "12", "started_at": "2025-01-01T00:00:00+00:00"},
+        "compensating": None,  # (a compensation step's: what it undoes)
     }

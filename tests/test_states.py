@@ -70,6 +70,12 @@ STEP_CHANGES = [
         "status IN ('ready', 'running', 'waiting')",
     ),
     (sql.CANCEL_FORK, StepStatus.CANCELLED, "status IN ('ready', 'running', 'waiting')"),
+    # Compensation begins: the run's live forward steps end (engine/compensation.py).
+    (
+        sql.CANCEL_FORWARD_STEPS,
+        StepStatus.CANCELLED,
+        "status IN ('ready', 'running', 'waiting')",
+    ),
     (sql.JOIN_ARRIVE, StepStatus.DONE, "status = 'waiting'"),
     # A migration between versions: a removed step's wait ends (move_to), never a running one.
     (migration_sql.CANCEL_MOVED_STEPS, StepStatus.CANCELLED, "status IN ('ready', 'waiting')"),

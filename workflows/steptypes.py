@@ -273,6 +273,7 @@ WAIT_SIGNAL = StepType(
     validate=validate_wait_signal,
     execute=run_wait_signal,
     outcomes=wait_signal_outcomes,
+    success_outcomes=frozenset({"received"}),
     waits=True,
     built=True,
     app="workflows",

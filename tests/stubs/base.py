@@ -141,11 +141,15 @@ class Holdable:
     _cond: threading.Condition
     _held: bool
     _arrived: int
+    _hold_from = 1  # the first arrival (counted since the stub started or was reset) held
 
-    def hold(self) -> None:
-        """Requests reaching their effect block (after counting as arrived) until release()."""
+    def hold(self, *, from_arrival: int = 1) -> None:
+        """Requests reaching their effect block (after counting as arrived) until release();
+        with ``from_arrival``, only the requests from that arrival on (the earlier ones pass):
+        to hold the second of two calls, say."""
         with self._cond:
             self._held = True
+            self._hold_from = from_arrival
 
     def release(self) -> None:
         with self._cond:
@@ -301,8 +305,9 @@ class HttpStub(Holdable):
         blocks while held."""
         with self._cond:
             self._arrived += 1
+            arrival = self._arrived
             self._cond.notify_all()
-            self._cond.wait_for(lambda: not self._held)
+            self._cond.wait_for(lambda: not self._held or arrival < self._hold_from)
 
     def auth_error(self, request: Request) -> Response | None:
         with self._lock:

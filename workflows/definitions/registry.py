@@ -69,6 +69,11 @@ class StepType:
     execute   what runs when a step of this type executes; None while not built.
     validate  checks the type's own fields (not ``id``, ``type`` or ``next``).
     outcomes  the outcome names ``next`` may map from; None when ``next`` is one step id.
+    success_outcomes  of ``outcomes``, those that mean the step did what it was asked (an
+              effect's "ok", an approval's "approved"): a compensation step ending with
+              another (rejected, timed out, suppressed) has not undone anything, and the run
+              ends compensation_failed. None: every outcome is a success (a type with no
+              outcomes, or a plugin's that says nothing).
     waits     True when the step parks the run on time or on the outside world; a loop
               through such a step cannot spin, so it needs no explicit step limit.
     terminal  True when the step ends its path (``next`` is not allowed).
@@ -98,6 +103,7 @@ class StepType:
     validate: StepValidator
     execute: Execute | None = field(default=None, compare=False)
     outcomes: OutcomeFn | None = None
+    success_outcomes: frozenset[str] | None = None
     waits: bool = False
     terminal: bool = False
     built: bool = False
@@ -110,6 +116,10 @@ class StepType:
         default=lambda step: {}, compare=False
     )
     """Step ids this type refers to outside ``next`` (e.g. parallel branches), by field path."""
+
+    def succeeded_with(self, outcome: str | None) -> bool:
+        """Whether a step of this type that ended with ``outcome`` did what it was asked."""
+        return self.success_outcomes is None or outcome in self.success_outcomes
 
     def runs_ahead(self) -> bool:
         """Whether a walk with no transaction yet (speculative.py) may enter a step of this

@@ -72,7 +72,7 @@ __all__ = [
 #: The largest rendered output (UTF-8 bytes) of one template, or of one ``render_value`` call.
 MAX_OUTPUT_BYTES = 64 * 1024
 #: The only top-level names a template or condition may use.
-CONTEXT_NAMES = frozenset({"input", "vars", "steps", "run"})
+CONTEXT_NAMES = frozenset({"input", "vars", "steps", "run", "compensating"})
 #: How deeply a value holding templates (``values``, ``request.body`` ...) may nest.
 MAX_NESTING = 64
 
@@ -523,11 +523,14 @@ def build_context(
     step_outputs: Mapping[str, Any] | None = None,
     run_id: object = None,
     started_at: datetime | str | None = None,
+    compensating: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The template context of a run, as plain data only.
 
     ``step_outputs`` maps step id -> that step's output; templates read it as
-    ``steps.<id>.output``. Datetimes become ISO 8601 strings; other non-JSON values strings.
+    ``steps.<id>.output``. ``compensating``: in a compensation step, the execution it undoes
+    (``step``, ``iteration``, ``output``); null in every other step. Datetimes become ISO 8601
+    strings; other non-JSON values strings.
     """
     # One copy of the whole (one JSON round trip), not one per part: a context is made for
     # every step a worker runs.
@@ -539,6 +542,7 @@ def build_context(
                 str(step_id): {"output": output} for step_id, output in (step_outputs or {}).items()
             },
             "run": {"id": None if run_id is None else str(run_id), "started_at": started_at},
+            "compensating": compensating,
         }
     )
     return context

@@ -9,10 +9,17 @@ them after the steps were checked, with the ordinary edges it collected.
 
 ``irreversible: true`` on a step earns a *warning* (never an error) when a later step can fail
 for good and has no compensation: the irreversible step cannot be undone then.
+
+The engine compensates each completed *execution* (a step completed in three loop turns is
+undone three times, and a compensation step shared by two steps runs for each of them), and a
+compensation reads the execution it undoes as ``compensating``. A compensation that reads
+``steps.<id>`` instead, for a step that can complete more than once or that shares it, reads
+the latest execution's output each time: a *warning* (``ambiguous_compensation``).
 """
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -21,8 +28,8 @@ from typing import Any
 from workflows.definitions.fields import show, type_label
 from workflows.definitions.registry import INLINE, StepType
 
-__all__ = ["SAGA_ISSUE_CODES", "SAGA_WARNING_CODES", "SagaIssue", "compensation_targets",
-           "saga_issues", "saga_warnings"]  # fmt: skip
+__all__ = ["SAGA_ISSUE_CODES", "SAGA_WARNING_CODES", "SagaIssue", "ambiguous_compensations",
+           "compensation_targets", "saga_issues", "saga_warnings"]  # fmt: skip
 
 SAGA_ISSUE_CODES = (
     "compensation_unknown_step",
@@ -30,7 +37,7 @@ SAGA_ISSUE_CODES = (
     "compensation_refers_to_later_step",
     "invalid_compensation",
 )
-SAGA_WARNING_CODES = ("irreversible_not_last",)
+SAGA_WARNING_CODES = ("irreversible_not_last", "ambiguous_compensation")
 
 # Fields a compensation step may not have: the engine decides what follows it.
 NOT_ON_COMPENSATION = ("next", "on_failure", "compensate")
@@ -117,12 +124,57 @@ def can_fail_for_good(step: Mapping[str, Any], step_type: StepType | None) -> bo
     return step_type.lane != INLINE or (step_type.terminal and step.get("status") == "failed")
 
 
+def _strings(value: Any) -> Iterable[str]:
+    """Every string inside a step's fields (where its templates are)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def _reads_output_of(step: Mapping[str, Any], target: str) -> bool:
+    """Whether a template of ``step`` reads ``steps.<target>`` (dotted or subscripted)."""
+    name = re.escape(target)
+    pattern = re.compile(rf"\bsteps\s*(?:\.\s*{name}\b|\[\s*['\"]{name}['\"]\s*\])")
+    return any(pattern.search(text) for text in _strings(step))
+
+
+def ambiguous_compensations(
+    steps: Mapping[str, Mapping[str, Any]], successors: Mapping[str, list[str]]
+) -> list[SagaIssue]:
+    """A compensation that reads ``steps.<id>`` of a step it undoes more than once (a step
+    on a loop, or one of several steps sharing it): each run of it reads the latest output."""
+    undone: dict[str, list[str]] = {}
+    for sid, step in steps.items():
+        if isinstance(step.get("compensate"), str) and step["compensate"] in steps:
+            undone.setdefault(step["compensate"], []).append(sid)
+    warnings: list[SagaIssue] = []
+    for target, sources in sorted(undone.items()):
+        for sid in sources:
+            looped = sid in _reached(successors.get(sid, []), successors)
+            if not (looped or len(sources) > 1) or not _reads_output_of(steps[target], sid):
+                continue
+            others = ", ".join(show(s) for s in sources if s != sid)
+            why = "can complete more than once (a loop)" if looped else f"shares it with {others}"
+            warnings.append(SagaIssue("ambiguous_compensation", f'step "{target}" undoes each '
+                            f'completed execution of "{sid}", which {why}, but reads '
+                            f"steps.{sid}: the latest execution's output, each time. Read "
+                            "compensating.output, the output of the execution it undoes",
+                            target, None))  # fmt: skip
+    return warnings
+
+
 def saga_warnings(
     steps: Mapping[str, Mapping[str, Any]],
     successors: Mapping[str, list[str]],
     types: Mapping[str, StepType],
 ) -> list[SagaIssue]:
-    """An irreversible step followed by a step that can fail for good without compensation."""
+    """An irreversible step followed by a step that can fail for good without compensation;
+    an ambiguous compensation (``ambiguous_compensations``)."""
     warnings: list[SagaIssue] = []
     for sid, step in steps.items():
         if step.get("irreversible") is not True:
@@ -138,4 +190,4 @@ def saga_warnings(
                             f"but later steps can fail for good with no compensation ({shown}): "
                             "order steps so irreversible ones come last, or give those steps a "
                             "compensation", sid, "irreversible"))  # fmt: skip
-    return warnings
+    return warnings + ambiguous_compensations(steps, successors)

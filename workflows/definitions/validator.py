@@ -492,7 +492,9 @@ def definition_warnings(
 ) -> list[DefinitionIssue]:
     """What is allowed but probably wrong (never a reason to refuse the definition): an
     irreversible step followed by a step that can fail for good with no compensation
-    (code ``irreversible_not_last``). [] for a definition that is not valid."""
+    (code ``irreversible_not_last``); a compensation reading the latest output of a step it
+    undoes more than once (``ambiguous_compensation``). [] for a definition that is not
+    valid."""
     reg = registry if registry is not None else default_registry
     validation = _Validation(definition, reg, *_configured_limits(None, None))
     with definition_budget(template_limits().max_definition_template_tokens):

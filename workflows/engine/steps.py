@@ -24,6 +24,7 @@ from ..definitions.expressions import build_context
 from ..definitions.registry import RetryPolicy, registry
 from . import hops, sql
 from .claimed import ClaimedStep
+from .compensation import compensated_execution, is_compensation_step
 from .definition_cache import definition_for
 from .executors import Park, StepContext, StepDeferred, StepFailure, StepResult
 from .faults import crash_point
@@ -201,12 +202,21 @@ def step_context(
 def run_context(step: ClaimedStep) -> tuple[dict[str, Any], dict[str, Any]]:
     """The step's definition and the run's template context, as returned by the claim."""
     definition = definition_for(step.version_id)
+    compensating = None
+    if is_compensation_step(step.version_id, step.step_id):
+        # What it undoes (a compensation is entered once per completed execution): read
+        # with no transaction open, as the executor runs (one statement, sagas only).
+        with connection.cursor() as cursor:
+            compensating = compensated_execution(
+                cursor, run_id=step.run_id, step_id=step.step_id, iteration=step.iteration
+            )
     context = build_context(
         run_input=step.run_input,
         variables=step.run_vars,
         step_outputs=step.run_outputs,
         run_id=step.run_id,
         started_at=step.run_created_at,
+        compensating=compensating,
     )
     step_def = next(s for s in definition["steps"] if s["id"] == step.step_id)
     return step_def, context

@@ -13,7 +13,6 @@ in the same transaction, so history, state and wake-ups commit together or not a
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,6 +25,7 @@ from psycopg.types.json import Jsonb
 from ..definitions.expressions import build_context
 from ..definitions.registry import registry
 from ..states import RunStatus, StepStatus, WaitKind
+from .compensation import Compensation
 from .executors import StepContext, StepFailure, StepResult, executor_for
 from .forks import Forks
 from .lanes import UNSHARED, FairShare, engine_setting, lane_policy
@@ -34,8 +34,6 @@ from .run_state import RunState
 from .speculative import NeedsTransaction
 from .sql import (
     CANCEL_LIVE_STEPS_LOGGED,
-    COMPENSATION_PLAN,
-    COMPLETED_STEPS,
     LIVE_STEPS,
     LOCK_RUN,
     STEP_ID_OF,
@@ -54,7 +52,6 @@ from .sql.rows import (
     event_row,
     events_statement,
     fetch_dict,
-    fetch_dicts,
     insert_rows,
     insert_statement,
     json_or_null,
@@ -161,11 +158,7 @@ class Walk:
         self.run = run
         self.definition = definition
         self.steps = {step["id"]: step for step in definition["steps"]}
-        # Sagas: the steps that compensate others, and the plan of this run's compensation
-        # once known (read back from its run.compensating event when a later walk needs it).
-        self.compensators = {s["compensate"] for s in definition["steps"] if "compensate" in s}
-        self.compensation: dict[str, Any] | None = None
-        self.compensation_checked = False  # whether _compensating read the run's events
+        self.sagas = Compensation(self)  # the run's compensation, read when needed
         self.worker = worker
         self.new_steps: list[NewStep] = []
         self.events: list[EventRow] = []
@@ -302,8 +295,8 @@ class Walk:
             else:
                 self.finish_run(RunStatus.SUCCEEDED, output=result.output)
             return
-        if step_id in self.compensators:
-            self._compensation_done(step_id)
+        if step_id in self.sagas.compensators:
+            self.sagas.succeeded(step_id, result.outcome)
             return
         self.go_on(next_step_ids(self.steps[step_id], result.outcome), place)
 
@@ -326,7 +319,7 @@ class Walk:
         step = self.steps[step_id]
         target = step.get("on_failure")
         mapped = step.get("next")
-        if self.run.expired:
+        if self.run.expired and not self.sagas.exempt(step_id):
             self._within_budget()  # a run past its max age ends as such, whatever failed
         elif target:
             self.enter([target], place)
@@ -341,101 +334,20 @@ class Walk:
     def fail_run(self, step_id: str, error: str, *, output: Any = None) -> None:
         """The run would fail because of ``step_id``: it compensates its completed steps
         first when any declared a compensation; a compensation failing fails the run."""
-        if step_id in self.compensators:
-            self._compensation_failed(step_id, error)
-        elif self.compensators and self._compensating():
+        if step_id in self.sagas.compensators:
+            self.sagas.failed(error)
+        elif self.sagas.active():
             # Another branch failing while the run compensates: its failure is recorded
             # (step.failed) and changes nothing more. A second plan would undo the same
             # steps again, at new effect keys: a second refund.
             return
-        elif not self.compensators or not self._begin_compensation(step_id, error):
+        elif not self.sagas.compensators or not self.sagas.begin(step_id, error):
             self.finish_run(RunStatus.FAILED, output=output, error=error)
-
-    def _compensating(self) -> bool:
-        """Whether this run's compensation has begun (it has a run.compensating event): read
-        once a walk, and only for a definition that declares compensations."""
-        if self.compensation is not None:
-            return True
-        if self.compensation_checked:
-            return False
-        self.compensation_checked = True
-        self.cursor.execute(COMPENSATION_PLAN, {"run": self.run.id})
-        row = fetch_dict(self.cursor)
-        if row is None:
-            return False
-        detail = row["detail"]
-        self.compensation = json.loads(detail) if isinstance(detail, str) else detail
-        return True
-
-    def _held_by_compensation(self, step_id: str) -> bool:
-        """While the run compensates, nothing of its forward path goes on: a sibling branch's
-        next step (or a join it completes) is not entered, so no new work is done that the
-        plan would not undo. Only the plan's compensations are entered."""
-        return (
-            bool(self.compensators) and step_id not in self.compensators and (self._compensating())
-        )
-
-    def _begin_compensation(self, step_id: str, error: str) -> bool:
-        """Plan the compensations (of the completed steps, latest completed first, each
-        once) and enter the first; False when no completed step has one."""
-        self.cursor.execute(COMPLETED_STEPS, {"run": self.run.id})
-        done = [row["step_id"] for row in fetch_dicts(self.cursor)]
-        done += [row.step_id for row in self.new_steps if row.status == StepStatus.DONE]
-        plan: list[dict[str, str]] = []
-        for completed in reversed(done):
-            compensator = self.steps.get(completed, {}).get("compensate")
-            if compensator and all(entry["step"] != compensator for entry in plan):
-                plan.append({"step": compensator, "compensates": completed})
-        if not plan:
-            return False
-        self.compensation = {"failed_step": step_id, "error": error, "plan": plan}
-        self.event("run.compensating", step_id, detail=self.compensation)
-        self._enter_compensation(0)
-        return True
-
-    def _compensation_plan(self) -> dict[str, Any]:
-        if self.compensation is None:
-            self.cursor.execute(COMPENSATION_PLAN, {"run": self.run.id})
-            row = fetch_dict(self.cursor)
-            assert row is not None, f"run {self.run.id}: a compensation step with no plan"
-            detail = row["detail"]  # (read as text where the event's detail is sent as such)
-            self.compensation = json.loads(detail) if isinstance(detail, str) else detail
-        return self.compensation
-
-    def _position(self, step_id: str) -> int:
-        plan = self._compensation_plan()["plan"]
-        return next(i for i, entry in enumerate(plan) if entry["step"] == step_id)
-
-    def _enter_compensation(self, position: int) -> None:
-        """Enter the compensation at ``position`` of the plan, as an ordinary step (its own
-        lane, retry policy and effect key); the next is entered when it completes."""
-        plan = self._compensation_plan()["plan"]
-        entry = plan[position]
-        detail = {"compensates": entry["compensates"], "position": position + 1, "of": len(plan)}
-        self.event("compensation.entered", entry["step"], detail=detail)
-        self.enter([entry["step"]])
-
-    def _compensation_done(self, step_id: str) -> None:
-        compensation = self._compensation_plan()
-        position = self._position(step_id) + 1
-        if position < len(compensation["plan"]):
-            self._enter_compensation(position)
-        else:
-            self.finish_run(RunStatus.COMPENSATED, error=compensation["error"])
-
-    def _compensation_failed(self, step_id: str, error: str) -> None:
-        """Parked for a person: the run fails with what is known, and an operator's retry
-        runs this compensation again and goes on with the rest of the plan."""
-        compensation = self._compensation_plan()
-        left = [entry["step"] for entry in compensation["plan"][self._position(step_id) + 1 :]]
-        self.finish_run(RunStatus.FAILED, error=(
-            f"compensation_failed: step {step_id!r} failed: {error}; compensations left: "
-            f"{', '.join(left) or 'none'}; compensating for: {compensation['error']}"))  # fmt: skip
 
     def finish_run(self, status: str, *, output: Any = None, error: str = "") -> None:
         if self.finished:
             return
-        if status == RunStatus.SUCCEEDED and self.compensators and self._compensating():
+        if status == RunStatus.SUCCEEDED and self.sagas.active():
             return  # a sibling branch ended while the run compensates: the plan decides
         self.dirty = True
         self.finish = (status, output, error)
@@ -457,15 +369,16 @@ class Walk:
         self.draining = True
         try:
             while self.queue and not self.finished:
-                if not self._within_budget():
+                step_id = self.queue[0].step_id
+                if self.sagas.holds(step_id):
+                    self.queue.popleft()
+                    continue
+                if not self.sagas.exempt(step_id) and not self._within_budget():
                     return
                 if self.paused or self._inline_budget_spent():
                     self._continue_later()
                     return
-                entry = self.queue.popleft()
-                if self._held_by_compensation(entry.step_id):
-                    continue
-                self._enter_one(entry)
+                self._enter_one(self.queue.popleft())
         finally:
             self.draining = False
 
@@ -542,8 +455,11 @@ class Walk:
             org_id=self.run.org_id, run_id=self.run.id, step_id=step_id, iteration=iteration,
             attempt=1, lane="inline",
         )  # fmt: skip
+        context = self.context()
+        if step_id in self.sagas.compensators:
+            context["compensating"] = self.sagas.execution(step_id)
         try:
-            result = executor_for(step_type.name)(step, self.context(), ctx)
+            result = executor_for(step_type.name)(step, context, ctx)
         except StepFailure as exc:
             self.add_step(
                 step_id, iteration, step_type.name, "inline", StepStatus.FAILED,

@@ -27,6 +27,7 @@ from django.db import InterfaceError, OperationalError, connection
 from opentelemetry.trace import SpanKind
 
 from . import logcontext, metrics, sql, tracing
+from .compensation import is_compensation_step
 from .definition_cache import version_label
 from .executors import StepDeferred, StepFailure, StepResult, executor_for
 from .faults import crash_point, heartbeats_paused
@@ -467,8 +468,9 @@ class Worker:
                 "(the step may kill its worker)",
                 retryable=False,
             )
-        if step.run_expired:
+        if step.run_expired and not is_compensation_step(step.version_id, step.step_id):
             # No work for a run past its max age: the failed step makes the walk end the run.
+            # (A compensation is not held by it: engine/compensation.py.)
             return StepFailure("max_age_exceeded: the run is past its max age", retryable=False)
         return None
 

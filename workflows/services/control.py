@@ -12,7 +12,8 @@ action changes nothing and is itself recorded in the run's history, with who tri
   steps finish, and whatever their settle would enter waits in a parked continuation.
 - resume: what the pause parked is ready again, and the lanes are woken.
 - retry: a failed run runs again from the step(s) that failed it, keeping its history; each
-  such step starts a new series of attempts (its fencing token keeps growing).
+  such step starts a new series of attempts (its fencing token keeps growing). A run that
+  failed while compensating goes on with its compensation plan where it stopped instead.
 """
 
 from __future__ import annotations
@@ -24,9 +25,17 @@ from typing import Any
 from django.db import connection, transaction
 
 from ..engine import sql
+from ..engine.compensation import compensation_state
 from ..engine.definition_cache import definition_for
 from ..engine.places import Entry, Place
-from ..engine.sql.rows import EventRow, event_row, fetch_dicts, insert_events, insert_wakes
+from ..engine.sql.rows import (
+    EventRow,
+    event_row,
+    fetch_dict,
+    fetch_dicts,
+    insert_events,
+    insert_wakes,
+)
 from ..engine.walk import RunState, Walk, lock_run
 from ..errors import NothingToRetry, RunStateConflict, UnknownRun
 from ..models import Organisation, Run
@@ -152,15 +161,13 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
     if run.status != RunStatus.FAILED:
         raise _conflict("retry", run.status)
     definition = definition_for(run.version_id)
+    compensation = compensation_state(cursor, run.id)
+    if compensation is not None:
+        return _retry_compensation(cursor, run, actor, definition, compensation[1])
     steps = {step["id"]: step for step in definition["steps"]}
     cursor.execute(sql.FAILED_STEPS, {"run": run.id})
     # The steps that failed the run: failed, with no failure path of their own to follow.
     failed = [s for s in fetch_dicts(cursor) if not steps.get(s["step_id"], {}).get("on_failure")]
-    # A saga whose compensation failed: only the compensation runs again (the step that
-    # began it stays failed: it is being undone); its success goes on with the plan.
-    compensators = {step["compensate"] for step in steps.values() if "compensate" in step}
-    if any(s["step_id"] in compensators for s in failed):
-        failed = [s for s in failed if s["step_id"] in compensators]
     if not failed:
         raise NothingToRetry(run_id=run.id)
     _set_status(cursor, run, "retry")
@@ -187,6 +194,40 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
         )
         walk.flush()
     return Outcome(run.id, "retry", RunStatus.RUNNING, len(failed))
+
+
+def _retry_compensation(
+    cursor: Any, run: RunState, actor: str, definition: dict[str, Any], position: int
+) -> Outcome:
+    """A run that failed while compensating goes on with its plan where it stopped, never
+    from the step that began it (that step is being undone): the compensation entered last
+    runs again, the same row as a new series of attempts when it failed on a worker (its
+    effect key unchanged), else entered anew (it ended with an outcome that is not a
+    success, or was ended); its success enters the rest of the plan."""
+    _set_status(cursor, run, "retry")
+    run.status = RunStatus.RUNNING
+    walk = Walk(cursor, run, definition, worker=actor)
+    walk.sagas.active()  # reads the plan
+    assert walk.sagas.plan is not None
+    step_id = walk.sagas.plan["plan"][position]["step"]
+    cursor.execute(sql.LATEST_ROW_OF, {"run": run.id, "step_id": step_id})
+    row = fetch_dict(cursor)
+    events = [_run_event(run, "run.retried", actor, steps=[step_id],
+                         compensation_position=position + 1)]  # fmt: skip
+    if row is not None and row["status"] == "failed" and row["lane"] != "inline":
+        cursor.execute(sql.RETRY_FAILED_STEPS, {"run": run.id, "ids": [row["id"]]})
+        (retried,) = fetch_dicts(cursor)
+        events.insert(0, event_row(
+            run.org_id, run.id, "step.retried", step_id, iteration=retried["iteration"],
+            attempt=retried["attempt"], worker=actor,
+            detail={"by": actor, "new_series_after_attempt": retried["attempt"]}))  # fmt: skip
+        insert_events(cursor, events)
+        insert_wakes(cursor, [(run.org_id, run.id, retried["lane"])])
+    else:
+        insert_events(cursor, events)
+        walk.sagas.enter(position)
+        walk.flush()
+    return Outcome(run.id, "retry", RunStatus.RUNNING, 1)
 
 
 _PERFORM: dict[str, Callable[[Any, RunState, str], Outcome]] = {

@@ -544,20 +544,67 @@ UPDATE workflows_run
  WHERE id = %(id)s AND status = %(expected)s AND status IN ('running', 'paused')
 """
 
-# Sagas (walk.py, compensation): the steps of the run that completed, in the order they did
-# (a walk's own rows are not written yet: the walk adds them), and the plan its compensation
-# was begun with (the latest run.compensating event: an operator's retry continues it).
+# Sagas (engine/compensation.py): the completed executions of the run, in the order they
+# completed (a walk's own rows are not written yet: the walk adds them); the plan its
+# compensation was begun with (the latest run.compensating event: an operator's retry
+# continues it) and the position in it entered last (compensation.entered events record it).
 COMPLETED_STEPS = """
-SELECT step_id FROM workflows_step
+SELECT step_id, iteration FROM workflows_step
  WHERE run_id = %(run)s AND status = 'done'
  ORDER BY finished_at, id
 """
 
 COMPENSATION_PLAN = """
-SELECT detail FROM workflows_runevent
- WHERE run_id = %(run)s AND kind = 'run.compensating'
- ORDER BY id DESC
+SELECT plan.detail,
+       (SELECT max((entered.detail ->> 'position')::int) FROM workflows_runevent entered
+         WHERE entered.run_id = %(run)s AND entered.kind = 'compensation.entered'
+           AND entered.id > plan.id) AS position
+  FROM workflows_runevent plan
+ WHERE plan.run_id = %(run)s AND plan.kind = 'run.compensating'
+ ORDER BY plan.id DESC
  LIMIT 1
+"""
+
+# The execution a compensation step's row undoes (its compensation.entered event names it)
+# and that execution's output: a compensation's template context (``compensating``).
+COMPENSATED_EXECUTION = """
+SELECT entered.detail ->> 'compensates' AS step,
+       (entered.detail ->> 'compensates_iteration')::int AS iteration, done.output
+  FROM workflows_runevent entered
+  LEFT JOIN workflows_step done
+    ON done.run_id = entered.run_id AND done.step_id = entered.detail ->> 'compensates'
+   AND done.iteration = (entered.detail ->> 'compensates_iteration')::int
+ WHERE entered.run_id = %(run)s AND entered.kind = 'compensation.entered'
+   AND entered.step_id = %(step)s AND entered.iteration = %(iteration)s
+ ORDER BY entered.id DESC
+ LIMIT 1
+"""
+
+# One step execution's output (a compensation entered inline reads the one it undoes).
+STEP_OUTPUT = """
+SELECT output FROM workflows_step
+ WHERE run_id = %(run)s AND step_id = %(step_id)s AND iteration = %(iteration)s
+"""
+
+# The newest row of a step (a retry of a compensating run resumes the plan from it).
+LATEST_ROW_OF = """
+SELECT id, step_id, iteration, status, lane, fork_join_id, branch FROM workflows_step
+ WHERE run_id = %(run)s AND step_id = %(step_id)s
+ ORDER BY iteration DESC
+ LIMIT 1
+"""
+
+# Compensation begins: the run's live forward steps end (parallel branches still ready,
+# running or waiting, a continuation, a join still waiting), so none completes forward work
+# after the plan was made; a running one's worker learns at its next heartbeat and its late
+# settle is fenced out. The plan's own steps (``compensators``) are spared.
+CANCEL_FORWARD_STEPS = """
+UPDATE workflows_step
+   SET status = 'cancelled', owner = NULL, lease_until = NULL, wait_kind = '', wake_at = NULL,
+       finished_at = now()
+ WHERE run_id = %(run)s AND status IN ('ready', 'running', 'waiting')
+   AND NOT (step_id = ANY(%(compensators)s))
+RETURNING step_id, iteration, attempt
 """
 
 # The id of the step the walk just wrote already claimed for the settling worker (unique
