@@ -95,7 +95,7 @@ def web_children(listener: socket.socket, processes: int, grace: float) -> list[
 
 
 def engine_children(grace: float) -> list[Child]:
-    manage = [sys.executable, "manage.py"]
+    manage = [sys.executable, manage_script()]
     return [
         Child("relay", [*manage, "relay"], role="relay"),
         Child("sweep", [*manage, "sweep"], role="sweep"),
@@ -120,6 +120,14 @@ def engine_children(grace: float) -> list[Child]:
             for lane in WORKER_LANES
         ],
     ]
+
+
+def manage_script() -> str:
+    """The management script this process was started with (the project's manage.py, or
+    django-admin), as an absolute path: the children run it again with their own role from
+    whatever directory the host was started in (``python /srv/app/manage.py runengine`` from
+    ``/``), which a bare ``manage.py`` would look for in the working directory."""
+    return os.path.abspath(sys.argv[0])
 
 
 def announce_ready(host: str, port: int, out: TextIO, supervisor: Supervisor) -> None:
