@@ -1,21 +1,21 @@
 """A worker's claim racing a run's move between versions, on real threads and the real claim.
 
-Each round makes one run's first step (``a``, a worker's step, ready on version 1) due, then a
-worker's claim loop and a move of the run to version 2, which calls the step ``b``, go at once. Either
-may win: the claim (the move then finds the step running and puts the run off), or the move
-(the claim then gets ``b``, on the new version). What the claim hands a worker must be one
-of those two, never the step as renamed with the run's version as it was: a move committing
-while a claim statement runs renames the step row the claim then locks (read as it is now),
-while the claim read the run as its snapshot had it (the old version, where ``b`` does not
-exist).
+Each round makes one run's first step (``a``, a worker's step, ready on version 1) due, then
+a worker's claim loop and a move of the run to version 2, which calls the step ``b``, go at
+once. Either may win: the claim (the move then finds the step running and puts the run
+off), or the move (the claim then gets ``b``, on the new version). What the claim hands a
+worker must be one of those two, never the step as renamed with the run's version as it
+was: a move committing while a claim statement runs renames the step row the claim then
+locks (read as it is now), while the claim read the run as its snapshot had it (the old
+version, where ``b`` does not exist).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
 from collections import Counter
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -62,7 +62,7 @@ def test_a_claim_never_hands_out_a_renamed_step_with_the_runs_old_version(org) -
 
     def claimer() -> None:
         try:
-            for n in range(ROUNDS):
+            for _ in range(ROUNDS):
                 go.wait()
                 got: list[Any] = []
                 while not got:  # claims back to back until the round's step is claimed
@@ -71,7 +71,8 @@ def test_a_claim_never_hands_out_a_renamed_step_with_the_runs_old_version(org) -
                 done.wait()
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
-            go.abort(), done.abort()
+            go.abort()
+            done.abort()
         finally:
             connection.close()
 
@@ -87,7 +88,8 @@ def test_a_claim_never_hands_out_a_renamed_step_with_the_runs_old_version(org) -
                 done.wait()
         except BaseException as exc:
             errors.append(exc)
-            go.abort(), done.abort()
+            go.abort()
+            done.abort()
         finally:
             connection.close()
 

@@ -127,6 +127,7 @@ def test_a_step_completed_before_the_move_is_compensated_under_its_new_id(org) -
 def test_rows_trading_ids_pass_through_a_temporary_id_and_keep_their_timers(org) -> None:
     """v1 waits at `ping`, then `pong`; v2 calls them the other way round. A run at pong#1
     (ping#1 done, its timer fired) moves: each row and its timer take the other's id."""
+
     def two(first: str, second: str) -> dict[str, Any]:
         return {"start": first, "steps": [
             {"id": first, "type": "wait", "duration": "1h", "next": second},

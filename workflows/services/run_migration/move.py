@@ -172,9 +172,7 @@ def _move_locked(
     return MoveResult(MOVED)
 
 
-def _moved_by_jobs(
-    cursor: Any, run: RunState, migration_id: int, actor: str
-) -> MoveResult | None:
+def _moved_by_jobs(cursor: Any, run: RunState, migration_id: int, actor: str) -> MoveResult | None:
     """Before any filter: this job moved the run already (``already_moved``, wherever it is
     now), or another migration moved it since this job was made (skipped; recorded once in
     the run's history as ``run.migration_skipped``, with the job and the reason)."""
@@ -235,9 +233,7 @@ class Renames:
     trading: bool  # some row takes an (id, iteration) another renamed row leaves
 
 
-def _renames(
-    cursor: Any, plan: MigrationPlan, run: RunState
-) -> tuple[Renames, dict[str, int]]:
+def _renames(cursor: Any, plan: MigrationPlan, run: RunState) -> tuple[Renames, dict[str, int]]:
     """Every row of the run whose step id changes (live or finished; no step runs), each with
     the iteration it takes: its own, unless a row keeping that id (or one renamed onto it
     before) has it, then the next after every row and count of that id. And the run's loop
@@ -290,9 +286,7 @@ def _rename_rows(cursor: Any, renames: Renames) -> None:
         parked = [replace(r, new_step_id=TEMPORARY_ID.format(pk=r.step_pk)) for r in steps]
         for rename in parked:
             _rename_one(cursor, replace(rename, new_iteration=rename.iteration))
-        steps = [
-            replace(r, step_id=p.new_step_id) for r, p in zip(steps, parked, strict=True)
-        ]
+        steps = [replace(r, step_id=p.new_step_id) for r, p in zip(steps, parked, strict=True)]
     for rename in steps:
         _rename_one(cursor, rename)
 
