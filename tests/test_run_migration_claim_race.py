@@ -33,7 +33,7 @@ from workflows.services.runs import run_start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# Rounds: without the claim's check of the run (sql._CLAIMED), about one in sixty handed out
+# Rounds: without the claim's check of the run (sql._CLAIMED), 1 to 2 in 100 claims handed out
 # the renamed step with the old version on a loaded 2-core machine.
 ROUNDS = 500
 
