@@ -174,7 +174,7 @@ ONE = {
 PLANNED = 8  # past the five custom plans after which PostgreSQL may settle on a generic one
 CLAIM_PLANS = """
 SELECT coalesce(sum(generic_plans), 0) AS generic, coalesce(sum(custom_plans), 0) AS custom
-  FROM pg_prepared_statements WHERE statement LIKE '%%ahead(org_id, depth) AS%%'
+  FROM pg_prepared_statements WHERE statement LIKE '%%ahead(org_id,%%depth) AS%%'
 """
 
 

@@ -1,5 +1,7 @@
-"""Renaming a live step of a run: what a migration between versions does when the new version
-calls the step by another id (or a loop's iteration number is taken there).
+"""Renaming a step execution of a run: what a migration between versions does when the new
+version calls the step by another id (or a loop's iteration number is taken there), to its
+live steps and to the ones it completed alike (a fired timer, a decided request, settled
+effects follow their step, so a later execution under the old id collides with nothing).
 
 The step row is the engine's and the migration renames it; the rows other apps keep per
 ``(run, step id, iteration)`` (timers' pending timer, an approval's request, the effect

@@ -121,7 +121,9 @@ def _migrated(detail: Mapping[str, Any]) -> str:
             moves.append(f"{was} -> {step_label(str(move.get('to')), iteration)}")
     job = f" (migration {detail['migration']})" if detail.get("migration") else ""
     head = f"moved from v{detail.get('from_version')} to v{detail.get('to_version')}{job}"
-    return one_line(head + (": " + ", ".join(moves) if moves else ""))
+    renamed = detail.get("finished_renamed")
+    tail = f"; {renamed} completed step(s) renamed" if renamed else ""
+    return one_line(head + (": " + ", ".join(moves) if moves else "") + tail)
 
 
 def who(event: RunEvent) -> str:

@@ -166,8 +166,15 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
         return _retry_compensation(cursor, run, actor, definition, compensation[1])
     steps = {step["id"]: step for step in definition["steps"]}
     cursor.execute(sql.FAILED_STEPS, {"run": run.id})
-    # The steps that failed the run: failed, with no failure path of their own to follow.
-    failed = [s for s in fetch_dicts(cursor) if not steps.get(s["step_id"], {}).get("on_failure")]
+    # The steps that failed the run: failed, with no failure path of their own to follow in
+    # the version the run is on. A run migrated between versions is on the new one: a step
+    # that failed after the move failed there, and the new version's on_failure is the one
+    # that applies; the steps that had failed before it are not listed (sql.FAILED_STEPS),
+    # and a step id the run's version does not have is never entered again.
+    failed = [
+        s for s in fetch_dicts(cursor)
+        if s["step_id"] in steps and not steps[s["step_id"]].get("on_failure")
+    ]  # fmt: skip
     if not failed:
         raise NothingToRetry(run_id=run.id)
     _set_status(cursor, run, "retry")

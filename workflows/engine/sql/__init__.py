@@ -27,8 +27,9 @@ PSYCOPG_CACHED_LENGTH = 4096
 def _compact(statement: str) -> str:
     """The statement without its indentation, its alignment and its comment lines (the
     comments stay in this file's source), so that a long one stays under
-    PSYCOPG_CACHED_LENGTH. Runs of spaces become one: no literal in these statements has two."""
-    lines = (" ".join(line.split()) for line in statement.splitlines())
+    PSYCOPG_CACHED_LENGTH. Runs of spaces become one, and a comma takes none after it: no
+    literal in these statements has two spaces or a comma."""
+    lines = (" ".join(line.split()).replace(", ", ",") for line in statement.splitlines())
     return "\n".join(line for line in lines if line and not line.startswith("--"))
 
 
@@ -56,6 +57,12 @@ claimed AS (
      -- the planner scans that whole index to find the picked ids.
      WHERE s.id = ANY(ARRAY(SELECT id FROM picked)) AND r.id = s.run_id
        AND s.status NOT IN ('waiting', 'done', 'failed', 'cancelled')
+       -- The run as it is now, not as this statement's snapshot had it: a run changed since
+       -- (a migration between versions renamed the step and moved the run, say: the step's
+       -- row is then read as it is now, the run's as it was) is not claimed from here, and
+       -- its step stays ready for the next claim. Its lock is only tried (a walk holding the
+       -- run: not claimed now either), so a claim never waits for a run while holding steps.
+       AND r.xmin = (SELECT xmin FROM workflows_run WHERE id = r.id FOR SHARE SKIP LOCKED)
  RETURNING s.id, s.org_id, s.run_id, s.step_id, s.iteration, s.type, s.lane, s.status,
            s.attempt, s.attempt - s.release_count - s.series_offset AS attempts_used,
            s.max_attempts, s.wait_detail::json AS wait_detail, s.fork_join_id, s.branch,
@@ -692,10 +699,16 @@ UPDATE workflows_step
 RETURNING step_id, iteration, lane, attempt
 """
 
+# The run's failed steps an operator's retry may run again: not those a migration between
+# versions found failed (its run.migrated event lists them: the run was live, so each had
+# been followed by a failure path of its own, under the version it failed on).
 FAILED_STEPS = """
 SELECT DISTINCT ON (step_id) id, step_id, iteration, lane, type, error, fork_join_id, branch
-  FROM workflows_step
+  FROM workflows_step s
  WHERE run_id = %(run)s AND status = 'failed'
+   AND NOT EXISTS (SELECT 1 FROM workflows_runevent e
+                    WHERE e.run_id = %(run)s AND e.kind = 'run.migrated'
+                      AND e.detail->'failed_before' @> to_jsonb(s.id))
  ORDER BY step_id, iteration DESC
 """
 

@@ -13,8 +13,9 @@ Shared parameters: %(org)s, %(automation)s, %(from)s (the old version's id), %(s
 (run statuses), %(steps)s (the current-step filter; empty: any), %(targets)s (JSON: old step
 id -> new step id), %(unmapped)s (JSON: old step id -> why it has no new one), %(move_to)s
 (the removed-step rule's step, or NULL: stay), %(continuation)s (the walk's continuation
-row's step id), %(join_wait)s (a fork's join row's wait_kind), %(after)s (only runs with a
-greater id).
+row's step id), %(join_wait)s (a fork's join row's wait_kind), %(sagas)s (whether the old
+version declares compensations: only then can a run of it be compensating), %(after)s (only
+runs with a greater id).
 """
 
 from __future__ import annotations
@@ -23,9 +24,18 @@ from __future__ import annotations
 # continuation runs): the job tries such runs again. Every other reason is final for the plan.
 BUSY_REASONS = ("step_running", "mid_walk")
 
+# A run whose saga is being undone (it has a run.compensating event and is still live): the
+# plan of its compensation names the old version's step ids, and the steps it undoes are the
+# old version's. It is never moved (a final reason: the same whatever the job retries).
+COMPENSATING = "compensating"
+
 _VERDICTS = """
 WITH runs AS (
-    SELECT r.id FROM workflows_run r
+    SELECT r.id,
+           %(sagas)s::boolean AND EXISTS (
+               SELECT 1 FROM workflows_runevent e
+                WHERE e.run_id = r.id AND e.kind = 'run.compensating') AS compensating
+      FROM workflows_run r
      WHERE r.org_id = %(org)s AND r.automation_id = %(automation)s
        AND r.version_id = %(from)s AND r.status = ANY(%(statuses)s::text[])
        AND r.id > %(after)s
@@ -53,13 +63,15 @@ live AS (
       FROM runs JOIN workflows_step s ON s.run_id = runs.id
      WHERE s.status IN ('ready', 'running', 'waiting')
 ),
--- Why each run is not moved (NULL: it is): a final reason before a passing one.
+-- Why each run is not moved (NULL: it is): a final reason before a passing one; a run whose
+-- saga is being undone, whatever its steps.
 verdicts AS (
     SELECT runs.id AS run_id,
+           CASE WHEN runs.compensating THEN 'compensating' ELSE
            (array_agg(l.reason ORDER BY l.reason IN ('step_running', 'mid_walk'), l.reason)
-                FILTER (WHERE l.reason IS NOT NULL))[1] AS reason
+                FILTER (WHERE l.reason IS NOT NULL))[1] END AS reason
       FROM runs LEFT JOIN live l ON l.run_id = runs.id
-     GROUP BY runs.id
+     GROUP BY runs.id, runs.compensating
 )
 """
 
@@ -116,19 +128,39 @@ SELECT id, step_id, iteration, type, status, wait_kind, fork_join_id, branch
    FOR UPDATE
 """
 
-# The iterations of the given step ids the run already has rows for: a step renamed to one of
-# them takes an iteration no row of that id has.
-TAKEN_ITERATIONS = """
-SELECT step_id, iteration FROM workflows_step
- WHERE run_id = %(run)s AND step_id = ANY(%(ids)s::text[])
+# Whether the run's saga is being undone (its compensation began: a run.compensating event).
+RUN_COMPENSATING = """
+SELECT id FROM workflows_runevent
+ WHERE run_id = %(run)s AND kind = 'run.compensating'
+ LIMIT 1
 """
 
-# Whether this job moved the run already (its history says so): a resumed job skips it.
-MOVED_BY = """
-SELECT id FROM workflows_runevent
- WHERE run_id = %(run)s AND kind = 'run.migrated'
-   AND detail->>'migration' = %(migration)s::text
- LIMIT 1
+# What migrations did to the run since this job was made (and ever, by this job): each
+# run.migrated event, and each run.migration_skipped this job recorded, with its job. A job
+# checks it before anything else, the version filter included: a run it moved and another job
+# moved back is on the old version again, and is still never moved twice.
+MOVES_SINCE_JOB = """
+SELECT e.kind, e.detail->>'migration' AS migration
+  FROM workflows_runevent e
+  JOIN workflows_runmigration m ON m.id = %(migration)s
+ WHERE e.run_id = %(run)s AND e.kind IN ('run.migrated', 'run.migration_skipped')
+   AND (e.at >= m.created_at OR e.detail->>'migration' = %(migration)s::text)
+ ORDER BY e.id
+"""
+
+# The rows of the run (finished ones too) of the step ids a move renames, or renames onto:
+# every row of a renamed step takes its new id, and an iteration no row of that id keeps.
+STEP_ROWS = """
+SELECT id, step_id, iteration, status FROM workflows_step
+ WHERE run_id = %(run)s AND step_id = ANY(%(ids)s::text[])
+ ORDER BY step_id, iteration
+"""
+
+# The run's failed steps when it moves: a live run's failures were all followed by a path of
+# their own (the run went on), so an operator's retry never runs one of them again (the
+# run.migrated event lists them: services/control.py).
+FAILED_STEP_IDS = """
+SELECT id FROM workflows_step WHERE run_id = %(run)s AND status = 'failed' ORDER BY id
 """
 
 # The run onto the new version, with its template data's step ids renamed (outputs, entered:
@@ -141,12 +173,16 @@ UPDATE workflows_run
 RETURNING id
 """
 
-# A live step (not running) takes its new id, and iteration. Its wait (wait_kind, wake_at,
-# wait_detail: a deadline, a signal's name and key) stays as it was made.
+# A step row (live but not running, or finished) takes its new id, and iteration. A live
+# one's wait (wait_kind, wake_at, wait_detail: a deadline, a signal's name and key) stays as
+# it was made; a finished one keeps its outcome. No step of the run runs (checked under the
+# run's lock, its live steps locked); a finished row changes only by an operator's retry,
+# which takes the run's lock first.
 RENAME_STEP = """
 UPDATE workflows_step
    SET step_id = %(new_step_id)s, iteration = %(new_iteration)s
- WHERE id = %(step_pk)s AND run_id = %(run)s AND status IN ('ready', 'waiting')
+ WHERE id = %(step_pk)s AND run_id = %(run)s AND step_id = %(step_id)s
+   AND status IN ('ready', 'waiting', 'done', 'failed', 'cancelled')
 RETURNING id
 """
 

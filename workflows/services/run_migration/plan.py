@@ -83,6 +83,9 @@ class MigrationPlan:
     # and why each of the others has none (step_removed, step_type_changed).
     targets: dict[str, str] = field(default_factory=dict)
     unmapped: dict[str, str] = field(default_factory=dict)
+    # Whether the old version declares compensations (a saga): only then can one of its runs
+    # be compensating, which the dry run then asks each run's history.
+    sagas: bool = False
 
     def as_json(self) -> dict[str, Any]:
         """The plan as asked (what a job stores; ``from_json`` rebuilds it)."""
@@ -107,7 +110,7 @@ class MigrationPlan:
             "statuses": list(self.statuses), "steps": list(self.steps),
             "targets": Jsonb(self.targets), "unmapped": Jsonb(self.unmapped),
             "move_to": self.removed.move_to, "continuation": CONTINUATION_STEP,
-            "join_wait": JOIN_WAIT, "after": after, "sample": SAMPLE,
+            "join_wait": JOIN_WAIT, "sagas": self.sagas, "after": after, "sample": SAMPLE,
         }  # fmt: skip
 
 
@@ -177,7 +180,8 @@ def _checked(plan: MigrationPlan) -> MigrationPlan:
             targets[old_id] = old_id
         else:
             unmapped[old_id] = "step_type_changed" if old_id in new_steps else "step_removed"
-    return replace(plan, targets=targets, unmapped=unmapped)
+    sagas = any("compensate" in step for step in plan.from_version.definition["steps"])
+    return replace(plan, targets=targets, unmapped=unmapped, sagas=sagas)
 
 
 def _types(version: AutomationVersion) -> dict[str, str]:

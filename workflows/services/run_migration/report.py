@@ -26,6 +26,8 @@ REASONS = {
     "join_removed": "waiting at a fork's join the new version does not have",
     "step_running": "a step is running (a worker holds it): tried again until it settles",
     "mid_walk": "its walk is between steps (a continuation waits to run): tried again",
+    "compensating": "its saga is being undone (its compensations name the old version's "
+    "steps): it finishes on the old version",
 }
 
 
