@@ -217,7 +217,7 @@ def test_a_killed_host_s_runs_are_finished_by_the_others_and_nothing_runs_twice(
                 "SELECT count(*) FROM workflows_run WHERE id = ANY(%s) AND finished_at IS NULL",
                 ids,
             )
-            return rows[0][0] == 0
+            return int(rows[0][0]) == 0
 
         bounded(f"every run to finish on {survivor} after {doomed} was killed", finished)
         statuses = Counter(
