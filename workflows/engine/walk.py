@@ -144,6 +144,23 @@ def next_step_ids(step: Mapping[str, Any], outcome: str | None) -> list[str]:
     return [chosen] if chosen else []
 
 
+def still_done(done: Sequence[str], steps: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Of the completed steps ``done`` (in the order they completed), those no compensation
+    undid since: a compensation step completing undoes the steps it compensates that
+    completed before it. Only a run re-run after it compensated (services/rerun.py) has
+    one; its new compensation undoes what completed since, not that again."""
+    undoes: dict[str, set[str]] = {}
+    for step_id, step in steps.items():
+        if "compensate" in step:
+            undoes.setdefault(step["compensate"], set()).add(step_id)
+    kept: list[str] = []
+    for step_id in done:
+        if step_id in undoes:
+            kept = [s for s in kept if s not in undoes[step_id]]
+        kept.append(step_id)
+    return kept
+
+
 class Walk:
     def __init__(
         self,
@@ -359,13 +376,18 @@ class Walk:
         if self.compensation_checked:
             return False
         self.compensation_checked = True
+        self.compensation = self._plan_in_history()
+        return self.compensation is not None
+
+    def _plan_in_history(self) -> dict[str, Any] | None:
+        """The plan of the run's compensation, from its latest run.compensating event; None
+        when there is none, or an operator's re-run came after it (it ended that one)."""
         self.cursor.execute(COMPENSATION_PLAN, {"run": self.run.id})
         row = fetch_dict(self.cursor)
-        if row is None:
-            return False
-        detail = row["detail"]
-        self.compensation = json.loads(detail) if isinstance(detail, str) else detail
-        return True
+        if row is None or row["kind"] != "run.compensating":
+            return None
+        detail = row["detail"]  # (read as text where the event's detail is sent as such)
+        return cast(dict[str, Any], json.loads(detail) if isinstance(detail, str) else detail)
 
     def _held_by_compensation(self, step_id: str) -> bool:
         """While the run compensates, nothing of its forward path goes on: a sibling branch's
@@ -382,7 +404,7 @@ class Walk:
         done = [row["step_id"] for row in fetch_dicts(self.cursor)]
         done += [row.step_id for row in self.new_steps if row.status == StepStatus.DONE]
         plan: list[dict[str, str]] = []
-        for completed in reversed(done):
+        for completed in reversed(still_done(done, self.steps)):
             compensator = self.steps.get(completed, {}).get("compensate")
             if compensator and all(entry["step"] != compensator for entry in plan):
                 plan.append({"step": compensator, "compensates": completed})
@@ -395,11 +417,10 @@ class Walk:
 
     def _compensation_plan(self) -> dict[str, Any]:
         if self.compensation is None:
-            self.cursor.execute(COMPENSATION_PLAN, {"run": self.run.id})
-            row = fetch_dict(self.cursor)
-            assert row is not None, f"run {self.run.id}: a compensation step with no plan"
-            detail = row["detail"]  # (read as text where the event's detail is sent as such)
-            self.compensation = json.loads(detail) if isinstance(detail, str) else detail
+            self.compensation = self._plan_in_history()
+            assert self.compensation is not None, (
+                f"run {self.run.id}: a compensation step with no plan"
+            )
         return self.compensation
 
     def _position(self, step_id: str) -> int:
