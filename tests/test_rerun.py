@@ -29,6 +29,7 @@ from workflows.errors import (
     RunStateConflict,
     UnknownRun,
     UnknownStep,
+    WaymarkError,
 )
 from workflows.models import AuditEntry, Organisation, Run, RunEvent, Step
 from workflows.services.control import run_act
@@ -58,7 +59,9 @@ def chain(api: str = "{{ input.api }}") -> dict[str, Any]:
 
 
 def history(run_id: int) -> list[str]:
-    return list(RunEvent.objects.filter(run_id=run_id).order_by("id").values_list("kind", flat=True))
+    return list(
+        RunEvent.objects.filter(run_id=run_id).order_by("id").values_list("kind", flat=True)
+    )
 
 
 # --- on the real engine, through the API --------------------------------------------------------
@@ -85,8 +88,8 @@ def test_a_run_failed_on_bad_input_is_re_run_from_the_failing_step_with_the_inpu
     assert Run.objects.get(pk=run_id).status == "failed"
     assert "run.rerun" not in history(run_id)
 
-    done = harness.call("POST", f"/api/v1/runs/{run_id}/rerun",
-                        {"from_step": "charge", "input": fixed, "dry_run": False}, expect=200)  # fmt: skip
+    body = {"from_step": "charge", "input": fixed, "dry_run": False}
+    done = harness.call("POST", f"/api/v1/runs/{run_id}/rerun", body, expect=200)
     assert done["dry_run"] is False and done["status"] == "running"
     run = harness.wait_finished([run_id])[run_id]
     assert run.status == "succeeded", run.error
@@ -103,7 +106,9 @@ def test_a_run_failed_on_bad_input_is_re_run_from_the_failing_step_with_the_inpu
     again = harness.call("POST", f"/api/v1/runs/{run_id}/rerun",
                          {"from_step": "email", "dry_run": False}, expect=200)  # fmt: skip
     assert [(e["step_id"], e["action"], e["new_key"]) for e in again["effects"]] == [
-        ("email", "reuse", f"{run_id}/email/2"), ("charge", "reuse", f"{run_id}/charge/3")]  # fmt: skip
+        ("email", "reuse", f"{run_id}/email/2"),
+        ("charge", "reuse", f"{run_id}/charge/3"),
+    ]
     run = harness.wait_finished([run_id])[run_id]
     assert run.status == "succeeded", run.error
     assert harness.effect_keys(run_id) == {f"{run_id}/email/1": 1, f"{run_id}/charge/2": 1}
@@ -113,8 +118,8 @@ def test_a_run_failed_on_bad_input_is_re_run_from_the_failing_step_with_the_inpu
     assert ("pause", 2, "done") in harness.path(run_id)
 
     # With repeat_effects each is made again, under its new key.
-    harness.call("POST", f"/api/v1/runs/{run_id}/rerun",
-                 {"from_step": "email", "repeat_effects": True, "dry_run": False}, expect=200)  # fmt: skip
+    body = {"from_step": "email", "repeat_effects": True, "dry_run": False}
+    harness.call("POST", f"/api/v1/runs/{run_id}/rerun", body, expect=200)
     run = harness.wait_finished([run_id])[run_id]
     assert run.status == "succeeded", run.error
     assert harness.effect_keys(run_id) == {
@@ -182,7 +187,11 @@ def test_a_loop_after_the_re_run_point_reuses_the_kth_effect_for_its_kth_pass(
     assert reused == [(f"{run_id}/ping/3", f"{run_id}/ping/1"),
                       (f"{run_id}/ping/4", f"{run_id}/ping/2")]  # fmt: skip
     made = Effect.objects.filter(run_id=run_id, step_id="ping").order_by("iteration")
-    assert [(e.iteration, e.state) for e in made] == [(1, "settled"), (2, "settled"), (5, "settled")]
+    assert [(e.iteration, e.state) for e in made] == [
+        (1, "settled"),
+        (2, "settled"),
+        (5, "settled"),
+    ]
 
 
 def saga(url: str) -> dict[str, Any]:
@@ -317,7 +326,7 @@ def test_bad_requests_are_refused_with_their_codes_and_change_nothing(
     assert Run.objects.get(pk=run_id).status == "succeeded"
     before, kinds = snapshot(run_id), history(run_id)
 
-    def refused(error: type[Exception], **given: Any) -> Exception:
+    def refused(error: type[WaymarkError], **given: Any) -> WaymarkError:
         with pytest.raises(error) as caught:
             rerun(org=org, run_id=run_id, actor="ops", dry_run=False,
                   **{"from_step": "split", **given})  # fmt: skip
