@@ -118,8 +118,8 @@ def test_finished_states_are_final_except_an_operators_retry_or_re_run() -> None
             assert targets == frozenset(), status
     assert STEP_TRANSITIONS[StepStatus.FAILED] == {StepStatus.READY}
     # A finished run runs again only by an operator's hand: a retry, or a re-run from a step.
-    for status in RUN_FINISHED:
-        assert RUN_TRANSITIONS[status] == {RunStatus.RUNNING}, status
+    for finished in RUN_FINISHED:
+        assert RUN_TRANSITIONS[finished] == {RunStatus.RUNNING}, finished
 
 
 def test_a_re_run_guards_on_the_declared_finished_sources() -> None:
