@@ -8,6 +8,7 @@ class EffectsConfig(AppConfig):
     def ready(self) -> None:
         from workflows.plugins import (
             register_metrics_collector,
+            register_settled_effects,
             register_step_renamer,
             register_sweep_task,
         )
@@ -16,6 +17,7 @@ class EffectsConfig(AppConfig):
         from .egress import tenant_ceiling
         from .metrics import effect_gauges
         from .renames import rename_effects
+        from .reruns import settled_effects
         from .resolve import reconcile_budgets
         from .steptypes import register_step_types
 
@@ -26,3 +28,4 @@ class EffectsConfig(AppConfig):
         register_metrics_collector("effects", effect_gauges)
         register_sweep_task("effects.reconcile_budgets", reconcile_budgets)
         register_step_renamer("effects", rename_effects)
+        register_settled_effects("effects", settled_effects)

@@ -61,6 +61,7 @@ from .providers.base import (
     RateLimited,
     Request,
 )
+from .reruns import reused_effect
 from .states import EffectState, sources
 from .traces import provider_called, traced_effect
 
@@ -164,6 +165,11 @@ def _claim_or_read(call: Call) -> dict[str, Any]:
         gate = _lock_connection(cursor, call)
         cursor.execute(sql.LOCK_EFFECT, {"org_id": ctx.org_id, "key": call.key})
         effect = fetch_dict(cursor)
+        if effect is None:
+            # A re-run's new entry of a step may take an effect already made (reruns.py).
+            reused = reused_effect(cursor, ctx)
+            if reused is not None:
+                return {"state": EffectState.SETTLED, "result": reused["result"]}
         if effect is not None and effect["state"] == EffectState.IN_FLIGHT:
             if not effect["lease_lapsed"]:
                 # Another attempt may be calling now: never overlap it.

@@ -361,3 +361,23 @@ UPDATE effects_effect
    AND iteration = %(iteration)s
    AND (key = %(old_key)s OR left(key, length(%(old_key)s) + 1) = %(old_key)s || '/')
 """
+
+# Re-run from a step (workflows' services/rerun.py, through the door): the run's settled
+# effects, each a step execution's own (its key is run/step/iteration), by step and iteration.
+SETTLED_EFFECTS_OF_RUN = """
+SELECT step_id, iteration, key, provider FROM effects_effect
+ WHERE org_id = %(org)s AND run_id = %(run)s AND state = 'settled'
+   AND key = run_id || '/' || step_id || '/' || iteration
+ ORDER BY step_id, iteration
+"""
+
+# The settled effect a re-run's new entry of a step takes instead of calling (the run's
+# rerun_reuse: step id -> new iteration -> the old key); no row: the step calls as usual.
+# Read only for an effect key with no row of its own, of an iteration past the first.
+REUSABLE_EFFECT = """
+SELECT e.key, e.result::json AS result
+  FROM workflows_run r
+  JOIN effects_effect e
+    ON e.org_id = r.org_id AND e.key = r.rerun_reuse -> %(step_id)s ->> %(iteration)s
+ WHERE r.id = %(run_id)s AND r.rerun_reuse IS NOT NULL AND e.state = 'settled'
+"""

@@ -14,6 +14,7 @@ wait or wait_until. tests/composition.py builds the definitions.
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 
 import pytest
 from django.db.models.functions import Now
@@ -217,3 +218,46 @@ def test_a_run_between_an_effect_and_a_wait_is_migrated_and_finishes_on_the_new_
         ("s1", 1, "done"), ("hold", 1, "done"), ("s3", 1, "done"), (DONE, 1, "done"),
     ]  # fmt: skip
     assert harness.effect_keys(run_id) == {f"{run_id}/s1/1": 1, f"{run_id}/s3/1": 1}
+
+
+# Every step type that makes an outside effect (tests/composition.py's keyed and model ones).
+EFFECT_KINDS = ("http", "email", "slack_message", "model", "crm_upsert")
+
+
+def test_a_re_run_after_a_wait_that_follows_each_effect_sends_nothing_again(
+    harness: Harness,
+) -> None:
+    """effect → wait → end, for each effect type, finished, then re-run from the effect
+    (issue 30 part 4): the effect is taken, not made again (one call at its stub in all, an
+    `effect.reused` naming its first key), the wait waits again (a new timer), and the run
+    ends as its definition says. Then, with repeat_effects, each is made once more under
+    its new key."""
+    started = start_plans(harness, [pair(kind, "wait") for kind in EFFECT_KINDS])
+    found = finish_plans(harness, started)
+    assert not found, report(found)
+
+    for run_id, plan in started.items():
+        harness.call("POST", f"/api/v1/runs/{run_id}/rerun",
+                     {"from_step": "a", "dry_run": False}, expect=200)  # fmt: skip
+        plan.path = entered(plan, 2)  # every step twice; the effect at its stub still once
+    found = finish_plans(harness, started)
+    assert not found, report(found)
+    for run_id in started:
+        reused = RunEvent.objects.filter(run_id=run_id, kind="effect.reused")
+        assert [(e.step_id, e.iteration, (e.detail or {})["reused"]) for e in reused] == [
+            ("a", 2, f"{run_id}/a/1")]  # fmt: skip
+
+    for run_id, plan in started.items():
+        harness.call("POST", f"/api/v1/runs/{run_id}/rerun",
+                     {"from_step": "a", "repeat_effects": True, "dry_run": False},
+                     expect=200)  # fmt: skip
+        plan.path = entered(plan, 3)
+        plan.keyed = {(sid, it) for sid, _ in plan.keyed for it in (1, 3)}
+        plan.prompts = Counter({sid: 2 for sid in plan.prompts})
+    found = finish_plans(harness, started)
+    assert not found, report(found)
+
+
+def entered(plan: Plan, times: int) -> Counter[tuple[str, int]]:
+    """The plan's path (one pass) entered ``times`` times: iterations 1 to ``times``."""
+    return Counter({(sid, it): 1 for sid, _ in plan.path for it in range(1, times + 1)})

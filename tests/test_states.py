@@ -9,6 +9,7 @@ import pytest
 from workflows.engine import sql
 from workflows.engine.sql import migration as migration_sql
 from workflows.states import (
+    RUN_FINISHED,
     RUN_TRANSITIONS,
     STEP_TRANSITIONS,
     RunStatus,
@@ -119,13 +120,22 @@ def test_run_status_changes_use_declared_sources() -> None:
     assert "status = ANY(%(sources)s)" in sql.SET_RUN_STATUS
 
 
-def test_finished_states_are_final_except_an_operators_retry() -> None:
-    for table in (RUN_TRANSITIONS, STEP_TRANSITIONS):
-        for status, targets in table.items():
-            if status in {"succeeded", "cancelled", "done"}:
-                assert targets == frozenset(), status
-    assert RUN_TRANSITIONS[RunStatus.FAILED] == {RunStatus.RUNNING}
+def test_finished_states_are_final_except_an_operators_retry_or_re_run() -> None:
+    for status, targets in STEP_TRANSITIONS.items():
+        if status in {"done", "cancelled"}:
+            assert targets == frozenset(), status
     assert STEP_TRANSITIONS[StepStatus.FAILED] == {StepStatus.READY}
+    # A finished run runs again only by an operator's hand: a retry, or a re-run from a step.
+    for finished in RUN_FINISHED:
+        assert RUN_TRANSITIONS[finished] == {RunStatus.RUNNING}, finished
+
+
+def test_a_re_run_guards_on_the_declared_finished_sources() -> None:
+    from workflows.services.rerun import RERUN_SOURCES
+
+    assert "status = ANY(%(sources)s)" in sql.RERUN_RUN
+    assert set(RERUN_SOURCES) == {s.value for s in RUN_FINISHED}
+    assert set(RERUN_SOURCES) <= set(run_sources(RunStatus.RUNNING))
 
 
 def test_every_statement_is_short_enough_for_psycopgs_parse_cache() -> None:

@@ -306,3 +306,33 @@ class MigratingFinishedRuns(WaymarkError):
 class UnknownMigration(NotFound):
     code = "unknown_migration"
     default_detail = "No migration {migration_id} of this automation in this organisation."
+
+
+# --- re-running a run from a step (services/rerun.py) -----------------------------------------
+
+
+class RerunStepNotTopLevel(WaymarkError):
+    """The step runs inside a branch of a ``parallel`` with a join: entered alone, it would
+    belong to no fork. Re-run from the parallel step itself (or from its join)."""
+
+    code = "rerun_step_not_top_level"
+    default_detail = (
+        "Step {step!r} runs inside a branch of parallel {fork!r}: re-run from {fork!r} (its "
+        "branches run again) or from a step after its join."
+    )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "step": self.extra["step"]}
+
+
+class RerunStepIsCompensation(WaymarkError):
+    """The step is a compensation: only a saga's plan enters it."""
+
+    code = "rerun_step_is_compensation"
+    default_detail = (
+        "Step {step!r} compensates {compensates!r}: compensation steps are entered only by the "
+        "run's compensation; re-run from a step of the run's path."
+    )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "step": self.extra["step"]}

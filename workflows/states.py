@@ -62,10 +62,12 @@ RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
             RunStatus.COMPENSATED,
         }
     ),
-    RunStatus.SUCCEEDED: frozenset(),
-    RunStatus.FAILED: frozenset({RunStatus.RUNNING}),  # an operator's retry
-    RunStatus.CANCELLED: frozenset(),
-    RunStatus.COMPENSATED: frozenset(),
+    # A finished run runs again only by an operator's hand: a retry (failed runs) or a
+    # re-run from a chosen step (any finished run, services/rerun.py).
+    RunStatus.SUCCEEDED: frozenset({RunStatus.RUNNING}),
+    RunStatus.FAILED: frozenset({RunStatus.RUNNING}),
+    RunStatus.CANCELLED: frozenset({RunStatus.RUNNING}),
+    RunStatus.COMPENSATED: frozenset({RunStatus.RUNNING}),
 }
 
 STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {

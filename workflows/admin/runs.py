@@ -24,6 +24,7 @@ from .run_control import VERBS, act_on_many, act_on_one, actions_allowed, confir
 from .run_list import CappedChangeList, CappedPaginator
 from .run_live import POLL_SECONDS, at_seconds, is_finished, live_answer, version_of
 from .run_page import run_page_context
+from .run_rerun import may_rerun, rerun_page
 from .scoping import OrgScopedMixin, OrgScopedRelatedFilter, may_change_here
 
 
@@ -147,6 +148,7 @@ class RunAdmin(OrgScopedMixin, admin.ModelAdmin):
             may_control = self.has_control_permission(request, obj)
             allowed = actions_allowed(obj.status) if may_control else []
             context["control_actions"] = [(action, VERBS[action]) for action in allowed]
+            context["may_rerun"] = may_control and may_rerun(obj)
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     # --- run control -------------------------------------------------------------------------
@@ -162,7 +164,12 @@ class RunAdmin(OrgScopedMixin, admin.ModelAdmin):
             self.admin_site.admin_view(self.live_view),
             name="workflows_run_live",
         )
-        return [control, live, *super().get_urls()]
+        rerun = path(
+            "<path:object_id>/rerun/",
+            self.admin_site.admin_view(self.rerun_view),
+            name="workflows_run_rerun",
+        )
+        return [control, rerun, live, *super().get_urls()]
 
     # --- the page, live (run_live.py) -------------------------------------------------------
 
@@ -225,6 +232,15 @@ class RunAdmin(OrgScopedMixin, admin.ModelAdmin):
             hidden=[],
             back_url=run_url,
         )
+
+    def rerun_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Re-run from a step (run_rerun.py): the form, the preview, then the re-run."""
+        run = self.get_object(request, object_id)
+        if run is None:
+            raise Http404("No such run.")
+        if not self.has_control_permission(request, run):
+            raise PermissionDenied
+        return rerun_page(request, run, self._admin_context(request))
 
     def _admin_context(self, request: HttpRequest) -> dict[str, Any]:
         return {**self.admin_site.each_context(request), "opts": self.opts}

@@ -7,7 +7,7 @@ from django.urls import URLPattern, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.views import APIView
 
-from . import audit, migrations, signals, views
+from . import audit, migrations, reruns, signals, views
 
 app_name = "api"
 
@@ -44,6 +44,7 @@ urlpatterns = [
     *route("runs/<int:run_id>", views.RunDetailView, "run"),
     *route("runs/<int:run_id>/steps", views.RunStepListView, "run-steps"),
     *route("runs/<int:run_id>/history", views.RunHistoryView, "run-history"),
+    *route("runs/<int:run_id>/rerun", reruns.RunRerunView, "run-rerun"),
     # One operation per route; the view answers 404 for an action it does not know.
     *route("runs/<int:run_id>/<slug:action>", views.RunActionView, "run-act"),
     *route("runs/bulk/<slug:action>", views.RunBulkActionView, "runs-bulk"),

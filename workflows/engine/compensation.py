@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from ..definitions.registry import registry
@@ -41,6 +41,26 @@ from .sql.rows import NOW, NewStep, fetch_dict, fetch_dicts
 
 LIVE = (StepStatus.READY, StepStatus.RUNNING, StepStatus.WAITING)
 CANCELLED_FOR = {"reason": "the run compensates"}
+
+
+def still_done(
+    done: Sequence[tuple[str, int]], steps: Mapping[str, Mapping[str, Any]]
+) -> list[tuple[str, int]]:
+    """Of the completed executions ``done`` (step, iteration, in the order they completed),
+    those no compensation undid since: a compensation step completing undoes the executions
+    of the steps it compensates that completed before it. Only a run re-run after it
+    compensated (services/rerun.py) has one; its new compensation undoes what completed
+    since, not that again (a second refund)."""
+    undoes: dict[str, set[str]] = {}
+    for step_id, step in steps.items():
+        if "compensate" in step:
+            undoes.setdefault(step["compensate"], set()).add(step_id)
+    kept: list[tuple[str, int]] = []
+    for step_id, iteration in done:
+        if step_id in undoes:
+            kept = [(s, i) for s, i in kept if s not in undoes[step_id]]
+        kept.append((step_id, iteration))
+    return kept
 
 
 def _plain(detail: Any) -> Any:
@@ -168,7 +188,7 @@ class Compensation:
                  if row.status == StepStatus.DONE]  # fmt: skip
         plan = [
             {"step": walk.steps[sid]["compensate"], "compensates": sid, "iteration": iteration}
-            for sid, iteration in reversed(done)
+            for sid, iteration in reversed(still_done(done, walk.steps))
             if walk.steps.get(sid, {}).get("compensate")
         ]
         if not plan:

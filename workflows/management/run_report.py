@@ -240,3 +240,30 @@ def event_json(event: RunEvent) -> dict[str, Any]:
 
 def to_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+def rerun_lines(outcome: Any) -> list[str]:
+    """A re-run (services/rerun.RerunOutcome) in words: what changes, what each settled
+    effect after the step becomes, and (a preview) how to confirm."""
+    if outcome.dry_run:
+        lines = [f"Run {outcome.run_id} ({outcome.was}) would be re-run from step "
+                 f"{outcome.from_step!r}"
+                 f"{', repeating settled effects' if outcome.repeat_effects else ''}."]  # fmt: skip
+    else:
+        lines = [f"Run {outcome.run_id} re-run from step {outcome.from_step!r} "
+                 f"(was {outcome.was}, now {outcome.status})."]  # fmt: skip
+    for part, changes in (("input", outcome.input_changes), ("vars", outcome.vars_changes)):
+        for change in changes:
+            before = one_line(change["before"]) if "before" in change else "(absent)"
+            after = one_line(change["after"]) if "after" in change else "(removed)"
+            lines.append(f"  {part}.{change['key']}: {before} -> {after}")
+    if not (outcome.input_changes or outcome.vars_changes):
+        lines.append("  input and vars unchanged")
+    for effect in outcome.effects:
+        verb = "reused, not sent again" if effect.action == "reuse" else "made again"
+        lines.append(f"  effect {effect.key} ({effect.provider}): {verb} as {effect.new_key}")
+    if not outcome.effects:
+        lines.append("  no settled effect after this step")
+    if outcome.dry_run:
+        lines.append("Nothing changed: add --yes to re-run.")
+    return lines

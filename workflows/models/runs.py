@@ -72,6 +72,14 @@ class Run(models.Model):
     # (engine/tracing.py): each step attempt's span is its child, in whichever process it
     # runs, so a run's spans form one trace. NULL: the run was started untraced.
     trace_context = models.TextField(null=True, blank=True, editable=False)
+    # Written by an operator's re-run from a step (services/rerun.py), NULL before any.
+    # rerun_reuse: the settled effects the re-run's walk takes instead of calling again, by
+    # step id and the new iteration that takes each ({"email": {"2": "<run>/email/1"}}): the
+    # effect ledger reads it when a step's effect key has no row yet. rerun_floor: the id of
+    # the run's last step row when it was re-run; rows up to it belong to walks before it (a
+    # later retry runs again only what failed since).
+    rerun_reuse = models.JSONField(null=True, blank=True, editable=False)
+    rerun_floor = models.BigIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         constraints = [

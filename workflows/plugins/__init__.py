@@ -72,6 +72,7 @@ from ..definitions.registry import (
 from ..engine.executors import Park, StepContext, StepDeferred, StepFailure, StepResult
 from ..engine.renames import STEP_RENAMERS, StepBusy, StepRename, StepRenamer
 from ..engine.scrape import SCRAPE_COLLECTORS, MetricsCollector
+from ..engine.settled import SETTLED_EFFECT_READERS, SettledEffect, SettledEffectReader
 from ..engine.sweeper import SWEEP_SERVICES, SWEEP_TASKS, Sweep, SweepService, SweepTask
 from .audit import Actor, record_audit
 from .health import register_health_check, register_wait_answer
@@ -83,6 +84,8 @@ __all__ = [
     "MetricsCollector",
     "Park",
     "RetryPolicy",
+    "SettledEffect",
+    "SettledEffectReader",
     "StepBusy",
     "StepContext",
     "StepDeferred",
@@ -106,6 +109,7 @@ __all__ = [
     "record_audit",
     "register_health_check",
     "register_metrics_collector",
+    "register_settled_effects",
     "register_step_renamer",
     "register_step_type",
     "register_sweep_service",
@@ -151,6 +155,17 @@ def register_step_renamer(name: str, renamer: StepRenamer) -> None:
     under a short lock_timeout, and ``StepBusy`` puts the run off until later in the job).
     The same name again replaces it."""
     STEP_RENAMERS[name] = renamer
+
+
+def register_settled_effects(name: str, reader: SettledEffectReader) -> None:
+    """Have a re-run from a step (docs/api.md, "Re-run from a step") call
+    ``reader(cursor, org_id, run_id)`` for the outside effects your app made for the run and
+    stored the answers of (``SettledEffect``: step id, iteration, key, provider): it shows
+    them before the operator confirms, and writes which the new walk reuses into the run's
+    ``rerun_reuse`` (by step id, then new iteration: the old key), for your app to take
+    instead of calling again. It runs in the re-run's transaction, with the run locked. The
+    same name again replaces it."""
+    SETTLED_EFFECT_READERS[name] = reader
 
 
 def register_step_type(step_type: StepType) -> None:

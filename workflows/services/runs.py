@@ -98,7 +98,7 @@ def _check_start_key(start_key: str) -> None:
         raise InvalidInput(reason=f'start keys starting with "{DERIVED_KEY_PREFIX}" are reserved')
 
 
-def _limits(definition: dict[str, Any]) -> tuple[int, float]:
+def run_limits(definition: dict[str, Any]) -> tuple[int, float]:
     limits = definition.get("limits") or {}
     max_steps = limits.get("max_steps") or settings.WAYMARK["DEFAULT_MAX_STEPS"]
     age = parse_duration(limits["max_age"]) if "max_age" in limits else None
@@ -201,7 +201,7 @@ class _Target:
     automation_id: int
     version_id: int
     definition: dict[str, Any]
-    max_steps: int  # the definition's limits, read once per version seen (_limits)
+    max_steps: int  # the definition's limits, read once per version seen (run_limits)
     max_age: float
 
 
@@ -338,7 +338,7 @@ def _target(org: Organisation, slug: str) -> _Target:
     if row["version_id"] is None:
         raise NoPublishedVersion(slug=slug)
     definition = definition_for(row["version_id"])
-    max_steps, max_age = _limits(definition)
+    max_steps, max_age = run_limits(definition)
     return _Target(row["automation_id"], row["version_id"], definition, max_steps, max_age)
 
 

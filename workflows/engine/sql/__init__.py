@@ -561,6 +561,8 @@ SELECT step_id, iteration FROM workflows_step
  ORDER BY finished_at, id
 """
 
+# A re-run (services/rerun.py) ends whatever compensation went before it: a plan counts only
+# when it is newer than the run's last run.rerun event.
 COMPENSATION_PLAN = """
 SELECT plan.detail,
        (SELECT max((entered.detail ->> 'position')::int) FROM workflows_runevent entered
@@ -568,6 +570,8 @@ SELECT plan.detail,
            AND entered.id > plan.id) AS position
   FROM workflows_runevent plan
  WHERE plan.run_id = %(run)s AND plan.kind = 'run.compensating'
+   AND plan.id > COALESCE((SELECT max(rerun.id) FROM workflows_runevent rerun
+                            WHERE rerun.run_id = %(run)s AND rerun.kind = 'run.rerun'), 0)
  ORDER BY plan.id DESC
  LIMIT 1
 """
@@ -701,7 +705,9 @@ RETURNING step_id, iteration, lane, attempt
 
 # The run's failed steps an operator's retry may run again: not those a migration between
 # versions found failed (its run.migrated event lists them: the run was live, so each had
-# been followed by a failure path of its own, under the version it failed on).
+# been followed by a failure path of its own, under the version it failed on), and only rows
+# of the walk since the run's last re-run (rerun_floor): a step that failed before it belongs
+# to a walk the operator replaced.
 FAILED_STEPS = """
 SELECT DISTINCT ON (step_id) id, step_id, iteration, lane, type, error, fork_join_id, branch
   FROM workflows_step s
@@ -709,7 +715,32 @@ SELECT DISTINCT ON (step_id) id, step_id, iteration, lane, type, error, fork_joi
    AND NOT EXISTS (SELECT 1 FROM workflows_runevent e
                     WHERE e.run_id = %(run)s AND e.kind = 'run.migrated'
                       AND e.detail->'failed_before' @> to_jsonb(s.id))
+   AND s.id > COALESCE((SELECT rerun_floor FROM workflows_run WHERE id = %(run)s), 0)
  ORDER BY step_id, iteration DESC
+"""
+
+# Re-run from a step (services/rerun.py): a finished run runs again, its input and vars as
+# the operator left them, its outcome cleared, its budgets (max age, steps) counted afresh,
+# with the effects its new walk reuses and the last step row of the walks before it. The
+# caller holds the run's lock; %(sources)s: the declared sources of `running` that are
+# finished (workflows.states).
+RERUN_RUN = """
+UPDATE workflows_run
+   SET status = 'running', input = %(input)s, vars = %(vars)s, output = NULL, error = '',
+       finished_at = NULL, steps_executed = 0,
+       deadline_at = now() + make_interval(secs => %(max_age)s),
+       rerun_reuse = %(reuse)s,
+       rerun_floor = (SELECT max(id) FROM workflows_step WHERE run_id = %(id)s)
+ WHERE id = %(id)s AND status = ANY(%(sources)s)
+RETURNING id
+"""
+
+# The steps of the run that completed (each row), in the order they did, for what a
+# re-run reuses: an effect step's settled effect counts unless a compensation undid it.
+DONE_STEP_ROWS = """
+SELECT step_id, iteration FROM workflows_step
+ WHERE run_id = %(run)s AND status = 'done'
+ ORDER BY finished_at, id
 """
 
 # --- forks: parallel branches and their join ----------------------------------------------

@@ -5,15 +5,20 @@
                         [--until WHEN] [--limit N] [--after ID] [--json]
     manage.py runs show --org SLUG RUN_ID [--json]
     manage.py runs tail --org SLUG RUN_ID [--timeout SECONDS] [--json]
+    manage.py runs rerun --org SLUG RUN_ID --from STEP [--input-file F] [--vars-file F]
+                         [--repeat-effects] [--yes] [--json]
 
 Every read is scoped to the organisation (workflows/selectors.py): another organisation's run
 id is ``unknown_run``, as in the API. The list filters through the API's own FilterSet
 (api/filters.py) and pages by id (``--after``), never counting, so it costs the same at a
 million runs as at ten. ``tail`` polls the run's events by id (its index) every half second.
+``rerun`` prints what a re-run from the step would do (services/rerun.py: the input and vars
+that change, each settled effect reused or made again) and acts only with ``--yes``.
 
 Exit codes (docs/operations.md, "Runs on the command line"): 0 done (``tail``: the run
 succeeded); 1 an error with its code (``unknown_organisation``, ``unknown_run``,
-``unknown_automation``, ``invalid_input``); 2 a usage error; ``tail`` only: 3 ``run_failed``,
+``unknown_automation``, ``invalid_input``, and for ``rerun`` the codes of docs/api.md's
+re-run); 2 a usage error; ``tail`` only: 3 ``run_failed``,
 4 ``run_cancelled``, 5 ``tail_timeout`` (still going after ``--timeout``), 130
 ``interrupted`` (Ctrl-C: the run goes on); 141 the output's reader went away.
 """
@@ -21,11 +26,13 @@ succeeded); 1 an error with its code (``unknown_organisation``, ``unknown_run``,
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import signal
 import sys
 import time
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,6 +47,8 @@ from workflows.errors import UnknownRun, WaymarkError
 from workflows.management import run_report as report
 from workflows.management.base import MigratedCommand
 from workflows.models import Organisation, Run
+from workflows.services.audit import Actor
+from workflows.services.rerun import rerun
 from workflows.states import RUN_FINISHED, RunStatus
 
 POLL_SECONDS = 0.5
@@ -67,7 +76,9 @@ class Command(MigratedCommand):
     help = "List an organisation's runs, show one (its steps and timeline), or follow one."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        commands = parser.add_subparsers(dest="command", required=True, metavar="list|show|tail")
+        commands = parser.add_subparsers(
+            dest="command", required=True, metavar="list|show|tail|rerun"
+        )
         listing = commands.add_parser("list", help="runs, newest first, a page at a time")
         self._common(listing)
         listing.add_argument("--status", help=f"one of {', '.join(RunStatus.values)}")
@@ -89,6 +100,16 @@ class Command(MigratedCommand):
         self._common(tail)
         tail.add_argument("run", type=run_id, metavar="RUN_ID")
         tail.add_argument("--timeout", type=float, metavar="SECONDS", help="stop after this")
+        again = commands.add_parser("rerun", help="re-run a finished run from a step: shows "
+                                    "what would happen; --yes does it")  # fmt: skip
+        self._common(again)
+        again.add_argument("run", type=run_id, metavar="RUN_ID")
+        again.add_argument("--from", dest="from_step", required=True, metavar="STEP")
+        again.add_argument("--input-file", metavar="F", help="the new input (a JSON object)")
+        again.add_argument("--vars-file", metavar="F", help="the new vars (a JSON object)")
+        again.add_argument("--repeat-effects", action="store_true",
+                           help="make settled effects again, under new keys")  # fmt: skip
+        again.add_argument("--yes", action="store_true", help="re-run (else only show)")
 
     def _common(self, parser: CommandParser) -> None:
         parser.add_argument("--org", required=True, help="organisation slug")
@@ -110,11 +131,28 @@ class Command(MigratedCommand):
                 self.list_runs(organisation, options)
             elif command == "show":
                 self.show_run(organisation, options["run"], as_json=options["json"])
+            elif command == "rerun":
+                self.rerun(organisation, options)
             else:
                 self.tail_run(organisation, options["run"], as_json=options["json"],
                               timeout=_timeout(options["timeout"]))  # fmt: skip
         except WaymarkError as exc:
             raise CommandError(f"{exc.code}: {exc.detail}") from exc
+
+    # --- rerun --------------------------------------------------------------------------------
+
+    def rerun(self, org: Organisation, options: dict[str, Any]) -> None:
+        outcome = rerun(
+            org=org, run_id=options["run"], from_step=options["from_step"],
+            actor=Actor.command(), run_input=_json_file(options["input_file"], "--input-file"),
+            variables=_json_file(options["vars_file"], "--vars-file"),
+            repeat_effects=options["repeat_effects"], dry_run=not options["yes"],
+        )  # fmt: skip
+        if options["json"]:
+            self.stdout.write(json.dumps(asdict(outcome), default=str))
+            return
+        for line in report.rerun_lines(outcome):
+            self.stdout.write(line)
 
     # --- list ---------------------------------------------------------------------------------
 
@@ -232,6 +270,17 @@ def _run_with_moves(org: Organisation, run_id: int) -> Run:
     if run is None:
         raise UnknownRun(run_id=run_id)
     return run
+
+
+def _json_file(path: str | None, option: str) -> Any:
+    """The JSON a file holds (None: no file given)."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as given:
+            return json.load(given)
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"invalid_input: {option}: {exc}") from exc
 
 
 def _filtered(org: Organisation, options: dict[str, Any]) -> Any:

@@ -1,0 +1,307 @@
+"""Re-run a finished run from a chosen step, optionally with edited input or vars.
+
+For the operator fixing one bad record: the run that failed on it (or ended in any way) runs
+again from the step they choose, with the input or vars they corrected, keeping its
+history. One transaction, like the rest of run control (control.py): the run is locked, its
+status checked against the declared transitions (only a finished run: failed, succeeded,
+cancelled or compensated), its input and vars replaced when given (the change recorded in
+its history, key by key), its outcome cleared and its budgets counted afresh, and the chosen
+step entered anew at the top level (a new iteration, so a new effect key), with the lanes
+woken. Refused, nothing changes.
+
+Outside effects the run already made are not made again unless the operator says so: each
+step the new walk can reach takes, for its k-th new entry, the answer of its k-th settled
+effect (the run's ``rerun_reuse``, read by the app that keeps the effects), recorded as
+``effect.reused`` in the history; an effect a compensation undid is made again.
+``repeat_effects`` makes every one a new call under its new key. ``dry_run`` (the default)
+only says what a re-run would do: the step, the input and vars that change, and each
+settled effect downstream, reused or repeated, with its new key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection, transaction
+from psycopg.types.json import Jsonb
+
+from ..definitions.reach import enclosing_fork, reached, successors
+from ..engine import sql
+from ..engine.definition_cache import definition_for
+from ..engine.settled import SettledEffect, settled_effects
+from ..engine.sql.rows import event_row, fetch_dicts, insert_events
+from ..engine.walk import RunState, Walk, lock_run
+from ..errors import (
+    InvalidInput,
+    RerunStepIsCompensation,
+    RerunStepNotTopLevel,
+    RunStateConflict,
+    UnknownRun,
+    UnknownStep,
+)
+from ..models import AutomationVersion, Organisation
+from ..states import RUN_FINISHED, RunStatus, run_sources
+from .audit import Actor, as_actor, record_audit
+from .runs import check_input, check_json_value, run_limits
+
+# A finished run may run again: the declared sources of `running` that are finished states.
+RERUN_SOURCES = [s for s in run_sources(RunStatus.RUNNING) if s in RUN_FINISHED]
+REUSE, REPEAT = "reuse", "repeat"
+
+
+@dataclass(frozen=True)
+class EffectChoice:
+    """A settled effect of a step the re-run can reach, and what its new walk does with it:
+    ``reuse`` (the step's new entry takes its answer, no call) or ``repeat`` (a new call),
+    and the key of the entry concerned (the step's k-th new entry for its k-th effect)."""
+
+    step_id: str
+    iteration: int
+    key: str
+    provider: str
+    action: str
+    new_key: str
+    why: str
+
+
+@dataclass(frozen=True)
+class RerunOutcome:
+    run_id: int
+    from_step: str
+    was: str  # the run's status before
+    status: str  # after (a dry run: unchanged)
+    dry_run: bool
+    repeat_effects: bool
+    input_changes: list[dict[str, Any]] = field(default_factory=list)
+    vars_changes: list[dict[str, Any]] = field(default_factory=list)
+    effects: list[EffectChoice] = field(default_factory=list)
+
+    @property
+    def reused(self) -> list[EffectChoice]:
+        return [e for e in self.effects if e.action == REUSE]
+
+
+def rerun(
+    *,
+    org: Organisation,
+    run_id: int,
+    from_step: str,
+    actor: Actor | str,
+    run_input: Any = None,
+    variables: Any = None,
+    repeat_effects: bool = False,
+    dry_run: bool = True,
+) -> RerunOutcome:
+    """Re-run run ``run_id`` of ``org`` from ``from_step`` as ``actor``; ``run_input`` and
+    ``variables`` (JSON objects) replace the run's input and vars when given. A dry run (the
+    default) changes nothing and says what the re-run would do. Raises UnknownRun,
+    RunStateConflict (a run not finished; recorded in its history when not a dry run),
+    UnknownStep, RerunStepNotTopLevel, RerunStepIsCompensation or InvalidInput (and
+    PayloadTooLarge): each before anything changed."""
+    if run_input is not None:
+        check_input(run_input)
+    if variables is not None:
+        if not isinstance(variables, dict):
+            raise InvalidInput(reason="vars must be a JSON object")
+        check_json_value(variables, "vars", "The run's vars")
+    who = as_actor(actor)
+    try:
+        with transaction.atomic(durable=True), connection.cursor() as cursor:
+            cursor.execute(sql.RUN_OF_ORG, {"id": run_id, "org": org.pk})
+            if cursor.fetchone() is None:
+                raise UnknownRun(run_id=run_id)
+            run = lock_run(cursor, run_id)
+            if run.status not in RERUN_SOURCES:
+                raise _conflict(run.status)
+            definition = definition_for(run.version_id)
+            _check_step(definition, from_step, run.version_id)
+            plan = _Plan(run, definition, from_step, run_input, variables, repeat_effects)
+            plan.effects = _effect_choices(cursor, plan)
+            if dry_run:
+                return plan.outcome(status=run.status, dry_run=True)
+            status = _apply(cursor, plan, who.label)
+            record_audit(
+                org=org, actor=who, action="run.rerun", target_type="run", target_id=run_id,
+                detail={"from_step": from_step, "was": plan.was,
+                        "repeat_effects": repeat_effects, "edited": plan.edited(),
+                        "effects_reused": sum(e.action == REUSE for e in plan.effects)},
+            )  # fmt: skip
+            return plan.outcome(status=status, dry_run=False)
+    except RunStateConflict as refused:
+        if not dry_run:
+            _record_refusal(org.pk, run_id, who.label, refused)
+        raise
+
+
+@dataclass
+class _Plan:
+    """One re-run as decided under the run's lock."""
+
+    run: RunState
+    definition: dict[str, Any]
+    from_step: str
+    new_input: Any
+    new_vars: Any
+    repeat_effects: bool
+    effects: list[EffectChoice] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.was = self.run.status
+        self.input_changes = _changes(self.run.input, self.new_input)
+        self.vars_changes = _changes(self.run.vars, self.new_vars)
+
+    def edited(self) -> dict[str, list[str]]:
+        """The top-level keys that change, of the input and of the vars."""
+        edited = {"input": [c["key"] for c in self.input_changes],
+                  "vars": [c["key"] for c in self.vars_changes]}  # fmt: skip
+        return {part: keys for part, keys in edited.items() if keys}
+
+    def reuse(self) -> dict[str, dict[str, str]] | None:
+        """The run's ``rerun_reuse``: per step, the new iteration -> the old effect's key."""
+        reuse: dict[str, dict[str, str]] = {}
+        for choice in self.effects:
+            if choice.action == REUSE:
+                iteration = choice.new_key.rsplit("/", 1)[1]
+                reuse.setdefault(choice.step_id, {})[iteration] = choice.key
+        return reuse or None
+
+    def outcome(self, *, status: str, dry_run: bool) -> RerunOutcome:
+        return RerunOutcome(
+            run_id=self.run.id, from_step=self.from_step, was=self.was, status=status,
+            dry_run=dry_run, repeat_effects=self.repeat_effects,
+            input_changes=self.input_changes, vars_changes=self.vars_changes,
+            effects=self.effects,
+        )  # fmt: skip
+
+
+def _check_step(definition: dict[str, Any], step_id: str, version_id: int) -> None:
+    """A step of the run's version that the walk can enter at the top level."""
+    steps = {step["id"]: step for step in definition["steps"]}
+    if step_id not in steps:
+        number = AutomationVersion.objects.values_list("number", flat=True).get(pk=version_id)
+        raise UnknownStep(step=step_id, version=number)
+    compensates = [sid for sid, step in steps.items() if step.get("compensate") == step_id]
+    if compensates:
+        raise RerunStepIsCompensation(step=step_id, compensates=compensates[0])
+    fork = enclosing_fork(definition, step_id)
+    if fork is not None:
+        raise RerunStepNotTopLevel(step=step_id, fork=fork)
+
+
+def _changes(before: Any, after: Any) -> list[dict[str, Any]]:
+    """The top-level keys whose values differ (``after`` None: nothing changes), each with
+    its value before and after (a side where the key is absent is left out)."""
+    if after is None:
+        return []
+    before = before if isinstance(before, dict) else {}
+    changes = []
+    for key in sorted(set(before) | set(after)):
+        if before.get(key, _ABSENT) == after.get(key, _ABSENT):
+            continue
+        change: dict[str, Any] = {"key": key}
+        if key in before:
+            change["before"] = before[key]
+        if key in after:
+            change["after"] = after[key]
+        changes.append(change)
+    return changes
+
+
+_ABSENT = object()
+
+
+def _effect_choices(cursor: Any, plan: _Plan) -> list[EffectChoice]:
+    """Each settled effect of the steps the re-run can reach (compensations aside: only a
+    plan enters them), in definition order, then iteration: the step's k-th new entry
+    reuses its k-th effect, unless repeat_effects or a compensation undid that one."""
+    run, definition = plan.run, plan.definition
+    compensators = {s["compensate"] for s in definition["steps"] if "compensate" in s}
+    downstream = reached([plan.from_step], successors(definition)) - compensators
+    order = [s["id"] for s in definition["steps"] if s["id"] in downstream]
+    by_step: dict[str, list[SettledEffect]] = {}
+    for effect in settled_effects(cursor, run.org_id, run.id):
+        by_step.setdefault(effect.step_id, []).append(effect)
+    undone = _undone(cursor, run.id, definition)
+    choices = []
+    for step_id in order:
+        for k, effect in enumerate(by_step.get(step_id, []), start=1):
+            new_key = f"{run.id}/{step_id}/{run.entered.get(step_id, 0) + k}"
+            if plan.repeat_effects:
+                action, why = REPEAT, "repeat_effects: a new call under the new key"
+            elif (step_id, effect.iteration) in undone:
+                action, why = REPEAT, "a compensation undid it: made again under the new key"
+            else:
+                action, why = REUSE, "settled: its answer is taken, nothing is called"
+            choices.append(EffectChoice(step_id, effect.iteration, effect.key, effect.provider,
+                                        action, new_key, why))  # fmt: skip
+    return choices
+
+
+def _undone(cursor: Any, run_id: int, definition: dict[str, Any]) -> set[tuple[str, int]]:
+    """The (step, iteration) executions that a compensation step completing after them
+    undid (the run compensated before this re-run)."""
+    undoes: dict[str, set[str]] = {}
+    for step in definition["steps"]:
+        if "compensate" in step:
+            undoes.setdefault(step["compensate"], set()).add(step["id"])
+    if not undoes:
+        return set()
+    cursor.execute(sql.DONE_STEP_ROWS, {"run": run_id})
+    done: list[tuple[str, int]] = []
+    undone: set[tuple[str, int]] = set()
+    for row in fetch_dicts(cursor):
+        if row["step_id"] in undoes:
+            undone |= {(s, i) for s, i in done if s in undoes[row["step_id"]]}
+        done.append((row["step_id"], row["iteration"]))
+    return undone
+
+
+def _apply(cursor: Any, plan: _Plan, actor: str) -> str:
+    """The re-run's writes: the run's row, its history, and the walk from the chosen step.
+    Returns the run's status as the walk left it (a re-run from an end step ends at once)."""
+    run = plan.run
+    new_input = run.input if plan.new_input is None else plan.new_input
+    new_vars = run.vars if plan.new_vars is None else plan.new_vars
+    _, max_age = run_limits(plan.definition)
+    reuse = plan.reuse()
+    cursor.execute(sql.RERUN_RUN, {
+        "id": run.id, "input": Jsonb(new_input), "vars": Jsonb(new_vars), "max_age": max_age,
+        "reuse": None if reuse is None else Jsonb(reuse), "sources": RERUN_SOURCES,
+    })  # fmt: skip
+    if cursor.fetchone() is None:
+        raise _conflict(run.status)
+    run.status, run.input, run.vars = RunStatus.RUNNING.value, new_input, dict(new_vars)
+    run.steps_executed, run.expired = 0, False
+    events = []
+    if plan.input_changes or plan.vars_changes:
+        detail = {"by": actor, "input": plan.input_changes, "vars": plan.vars_changes}
+        events.append(event_row(run.org_id, run.id, "run.edited", worker=actor, detail=detail))
+    events.append(event_row(run.org_id, run.id, "run.rerun", plan.from_step, worker=actor, detail={
+        "by": actor, "from_step": plan.from_step, "was": plan.was,
+        "repeat_effects": plan.repeat_effects, "edited": plan.edited(),
+        "reused": [{"step": e.step_id, "key": e.key, "new_key": e.new_key}
+                   for e in plan.effects if e.action == REUSE],
+        "repeated": [e.key for e in plan.effects if e.action == REPEAT],
+    }))  # fmt: skip
+    insert_events(cursor, events)
+    walk = Walk(cursor, run, plan.definition, worker=actor)
+    walk.enter([plan.from_step])
+    walk.flush()
+    return walk.finish[0] if walk.finish is not None else RunStatus.RUNNING.value
+
+
+def _conflict(status: str) -> RunStateConflict:
+    return RunStateConflict(
+        detail=f"The run is {status}; only a finished run ({', '.join(RERUN_SOURCES)}) can be "
+        "re-run: cancel it first, or let it finish.",
+        action="rerun",
+        status=status,
+    )
+
+
+def _record_refusal(org_id: int, run_id: int, actor: str, refused: RunStateConflict) -> None:
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        detail = {"by": actor, "code": refused.code, "detail": refused.detail}
+        insert_events(cursor, [event_row(org_id, run_id, "run.rerun_refused", worker=actor,
+                                         detail=detail)])  # fmt: skip
