@@ -120,7 +120,7 @@ def test_a_step_completed_before_the_move_is_compensated_under_its_new_id(org) -
     assert status(run_id) == ("compensated", None)
     (begun,) = RunEvent.objects.filter(run_id=run_id, kind="run.compensating")
     assert begun.detail is not None
-    assert begun.detail["plan"] == [{"step": "undo", "compensates": "book"}]
+    assert begun.detail["plan"] == [{"step": "undo", "compensates": "book", "iteration": 1}]
     assert Run.objects.get(pk=run_id).vars.get("undone") is True
 
 
