@@ -11,9 +11,11 @@ class EffectsConfig(AppConfig):
             register_step_renamer,
             register_sweep_task,
         )
+        from workflows.plugins.erasure import register_eraser
 
         from . import health, waits
         from .egress import tenant_ceiling
+        from .erasure import erase_effects
         from .metrics import effect_gauges
         from .renames import rename_effects
         from .resolve import reconcile_budgets
@@ -26,3 +28,4 @@ class EffectsConfig(AppConfig):
         register_metrics_collector("effects", effect_gauges)
         register_sweep_task("effects.reconcile_budgets", reconcile_budgets)
         register_step_renamer("effects", rename_effects)
+        register_eraser("effects", erase_effects)

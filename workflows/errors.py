@@ -306,3 +306,28 @@ class MigratingFinishedRuns(WaymarkError):
 class UnknownMigration(NotFound):
     code = "unknown_migration"
     default_detail = "No migration {migration_id} of this automation in this organisation."
+
+
+# --- erasing a person (services/erasure) --------------------------------------------------------
+
+
+class InvalidPerson(InvalidInput):
+    """The person to erase is not named by exactly one well-formed email address, phone
+    number or identifier."""
+
+    code = "invalid_person"
+
+
+class UnknownPerson(NotFound):
+    code = "unknown_person"
+    default_detail = (
+        "Nothing of this organisation references this person (no run, no stored row): "
+        "nothing was changed."
+    )
+
+
+class ErasureBusy(Conflict):
+    code = "erasure_busy"
+    default_detail = (
+        "Rows of this person were held by other work for too long; nothing was changed. Try again."
+    )
