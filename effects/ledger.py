@@ -191,8 +191,9 @@ def _check_step_runs(cursor: Any, ctx: StepContext) -> None:
     """Only the attempt that still runs claims: a run cancelled, or its person erased, since
     this attempt began has no call begun and none of its data written again (the settle that
     follows is fenced out too)."""
-    cursor.execute(sql.STEP_STILL_RUNS, {"run_id": ctx.run_id, "step_id": ctx.step_id,
-                                         "iteration": ctx.iteration, "attempt": ctx.attempt})  # fmt: skip
+    held = {"run_id": ctx.run_id, "step_id": ctx.step_id, "iteration": ctx.iteration,
+            "attempt": ctx.attempt}  # fmt: skip
+    cursor.execute(sql.STEP_STILL_RUNS, held)
     if fetch_dict(cursor) is None:
         raise StepFailure(f"effect {ctx.effect_key}: the step no longer runs (cancelled or "
                           "taken over); nothing was called", retryable=True,

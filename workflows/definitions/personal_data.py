@@ -83,9 +83,9 @@ def declaration_problems(value: object) -> list[tuple[str, str]]:
             continue  # fmt: skip
         for path in paths:
             if not isinstance(path, str) or pattern.fullmatch(path) is None:
-                problems.append((f"personal_data.{key}",
-                                 f"personal_data.{key}: {path!r} is not a path like {where}"))  # fmt: skip
+                message = f"personal_data.{key}: {path!r} is not a path like {where}"
+                problems.append((f"personal_data.{key}", message))
     if value.get("on_erasure", "cancel") not in ON_ERASURE:
-        problems.append(("personal_data.on_erasure",
-                         f"personal_data.on_erasure must be one of {', '.join(ON_ERASURE)}"))  # fmt: skip
+        message = f"personal_data.on_erasure must be one of {', '.join(ON_ERASURE)}"
+        problems.append(("personal_data.on_erasure", message))
     return problems

@@ -17,9 +17,16 @@ def _unique(prefix: str) -> Column:
     return Column(prefix, replace=lambda row: f"erased:{row['id']}")
 
 
-RUN_COLUMNS = [_unique("start_key"), "input", "vars", "outputs", "output", "error"]
-STEP_COLUMNS = ["output", "wait_detail", "error"]
-SIGNAL_COLUMNS = ["payload", "correlation", "correlations", _unique("identity")]
+RUN_COLUMNS: list[Column | str] = [
+    _unique("start_key"),
+    "input",
+    "vars",
+    "outputs",
+    "output",
+    "error",
+]
+STEP_COLUMNS: list[Column | str] = ["output", "wait_detail", "error"]
+SIGNAL_COLUMNS: list[Column | str] = ["payload", "correlation", "correlations", _unique("identity")]
 
 
 def erase_engine_rows(cursor: Any, erasing: Erasing) -> Mapping[str, int]:

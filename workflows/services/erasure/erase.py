@@ -149,8 +149,8 @@ def _erase(cursor: Any, org: Organisation, subject: Subject, who: Actor) -> Eras
 def _end_live_work(cursor: Any, found: Found, outcome: ErasureOutcome, actor: str) -> None:
     """Lock every run concerned (by id: the one lock order), then cancel the person's live
     runs, or hand back the running steps of those that finish without their data."""
-    locked = {run_id: lock_run(cursor, run_id) for run_id in sorted({*found.owned,
-                                                                      *found.mentioning})}  # fmt: skip
+    concerned = sorted({*found.owned, *found.mentioning})
+    locked = {run_id: lock_run(cursor, run_id) for run_id in concerned}
     for run_id in sorted(found.owned):
         run = locked[run_id]
         if run.status not in RUN_LIVE:

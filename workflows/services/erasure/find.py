@@ -89,6 +89,7 @@ def _declaration(found: Found, version_id: int) -> Declaration | None:
 
 
 def _owned(row: Mapping[str, Any], declaration: Declaration | None, values: set[Value]) -> bool:
+    held: Iterable[Any]
     if declaration is not None and declaration.identifiers:
         held = (value_at({"input": row["input"]}, path) for path in declaration.identifiers)
     else:
@@ -141,9 +142,9 @@ def _scalars(value: Any) -> Iterator[Any]:
     """The strings and numbers of a value (a list of addresses gives each), long enough to
     be searched for."""
     for item in _leaves(value):
-        if not isinstance(item, bool) and isinstance(item, str | int | float):
-            if len(str(item).strip()) >= MIN_VALUE_CHARS:
-                yield item
+        scalar = not isinstance(item, bool) and isinstance(item, str | int | float)
+        if scalar and len(str(item).strip()) >= MIN_VALUE_CHARS:
+            yield item
 
 
 def _leaves(value: Any) -> Iterator[Any]:
