@@ -26,13 +26,33 @@ def erase_approvals(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
         for table, columns, where in (
             ("approvals_approvalrequest", REQUEST_COLUMNS, sql.REQUESTS_OF_RUNS),
             ("approvals_decisionattempt", ["detail"], sql.ATTEMPTS_OF_RUNS),
-            ("approvals_slackinteraction", ["token", "response_url", "reply"],
-             sql.INTERACTIONS_OF_RUNS),
-        ):  # fmt: skip
-            counts.update(scrub_rows(cursor, erasing.matcher, table=table, columns=columns,
-                                     where=where, params=params))  # fmt: skip
+            (
+                "approvals_slackinteraction",
+                ["token", "response_url", "reply"],
+                sql.INTERACTIONS_OF_RUNS,
+            ),
+        ):
+            counts.update(
+                scrub_rows(
+                    cursor,
+                    erasing.matcher,
+                    table=table,
+                    columns=columns,
+                    where=where,
+                    params=params,
+                    widen=erasing.widen,
+                )
+            )
     if erasing.org_wide:
-        counts.update(scrub_rows(cursor, erasing.matcher, table="approvals_decisionattempt",
-                                 columns=["detail"], where=sql.ATTEMPTS_OF_ORG,
-                                 params=params))  # fmt: skip
+        counts.update(
+            scrub_rows(
+                cursor,
+                erasing.matcher,
+                table="approvals_decisionattempt",
+                columns=["detail"],
+                where=sql.ATTEMPTS_OF_ORG,
+                params=params,
+                widen=erasing.widen,
+            )
+        )
     return counts

@@ -31,29 +31,48 @@ def erase_effects(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
         if fenced:
             counts["effects_effect.state"] = fenced
     if erasing.run_ids:
-        counts.update(scrub_rows(cursor, erasing.matcher, table="effects_effect",
-                                 columns=EFFECT_COLUMNS, where=sql.EFFECTS_OF_RUNS,
-                                 params=params))  # fmt: skip
+        counts.update(
+            scrub_rows(
+                cursor,
+                erasing.matcher,
+                table="effects_effect",
+                columns=EFFECT_COLUMNS,
+                where=sql.EFFECTS_OF_RUNS,
+                params=params,
+                widen=erasing.widen,
+            )
+        )
     if erasing.org_wide:
         counts.update(_hash_suppressions(cursor, erasing))
-        counts.update(scrub_rows(cursor, erasing.matcher, table="effects_suppression",
-                                 columns=["reason"], where=sql.SUPPRESSIONS_OF_ORG,
-                                 params=params))  # fmt: skip
+        counts.update(
+            scrub_rows(
+                cursor,
+                erasing.matcher,
+                table="effects_suppression",
+                columns=["reason"],
+                where=sql.SUPPRESSIONS_OF_ORG,
+                params=params,
+                widen=erasing.widen,
+            )
+        )
     return counts
 
 
 def _hash_suppressions(cursor: Any, erasing: Erasing) -> Counts:
     """Each entry whose address holds one of the values keeps its keyed hash instead; one
     whose hash is listed already (an earlier erasure) goes."""
-    cursor.execute(sql.SUPPRESSIONS_HOLDING, {"org": erasing.org_id,
-                                              "like": erasing.matcher.like_patterns()})  # fmt: skip
+    cursor.execute(
+        sql.SUPPRESSIONS_HOLDING, {"org": erasing.org_id, "like": erasing.matcher.like_patterns()}
+    )
     changed = 0
     for row in fetch_dicts(cursor):
         if not erasing.matcher.holds(row["address"]):
             continue
         hashed = erased_address(row["address"])
-        cursor.execute(sql.SUPPRESSION_HASHED, {"org": erasing.org_id, "channel": row["channel"],
-                                                "hashed": hashed})  # fmt: skip
+        cursor.execute(
+            sql.SUPPRESSION_HASHED,
+            {"org": erasing.org_id, "channel": row["channel"], "hashed": hashed},
+        )
         if fetch_dict(cursor) is None:
             cursor.execute(sql.SUPPRESSION_REPLACE, {"id": row["id"], "hashed": hashed})
         else:

@@ -16,11 +16,27 @@ def erase_timers(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
     params = erasing.params()
     counts: Counts = {}
     if erasing.run_ids:
-        counts.update(scrub_rows(cursor, erasing.matcher, table="timers_timer",
-                                 columns=["intent", "error"], where=sql.TIMERS_OF_RUNS,
-                                 params=params))  # fmt: skip
+        counts.update(
+            scrub_rows(
+                cursor,
+                erasing.matcher,
+                table="timers_timer",
+                columns=["intent", "error"],
+                where=sql.TIMERS_OF_RUNS,
+                params=params,
+                widen=erasing.widen,
+            )
+        )
     if erasing.org_wide:
-        counts.update(scrub_rows(cursor, erasing.matcher, table="timers_schedule",
-                                 columns=["input", "last_error"], where=sql.SCHEDULES_OF_ORG,
-                                 params=params))  # fmt: skip
+        counts.update(
+            scrub_rows(
+                cursor,
+                erasing.matcher,
+                table="timers_schedule",
+                columns=["input", "last_error"],
+                where=sql.SCHEDULES_OF_ORG,
+                params=params,
+                widen=erasing.widen,
+            )
+        )
     return counts

@@ -19,12 +19,26 @@ def erase_deliveries(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
     params = erasing.params()
     counts: Counts = {}
     if erasing.run_ids:
-        counts.update(scrub_rows(cursor, erasing.matcher, table="webhooks_delivery",
-                                 columns=DELIVERY_COLUMNS, where=sql.DELIVERIES_OF_RUNS,
-                                 params=params))  # fmt: skip
+        counts.update(
+            scrub_rows(
+                cursor,
+                erasing.matcher,
+                table="webhooks_delivery",
+                columns=DELIVERY_COLUMNS,
+                where=sql.DELIVERIES_OF_RUNS,
+                params=params,
+                widen=erasing.widen,
+            )
+        )
     if erasing.org_wide:
-        for key, n in scrub_rows(cursor, erasing.matcher, table="webhooks_delivery",
-                                 columns=DELIVERY_COLUMNS, where=sql.DELIVERIES_OF_ORG,
-                                 params=params).items():  # fmt: skip
+        for key, n in scrub_rows(
+            cursor,
+            erasing.matcher,
+            table="webhooks_delivery",
+            columns=DELIVERY_COLUMNS,
+            where=sql.DELIVERIES_OF_ORG,
+            params=params,
+            widen=erasing.widen,
+        ).items():
             counts[key] = counts.get(key, 0) + n
     return counts

@@ -40,8 +40,18 @@ def erase_engine_rows(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
             ("workflows_runevent", ["detail"], sql.EVENTS_OF_RUNS),
             ("workflows_signal", SIGNAL_COLUMNS, sql.SIGNALS_OF_RUNS),
         ):
-            add_counts(counts, scrub_rows(cursor, matcher, table=table, columns=columns,
-                                          where=where, params=params))  # fmt: skip
+            add_counts(
+                counts,
+                scrub_rows(
+                    cursor,
+                    matcher,
+                    table=table,
+                    columns=columns,
+                    where=where,
+                    params=params,
+                    widen=erasing.widen,
+                ),
+            )
     if erasing.org_wide:
         # Rows of the organisation tied to no run, or not through a run: a signal not yet
         # matched, wake messages, migration reports, and the audit log (its erasure
@@ -52,6 +62,16 @@ def erase_engine_rows(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
             ("workflows_runmigration", ["plan", "planned", "report"]),
             ("workflows_auditentry", ["target_id", "detail"]),
         ):
-            add_counts(counts, scrub_rows(cursor, matcher, table=table, columns=columns,
-                                          where=sql.OF_ORG, params=params))  # fmt: skip
+            add_counts(
+                counts,
+                scrub_rows(
+                    cursor,
+                    matcher,
+                    table=table,
+                    columns=columns,
+                    where=sql.OF_ORG,
+                    params=params,
+                    widen=erasing.widen,
+                ),
+            )
     return counts

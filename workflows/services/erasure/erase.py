@@ -124,7 +124,9 @@ def _erase(cursor: Any, org: Organisation, subject: Subject, who: Actor) -> Eras
     everything = Matcher(found.identifying | found.personal)
     passes = [
         Erasing(org.pk, tuple(sorted(found.owned)), everything, org_wide=False),
-        Erasing(org.pk, tuple(sorted(found.mentioning)), identifying, org_wide=True),
+        Erasing(
+            org.pk, tuple(sorted(found.mentioning)), identifying, org_wide=True, widen=everything
+        ),
     ]
     cursor.execute(sql.AUDIT_ERASURE_ORG, {"org": org.pk})
     for erasing in passes:

@@ -17,12 +17,16 @@ class Erasing:
     also scrub your app's rows of the organisation that belong to no run (or to any run:
     a signal not yet matched, a suppression entry, a delivery, a schedule), with
     ``matcher`` (then the person's identifying values only, never a field such as a name:
-    another person's rows are not to be touched by a common word)."""
+    another person's rows are not to be touched by a common word). ``widen``: pass it to
+    ``scrub_rows``; a row in which ``matcher`` finds an identifying value is the person's,
+    and then loses their other values too (a pending signal correlated by their address
+    loses their name)."""
 
     org_id: int
     run_ids: tuple[int, ...]
     matcher: Matcher
     org_wide: bool
+    widen: Matcher | None = None
 
     def params(self) -> dict[str, Any]:
         return {"org": self.org_id, "runs": list(self.run_ids)}

@@ -121,10 +121,13 @@ def scrub_rows(
     columns: Sequence[Column | str],
     where: str,
     params: Mapping[str, Any],
+    widen: Matcher | None = None,
 ) -> Counts:
     """Scrub ``columns`` of the rows of ``table`` (an app's own, with an ``id`` key) that
     ``where`` selects (an SQL condition of the app's own, over ``params``), locking each row
-    changed. Returns the rows changed per ``table.column`` (only those that changed)."""
+    changed. ``widen``: a row in which ``matcher`` finds a value is the person's, and loses
+    every value ``widen`` knows (their name too). Returns the rows changed per
+    ``table.column`` (only those that changed)."""
     if not matcher:
         return {}
     cols = [c if isinstance(c, Column) else Column(c) for c in columns]
@@ -144,8 +147,12 @@ def scrub_rows(
     counts: Counts = {}
     for row in fetch_dicts(cursor):
         changes = {}
+        theirs = widen is not None and any(
+            isinstance(row[c.name], str) and matcher.holds(row[c.name]) for c in cols
+        )
+        use = widen if theirs and widen is not None else matcher
         for col in cols:
-            new = _scrubbed(row, col, types[col.name], matcher)
+            new = _scrubbed(row, col, types[col.name], use)
             if new is not _SAME:
                 changes[col.name] = new
                 key = f"{table}.{col.name}"
