@@ -24,6 +24,7 @@ from effects.models import Effect, Suppression
 from effects.secrets import encrypt
 from timers.models import Schedule, Timer
 from webhooks.models import Delivery, Subscription
+from workflows.definitions.validator import validate_definition
 from workflows.engine.lanes import lane_policy
 from workflows.engine.steps import claim
 from workflows.engine.worker import Attempt, Worker
@@ -95,9 +96,7 @@ NUDGE: dict[str, Any] = {
 }
 
 
-def start(
-    org: Organisation, slug: str, person: dict[str, str], key: str = "", **extra: Any
-) -> int:
+def start(org: Organisation, slug: str, person: dict[str, str], key: str = "", **extra: Any) -> int:
     """A run of ``slug`` for ``person``, its start key naming them (unless ``key``)."""
     run_input = {**person, **extra}
     if slug == "nudge":
@@ -421,3 +420,20 @@ def test_an_attempt_that_began_before_the_erasure_claims_no_effect_after_it(
     assert not Effect.objects.filter(run_id=run_id).exists()
     assert provider_stub.created == []  # nothing was called
     assert hits(ANN_TRACES) == []
+
+
+def test_the_validator_checks_the_personal_data_declaration() -> None:
+    good = {**NUDGE, "personal_data": {"identifiers": ["input.contact"],
+                                       "fields": ["vars.x", "outputs.nap.y"],
+                                       "on_erasure": "finish"}}  # fmt: skip
+    assert validate_definition(good) == []
+    bad = {**NUDGE, "personal_data": {"identifiers": ["vars.x", 3], "fields": "input.name",
+                                      "on_erasure": "later", "keep": True}}  # fmt: skip
+    issues = {(i.code, i.field) for i in validate_definition(bad)}
+    assert issues == {
+        ("invalid_field", "personal_data.identifiers"),
+        ("invalid_field", "personal_data.fields"),
+        ("invalid_field", "personal_data.on_erasure"),
+        ("unknown_field", "personal_data.keep"),
+    }
+    assert validate_definition({**NUDGE, "personal_data": []})[0].field == "personal_data"

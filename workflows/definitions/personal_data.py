@@ -59,33 +59,29 @@ def value_at(data: Mapping[str, Any], path: str) -> Any:
     return current
 
 
-def declaration_problems(value: object) -> list[tuple[str, str]]:
-    """What is wrong with a ``personal_data`` value, as (field, message) pairs."""
+def declaration_problems(value: object) -> list[tuple[str, str, str]]:
+    """What is wrong with a ``personal_data`` value, as (issue code, field, message)."""
     if not isinstance(value, dict):
-        return [("personal_data", "personal_data must be an object")]
+        return [("invalid_field", "personal_data", "personal_data must be an object")]
     problems = [
-        (f"personal_data.{key}", f"personal_data.{key} is not a field (fields: "
-                                 f"{', '.join(FIELDS)})")
+        ("unknown_field", f"personal_data.{key}",
+         f"personal_data.{key} is not a field (fields: {', '.join(FIELDS)})")
         for key in value if key not in FIELDS
     ]  # fmt: skip
     for key, pattern, where in (
         ("identifiers", IDENTIFIER_PATH, "input.<key>[.<key>...]"),
         ("fields", FIELD_PATH, "input.<key>, vars.<key> or outputs.<step id>.<key>"),
     ):
-        paths = value.get(key, [])
+        field, paths = f"personal_data.{key}", value.get(key, [])
         if not isinstance(paths, list) or len(paths) > MAX_PATHS:
-            problems.append(
-                (
-                    f"personal_data.{key}",
-                    f"personal_data.{key} must be a list of at most {MAX_PATHS} paths",
-                )
-            )
-            continue  # fmt: skip
+            message = f"{field} must be a list of at most {MAX_PATHS} paths"
+            problems.append(("invalid_field", field, message))
+            continue
         for path in paths:
             if not isinstance(path, str) or pattern.fullmatch(path) is None:
-                message = f"personal_data.{key}: {path!r} is not a path like {where}"
-                problems.append((f"personal_data.{key}", message))
+                message = f"{field}: {path!r} is not a path like {where}"
+                problems.append(("invalid_field", field, message))
     if value.get("on_erasure", "cancel") not in ON_ERASURE:
         message = f"personal_data.on_erasure must be one of {', '.join(ON_ERASURE)}"
-        problems.append(("personal_data.on_erasure", message))
+        problems.append(("invalid_field", "personal_data.on_erasure", message))
     return problems

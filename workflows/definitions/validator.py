@@ -235,8 +235,8 @@ class _Validation:
             )
 
         if "personal_data" in definition:
-            for field, message in declaration_problems(definition["personal_data"]):
-                self.top("invalid_field", field, message)
+            for code, field, message in declaration_problems(definition["personal_data"]):
+                self.top(code, field, message)
 
         steps = definition.get("steps")
         if "steps" not in definition:
