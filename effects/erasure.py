@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from workflows.plugins.engine import fetch_dict, fetch_dicts
-from workflows.plugins.erasure import Counts, Erasing, scrub_rows
+from workflows.plugins.erasure import Counts, Erasing, add_counts, scrub_rows
 
 from . import sql
 from .consent import erased_address
@@ -31,7 +31,8 @@ def erase_effects(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
         if fenced:
             counts["effects_effect.state"] = fenced
     if erasing.run_ids:
-        counts.update(
+        add_counts(
+            counts,
             scrub_rows(
                 cursor,
                 erasing.matcher,
@@ -40,11 +41,12 @@ def erase_effects(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
                 where=sql.EFFECTS_OF_RUNS,
                 params=params,
                 widen=erasing.widen,
-            )
+            ),
         )
     if erasing.org_wide:
-        counts.update(_hash_suppressions(cursor, erasing))
-        counts.update(
+        add_counts(counts, _hash_suppressions(cursor, erasing))
+        add_counts(
+            counts,
             scrub_rows(
                 cursor,
                 erasing.matcher,
@@ -53,7 +55,7 @@ def erase_effects(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
                 where=sql.SUPPRESSIONS_OF_ORG,
                 params=params,
                 widen=erasing.widen,
-            )
+            ),
         )
     return counts
 

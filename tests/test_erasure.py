@@ -19,6 +19,7 @@ from django.db import connection, transaction
 from django.test import Client
 
 from approvals.models import ApprovalRequest
+from approvals.services import content_digest
 from effects.consent import suppression
 from effects.models import Effect, Suppression
 from effects.secrets import encrypt
@@ -227,7 +228,9 @@ def test_after_erasing_no_copy_is_left_and_other_people_are_untouched(org, api, 
         assert RunEvent.objects.filter(run=run, kind="run.cancelled").exists()
     refund = Run.objects.get(pk=ann["refund"])
     assert refund.status == "running" and refund.input["name"] == MARKER
-    assert ApprovalRequest.objects.get(run=refund).content["content"]["customer"] == MARKER
+    request = ApprovalRequest.objects.get(run=refund)
+    assert request.content["content"]["customer"] == MARKER
+    assert request.digest == content_digest(request.content)  # decided on what is shown now
     assert all(Run.objects.get(pk=r).status == "running" for r in world["bob"].values())
     # The tombstone and the audit entry: who, what, how much; no value.
     erasure = Erasure.objects.get(pk=body["id"])
@@ -243,6 +246,12 @@ def test_after_erasing_no_copy_is_left_and_other_people_are_untouched(org, api, 
         assert suppression(cursor, org.pk, "email", BOB["email"]) is None
     listed = api.get("/api/v1/erasures").json()["results"]
     assert [e["id"] for e in listed] == [erasure.pk]
+    # The run left to finish still can: its approval is decided, and it ends.
+    decided = api.post(f"/api/v1/approvals/{request.pk}/decide", {"decision": "approve"},
+                       format="json")  # fmt: skip
+    assert decided.status_code == 200, decided.json()
+    assert Run.objects.get(pk=ann["refund"]).status == "succeeded"
+    assert hits(ANN_TRACES) == []
 
 
 def test_a_dry_run_counts_what_erasing_would_change_and_keeps_nothing(org, api, world) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from workflows.plugins.erasure import Counts, Erasing, scrub_rows
+from workflows.plugins.erasure import Counts, Erasing, add_counts, scrub_rows
 
 from . import sql
 
@@ -16,7 +16,8 @@ def erase_timers(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
     params = erasing.params()
     counts: Counts = {}
     if erasing.run_ids:
-        counts.update(
+        add_counts(
+            counts,
             scrub_rows(
                 cursor,
                 erasing.matcher,
@@ -25,10 +26,11 @@ def erase_timers(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
                 where=sql.TIMERS_OF_RUNS,
                 params=params,
                 widen=erasing.widen,
-            )
+            ),
         )
     if erasing.org_wide:
-        counts.update(
+        add_counts(
+            counts,
             scrub_rows(
                 cursor,
                 erasing.matcher,
@@ -37,6 +39,6 @@ def erase_timers(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
                 where=sql.SCHEDULES_OF_ORG,
                 params=params,
                 widen=erasing.widen,
-            )
+            ),
         )
     return counts

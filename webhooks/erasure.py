@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from workflows.plugins.erasure import Counts, Erasing, scrub_rows
+from workflows.plugins.erasure import Counts, Erasing, add_counts, scrub_rows
 
 from . import sql
 
@@ -18,27 +18,11 @@ DELIVERY_COLUMNS = ["payload", "last_error", "last_response"]
 def erase_deliveries(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
     params = erasing.params()
     counts: Counts = {}
-    if erasing.run_ids:
-        counts.update(
-            scrub_rows(
-                cursor,
-                erasing.matcher,
-                table="webhooks_delivery",
-                columns=DELIVERY_COLUMNS,
-                where=sql.DELIVERIES_OF_RUNS,
-                params=params,
-                widen=erasing.widen,
-            )
-        )
+    wheres = [sql.DELIVERIES_OF_RUNS] if erasing.run_ids else []
     if erasing.org_wide:
-        for key, n in scrub_rows(
-            cursor,
-            erasing.matcher,
-            table="webhooks_delivery",
-            columns=DELIVERY_COLUMNS,
-            where=sql.DELIVERIES_OF_ORG,
-            params=params,
-            widen=erasing.widen,
-        ).items():
-            counts[key] = counts.get(key, 0) + n
+        wheres.append(sql.DELIVERIES_OF_ORG)
+    for where in wheres:
+        add_counts(counts, scrub_rows(cursor, erasing.matcher, table="webhooks_delivery",
+                                      columns=DELIVERY_COLUMNS, where=where, params=params,
+                                      widen=erasing.widen))  # fmt: skip
     return counts
