@@ -1,6 +1,6 @@
 """Erasing a person: see ``erase.py`` (the use case) and docs/operations.md."""
 
-from .erase import ErasureOutcome, erase_person, erasures_of
+from .erase import ErasureOutcome, erase_person
 from .subject import KINDS, Subject, subject_of
 
-__all__ = ["KINDS", "ErasureOutcome", "Subject", "erase_person", "erasures_of", "subject_of"]
+__all__ = ["KINDS", "ErasureOutcome", "Subject", "erase_person", "subject_of"]

@@ -105,11 +105,6 @@ def erase_person(
     return outcome
 
 
-def erasures_of(org: Organisation) -> Any:
-    """The organisation's tombstones, newest first."""
-    return Erasure.objects.filter(org=org)
-
-
 def _erase(cursor: Any, org: Organisation, subject: Subject, who: Actor) -> ErasureOutcome:
     found = find_person(cursor, org.pk, subject)
     previous = Erasure.objects.filter(org=org, subject_digest=subject.digest).first()

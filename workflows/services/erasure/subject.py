@@ -151,5 +151,7 @@ def value_pattern(kind: str, value: str) -> str:
         return rf"(?<![\w.+\-]){re.escape(value)}(?![\w\-]|\.\w)"
     if kind == "phone":
         return r"(?<!\d)" + _PHONE_SEPARATORS.join(re.escape(d) for d in value) + r"(?!\d)"
-    return rf"(?<!\w){re.escape(value)}(?!\w)" if value[:1].isalnum() or value[-1:].isalnum() \
-        else re.escape(value)  # fmt: skip
+    # No letter or digit joined to an end that is one ("cust-42" is not in "cust-420").
+    before = r"(?<!\w)" if value[:1].isalnum() else ""
+    after = r"(?!\w)" if value[-1:].isalnum() else ""
+    return before + re.escape(value) + after
