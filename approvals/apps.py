@@ -7,8 +7,10 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self) -> None:
         from workflows.plugins import register_step_renamer, register_sweep_task
+        from workflows.plugins.erasure import register_eraser
 
         from . import sweep, waits
+        from .erasure import erase_approvals
         from .renames import rename_requests
         from .steptypes import register_step_types
 
@@ -21,3 +23,4 @@ class ApprovalsConfig(AppConfig):
         register_sweep_task("approvals.reminders", sweep.send_reminders)
         register_sweep_task("approvals.slack_updates", sweep.update_slack)
         register_step_renamer("approvals", rename_requests)
+        register_eraser("approvals", erase_approvals)

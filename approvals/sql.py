@@ -121,3 +121,22 @@ UPDATE approvals_approvalrequest
        slack_stale = slack_messages <> '[]'::jsonb
  WHERE run_id = %(run)s AND step_id = %(step_id)s AND iteration = %(iteration)s
 """
+
+# --- erasing a person (erasure.py): conditions for workflows.plugins.erasure.scrub_rows --------
+
+REQUESTS_OF_RUNS = "org_id = %(org)s AND run_id = ANY(%(runs)s)"
+ATTEMPTS_OF_RUNS = """
+org_id = %(org)s AND approval_id IN (
+    SELECT id FROM approvals_approvalrequest WHERE org_id = %(org)s AND run_id = ANY(%(runs)s))
+"""
+INTERACTIONS_OF_RUNS = """
+approval_id IN (
+    SELECT id FROM approvals_approvalrequest WHERE org_id = %(org)s AND run_id = ANY(%(runs)s))
+"""
+ATTEMPTS_OF_ORG = "org_id = %(org)s"
+PENDING_CONTENT_OF_RUNS = """
+SELECT id, content::text AS content, digest FROM approvals_approvalrequest
+ WHERE org_id = %(org)s AND run_id = ANY(%(runs)s) AND status = 'pending'
+ ORDER BY id FOR UPDATE
+"""
+REBIND_DIGEST = "UPDATE approvals_approvalrequest SET digest = %(digest)s WHERE id = %(id)s"

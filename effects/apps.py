@@ -12,9 +12,11 @@ class EffectsConfig(AppConfig):
             register_step_renamer,
             register_sweep_task,
         )
+        from workflows.plugins.erasure import register_eraser
 
         from . import health, waits
         from .egress import tenant_ceiling
+        from .erasure import erase_effects
         from .metrics import effect_gauges
         from .renames import rename_effects
         from .reruns import settled_effects
@@ -29,3 +31,4 @@ class EffectsConfig(AppConfig):
         register_sweep_task("effects.reconcile_budgets", reconcile_budgets)
         register_step_renamer("effects", rename_effects)
         register_settled_effects("effects", settled_effects)
+        register_eraser("effects", erase_effects)

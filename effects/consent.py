@@ -7,36 +7,14 @@ email on Monday), and never for an effect already made (its stored answer stands
 
 from __future__ import annotations
 
-from email.errors import HeaderParseError
-from email.headerregistry import Address
-from email.utils import getaddresses
 from typing import Any
 
 from workflows.plugins.engine import fetch_dict
+from workflows.plugins.erasure import NotOneAddress, canonical_email, keyed_hash
 
 from . import sql
 
-
-class NotOneAddress(ValueError):
-    """What a step would send to is not exactly one well-formed email address."""
-
-
-def canonical_email(text: str) -> str:
-    """The one mailbox ``text`` names, as the suppression list stores it (``local@domain``,
-    lowercased, quotes and display name gone): ``Friend <Unsub@Victim.example>``,
-    ``<unsub@victim.example>`` and ``"unsub"@victim.example`` are all ``unsub@victim.example``,
-    the mailbox the mail server is given. Parsed as Django's mail delivery parses it, so what
-    is checked is what is sent to. Raises NotOneAddress for none, several or a malformed one."""
-    found = [(name, spec) for name, spec in getaddresses([text]) if name or spec]
-    if len(found) != 1:
-        raise NotOneAddress(f"{len(found)} addresses, not one")
-    try:
-        address = Address(addr_spec=found[0][1])
-    except (HeaderParseError, ValueError, IndexError) as exc:
-        raise NotOneAddress("not an email address") from exc
-    if not address.username or not address.domain:
-        raise NotOneAddress("not an email address")
-    return f"{address.username}@{address.domain}".lower()
+__all__ = ["NotOneAddress", "canonical_email", "erased_address", "stored_address", "suppression"]
 
 
 def stored_address(text: str) -> str:
@@ -51,9 +29,18 @@ def stored_address(text: str) -> str:
     return text.strip().lower()
 
 
+def erased_address(address: str) -> str:
+    """What the suppression list keeps of an address once its person was erased: the keyed
+    hash of the address as stored (``hmac-sha256:<hex>``, docs/operations.md, "Erasing a
+    person"). The check at send time looks for it too, so the person stays suppressed."""
+    return keyed_hash(f"suppressed:{stored_address(address)}")
+
+
 def suppression(cursor: Any, org_id: int, channel: str, address: str) -> str | None:
-    """Why ``address`` must not be contacted on ``channel``, or None when it may be."""
-    params: dict[str, Any] = {"org_id": org_id, "channel": channel, "address": address.lower()}
+    """Why ``address`` must not be contacted on ``channel``, or None when it may be: listed
+    as it is, or as its keyed hash (an erased person's address)."""
+    params: dict[str, Any] = {"org_id": org_id, "channel": channel, "address": address.lower(),
+                              "erased": erased_address(address)}  # fmt: skip
     cursor.execute(sql.SUPPRESSED, params)
     row = fetch_dict(cursor)
     return None if row is None else (row["reason"] or "suppressed")

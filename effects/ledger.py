@@ -163,6 +163,7 @@ def _claim_or_read(call: Call) -> dict[str, Any]:
     ctx = call.ctx
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         gate = _lock_connection(cursor, call)
+        _check_step_runs(cursor, ctx)
         cursor.execute(sql.LOCK_EFFECT, {"org_id": ctx.org_id, "key": call.key})
         effect = fetch_dict(cursor)
         if effect is None:
@@ -190,6 +191,19 @@ def _claim_or_read(call: Call) -> dict[str, Any]:
         # A first call, or a call again after the provider refused: through the gate.
         _pass_gate(cursor, call, gate)
         return _begin(cursor, call, effect)
+
+
+def _check_step_runs(cursor: Any, ctx: StepContext) -> None:
+    """Only the attempt that still runs claims: a run cancelled, or its person erased, since
+    this attempt began has no call begun and none of its data written again (the settle that
+    follows is fenced out too)."""
+    held = {"run_id": ctx.run_id, "step_id": ctx.step_id, "iteration": ctx.iteration,
+            "attempt": ctx.attempt}  # fmt: skip
+    cursor.execute(sql.STEP_STILL_RUNS, held)
+    if fetch_dict(cursor) is None:
+        raise StepFailure(f"effect {ctx.effect_key}: the step no longer runs (cancelled or "
+                          "taken over); nothing was called", retryable=True,
+                          error_class="step_gone")  # fmt: skip
 
 
 def _begin(cursor: Any, call: Call, effect: dict[str, Any] | None) -> dict[str, Any]:

@@ -244,7 +244,8 @@ SELECT id FROM workflows_step
 
 SUPPRESSED = """
 SELECT reason FROM effects_suppression
- WHERE org_id = %(org_id)s AND address = %(address)s AND channel IN (%(channel)s, 'any')
+ WHERE org_id = %(org_id)s AND address IN (%(address)s, %(erased)s)
+   AND channel IN (%(channel)s, 'any')
  LIMIT 1
 """
 
@@ -380,4 +381,47 @@ SELECT e.key, e.result::json AS result
   JOIN effects_effect e
     ON e.org_id = r.org_id AND e.key = r.rerun_reuse -> %(step_id)s ->> %(iteration)s
  WHERE r.id = %(run_id)s AND r.rerun_reuse IS NOT NULL AND e.state = 'settled'
+"""
+
+# --- the ledger's fence ---------------------------------------------------------------------------
+
+# An effect is claimed only by the step attempt that still runs (a run cancelled or a person
+# erased since the attempt began must not have a call begun, or their data written back):
+# share-locked, so a cancel or an erasure that holds the step waits for this claim to commit
+# (and then finds its effect) or this claim waits for it (and finds the step no longer runs).
+# Taken before the effect's row: the order an erasure takes them in (the step, then effects).
+STEP_STILL_RUNS = """
+SELECT id FROM workflows_step
+ WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND iteration = %(iteration)s
+   AND attempt = %(attempt)s AND status = 'running'
+   FOR SHARE
+"""
+
+# --- erasing a person (erasure.py) ----------------------------------------------------------------
+
+EFFECTS_OF_RUNS = "org_id = %(org)s AND run_id = ANY(%(runs)s)"
+SUPPRESSIONS_OF_ORG = "org_id = %(org)s"
+
+# An effect in flight for a run whose person is erased: the attempt calling read their data,
+# and its answer may hold it, so it can no longer record it (its token is gone); what became
+# of the call is unknown, as after a lapsed lease (a run that finishes reconciles it).
+FENCE_IN_FLIGHT = """
+UPDATE effects_effect
+   SET state = 'outcome_unknown', token = '', lease_until = NULL, updated_at = now(),
+       error = 'the person was erased while this call was under way: the call may have been made'
+ WHERE org_id = %(org)s AND run_id = ANY(%(runs)s) AND state = 'in_flight'
+RETURNING id
+"""
+
+# An erased person's suppression entries: kept, as the keyed hash of the address.
+SUPPRESSION_HASHED = """
+SELECT id FROM effects_suppression
+ WHERE org_id = %(org)s AND channel = %(channel)s AND address = %(hashed)s
+"""
+SUPPRESSION_REPLACE = "UPDATE effects_suppression SET address = %(hashed)s WHERE id = %(id)s"
+SUPPRESSION_DROP = "DELETE FROM effects_suppression WHERE id = %(id)s"
+SUPPRESSIONS_HOLDING = """
+SELECT id, channel, address FROM effects_suppression
+ WHERE org_id = %(org)s AND address ILIKE ANY(%(like)s)
+ ORDER BY id FOR UPDATE
 """

@@ -12,8 +12,10 @@ class TimersConfig(AppConfig):
             register_sweep_service,
             register_sweep_task,
         )
+        from workflows.plugins.erasure import register_eraser
 
         from . import health, waits
+        from .erasure import erase_timers
         from .metrics import timer_gauges
         from .renames import rename_timer
         from .schedules import fire_due_schedules
@@ -27,3 +29,4 @@ class TimersConfig(AppConfig):
         register_sweep_service("timers.due", TimerFiring)
         register_sweep_task("timers.schedules", fire_due_schedules, each_tick=True)
         register_step_renamer("timers", rename_timer)
+        register_eraser("timers", erase_timers)

@@ -309,3 +309,8 @@ UPDATE timers_timer
    SET step_id = %(new_step_id)s, iteration = %(new_iteration)s
  WHERE run_id = %(run)s AND step_id = %(step_id)s AND iteration = %(iteration)s
 """
+
+# --- erasing a person (erasure.py): conditions for workflows.plugins.erasure.scrub_rows --------
+
+TIMERS_OF_RUNS = "org_id = %(org)s AND run_id = ANY(%(runs)s)"
+SCHEDULES_OF_ORG = "org_id = %(org)s"

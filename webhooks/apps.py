@@ -7,9 +7,11 @@ class WebhooksConfig(AppConfig):
 
     def ready(self) -> None:
         from workflows.plugins import register_sweep_service, register_sweep_task
+        from workflows.plugins.erasure import register_eraser
         from workflows.plugins.health import register_health_check
 
         from .delivery import Sender
+        from .erasure import erase_deliveries
         from .health import CHECK, overdue
         from .services import purge_finished
 
@@ -18,3 +20,4 @@ class WebhooksConfig(AppConfig):
         register_sweep_service("webhooks.send", Sender)
         register_sweep_task("webhooks.retention", lambda by: purge_finished())
         register_health_check(CHECK, overdue)
+        register_eraser("webhooks", erase_deliveries)

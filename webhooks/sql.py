@@ -178,3 +178,8 @@ SELECT (SELECT count(*) FROM overdue) AS total, o.id, o.org_id, o.run_id, o.even
   FROM (SELECT * FROM overdue ORDER BY next_at LIMIT %(examples)s) o
  ORDER BY o.next_at
 """
+
+# --- erasing a person (erasure.py): conditions for workflows.plugins.erasure.scrub_rows --------
+
+DELIVERIES_OF_RUNS = "org_id = %(org)s AND run_id = ANY(%(runs)s)"
+DELIVERIES_OF_ORG = "org_id = %(org)s"

@@ -17,7 +17,9 @@ class WorkflowsConfig(AppConfig):
         from .engine.scrape import ENGINE_COLLECTOR, engine_gauges
         from .engine.signals import drop_old
         from .plugins import register_health_check, register_metrics_collector, register_sweep_task
+        from .plugins.erasure import register_eraser
         from .services.audit import purge_audit
+        from .services.erasure.engine_rows import erase_engine_rows
         from .steptypes import register_step_types
 
         register_step_types()
@@ -25,6 +27,7 @@ class WorkflowsConfig(AppConfig):
         register_sweep_task("workflows.retention", lambda by: purge_finished_runs())
         register_sweep_task("workflows.drop_old_signals", lambda by: drop_old())
         register_sweep_task("workflows.audit_retention", lambda by: purge_audit())
+        register_eraser("workflows", erase_engine_rows)
         for name, check in ENGINE_CHECKS.items():  # the doctor's and /readyz's own checks
             register_health_check(name, check)
         import_extra_step_modules(settings.WAYMARK.get("EXTRA_STEP_MODULES", ()))

@@ -336,3 +336,28 @@ class RerunStepIsCompensation(WaymarkError):
 
     def as_dict(self) -> dict[str, Any]:
         return {**super().as_dict(), "step": self.extra["step"]}
+
+
+# --- erasing a person (services/erasure) --------------------------------------------------------
+
+
+class InvalidPerson(InvalidInput):
+    """The person to erase is not named by exactly one well-formed email address, phone
+    number or identifier."""
+
+    code = "invalid_person"
+
+
+class UnknownPerson(NotFound):
+    code = "unknown_person"
+    default_detail = (
+        "Nothing of this organisation references this person (no run, no stored row): "
+        "nothing was changed."
+    )
+
+
+class ErasureBusy(Conflict):
+    code = "erasure_busy"
+    default_detail = (
+        "Rows of this person were held by other work for too long; nothing was changed. Try again."
+    )

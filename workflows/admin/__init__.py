@@ -2,10 +2,10 @@
 
 from django.contrib import admin
 
-from . import audit, automations, migrations, people, runs, signals, tenancy
+from . import audit, automations, erasures, migrations, people, runs, signals, tenancy
 
 admin.site.site_header = "Waymark"
 admin.site.site_title = "Waymark admin"
 admin.site.index_title = "Control room"
 
-__all__ = ["audit", "automations", "migrations", "people", "runs", "signals", "tenancy"]
+__all__ = ["audit", "automations", "erasures", "migrations", "people", "runs", "signals", "tenancy"]

@@ -7,7 +7,7 @@ from django.urls import URLPattern, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.views import APIView
 
-from . import audit, migrations, reruns, signals, views
+from . import audit, erasures, migrations, reruns, signals, views
 
 app_name = "api"
 
@@ -51,4 +51,5 @@ urlpatterns = [
     *route("signals", signals.SignalListView, "signals"),
     *route("inbound-email", signals.InboundEmailView, "inbound-email"),
     *route("audit", audit.AuditListView, "audit"),
+    *route("erasures", erasures.ErasureListView, "erasures"),
 ]

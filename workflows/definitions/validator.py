@@ -40,6 +40,7 @@ from workflows.definitions.fields import (
 )
 from workflows.definitions.fork_shapes import fork_issues
 from workflows.definitions.graph import shortest_cycle, strongly_connected_components
+from workflows.definitions.personal_data import declaration_problems
 from workflows.definitions.registry import Registry, StepType
 from workflows.definitions.registry import registry as default_registry
 from workflows.definitions.sagas import (
@@ -68,7 +69,9 @@ DEFAULT_MAX_DEFINITION_STEPS = 500
 MAX_STEPS_LIMIT = 100_000
 MAX_LOOP_STEPS_SHOWN = 12
 
-TOP_LEVEL_FIELDS = ("start", "steps", "limits", "description", "timer_spread")
+TOP_LEVEL_FIELDS = (
+    "start", "steps", "limits", "description", "timer_spread", "personal_data",
+)  # fmt: skip
 LIMIT_FIELDS = ("max_steps", "max_age")
 
 ISSUE_CODES = (
@@ -230,6 +233,10 @@ class _Validation:
                 "timer_spread",
                 'timer_spread must be a duration such as "10m", or "0s" for none',
             )
+
+        if "personal_data" in definition:
+            for code, field, message in declaration_problems(definition["personal_data"]):
+                self.top(code, field, message)
 
         steps = definition.get("steps")
         if "steps" not in definition:

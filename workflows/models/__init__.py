@@ -1,5 +1,6 @@
 from .audit import ActorKind, AuditEntry
 from .automations import Automation, AutomationVersion
+from .erasure import Erasure
 from .run_migrations import MigrationStatus, RunMigration
 from .runs import IdleWorker, Outbox, Run, RunEvent, Step, SweepLease
 from .signals import Signal
@@ -11,6 +12,7 @@ __all__ = [
     "AuditEntry",
     "Automation",
     "AutomationVersion",
+    "Erasure",
     "IdleWorker",
     "Membership",
     "MigrationStatus",

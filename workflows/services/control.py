@@ -123,6 +123,14 @@ def runs_act_bulk(
     return BulkOutcome(action, len(ids), changed, len(ids) - changed, more, dry_run=False)
 
 
+def run_cancel_locked(cursor: Any, run: RunState, actor: str) -> Outcome:
+    """Cancel ``run``, already locked by the caller's transaction (a person's erasure
+    cancels each of their runs this way): the same transition and history as ``run_act``'s
+    cancel, without its own transaction or audit entry. RunStateConflict for a run that
+    has ended."""
+    return _cancel(cursor, run, actor)
+
+
 # --- the actions (the run is locked) ---------------------------------------------------------
 
 

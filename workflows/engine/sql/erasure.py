@@ -1,0 +1,65 @@
+"""The statements of a person's erasure (workflows/services/erasure/): finding their runs,
+handing back a running step of a run that finishes without their data, and the audit log's
+narrow exception. Each app's own rows are scrubbed by its own eraser.
+"""
+
+from __future__ import annotations
+
+# The run columns a person's values may be stored in (the start key, the input, what steps
+# wrote, the outcome), as text: each candidate's are checked in Python.
+_RUN_TEXTS = ("start_key", "input::text", "vars::text", "outputs::text", "output::text", "error")
+
+
+def person_candidates(*, phones: bool) -> str:
+    """The organisation's runs whose text columns may hold one of the values: ILIKE against
+    ``%(erasure_like)s`` (and, with ``phones``, the digits of the text against
+    ``%(erasure_digits)s``). One pass over the organisation's runs (run_org_id): an erasure
+    is rare, and a value may be anywhere in a run."""
+    tests = [f"{column} ILIKE ANY(%(erasure_like)s)" for column in _RUN_TEXTS]
+    if phones:
+        tests += [
+            f"regexp_replace({column}, '[^0-9]', '', 'g') LIKE ANY(%(erasure_digits)s)"
+            for column in _RUN_TEXTS
+        ]
+    return f"""
+SELECT id, version_id, status, start_key, input::text AS input, vars::text AS vars,
+       outputs::text AS outputs, output::text AS output, error
+  FROM workflows_run
+ WHERE org_id = %(org)s AND ({" OR ".join(tests)})
+ ORDER BY id
+"""  # noqa: S608 (composed of this module's constants)
+
+
+# A run that finishes without the person's data (``on_erasure: finish``): its running steps
+# are handed back, as at a worker's shutdown (not counted against max_attempts), so the
+# attempt in flight, which read the values before they were removed, is fenced out (its
+# settle and its effect's record change nothing) and the step runs again on what is left.
+# The caller holds the run's lock.
+RELEASE_RUNNING_STEPS = """
+UPDATE workflows_step
+   SET status = 'ready', owner = NULL, lease_until = now(), release_count = release_count + 1
+ WHERE run_id = %(run)s AND status = 'running'
+RETURNING org_id, run_id, step_id, iteration, attempt, lane
+"""
+
+# The audit log's exception for an erasure (sql/functions.AUDIT_APPEND_ONLY_V2): for this
+# transaction only, entries of this organisation may have their target and detail rewritten
+# (nothing else of them, and none deleted).
+AUDIT_ERASURE_ORG = "SELECT set_config('waymark.audit_erasure_org', %(org)s::text, true)"
+
+# An erasure waits this long at most for a row another transaction holds (a worker's settle,
+# a sender's claim); past it, nothing is applied and the caller is told to try again.
+LOCK_TIMEOUT = "SET LOCAL lock_timeout = '10s'"
+
+# --- the engine's own rows (services/erasure/engine_rows.py) -----------------------------------
+# Conditions for scrub_rows (workflows.plugins.erasure), over %(org)s and %(runs)s.
+
+RUNS_ERASED = "org_id = %(org)s AND id = ANY(%(runs)s)"
+STEPS_OF_RUNS = "run_id = ANY(%(runs)s) AND org_id = %(org)s"
+EVENTS_OF_RUNS = "run_id = ANY(%(runs)s) AND org_id = %(org)s"
+# A signal a run took (consumed_by: "<run>/<step>/<iteration>") or was sent to.
+SIGNALS_OF_RUNS = (
+    "org_id = %(org)s AND (run_id = ANY(%(runs)s)"
+    " OR split_part(consumed_by, '/', 1) = ANY(%(run_texts)s::text[]))"
+)
+OF_ORG = "org_id = %(org)s"

@@ -1,0 +1,226 @@
+"""Removing a person's values from stored text and JSON: what every app's eraser uses.
+
+A ``Matcher`` recognises the values (``subject.value_pattern``: no partial address, no
+longer number). ``scrub_text`` replaces a whole text that holds one with ``MARKER``;
+``scrub_json`` does the same for every string in a JSON document, at any depth, for object
+keys too (a renamed key that would clash gets a number), and for a number whose digits are a
+value. ``scrub_rows`` applies them to the columns of an app's table: it selects the rows its
+``where`` names whose columns hold a candidate (ILIKE, a superset), scrubs them in Python and
+writes back only what changed, counting the rows per column.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...engine.sql.rows import fetch_dicts
+from .subject import like_patterns, phone_digits, value_pattern
+
+MARKER = "[erased]"
+
+
+@dataclass(frozen=True)
+class Value:
+    """One value to remove: its kind (email, phone, identifier, field) and text."""
+
+    kind: str
+    text: str
+
+
+class Matcher:
+    """Recognises any of ``values`` inside a text, a JSON number or an object key."""
+
+    def __init__(self, values: Iterable[Value]) -> None:
+        self.values = tuple(sorted(set(values), key=lambda v: (v.kind, v.text)))
+        patterns = [value_pattern(v.kind, v.text) for v in self.values]
+        self._regex = re.compile("|".join(patterns), re.IGNORECASE) if patterns else None
+        self._numbers = {phone_digits(v.text) if v.kind == "phone" else v.text.lower()
+                         for v in self.values}  # fmt: skip
+
+    def __bool__(self) -> bool:
+        return bool(self.values)
+
+    def holds(self, text: str) -> bool:
+        return self._regex is not None and self._regex.search(text) is not None
+
+    def holds_number(self, number: int | float) -> bool:
+        return str(number).lower() in self._numbers
+
+    def like_patterns(self) -> list[str]:
+        """ILIKE patterns for a column's text: every row that holds a value matches one."""
+        return like_patterns(v.text for v in self.values if v.kind != "phone")
+
+    def phone_digits(self) -> list[str]:
+        """The phone numbers' digits: a row holds one only if its digits contain them."""
+        return sorted({"%" + phone_digits(v.text) + "%" for v in self.values if v.kind == "phone"})
+
+
+def scrub_text(text: str, matcher: Matcher) -> str:
+    return MARKER if matcher.holds(text) else text
+
+
+def scrub_json(value: Any, matcher: Matcher) -> Any:
+    """``value`` with every string (or key) that holds a value replaced by ``MARKER`` and
+    every number that is one replaced too; the same object when nothing changed."""
+    if isinstance(value, str):
+        return scrub_text(value, matcher)
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int | float):
+        return MARKER if matcher.holds_number(value) else value
+    if isinstance(value, list):
+        items = [scrub_json(item, matcher) for item in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    if isinstance(value, dict):
+        return _scrub_object(value, matcher)
+    return value
+
+
+def _scrub_object(value: dict[str, Any], matcher: Matcher) -> dict[str, Any]:
+    changed = False
+    result: dict[str, Any] = {}
+    for key, item in value.items():
+        new_item = scrub_json(item, matcher)
+        new_key = key
+        if matcher.holds(key):
+            new_key, n = MARKER, 2
+            while new_key in result or (new_key in value and new_key != key):
+                new_key, n = f"{MARKER} {n}", n + 1
+        changed = changed or new_key != key or new_item is not item
+        result[new_key] = new_item
+    return result if changed else value
+
+
+# --- tables -----------------------------------------------------------------------------------
+
+JSON_TYPES = ("json", "jsonb")
+TEXT_TYPES = ("text", "character varying")
+ARRAY_TYPE = "ARRAY"
+
+Counts = dict[str, int]
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column to scrub. ``replace``: for a text column whose value must stay unique (a start
+    key, a signal's identity), what a scrubbed row gets instead of ``MARKER``, from its row."""
+
+    name: str
+    replace: Callable[[Mapping[str, Any]], str] | None = field(default=None, compare=False)
+
+
+def scrub_rows(
+    cursor: Any,
+    matcher: Matcher,
+    *,
+    table: str,
+    columns: Sequence[Column | str],
+    where: str,
+    params: Mapping[str, Any],
+    widen: Matcher | None = None,
+) -> Counts:
+    """Scrub ``columns`` of the rows of ``table`` (an app's own, with an ``id`` key) that
+    ``where`` selects (an SQL condition of the app's own, over ``params``), locking each row
+    changed. ``widen``: a row in which ``matcher`` finds a value is the person's, and loses
+    every value ``widen`` knows (their name too). Returns the rows changed per
+    ``table.column`` (only those that changed)."""
+    if not matcher:
+        return {}
+    cols = [c if isinstance(c, Column) else Column(c) for c in columns]
+    types = _column_types(cursor, table, [c.name for c in cols])
+    phones = bool(matcher.phone_digits())
+    candidate = " OR ".join(_candidate(c.name, phones=phones) for c in cols)
+    selected = ", ".join(_selected(c.name, types[c.name]) for c in cols)
+    cursor.execute(
+        f"SELECT id, {selected} FROM {table} WHERE ({where}) AND ({candidate}) "  # noqa: S608
+        "ORDER BY id FOR UPDATE",
+        {
+            **params,
+            "erasure_like": matcher.like_patterns(),
+            "erasure_digits": matcher.phone_digits(),
+        },
+    )
+    counts: Counts = {}
+    for row in fetch_dicts(cursor):
+        changes = {}
+        theirs = widen is not None and any(
+            isinstance(row[c.name], str) and matcher.holds(row[c.name]) for c in cols
+        )
+        use = widen if theirs and widen is not None else matcher
+        for col in cols:
+            new = _scrubbed(row, col, types[col.name], use)
+            if new is not _SAME:
+                changes[col.name] = new
+                key = f"{table}.{col.name}"
+                counts[key] = counts.get(key, 0) + 1
+        if changes:
+            assignments = ", ".join(
+                f"{name} = %({name})s::jsonb"
+                if types[name] in JSON_TYPES
+                else f"{name} = %({name})s"
+                for name in changes
+            )
+            cursor.execute(
+                f"UPDATE {table} SET {assignments} WHERE id = %(id)s",  # noqa: S608
+                {**changes, "id": row["id"]},
+            )
+    return counts
+
+
+_SAME = object()
+
+
+def _scrubbed(row: Mapping[str, Any], col: Column, kind: str, matcher: Matcher) -> Any:
+    value = row[col.name]
+    if value is None:
+        return _SAME
+    if kind in JSON_TYPES:
+        document = json.loads(value)
+        new = scrub_json(document, matcher)
+        return _SAME if new is document else json.dumps(new, ensure_ascii=False)
+    if kind == ARRAY_TYPE:
+        items = [scrub_text(item, matcher) if isinstance(item, str) else item for item in value]
+        return _SAME if items == value else items
+    if not matcher.holds(value):
+        return _SAME
+    return col.replace(row) if col.replace is not None else MARKER
+
+
+def _selected(name: str, kind: str) -> str:
+    return f"{name}::text AS {name}" if kind in JSON_TYPES else name
+
+
+def _candidate(name: str, *, phones: bool) -> str:
+    """True for a row whose column may hold a value: a superset the matcher narrows (a phone
+    number's digits, written with any separators, are found among the text's digits)."""
+    found = f"{name}::text ILIKE ANY(%(erasure_like)s)"
+    if phones:
+        found += f" OR regexp_replace({name}::text, '[^0-9]', '', 'g') LIKE ANY(%(erasure_digits)s)"
+    return f"({found})"
+
+
+def _column_types(cursor: Any, table: str, names: list[str]) -> dict[str, str]:
+    cursor.execute(
+        "SELECT column_name, data_type FROM information_schema.columns"
+        " WHERE table_schema = current_schema() AND table_name = %(table)s"
+        " AND column_name = ANY(%(names)s)",
+        {"table": table, "names": names},
+    )
+    types = {row["column_name"]: row["data_type"] for row in fetch_dicts(cursor)}
+    missing = sorted(set(names) - set(types))
+    if missing:
+        raise LookupError(f"{table} has no column(s) {', '.join(missing)}")
+    for name, kind in types.items():
+        if kind not in (*JSON_TYPES, *TEXT_TYPES, ARRAY_TYPE):
+            raise TypeError(f"{table}.{name} is {kind}: only text, JSON and text arrays scrub")
+    return types
+
+
+def add_counts(total: Counts, more: Mapping[str, int]) -> Counts:
+    for key, n in more.items():
+        total[key] = total.get(key, 0) + n
+    return total
