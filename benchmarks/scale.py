@@ -25,16 +25,19 @@ In its own database (waymark_bench_scale), in four parts:
    own statements meet the rows they meet in production. Then VACUUM ANALYZE (as autovacuum
    would have by then), and part 1 again: the side-by-side table (figure, empty, full,
    ratio) and the plans of the claim, the due query and the late signal matching.
-   ``--keep``: reuse a database filled by an earlier call (and its empty figures, kept in
-   the temporary directory).
+   ``--keep``: reuse a database filled by an earlier call, against the empty figures the
+   last call that measured them saved in the temporary directory (a call on another,
+   empty database with ``--runs 0 --timers 0 --signals 0 --soak-minutes 0`` just before
+   takes them at the same load).
 3. **Sizes**: each table's and index's size, whole and per 100,000 runs, the hot tables'
    live and dead tuples and last (auto)vacuum, and the autovacuum settings (the server's
    and each hot table's own).
 4. **Soak**: ``manage.py runengine --no-web`` beside a thread starting ``--soak-rate`` runs a
    second (noop, a wait of 2 s, noop) for ``--soak-minutes``; every engine process's resident
    memory sampled every ``--sample-seconds`` (by its WAYMARK_PROCESS_ROLE), printed as first,
-   last, max and slope (MB per hour, least squares) per process; then the hot tables' dead
-   tuples and autovacuum counts again (what the churn left).
+   at two minutes, last, max and slope (MB per hour, least squares), over the whole soak and
+   from two minutes on (after its warm-up: the slope a leak shows in), per process; then the
+   hot tables' dead tuples and autovacuum counts again (what the churn left).
 
 Prints; asserts nothing, but exits non-zero when a run started in a measurement or in the
 soak does not finish or does not succeed.
@@ -96,6 +99,7 @@ SOAK = {"start": "a", "steps": [
 DEFINITIONS = {"three": THREE_IO, "timer": WAIT_30D, "signal": SIGNAL_WAIT_DEFINITION,
                "soak": SOAK}  # fmt: skip
 PROBLEMS: list[str] = []
+WARM_UP_SECONDS = 120
 
 
 def execute(statement: str, params: dict[str, Any] | None = None) -> list[tuple]:
@@ -614,11 +618,17 @@ def soak(org: Organisation, args: argparse.Namespace) -> None:
         runengine.wait(timeout=60)
     check(ids, "the soak")
     heading("soak: resident memory per engine process (MB)")
-    print(f"  {'process':<34} {'first':>8} {'last':>8} {'max':>8} {'slope MB/h':>11} samples")
+    # A process grows while it warms up (imports, caches, its first batches): the slope from
+    # WARM_UP_SECONDS on is the one a leak shows in.
+    print(f"  {'process':<34} {'first':>8} {f'at {WARM_UP_SECONDS // 60} min':>8} {'last':>8}"
+          f" {'max':>8} {'slope MB/h':>11} {'after warm-up':>14} samples")  # fmt: skip
     for (pid, role), samples in sorted(memory.items(), key=lambda item: item[0][1]):
         rss = [m for _, m in samples]
-        print(f"  {role + ' (' + str(pid) + ')':<34} {rss[0]:8.1f} {rss[-1]:8.1f} "
-              f"{max(rss):8.1f} {slope_mb_per_hour(samples):11.1f} {len(rss):7}")  # fmt: skip
+        warm = [(t, m) for t, m in samples if t >= WARM_UP_SECONDS]
+        print(f"  {role + ' (' + str(pid) + ')':<34} {rss[0]:8.1f} "
+              f"{warm[0][1] if warm else float('nan'):8.1f} {rss[-1]:8.1f} {max(rss):8.1f} "
+              f"{slope_mb_per_hour(samples):11.1f} {slope_mb_per_hour(warm):14.1f} "
+              f"{len(rss):7}")  # fmt: skip
     after = vacuum_state("after the soak: the hot tables")
     for name, row in after.items():
         done = row[5] - before[name][5] if name in before else row[5]
