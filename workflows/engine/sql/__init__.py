@@ -1246,7 +1246,11 @@ SELECT id, payload::json AS payload, identity
 # to the step's run, by the run (signal_pending_run). Each probe reads only the signals of
 # that exact key, so signals nobody waits for cost nothing however many there are. ("k.id +
 # 0": the planner must not walk the signals' primary key in order, filtering, to find the
-# oldest: that is every pending signal of every organisation.)
+# oldest: that is every pending signal of every organisation.) While no signal is pending at
+# all, the usual case, it reads no wait: the oldest pending signal is one probe of
+# signal_pending_age (min(): not EXISTS, which the planner may answer by a sequential scan),
+# checked once before the waits are read (without it, 100,000 runs waiting for a signal cost every
+# sweep tick 100,000 probes, 2.9 s; benchmarks/scale.py).
 SIGNALS_MATCHED_LATE = """
 SELECT g.id, g.org_id, g.name, g.correlation, g.correlations, g.run_id, g.identity,
        g.payload::json AS payload
@@ -1271,7 +1275,9 @@ SELECT g.id, g.org_id, g.name, g.correlation, g.correlations, g.run_id, g.identi
                 LIMIT 1)
         ) m
         WHERE s.status = 'waiting' AND s.wait_kind = 'external'
-          AND s.wait_detail->>'signal' IS NOT NULL)
+          AND s.wait_detail->>'signal' IS NOT NULL
+          AND (SELECT min(p.received_at) FROM workflows_signal p
+                WHERE p.consumed_at IS NULL AND p.dropped_at IS NULL) IS NOT NULL)
  ORDER BY g.id
  LIMIT %(n)s
 """
