@@ -10,6 +10,8 @@ import pytest
 from approvals.models import ApprovalRequest
 from workflows.engine.waits import fire_due_deadlines
 from workflows.models import Run, RunEvent, Signal, Step
+from workflows.services.automations import automation_publish_definition
+from workflows.services.runs import run_start
 
 from .processes import running, spawn, spawn_worker, stop, wait_for
 from .test_approvals_setup import open_request, pass_deadline
@@ -98,3 +100,27 @@ def test_a_worker_killed_after_the_deadline_decided_the_request_settles_it_once(
     ask = RunEvent.objects.filter(run_id=run.pk, step_id="ask", kind="step.succeeded")
     assert ask.count() == 1
     assert ApprovalRequest.objects.filter(run_id=run.pk).count() == 1
+
+
+def test_a_worker_killed_after_its_claim_leaves_the_step_to_a_suspects_only_worker(org):
+    """The claim committed, the executor never ran: nothing but the claim exists, and once
+    its lease lapses the suspects-only worker runs the step (alone), and the run ends."""
+    automation_publish_definition(org=org, slug="two", definition={
+        "start": "a",
+        "steps": [{"id": "a", "type": "noop", "next": "done"}, {"id": "done", "type": "end"}],
+    })  # fmt: skip
+    run_id = run_start(org=org, automation_slug="two", run_input={}, start_key="k").run_id
+    doomed = spawn_worker(concurrency=1, WAYMARK_CRASH_AT="worker.after_claim",
+                          WAYMARK_IO_LEASE_SECONDS="1")  # fmt: skip
+    with running(doomed):
+        assert doomed.wait(timeout=120) == CRASHED
+    a = Step.objects.get(run_id=run_id, step_id="a")
+    assert (a.status, a.attempt) == ("running", 1)
+    assert not events(run_id, "step.succeeded")
+    heir = spawn("worker", "--lane", "io", "--suspects-only", WAYMARK_IO_LEASE_SECONDS="1")
+    with running(heir):
+        run = wait_for(lambda: ended(run_id), what="the run to end")
+        stop(heir)
+    assert run.status == "succeeded"
+    assert Step.objects.get(run_id=run_id, step_id="a").attempt == 2
+    assert events(run_id, "step.succeeded") == ["step.succeeded"] * 2  # a, done
