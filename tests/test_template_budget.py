@@ -427,3 +427,20 @@ def test_no_free_renderer_is_a_retryable_failure(settings: Settings) -> None:
     finally:
         pool._checkin(held, True)
     assert render_template(costly, context(l=[1, 2])) == "12"  # and renders once one is free
+
+
+def test_a_rendering_child_whose_parent_is_gone_ends_quietly() -> None:
+    """Its parent killed (a chaos run's SIGKILL), the child's answer meets a closed pipe: it
+    ends with status 0 and writes no traceback into the engine's log."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [sys.executable, "-I", "-c", sandbox._CHILD_CODE, sandbox._ROOT, "0"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert child.stdout is not None
+    child.stdout.close()  # as the parent's end is closed when it dies, before the "ready"
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err.decode(errors="replace")
+    assert b"Traceback" not in err, err.decode(errors="replace")

@@ -633,7 +633,17 @@ def _serve(request: dict[str, Any]) -> Any:
 
 
 def child_main() -> None:  # pragma: no cover - runs in the child process
-    """The rendering child: answers one JSON request at a time until its stdin closes."""
+    """The rendering child: answers one JSON request at a time until its stdin closes, or
+    until its parent is gone: a parent killed (SIGKILL, a crash) closes the pipe, and the
+    child's next answer meets a broken pipe. Nobody is left to answer, so it ends quietly
+    (``os._exit``: no traceback in the engine's log, no flush of what cannot be sent)."""
+    try:
+        _child_loop()
+    except BrokenPipeError:
+        os._exit(0)
+
+
+def _child_loop() -> None:  # pragma: no cover - runs in the child process
     from workflows.definitions import rendering  # imported before the memory limit
 
     rendering.render_template_here("{{ input }}", {"input": 1})  # warm Jinja up
