@@ -444,3 +444,20 @@ def test_a_rendering_child_whose_parent_is_gone_ends_quietly() -> None:
     _, err = child.communicate(timeout=120)
     assert child.returncode == 0, err.decode(errors="replace")
     assert b"Traceback" not in err, err.decode(errors="replace")
+
+
+def test_a_renderer_that_cannot_start_in_time_is_a_retryable_failure(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a machine too loaded to start a Python process within the wait (found by the chaos
+    run: four runs failed for good after a restart), the step is retried, not failed: no
+    template was sent yet."""
+    monkeypatch.setattr(sandbox, "_POOL", sandbox.RenderPool())  # none idle: one is started
+    settings.WAYMARK = {**settings.WAYMARK, "TEMPLATE_WAIT_SECONDS": 0.001,
+                        "TEMPLATE_CPU_SECONDS": 0.001}  # fmt: skip
+    costly = "{% for x in input.l %}{{ x }}{% endfor %}"
+    error, _ = bounded(lambda: render_template(costly, context(l=[1, 2])))
+    assert (error.code, error.retryable) == ("renderer_busy", True)
+    with pytest.raises(StepFailure) as failure:
+        steptypes.render({"v": costly}, context(l=[1, 2]))
+    assert failure.value.retryable

@@ -715,7 +715,13 @@ class _Child:
         ready = self._receive(deadline)
         if ready is None or not ready.get("ready"):
             self.kill()
-            raise _limit_error("the template renderer could not be started")
+            # No template has been sent yet: a machine too loaded to start a Python process
+            # in time (or this process stopped meanwhile) is not the template's fault, so a
+            # worker's step is retried, as when no renderer is free.
+            raise ExpressionError(
+                "no template renderer could be started in time", code="renderer_busy",
+                retryable=True,
+            )  # fmt: skip
 
     def alive(self) -> bool:
         return self.proc.poll() is None
