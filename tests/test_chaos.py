@@ -25,14 +25,13 @@ from .chaos import (
     CALL_TIMEOUT_SECONDS,
     Load,
     Pool,
-    Report,
     Tally,
-    check,
     drain,
     draw_automations,
     roles,
     run_chaos,
 )
+from .chaos_checks import Report, check
 from .engine_harness import Engine, make_harness, stub_servers
 
 pytestmark = pytest.mark.django_db(transaction=True)
