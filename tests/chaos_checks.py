@@ -25,6 +25,7 @@ class Report:
     violations: list[str] = field(default_factory=list)
     runs: Counter[str] = field(default_factory=Counter)  # kind/status: how many
     parked: Counter[str] = field(default_factory=Counter)  # provider: runs parked for review
+    parked_why: list[str] = field(default_factory=list)  # run: the reasons, as the effects say
     steps: int = 0
     effects: int = 0  # effects made (settled), all providers
     model_repeats: int = 0  # model calls beyond one per entry (no key: repeated by design)
@@ -45,6 +46,7 @@ def check(load: Load, pool: Pool, *, minutes: float, floor: float) -> Report:
         reason = "" if run.status in FINAL else parked_reason(run_id)
         report.runs[f"{started.kind}/{run.status if not reason else 'parked'}"] += 1
         if reason:
+            report.parked_why.append(f"run {run_id} ({started.kind}): {reason[:300]}")
             for effect in Effect.objects.filter(run_id=run_id, state="needs_review"):
                 report.parked[effect.provider] += 1
             continue

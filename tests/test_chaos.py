@@ -73,7 +73,7 @@ def summary(chosen: int, report: Report, tally: Tally, minutes: float) -> str:
             f"crash points hit {dict(tally.crash_hits)} (armed, not reached: "
             f"{dict(tally.crash_missed)}), parked {dict(report.parked)}, "
             f"outcome_unknown {report.outcome_unknown_seen}, "
-            f"violations {len(report.violations)}")  # fmt: skip
+            f"violations {len(report.violations)}; parked: {report.parked_why}")  # fmt: skip
 
 
 def record(chosen: int, report: Report, tally: Tally, minutes: float) -> None:
