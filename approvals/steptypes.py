@@ -60,7 +60,7 @@ from workflows.plugins import (
     render,
 )
 from workflows.plugins.definitions import check_template, has_unstorable, parse_duration
-from workflows.plugins.engine import database_now
+from workflows.plugins.engine import crash_point, database_now
 
 from . import sql
 
@@ -292,8 +292,10 @@ def _execute(
     if approval is None:
         approval = _open(step, context, ctx, kind, step_pk, series)
     if approval.status in (RequestStatus.APPROVED, RequestStatus.REJECTED, RequestStatus.SUBMITTED):
+        crash_point("approval.after_decision")  # decided and read, the step not settled
         return StepResult(output=output_of(approval), outcome=str(approval.status))
     if approval.status == RequestStatus.EXPIRED:
+        crash_point("approval.after_decision")  # expired (committed), the step not settled
         return timeout_result(approval)
     if approval.status == RequestStatus.CANCELLED:
         raise StepFailure(f"{kind} {approval.pk} was closed", retryable=False)

@@ -18,7 +18,14 @@ import logging
 
 from django.db import connection, transaction
 
-from workflows.plugins.engine import StepStatus, Wake, database_now, fetch_dicts, wake_step
+from workflows.plugins.engine import (
+    StepStatus,
+    Wake,
+    crash_point,
+    database_now,
+    fetch_dicts,
+    wake_step,
+)
 
 from . import sql
 from .models import ApprovalRequest, RequestStatus
@@ -66,6 +73,7 @@ def wake_decided(by: str = "sweep") -> int:
                         continue
                     woken += 1
                 ApprovalRequest.objects.filter(pk=approval_id).update(wake_owed=False)
+                crash_point("approval.after_decision")  # woken with it, not committed
         except Exception:
             logger.exception("waking the step of approval %s failed", approval_id)
     return woken + close_orphans(by)

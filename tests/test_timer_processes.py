@@ -33,12 +33,14 @@ def many(org, n: int) -> list[int]:
     return runs
 
 
-def test_a_sweeper_killed_mid_batch_fires_nothing_and_the_next_fires_each_once(org):
+@pytest.mark.parametrize("crash_at", ["timers.after_claim", "timers.before_batch_commit"])
+def test_a_sweeper_killed_mid_batch_fires_nothing_and_the_next_fires_each_once(org, crash_at):
     runs = many(org, 300)
-    doomed = sweeper(WAYMARK_CRASH_AT="timers.before_batch_commit")
+    doomed = sweeper(WAYMARK_CRASH_AT=crash_at)
     with running(doomed):
         assert doomed.wait(timeout=60) == 137
-    # Its batch had woken steps and walked runs on, then died before the commit: all undone.
+    # Its batch had claimed its timers (and, before the commit, woken steps and walked runs
+    # on), then died: all undone.
     assert not all_fired(runs) and not fired_events(runs)
     assert Run.objects.filter(pk__in=runs, status="running").count() == 300
     heir = sweeper()

@@ -143,6 +143,7 @@ def _fire_batch(*, by: str, batch: int, where: dict[str, int], alone: bool) -> B
         due = cast(list[sql.DueTimerRow], query_prepared(cursor, sql.DUE_BATCH, params))
         if not due:
             return Batch(0, 0, [])
+        crash_point("timers.after_claim")  # the batch's timers locked, none fired yet
         next_due_at = _due_at(due[0]["next_seconds"])
         # A timer whose zone comes from the run's data, and that data changed: moved, not
         # fired at the old zone's time (recompute.py); its new instant may come first.

@@ -633,7 +633,17 @@ def _serve(request: dict[str, Any]) -> Any:
 
 
 def child_main() -> None:  # pragma: no cover - runs in the child process
-    """The rendering child: answers one JSON request at a time until its stdin closes."""
+    """The rendering child: answers one JSON request at a time until its stdin closes, or
+    until its parent is gone: a parent killed (SIGKILL, a crash) closes the pipe, and the
+    child's next answer meets a broken pipe. Nobody is left to answer, so it ends quietly
+    (``os._exit``: no traceback in the engine's log, no flush of what cannot be sent)."""
+    try:
+        _child_loop()
+    except BrokenPipeError:
+        os._exit(0)
+
+
+def _child_loop() -> None:  # pragma: no cover - runs in the child process
     from workflows.definitions import rendering  # imported before the memory limit
 
     rendering.render_template_here("{{ input }}", {"input": 1})  # warm Jinja up
@@ -705,7 +715,13 @@ class _Child:
         ready = self._receive(deadline)
         if ready is None or not ready.get("ready"):
             self.kill()
-            raise _limit_error("the template renderer could not be started")
+            # No template has been sent yet: a machine too loaded to start a Python process
+            # in time (or this process stopped meanwhile) is not the template's fault, so a
+            # worker's step is retried, as when no renderer is free.
+            raise ExpressionError(
+                "no template renderer could be started in time", code="renderer_busy",
+                retryable=True,
+            )  # fmt: skip
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -27,6 +27,7 @@ from django.db import connection, transaction
 
 from ..definitions.validator import canonical_json
 from . import sql
+from .faults import crash_point
 from .lanes import engine_setting
 from .sql.rows import fetch_dict, fetch_dicts, json_or_null
 from .waits import Wake, wake_step
@@ -142,6 +143,7 @@ def _wake_a_waiter_late(signal: dict[str, Any]) -> str:
             if cursor.fetchone() is None:
                 return ""  # consumed meanwhile (a wait took it as it entered)
             if wake_step(step_pk=waiter["id"], wake=_wake(signal), run_id=waiter["run_id"]):
+                crash_point("signal.after_consume")  # consumed and woken, not committed
                 return taker
             transaction.set_rollback(True)  # that step stopped waiting: try the next
     return ""
@@ -173,7 +175,10 @@ def take_pending(
     if signal is None:
         return None
     cursor.execute(sql.SIGNAL_CONSUMED, {"id": signal["id"], "by": taker})
-    return signal if cursor.fetchone() is not None else None
+    consumed = cursor.fetchone() is not None
+    if consumed:
+        crash_point("signal.after_consume")  # in the walk's transaction, not committed
+    return signal if consumed else None
 
 
 def match_late(*, limit: int = 200) -> int:
