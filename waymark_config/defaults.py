@@ -104,6 +104,7 @@ SPECTACULAR_SETTINGS = {
         "RunStatusEnum": "workflows.states.RunStatus",
         "StepStatusEnum": "workflows.states.StepStatus",
         "RunMigrationStatusEnum": "workflows.models.run_migrations.MigrationStatus",
+        "ActionEnum": "workflows.services.control.ACTIONS",
     },
 }
 
