@@ -18,8 +18,6 @@ embedded PostgreSQL of its own under --data, default settings:
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import sys
 import threading
@@ -30,9 +28,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from machine import (  # noqa: E402
-    commit_limit,
+    arguments,
     fresh_server,
     load_average,
+    measure,
     percentile,
     server_commits,
 )
@@ -202,26 +201,10 @@ class Side:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data", type=Path, required=True)
-    parser.add_argument("--runs", type=int, default=1000)
-    parser.add_argument("--serial", type=int, default=200)
-    parser.add_argument("--sleepers", type=int, default=1000)
-    args = parser.parse_args()
-    out: dict[str, Any] = {"engine": "dbos", "load_before": load_average(), "rows": []}
+    args = arguments()
+    load_before = load_average()
     side = Side(args.data)
-    try:
-        out["commit_limit_1"] = round(commit_limit(side.uri, 1))
-        out["commit_limit_8"] = round(commit_limit(side.uri, 8))
-        for steps in (3, 10):
-            for mode in ("drain", "e2e"):
-                out["rows"].append(side.chain(steps, mode, args.runs))
-        out["rows"].append(side.serial(args.serial))
-        out["rows"].append(side.sleep(args.sleepers))
-        out["rows"].append(side.starts(args.runs))
-    finally:
-        side.dbos.destroy()
-    print(json.dumps(out))
+    measure("dbos", side, args, load_before, close=side.dbos.destroy)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@ venv), so the two are held to one yardstick."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +88,37 @@ def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     k = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
     return round(ordered[k], 2)
+
+
+def arguments() -> argparse.Namespace:
+    """The options both sides take from run.py."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--serial", type=int, default=200)
+    parser.add_argument("--sleepers", type=int, default=1000)
+    return parser.parse_args()
+
+
+def measure(
+    engine: str,
+    side: Any,
+    args: argparse.Namespace,
+    load_before: float,
+    close: Callable[[], None],
+) -> None:
+    """Run every work on ``side`` (the same methods on both engines), in the same order,
+    then ``close`` it; print one JSON object for run.py."""
+    out: dict[str, Any] = {"engine": engine, "load_before": load_before, "rows": []}
+    try:
+        out["commit_limit_1"] = round(commit_limit(side.uri, 1))
+        out["commit_limit_8"] = round(commit_limit(side.uri, 8))
+        for steps in (3, 10):
+            for mode in ("drain", "e2e"):
+                out["rows"].append(side.chain(steps, mode, args.runs))
+        out["rows"].append(side.serial(args.serial))
+        out["rows"].append(side.sleep(args.sleepers))
+        out["rows"].append(side.starts(args.runs))
+    finally:
+        close()
+    print(json.dumps(out))

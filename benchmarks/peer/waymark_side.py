@@ -18,8 +18,6 @@ and measures:
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import signal
 import subprocess
@@ -31,7 +29,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
-from machine import commit_limit, load_average, percentile, server_commits  # noqa: E402
+from machine import arguments, load_average, measure, percentile, server_commits  # noqa: E402
 
 DATABASE = "waymark_peer"
 
@@ -257,24 +255,10 @@ class Side:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data", type=Path, required=True)
-    parser.add_argument("--runs", type=int, default=1000)
-    parser.add_argument("--serial", type=int, default=200)
-    parser.add_argument("--sleepers", type=int, default=1000)
-    args = parser.parse_args()
+    args = arguments()
     side = Side(args.data)
-    out: dict[str, Any] = {"engine": "waymark", "load_before": load_average(), "rows": []}
-    try:
-        out["commit_limit_1"] = round(commit_limit(side.uri, 1))
-        out["commit_limit_8"] = round(commit_limit(side.uri, 8))
-        for steps in (3, 10):
-            for mode in ("drain", "e2e"):
-                out["rows"].append(side.chain(steps, mode, args.runs))
-        out["rows"].append(side.serial(args.serial))
-        out["rows"].append(side.sleep(args.sleepers))
-        out["rows"].append(side.starts(args.runs))
-    finally:
+
+    def close() -> None:
         side.stop_engine()
         from django.db import connection
 
@@ -286,7 +270,8 @@ def main() -> None:
             capture_output=True,
             check=False,
         )
-    print(json.dumps(out))
+
+    measure("waymark", side, args, load_average(), close=close)
 
 
 if __name__ == "__main__":
