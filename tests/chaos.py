@@ -32,7 +32,6 @@ database, the stubs and the logs, and lists every violated invariant (docs/opera
 from __future__ import annotations
 
 import itertools
-import os
 import random
 import signal
 import subprocess
@@ -76,13 +75,6 @@ CHAOS_ENV = {
     # Every kill loses answers; five on one connection in a row would open its circuit for
     # the cool-down (the breaker has its own tests).
     "WAYMARK_EFFECTS_CIRCUIT_FAILURES": "100000",
-    # A freshly started process starts its template renderers on first use; with the default
-    # 10 s, a loaded machine (or a SIGSTOP while one starts) fails that rendering with
-    # renderer_busy, and a quick step rendered in the walk then fails its run for good: an
-    # open issue the chaos run found (docs/operations.md, "Chaos runs"). Kept out of the way
-    # here so the run looks for other faults; set WAYMARK_TEMPLATE_WAIT_SECONDS=10 in the
-    # test's environment to see it.
-    "WAYMARK_TEMPLATE_WAIT_SECONDS": os.environ.get("WAYMARK_TEMPLATE_WAIT_SECONDS", "60"),
 }
 CALL_TIMEOUT_SECONDS = 5.0  # the connections' (an effect's lease: this + the margin above)
 

@@ -43,7 +43,7 @@ from .sql.rows import (
 )
 from .transport import own_connection
 from .waits import Wake, wake_step
-from .walk import TakeNext, Walk, lock_run, run_state
+from .walk import ContinuationAttempt, TakeNext, Walk, lock_run, run_state
 
 logger = logging.getLogger(__name__)
 
@@ -418,6 +418,7 @@ def settle_continuation(step: ClaimedStep, *, worker: str) -> bool:
             return False
         walk.event("walk.continued", step.step_id, iteration=step.iteration,
                    attempt=step.attempt, detail={"enter": pending})  # fmt: skip
+        walk.continuation = ContinuationAttempt(step.attempts_used, step.max_attempts)
         if not walk.finished:
             walk.dirty = True
             walk.enter_entries(Entry.from_json(entry) for entry in pending)

@@ -106,6 +106,29 @@ class TakeNext:
                 "after_org": self.after_org}  # fmt: skip
 
 
+class QuickStepRetry(Exception):
+    """A quick step failed retryably (no template renderer was free in time, say) in a
+    continuation's walk with attempts left: the worker retries the continuation after its
+    lane's backoff, the walk's writes rolled back with the transaction."""
+
+    def __init__(self, failure: StepFailure) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+@dataclass(frozen=True)
+class ContinuationAttempt:
+    """The continuation attempt a walk runs in (settle_continuation): whether a quick step's
+    retryable failure may still be retried, or fails the step for good."""
+
+    attempts_used: int
+    max_attempts: int
+
+    @property
+    def last(self) -> bool:
+        return self.attempts_used >= self.max_attempts
+
+
 @dataclass(frozen=True)
 class Taken:
     step_id: str
@@ -174,6 +197,7 @@ class Walk:
         self.forks = Forks(self)
         self.draining = False
         self.speculative = speculative
+        self.continuation: ContinuationAttempt | None = None  # set by settle_continuation
         # Inline work is bounded per transaction: past either limit, the rest is continued
         # by a worker from a continuation row, so no definition can make a start request or
         # a settle hold the run's lock for long.
@@ -461,6 +485,8 @@ class Walk:
         try:
             result = executor_for(step_type.name)(step, context, ctx)
         except StepFailure as exc:
+            if exc.retryable and self._retry_later(entry, iteration, exc):
+                return
             self.add_step(
                 step_id, iteration, step_type.name, "inline", StepStatus.FAILED,
                 attempt=1, error=str(exc), place=place,
@@ -488,6 +514,28 @@ class Walk:
         )  # fmt: skip
         self.event("step.succeeded", step_id, iteration=iteration, attempt=1)
         self.step_succeeded(step_id, result, place)
+
+    def _retry_later(self, entry: Entry, iteration: int, failure: StepFailure) -> bool:
+        """A quick step failed, but not for good (no template renderer was free in time:
+        not the step's fault): hand it to a worker that tries it again, under the
+        continuation lane's attempts and backoff, instead of failing the run now. False on
+        the last attempt: the step then fails for good like any other."""
+        if self.speculative:
+            raise NeedsTransaction("a quick step to try again")
+        if self.continuation is not None:
+            if self.continuation.last:
+                return False
+            raise QuickStepRetry(failure)
+        # Not entered after all: the continuation's walk enters it again, as this iteration.
+        self.run.entered[entry.step_id] = iteration - 1
+        self.changed_entered[entry.step_id] = iteration - 1
+        self.run.steps_executed -= 1
+        self.inline_left += 1
+        self.event("step.retry_later", entry.step_id, iteration=iteration,
+                   detail={"error": str(failure)})  # fmt: skip
+        self.queue.appendleft(entry)
+        self._continue_later()
+        return True
 
     def _take(
         self,

@@ -55,7 +55,7 @@ from .steps import (
 )
 from .stop_signals import on_stop_signal
 from .transport import Transport, default_transport, own_connection
-from .walk import TakeNext
+from .walk import QuickStepRetry, TakeNext
 
 logger = logging.getLogger(__name__)
 
@@ -428,7 +428,11 @@ class Worker:
             return None
         if step.is_continuation:
             # Walk on from where an earlier walk stopped: no executor, just the settle.
-            continued = self._settle(step, lambda: settle_continuation(step, worker=self.name))
+            try:
+                continued = self._settle(step, lambda: settle_continuation(step, worker=self.name))
+            except QuickStepRetry as retry:  # its walk rolled back: try again after backoff
+                self._fail(step, retry.failure)
+                return None
             _count_settle(step, continued, "continued")
             return None
         crash_point("worker.after_claim")
@@ -531,6 +535,8 @@ class Worker:
                 logger.warning("settle of step %s failed (try %s); retrying", step.id, attempt)
                 connection.close()
                 time.sleep(0.05 * attempt)
+            except QuickStepRetry:
+                raise
             except Exception as exc:
                 logger.exception("the walk failed for step %s attempt %s", step.id, step.attempt)
                 if fail_step_and_run(step, f"engine_error: {type(exc).__name__}: {exc}",
