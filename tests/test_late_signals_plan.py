@@ -5,6 +5,7 @@ make it pass or fail (benchmarks/late_signals.py prints the times)."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from django.db import connection
 from django.db.models.functions import Now
 
 from workflows.engine import sql
-from workflows.engine.signals import match_late
+from workflows.engine.signals import LateMatching, match_late
 from workflows.models import Run, Signal
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
@@ -144,3 +145,89 @@ def test_a_wait_looks_up_only_the_signals_of_its_own_key() -> None:
     run_id = run_start(org=org, automation_slug="waits", run_input={"order": "o-1"},
                        start_key="late").run_id  # fmt: skip
     assert Run.objects.get(pk=run_id).status == "succeeded"  # it took the one sent first
+
+
+def explain_since(since: Any) -> dict[str, Any]:
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE workflows_step")
+        cursor.execute("ANALYZE workflows_signal")
+        cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql.SIGNALS_MATCHED_SINCE}",
+                       {"n": 200, "since": since})  # fmt: skip
+        plan = cursor.fetchone()[0]
+    return (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+
+
+def test_between_full_passes_a_tick_reads_the_recent_signals_not_every_wait(org) -> None:
+    """Runs waiting for signals while old signals nobody waits for stay pending (the usual
+    state of a deployment that keeps unmatched signals for days): after the sweeper's first,
+    full pass, a tick reads the signals received since, not the waits (one probe per wait
+    each tick: 100,000 waits cost a tick 2.9 s in benchmarks/scale.py)."""
+    automation_publish_definition(org=org, slug="waits", definition=SIGNAL_WAIT_DEFINITION)
+    runs = [run_start(org=org, automation_slug="waits", run_input={"order": f"o-{n}"}).run_id
+            for n in range(WAITS)]  # fmt: skip
+    pending_signals(org.pk, NOBODY_WAITS // 4, "nobody-")
+    Signal.objects.filter(org=org).update(received_at=Now() - timedelta(hours=6))
+
+    late = LateMatching()
+    assert late.run() == 0  # the first pass is full: it reads every wait, matches none
+    assert late.since is not None
+
+    root = explain_since(late.since)
+    steps, signals = step_nodes(root), signal_nodes(root)
+    assert signals and all(n["Node Type"] != "Seq Scan" for n in signals), signals
+    assert sum(visited(n) for n in steps) == 0, [(n["Node Type"], visited(n)) for n in steps]
+    assert sum(visited(n) for n in signals) <= 2, [(n["Node Type"], visited(n)) for n in signals]
+
+    # A signal and the wait of runs[3] that committed together and missed each other.
+    pending_signals(org.pk, 1, "o-")
+    Signal.objects.filter(org=org, correlation="o-1").update(correlation="o-3",
+                                                             correlations=["o-3"])  # fmt: skip
+    assert late.run() == 1
+    assert Run.objects.get(pk=runs[3]).status == "succeeded"
+    assert Run.objects.filter(pk__in=runs, status="running").count() == WAITS - 1
+
+
+def test_a_pair_older_than_the_window_is_matched_by_the_next_full_pass(org) -> None:
+    """A pair that missed each other while no sweeper ran for longer than the margin: the
+    ticks' window does not reach its signal; a sweeper's first pass, and the full pass every
+    FULL_PASS_SECONDS, do."""
+    automation_publish_definition(org=org, slug="waits", definition=SIGNAL_WAIT_DEFINITION)
+    run_id = run_start(org=org, automation_slug="waits", run_input={"order": "o-1"}).run_id
+    late = LateMatching()
+    assert late.run() == 0  # full pass, nothing pending
+    pending_signals(org.pk, 1, "o-")  # o-1: the run's
+    Signal.objects.filter(org=org).update(received_at=Now() - timedelta(hours=1))
+
+    assert late.run() == 0  # a tick: the signal is older than the window
+    assert Run.objects.get(pk=run_id).status == "running"
+    late.next_full = 0.0  # FULL_PASS_SECONDS later
+    assert late.run() == 1
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+    assert LateMatching().run() == 0  # and a new sweeper's first pass finds nothing more
+
+
+def test_a_tick_matches_a_recent_signal_sent_to_a_run(org) -> None:
+    automation_publish_definition(org=org, slug="waits", definition=SIGNAL_WAIT_DEFINITION)
+    run_id = run_start(org=org, automation_slug="waits", run_input={"order": "o-0"}).run_id
+    late = LateMatching()
+    assert late.run() == 0
+    pending_signals(org.pk, 1, "unrelated-")
+    Signal.objects.filter(org=org).update(run_id=run_id)
+    assert late.run() == 1
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+
+
+def test_a_full_batch_leaves_the_mark_where_it_was(org) -> None:
+    """More late pairs than one batch: the mark stays, so the next tick reads them again."""
+    automation_publish_definition(org=org, slug="waits", definition=SIGNAL_WAIT_DEFINITION)
+    for n in range(1, 4):
+        run_start(org=org, automation_slug="waits", run_input={"order": f"o-{n}"})
+    late = LateMatching()
+    assert late.run() == 0
+    mark = late.since
+    pending_signals(org.pk, 3, "o-")
+    assert late.run(limit=2) == 2
+    assert late.since == mark
+    assert late.run(limit=2) == 1
+    assert late.since != mark
+    assert Run.objects.filter(org=org, status="running").count() == 0

@@ -10,7 +10,10 @@
   pending signal meant for it in the walk's transaction, so a signal that came first is
   consumed when the run gets there.
 - A signal and a wait that commit at the same moment can each miss the other; the sweep
-  matches such pairs every tick (``match_late``), so that costs at most one tick.
+  matches such pairs every tick (``LateMatching``), so that costs at most one tick: from
+  the signals received since its previous pass (a pair that missed each other is that
+  recent), with a full pass from every wait (``match_late``) when a sweeper begins and
+  every ``FULL_PASS_SECONDS`` as well.
 - Unmatched signals are dropped after ``SIGNAL_RETENTION_DAYS`` (``drop_old``); the row
   stays as the record, without its payload.
 """
@@ -19,8 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from django.db import connection, transaction
@@ -182,19 +187,63 @@ def take_pending(
 
 
 def match_late(*, limit: int = 200) -> int:
-    """The sweep's backstop: deliver pending signals that a waiting step now matches. It
+    """The sweep's full backstop: deliver pending signals that any waiting step matches. It
     only sees signals whose sender's own delivery has committed (``deliver``), so it never
     takes one its sender is still delivering and would report pending."""
     with connection.cursor() as cursor:
         cursor.execute(sql.SIGNALS_MATCHED_LATE, {"n": limit})
         late = fetch_dicts(cursor)
-    matched = 0
+    return _deliver_late(late)[0]
+
+
+def _deliver_late(late: list[dict[str, Any]]) -> tuple[int, bool]:
+    """Deliver each signal found late; how many were taken, and whether any delivery failed."""
+    matched, failed = 0, False
     for signal in late:
         try:
             matched += bool(_wake_a_waiter_late(signal))
         except Exception:
+            failed = True
             logger.exception("matching signal %s failed", signal["id"])
-    return matched
+    return matched, failed
+
+
+# A signal and a wait miss each other only when their transactions overlap, so a pair that
+# did has a signal received no earlier than both transactions' length before the pass that
+# missed it began. Every transaction that delivers a signal or parks a wait is a few
+# statements, each bounded by the connection's statement and lock timeouts: five minutes is
+# far more than two of them. A full pass now and then covers whatever this reasoning misses.
+LATE_MARGIN = timedelta(minutes=5)
+FULL_PASS_SECONDS = 600.0
+
+
+class LateMatching:
+    """The sweep's late matching, kept by the sweeper from tick to tick: a full pass first
+    (and every FULL_PASS_SECONDS), then only the signals received since the previous complete
+    pass began, less LATE_MARGIN. A pass that filled its batch, or whose delivery failed,
+    leaves the mark where it was, so the next one reads those signals again."""
+
+    def __init__(self) -> None:
+        self.since: datetime | None = None
+        self.next_full = 0.0
+
+    def run(self, *, limit: int = 200) -> int:
+        full = self.since is None or time.monotonic() >= self.next_full
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT now()")
+            (began,) = cursor.fetchone()
+            if full:
+                cursor.execute(sql.SIGNALS_MATCHED_LATE, {"n": limit})
+            else:
+                cursor.execute(sql.SIGNALS_MATCHED_SINCE, {"n": limit, "since": self.since})
+            late = fetch_dicts(cursor)
+        matched, failed = _deliver_late(late)
+        if failed or len(late) >= limit:
+            return matched
+        self.since = began - LATE_MARGIN
+        if full:
+            self.next_full = time.monotonic() + FULL_PASS_SECONDS
+        return matched
 
 
 def drop_old() -> int:

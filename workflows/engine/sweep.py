@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 
 from .lanes import WORKER_LANES
-from .signals import match_late
+from .signals import LateMatching, match_late
 from .steps import promote_due_retries
 from .waits import fire_due_deadlines
 
@@ -30,10 +30,14 @@ class SweepCounts:
     signals: int = 0
 
 
-def sweep_once(*, name: str = "sweep", limit: int = 500) -> SweepCounts:
+def sweep_once(
+    *, name: str = "sweep", limit: int = 500, late: LateMatching | None = None
+) -> SweepCounts:
+    """One pass. ``late``: the sweeper's late matching, kept from tick to tick (without it,
+    a full pass of the late matching)."""
     retries = sum(promote_due_retries(lane=lane, worker=name, limit=limit) for lane in WORKER_LANES)
+    # A signal and a wait that missed each other.
+    signals = late.run(limit=limit) if late is not None else match_late(limit=limit)
     return SweepCounts(
-        deadlines=fire_due_deadlines(limit=limit, by=name),
-        retries=retries,
-        signals=match_late(limit=limit),  # a signal and a wait that missed each other
+        deadlines=fire_due_deadlines(limit=limit, by=name), retries=retries, signals=signals
     )

@@ -31,6 +31,7 @@ from django.db import connection
 
 from . import metrics, sql
 from .lanes import engine_setting
+from .signals import LateMatching
 from .sweep import sweep_once
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class Sweeper:
         )
         self.services = [make(self.sweep) for make in SWEEP_SERVICES.values()]
         self.next_slow = 0.0
+        self.late = LateMatching()  # its incremental late matching: a full pass first
 
     @property
     def name(self) -> str:
@@ -155,7 +157,7 @@ class Sweeper:
                     _logged(name, task.run, self.name)
 
     def _engine_sweep(self) -> None:
-        counts = sweep_once(name=self.name)
+        counts = sweep_once(name=self.name, late=self.late)
         if counts.deadlines or counts.retries or counts.signals:
             logger.info("sweep: %s deadline(s) fired, %s retr(ies) due, %s late signal(s)",
                         counts.deadlines, counts.retries, counts.signals)  # fmt: skip

@@ -1282,6 +1282,33 @@ SELECT g.id, g.org_id, g.name, g.correlation, g.correlations, g.run_id, g.identi
  LIMIT %(n)s
 """
 
+# The sweep's backstop, each tick between full passes (signals.LateMatching): only the
+# pending signals received since the previous pass began, less a margin, each probed against
+# the waits it could answer (step_awaits_signal by key; by run, step_run_id_iteration). A pair
+# that missed each other had overlapping transactions, so its signal is that recent: the tick
+# costs the signals just received, not every wait (100,000 runs waiting while one old signal
+# nobody waits for stays pending made SIGNALS_MATCHED_LATE read every wait each tick).
+SIGNALS_MATCHED_SINCE = """
+SELECT g.id, g.org_id, g.name, g.correlation, g.correlations, g.run_id, g.identity,
+       g.payload::json AS payload
+  FROM workflows_signal g
+ WHERE g.consumed_at IS NULL AND g.dropped_at IS NULL AND g.received_at >= %(since)s
+   AND ((g.run_id IS NULL
+         AND EXISTS (SELECT 1 FROM workflows_step s
+                      WHERE s.status = 'waiting' AND s.wait_kind = 'external'
+                        AND s.wait_detail->>'signal' = g.name
+                        AND s.wait_detail->>'correlation'
+                            = ANY(g.correlations::text[] || g.correlation::text)
+                        AND s.org_id = g.org_id))
+        OR (g.run_id IS NOT NULL
+            AND EXISTS (SELECT 1 FROM workflows_step s
+                         WHERE s.run_id = g.run_id AND s.status = 'waiting'
+                           AND s.wait_kind = 'external'
+                           AND s.wait_detail->>'signal' = g.name)))
+ ORDER BY g.id
+ LIMIT %(n)s
+"""
+
 # Unmatched signals past retention are dropped: the row stays as the record, its payload
 # goes.
 SIGNALS_DROP_OLD = """
