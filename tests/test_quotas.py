@@ -283,3 +283,29 @@ def test_an_inbound_email_reply_nobody_waits_for_meets_the_quota(org) -> None:
     ]  # fmt: skip
     assert [r.status_code for r in replies] == [201, 429], [r.json() for r in replies]
     assert replies[1].json()["code"] == "quota_exceeded"
+
+
+def test_signal_with_start_keeps_the_signal_of_the_run_it_started_past_the_pending_quota(
+    org,
+) -> None:
+    """The pending-signals quota full, a signal-with-start still starts its run and keeps the
+    signal for it (refused, the run would wait for a signal that was never kept); a second
+    signal to that run, which started before, is held to the quota."""
+    Organisation.objects.filter(pk=org.pk).update(quota_pending_signals=1)
+    org = Organisation.objects.get(pk=org.pk)
+    api = client_of(org)
+    kept = api.post("/api/v1/signals", {"name": "order.paid", "correlation": "nobody"},
+                    format="json")  # fmt: skip
+    assert kept.status_code == 201  # the quota's one pending signal
+    automation_publish_definition(org=org, slug="io", definition=IO_DEFINITION)
+    start = {"automation": "io", "start_key": "order-1", "input": {"n": 1}}
+    first = api.post("/api/v1/signals", {"name": "go", "id": "s1", "start": start},
+                     format="json")  # fmt: skip
+    assert first.status_code == 201, first.json()
+    assert first.json()["run_created"] is True
+    run = Run.objects.get(org=org, start_key="order-1")
+    assert list(Signal.objects.filter(run_id=run.pk).values_list("identity", flat=True)) == ["s1"]
+    second = api.post("/api/v1/signals", {"name": "go", "id": "s2", "start": start},
+                      format="json")  # fmt: skip
+    assert second.status_code == 429 and second.json()["code"] == "quota_exceeded"
+    assert Signal.objects.filter(run_id=run.pk).count() == 1

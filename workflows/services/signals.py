@@ -58,17 +58,20 @@ def signal_send(
                         identity=identity)  # fmt: skip
         return SignalSent(sent)
     run_id, created = _run_of_start_key(org, start)
+    # The signal of the run this call just started is kept whatever the pending-signals
+    # quota says: refused, it would leave that run started without the signal it was started
+    # for (the starts quota bounds these, one per run).
     sent = _deliver(org, name=name, correlation=correlation, payload=payload,
-                    identity=identity, run_id=run_id)  # fmt: skip
+                    identity=identity, run_id=run_id, quota=not created)  # fmt: skip
     return SignalSent(sent, run_id, created)
 
 
-def _deliver(org: Organisation, **signal: Any) -> Delivered:
+def _deliver(org: Organisation, *, quota: bool = True, **signal: Any) -> Delivered:
     """``deliver`` under the organisation's pending-signals quota: a signal no step takes is
     kept only within it (PendingSignalsQuota, 429, and nothing stored, past it)."""
+    admit = (lambda: quotas.admit_pending_signal(org)) if quota else None
     try:
-        return deliver(org_id=org.pk, admit_pending=lambda: quotas.admit_pending_signal(org),
-                       **signal)  # fmt: skip
+        return deliver(org_id=org.pk, admit_pending=admit, **signal)
     except PendingSignalsQuota as refused:
         quotas.remember_count(org, refused)
         raise
