@@ -154,7 +154,8 @@ def explain_since(since: Any) -> dict[str, Any]:
         cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql.SIGNALS_MATCHED_SINCE}",
                        {"n": 200, "since": since})  # fmt: skip
         plan = cursor.fetchone()[0]
-    return (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    root: dict[str, Any] = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    return root
 
 
 def test_between_full_passes_a_tick_reads_the_recent_signals_not_every_wait(org) -> None:
