@@ -20,7 +20,7 @@ class EffectsConfig(AppConfig):
         from .metrics import effect_gauges
         from .renames import rename_effects
         from .reruns import settled_effects
-        from .resolve import reconcile_budgets
+        from .resolve import park_orphaned_calls, reconcile_budgets
         from .steptypes import register_step_types
 
         tenant_ceiling()  # a bad WAYMARK_EGRESS_ALLOWABLE stops the process now, naming it
@@ -29,6 +29,7 @@ class EffectsConfig(AppConfig):
         health.register()
         register_metrics_collector("effects", effect_gauges)
         register_sweep_task("effects.reconcile_budgets", reconcile_budgets)
+        register_sweep_task("effects.park_orphaned_calls", park_orphaned_calls)
         register_step_renamer("effects", rename_effects)
         register_settled_effects("effects", settled_effects)
         register_eraser("effects", erase_effects)

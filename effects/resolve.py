@@ -178,3 +178,32 @@ def reconcile_budgets(by: str = "sweep") -> int:
         released = int(cursor.rowcount)
         cursor.execute(sql.RECOUNT_RESERVED)
     return released
+
+
+# How long past its lease an effect of an ended step stays in flight before it is parked: an
+# attempt stopped (SIGSTOP, a long pause) past its lease may still come back with the answer.
+ORPHAN_AFTER_SECONDS = 60.0
+ORPHANED = ("the run's step ended while this call was under way and the attempt making it "
+            "stopped before it recorded an answer: the call may have been made; check at "
+            "the provider")  # fmt: skip
+
+
+def park_orphaned_calls(
+    by: str = "sweep", *, limit: int = 100, after: float = ORPHAN_AFTER_SECONDS
+) -> int:
+    """Park for a person the effects left in flight by a step that ended (its run cancelled
+    or failed while the attempt calling died): no attempt will come to reconcile them, and
+    in flight they would look stuck for ever. A late answer still settles one (its token
+    stays). The sweep runs this now and then."""
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        cursor.execute(sql.ORPHANED_TO_UNKNOWN, {"after": after, "limit": limit})
+        orphaned = fetch_dicts(cursor)
+        review = sources(EffectState.NEEDS_REVIEW)
+        for effect in orphaned:
+            cursor.execute(sql.TO_REVIEW, {"id": effect["id"], "error": ORPHANED,
+                                           "sources": review})  # fmt: skip
+        insert_events(cursor, [event_row(
+            e["org_id"], e["run_id"], "effect.needs_review", e["step_id"],
+            iteration=e["iteration"], worker=by, detail={"key": e["key"], "why": ORPHANED},
+        ) for e in orphaned])  # fmt: skip
+    return len(orphaned)

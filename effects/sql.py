@@ -183,6 +183,28 @@ UPDATE effects_effect
 RETURNING id
 """
 
+# In flight, its lease lapsed over a minute ago, and its step no longer lives (the run was
+# cancelled, failed or moved on while the attempt calling died): no attempt of the step will
+# come to reconcile it. Marked outcome_unknown here, then parked for a person (TO_REVIEW) in
+# the same transaction (effects/resolve.py park_orphaned_calls). The token stays: an answer
+# that still arrives settles it.
+ORPHANED_TO_UNKNOWN = """
+UPDATE effects_effect e
+   SET state = 'outcome_unknown', lease_until = NULL, updated_at = now()
+ WHERE e.id IN (SELECT o.id FROM effects_effect o
+                 WHERE o.state = 'in_flight'
+                   AND o.lease_until < now() - make_interval(secs => %(after)s)
+                   AND NOT EXISTS (
+                       SELECT 1 FROM workflows_step s
+                        WHERE s.run_id = o.run_id AND s.step_id = o.step_id
+                          AND s.iteration = o.iteration
+                          AND s.status IN ('ready', 'running', 'waiting'))
+                 ORDER BY o.lease_until
+                 LIMIT %(limit)s
+                   FOR UPDATE SKIP LOCKED)
+RETURNING e.id, e.org_id, e.run_id, e.step_id, e.iteration, e.key
+"""
+
 # Nobody can tell whether the call was made, and repeating it is not safe: a person decides.
 TO_REVIEW = """
 UPDATE effects_effect

@@ -19,6 +19,7 @@ from django.db import connection
 from django.test import Client
 
 from effects.models import Effect
+from effects.resolve import park_orphaned_calls
 from timers.models import Timer
 from workflows.engine.health import (
     EXIT_BROKEN,
@@ -171,6 +172,12 @@ def test_an_effect_left_in_flight_past_its_lease_is_found(org):
     run_act(org=org, run_id=run_id, action="cancel", actor="test")  # now nobody will look
     why = broken_runs(doctor()[1], "effects.lapsed_in_flight")[run_id]
     assert "its step is cancelled: no attempt will come" in why, why
+
+    # The sweep parks it for a person (effects.park_orphaned_calls): no longer in flight.
+    assert park_orphaned_calls() == 1
+    effect.refresh_from_db()
+    assert effect.state == "needs_review" and "check at the provider" in effect.error
+    assert doctor()[0] == EXIT_HEALTHY
 
 
 def test_an_unsent_outbox_row_older_than_the_threshold_is_found(org):

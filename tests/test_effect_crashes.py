@@ -15,8 +15,9 @@ import signal
 import pytest
 
 from effects.models import Effect
-from effects.resolve import resolve_effect
+from effects.resolve import park_orphaned_calls, resolve_effect
 from workflows.models import Run, RunEvent, Step
+from workflows.services.control import run_act
 
 from .effect_setup import connect, one_step, post_item, start
 from .processes import running, spawn, stop, wait_for
@@ -163,3 +164,35 @@ def test_a_slow_provider_holds_a_step_not_the_worker(org, provider_stub):
     assert len(provider_stub.created) == 1  # the held request made it; the repeat found it
     effect = effect_of(held)
     assert effect is not None and effect.state == "settled" and effect.calls >= 2
+
+
+def test_a_call_left_in_flight_by_a_cancelled_run_is_parked_for_a_person(org, provider_stub):
+    """The worker dies mid-call and the run is cancelled before anyone takes the step over:
+    no attempt will ever reconcile the effect. Once its lease has lapsed the sweep parks it
+    for a person (who checks at the provider), instead of leaving it in flight for ever; an
+    effect whose step still lives is left to that step's next attempt."""
+    cancelled = set_up(org, provider_stub, "neither")
+    crash_worker("before_call", provider_stub, cancelled)
+    live = start(org, one_step(post_item(provider_stub.url)), key="live", slug="live")
+    Effect.objects.create(org=org, run_id=live, step_id="send", iteration=1, key="live-key",
+                          provider="http", state="in_flight", token="t", owner="gone",
+                          step_attempt=1)  # fmt: skip
+    run_act(org=org, run_id=cancelled, action="cancel", actor="test")
+    effect = effect_of(cancelled)
+    assert effect is not None and effect.state == "in_flight"
+
+    def parked() -> int:  # both leases lapse (4 s for the dead worker's): only one is parked
+        Effect.objects.filter(run_id=live).update(lease_until=effect.lease_until)
+        return park_orphaned_calls(after=0)
+
+    assert wait_for(parked, what="the dead worker's lease to lapse") == 1
+    effect.refresh_from_db()
+    assert effect.state == "needs_review" and "check at the provider" in effect.error
+    assert Effect.objects.get(run_id=live).state == "in_flight"
+    assert RunEvent.objects.filter(run_id=cancelled, kind="effect.needs_review").count() == 1
+    assert park_orphaned_calls(after=0) == 0  # once
+
+    resolve_effect(effect.pk, "done", by="sam", result={"body": {"id": "none-made"}})
+    effect.refresh_from_db()
+    assert effect.state == "settled"
+    assert Run.objects.get(pk=cancelled).status == "cancelled"

@@ -12,6 +12,7 @@ from effects.states import EFFECT_TRANSITIONS, EffectState, sources
 # from the SQL; `ANY(%(sources)s)` ones are what the ledger passes (see effects/ledger.py).
 LITERAL = {
     "LAPSED_TO_UNKNOWN": EffectState.OUTCOME_UNKNOWN,
+    "ORPHANED_TO_UNKNOWN": EffectState.OUTCOME_UNKNOWN,
 }
 
 
