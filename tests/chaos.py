@@ -49,6 +49,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from effects.models import Effect
+from workflows.definitions.registry import registry
 from workflows.models import Run, RunEvent, Step
 
 from .engine_harness import Harness
@@ -59,6 +60,7 @@ from .test_generated_automations import People
 FINAL = ("succeeded", "failed", "cancelled", "compensated")
 LOG_ALARMS = ("Traceback", "engine_error")
 LEASE_SECONDS = 2.0  # every lane's, in chaos (CHAOS_ENV)
+CHAOS_ATTEMPTS = 25  # every lane's and every worker step's (chaos_attempts)
 
 # Short leases and quick looks, so that a process stopped past its lease is noticed in
 # seconds. Attempts: with a kill every ~2 s, a step can be caught in more kills than the
@@ -66,7 +68,7 @@ LEASE_SECONDS = 2.0  # every lane's, in chaos (CHAOS_ENV)
 # rarer by orders of magnitude, so chaos allows more.
 CHAOS_ENV = {
     **{f"WAYMARK_{lane}_LEASE_SECONDS": str(LEASE_SECONDS) for lane in ("IO", "SLOW", "HUMAN")},
-    **{f"WAYMARK_{lane}_MAX_ATTEMPTS": "25" for lane in ("IO", "SLOW", "HUMAN")},
+    **{f"WAYMARK_{lane}_MAX_ATTEMPTS": str(CHAOS_ATTEMPTS) for lane in ("IO", "SLOW", "HUMAN")},
     **{f"WAYMARK_{lane}_BACKOFF_BASE_SECONDS": "0.05" for lane in ("IO", "SLOW", "HUMAN")},
     **{f"WAYMARK_{lane}_BACKOFF_CAP_SECONDS": "0.5" for lane in ("IO", "SLOW", "HUMAN")},
     "WAYMARK_SWEEP_SECONDS": "0.3",  # the sweep lease is 3 ticks: a dead leader's lapses fast
@@ -383,6 +385,19 @@ class Started:
     automation: Automation | None = None
 
 
+def chaos_attempts(definition: dict[str, Any]) -> dict[str, Any]:
+    """Every worker step allowed CHAOS_ATTEMPTS attempts, as the lanes are (CHAOS_ENV): a
+    step type's own lower policy (a model step's 2) would otherwise fail a step caught in two
+    of the chaos's kills, by design (a claim that never settled counts as an attempt)."""
+    steps = []
+    for step in definition["steps"]:
+        step_type = registry.get(step["type"])
+        if step_type is not None and step_type.lane != "inline" and "retry" not in step:
+            step = {**step, "retry": {"max_attempts": CHAOS_ATTEMPTS}}
+        steps.append(step)
+    return {**definition, "steps": steps}
+
+
 class Load:
     """Starts runs through the API and answers them as their automations say."""
 
@@ -393,9 +408,10 @@ class Load:
         self.in_flight = in_flight
         self.runs: dict[int, Started] = {}
         self.live: set[int] = set()
-        self.slugs = [harness.publish(a.definition) for a, _ in drawn]
-        self.signal_first = harness.publish(signal_first_definition(), slug="signal-first")
-        self.saga = harness.publish(saga_definition(), slug="saga")
+        self.slugs = [harness.publish(chaos_attempts(a.definition)) for a, _ in drawn]
+        self.signal_first = harness.publish(chaos_attempts(signal_first_definition()),
+                                            slug="signal-first")  # fmt: skip
+        self.saga = harness.publish(chaos_attempts(saga_definition()), slug="saga")
         self._plan = itertools.cycle(self._starts(drawn))
         self._numbers = itertools.count()
 

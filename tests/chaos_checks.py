@@ -131,21 +131,26 @@ def _check_events(report: Report, run_ids: list[int]) -> None:
     decision applied twice)."""
     events = RunEvent.objects.filter(run_id__in=run_ids, kind__in=(*SETTLES, *WAKES))
     settles: Counter[tuple[int, str, int | None]] = Counter()
-    wakes: Counter[tuple[int, str, int | None]] = Counter()
-    for kind, run_id, step_id, iteration in events.values_list("kind", "run_id", "step_id",
-                                                               "iteration"):  # fmt: skip
-        key = (run_id, step_id, iteration)
-        (settles if kind in SETTLES else wakes)[key] += 1
+    # A wake ends one park, and a step may park again after it (an approval escalating at its
+    # deadline runs again and parks with a new one): woken once per attempt.
+    wakes: Counter[tuple[int, str, int | None, int | None]] = Counter()
+    rows = events.values_list("kind", "run_id", "step_id", "iteration", "attempt")
+    for kind, run_id, step_id, iteration, attempt in rows:
+        if kind in SETTLES:
+            settles[(run_id, step_id, iteration)] += 1
+        else:
+            wakes[(run_id, step_id, iteration, attempt)] += 1
         report.timers_fired += kind == "step.timer_fired"
         report.decisions += kind == "step.approval"
     for key, n in settles.items():
         if n > 1:
             report.fail(f"step {key} settled {n} times")
-    for key, n in wakes.items():
+    for woken, n in wakes.items():
         if n > 1:
-            kinds = list(events.filter(run_id=key[0], step_id=key[1], iteration=key[2])
-                         .values_list("kind", flat=True))  # fmt: skip
-            report.fail(f"step {key} woken {n} times: {kinds}")
+            same = events.filter(run_id=woken[0], step_id=woken[1], iteration=woken[2],
+                                 attempt=woken[3])  # fmt: skip
+            kinds = list(same.values_list("kind", flat=True))
+            report.fail(f"step {woken} woken {n} times in one attempt: {kinds}")
 
 
 def _check_effects(report: Report, harness: Harness, run_ids: list[int]) -> None:
