@@ -25,11 +25,14 @@ libfaketime is the distribution's ``faketime`` package (``./waymark test`` insta
 
 from __future__ import annotations
 
+import email.utils
 import glob
+import json
 import os
 import signal
 import subprocess
 import sys
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
@@ -40,8 +43,9 @@ from timers.models import Timer
 from workflows.models import IdleWorker, Run, RunEvent, Step, SweepLease
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
+from workflows.services.tenancy import api_key_create
 
-from .processes import engine_env, spawn, spawn_worker, stop, wait_for
+from .processes import ROOT, engine_env, spawn, spawn_worker, stop, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -251,3 +255,85 @@ def test_a_skewed_sweeper_neither_takes_the_lead_nor_fires_a_timer_early(org, pr
         assert run.status == "succeeded"
     first, second = (Timer.objects.get(run_id=r).fired_at for r in (soon, later))
     assert first is not None and second is not None and first < second
+
+
+# --- the decisions made in Python -------------------------------------------------------------
+
+# Run in a skewed Django process: each decision a process makes in Python about an instant,
+# from the values the test chose around the database's clock (in "given").
+DECISIONS = """
+import json, sys
+from datetime import UTC, datetime
+from django.core import signing
+from approvals.slack import TOKEN_SALT, BadToken, read_token
+from effects.providers.http import retry_after_seconds
+from timers.cron import first_occurrence
+from workflows.errors import ApiKeyExpired
+from workflows.services import quotas
+from workflows.services.tenancy import api_key_authenticate
+
+given = json.loads(sys.stdin.read())
+
+def token(expires):
+    payload = {k: 1 for k in "arsidlv"}
+    try:
+        read_token(signing.dumps({**payload, "e": expires}, salt=TOKEN_SALT, compress=True))
+    except BadToken as bad:
+        return bad.code
+    return "ok"
+
+def key(raw):
+    try:
+        api_key_authenticate(raw)
+    except ApiKeyExpired:
+        return "expired"
+    return "ok"
+
+print(json.dumps({
+    "process": datetime.now(UTC).timestamp(),
+    "quota_clock": quotas.clock(),
+    "first_occurrence": first_occurrence("* * * * *", "UTC").timestamp(),
+    "retry_after": retry_after_seconds(given["retry_date"]),
+    "token_soon": token(given["soon"]), "token_past": token(given["past"]),
+    "key_soon": key(given["key_soon"]), "key_past": key(given["key_past"]),
+}))
+"""
+
+
+def test_a_skewed_process_decides_expiries_windows_and_schedules_on_the_database_clock(org, skew):
+    """Five minutes either side of the database's clock, inside the ten of skew: a process
+    deciding on its own clock gets each of these wrong."""
+    now = database_clock()
+    soon, past = now + 300, now - 300
+    _, key_soon = api_key_create(org=org, name="soon", expires_at=_at(soon))
+    _, key_past = api_key_create(org=org, name="past", expires_at=_at(past))
+    given = {
+        "retry_date": email.utils.formatdate(now + 120, usegmt=True),
+        "soon": int(soon), "past": int(past), "key_soon": key_soon, "key_past": key_past,
+    }  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", DECISIONS], cwd=ROOT,
+        env=engine_env(**skew), input=json.dumps(given), capture_output=True, text=True,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr
+    seen = json.loads(child.stdout.strip().splitlines()[-1])
+    after = database_clock()
+    skewed = seen["process"] - after
+    assert abs(skewed - float(skew["FAKETIME"][:-1]) * 60) < SKEW_TOLERANCE_SECONDS, skewed
+    assert now <= seen["quota_clock"] <= after  # the starts-per-minute window's minute
+    assert now < seen["first_occurrence"] <= after + 60  # a schedule's first start
+    assert 120 - SKEW_TOLERANCE_SECONDS <= seen["retry_after"] <= 120  # a Retry-After date
+    assert (seen["token_soon"], seen["token_past"]) == ("ok", "token_expired")  # Slack buttons
+    assert (seen["key_soon"], seen["key_past"]) == ("ok", "expired")  # API keys
+
+
+def _at(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def test_a_retry_after_date_counts_from_the_answers_own_date():
+    """Both on the provider's clock, whatever ours or the database's says."""
+    from effects.providers.http import retry_after_seconds
+
+    later, sent = "Wed, 21 Oct 2015 07:30:00 GMT", "Wed, 21 Oct 2015 07:28:00 GMT"
+    assert retry_after_seconds(later, sent) == 120.0
