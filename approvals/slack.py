@@ -50,7 +50,6 @@ import json
 import logging
 import os
 import threading
-import time
 import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
@@ -72,6 +71,7 @@ from effects.public import (
     vet_base_url,
 )
 from workflows.plugins import StepFailure
+from workflows.plugins.engine import database_now
 
 from .models import ApprovalRequest, RequestKind, RequestStatus
 
@@ -138,7 +138,9 @@ def read_token(value: str) -> dict[str, Any]:
         raise BadToken("token_invalid", "This button is not valid.") from None
     if not isinstance(payload, dict) or not all(k in payload for k in "arsidlve"):
         raise BadToken("token_invalid", "This button is not valid.")
-    if not isinstance(payload["e"], int) or payload["e"] < time.time():
+    # The request's deadline on the database's clock, which the decision itself checks: a web
+    # process whose clock runs ahead must not refuse the button before the deadline.
+    if not isinstance(payload["e"], int) or payload["e"] < database_now().timestamp():
         raise BadToken("token_expired", "This button has expired: the request's deadline passed.")
     return payload
 

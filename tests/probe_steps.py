@@ -20,6 +20,8 @@ park_seconds    park (wait without a worker) until woken, or until this many sec
 park_outcome    the outcome taken when the park's deadline passes; without it the step
                 becomes ready and runs again.
 output          an object merged into the output {"pid": ..., "attempt": ...}.
+clock           true: the output carries "clock", this process's time.time() as it finished
+                (the clock-skew tests compare it with the database's).
 
 No outcomes of its own: ``next`` is one step id.
 """
@@ -43,7 +45,7 @@ from workflows.plugins import (
 
 FIELDS = {
     "sleep_seconds", "sleep_attempts", "fail_attempts", "crash_attempts", "output",
-    "park_seconds", "park_outcome", "hang_seconds", "hang_attempts",
+    "park_seconds", "park_outcome", "hang_seconds", "hang_attempts", "clock",
 }  # fmt: skip
 
 
@@ -91,9 +93,10 @@ def run_probe(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepCont
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     if attempt <= step.get("fail_attempts", 0):
         raise StepFailure(f"probe failure on attempt {attempt}")
-    return StepResult(
-        output={"pid": os.getpid(), "attempt": attempt, **step.get("output", {})}, outcome="ok"
-    )
+    output = {"pid": os.getpid(), "attempt": attempt, **step.get("output", {})}
+    if step.get("clock"):
+        output["clock"] = time.time()
+    return StepResult(output=output, outcome="ok")
 
 
 PROBE = StepType(

@@ -40,8 +40,8 @@ KEYS_OTHERWISE = {
     "effects.sql.CHECK_ORG_LOCK": "an advisory lock keyed by the organisation",
 }
 
-# Engine-wide rows that belong to no organisation (who is idle, who leads the sweep), and
-# transaction-local settings.
+# Engine-wide rows that belong to no organisation (who is idle, who leads the sweep),
+# transaction-local settings, and the database's clock.
 ENGINE_WIDE = {
     "workflows.engine.sql.MARK_IDLE": "workers' idle marks",
     "workflows.engine.sql.MARK_BUSY": "workers' idle marks",
@@ -52,6 +52,7 @@ ENGINE_WIDE = {
     "workflows.engine.sql.AUDIT_PURGE_BEFORE": "a transaction-local setting",
     "workflows.engine.sql.erasure.AUDIT_ERASURE_ORG": "a transaction-local setting",
     "webhooks.sql.CLAIM_LOCK": "one advisory lock for the senders' claim",
+    "workflows.engine.sql.DATABASE_NOW": "the database's clock, no row",
 }
 
 CLAIM = "a worker serves every organisation: it takes the next ready steps, fairly by org_id"

@@ -17,6 +17,7 @@ from croniter import CroniterBadDateError, croniter
 
 from workflows.errors import WaymarkError
 from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable
+from workflows.plugins.engine import database_now
 from workflows.plugins.runs import check_input
 
 from .calendar import resolve_local, zone_named
@@ -199,5 +200,7 @@ def latest_occurrence(cron: str, zone: ZoneInfo | str, at: datetime) -> datetime
 
 
 def first_occurrence(cron: str, zone: ZoneInfo | str, now: datetime | None = None) -> datetime:
-    """A new (or re-enabled, or changed) schedule's first occurrence: the next after now."""
-    return next_occurrence(cron, zone, now or datetime.now(UTC))
+    """A new (or re-enabled, or changed) schedule's first occurrence: the next after now, on
+    the database's clock (the sweep compares ``next_at`` with it: a web process whose clock
+    is behind would otherwise write an occurrence already past, ahead skip some)."""
+    return next_occurrence(cron, zone, now or database_now())

@@ -28,14 +28,15 @@ from __future__ import annotations
 import email.utils
 import json
 import re
-import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from workflows.plugins import StepFailure, render
+from workflows.plugins.engine import database_now
 
 from ..egress import Allowlist, CallDeadline, EgressRefused, egress_client
 from .base import (
@@ -94,19 +95,32 @@ def check_headers(headers: Mapping[str, str]) -> None:
                                 "its value")  # fmt: skip
 
 
-def retry_after_seconds(value: str | None) -> float | None:
-    """Retry-After as seconds: a number of seconds or an HTTP date; None when absent/bad."""
+def retry_after_seconds(value: str | None, date: str | None = None) -> float | None:
+    """Retry-After as seconds: a number of seconds or an HTTP date; None when absent/bad.
+    A date is counted from the answer's own ``Date`` (both on the provider's clock), else
+    from the database's clock: never from this process's, which may be minutes off."""
     if not value:
         return None
     try:
         return max(0.0, float(value))
     except ValueError:
         pass
+    when = _http_date(value)
+    if when is None:
+        return None
+    sent = _http_date(date)
+    now = sent.timestamp() if sent is not None else database_now().timestamp()
+    return max(0.0, when.timestamp() - now)
+
+
+def _http_date(value: str | None) -> datetime | None:
+    if not value:
+        return None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
-    return max(0.0, when.timestamp() - time.time())
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def response_body(response: httpx.Response) -> Any:
@@ -131,7 +145,9 @@ def raise_for_status(response: httpx.Response, *, keyed: bool) -> None:
     if status in (401, 403):
         raise AuthFailed(f"the provider refused the credentials ({status})", said)
     if status == 429:
-        after = retry_after_seconds(response.headers.get("retry-after"))
+        after = retry_after_seconds(
+            response.headers.get("retry-after"), response.headers.get("date")
+        )
         raise RateLimited(f"rate limited (429, Retry-After {after})", after, said)
     if status == 409 and keyed:
         raise KeyInUse("the provider is still working on a request with this key (409)", said)

@@ -82,7 +82,9 @@ def slack_error(exc: SlackApiError) -> CallError:
     said = {"status": status, "error": error or None}
     if status == 429 or error in RATE_ERRORS:
         headers = {str(k).lower(): v for k, v in (response.headers or {}).items()}
-        after = retry_after_seconds(_header(headers.get("retry-after")))
+        after = retry_after_seconds(
+            _header(headers.get("retry-after")), _header(headers.get("date"))
+        )
         return RateLimited(f"Slack rate limited the call ({status}, Retry-After {after})",
                            after, said)  # fmt: skip
     if error in AUTH_ERRORS:

@@ -12,7 +12,6 @@ import secrets
 
 from django.conf import settings
 from django.db import models
-from django.utils import timezone
 
 KEY_PREFIX = "wmk"
 
@@ -119,10 +118,6 @@ class ApiKey(models.Model):
     @property
     def is_revoked(self) -> bool:
         return self.revoked_at is not None
-
-    @property
-    def is_expired(self) -> bool:
-        return self.expires_at is not None and self.expires_at <= timezone.now()
 
     def matches(self, raw_key: str) -> bool:
         return secrets.compare_digest(self.key_hash, hash_key(raw_key))

@@ -10,10 +10,7 @@ host that configures OpenTelemetry itself hands Waymark its provider). Everythin
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from django.db import connection
-
+from ..engine.clock import database_now
 from ..engine.definition_cache import definition_for
 from ..engine.faults import crash_point
 from ..engine.lanes import engine_setting
@@ -65,14 +62,3 @@ __all__ = [
     "wait_for_stop_signal",
     "wake_step",
 ]
-
-
-def database_now() -> datetime:
-    """The database's clock (``now()``: the current transaction's start). Every deadline the
-    engine compares is on it, never on this process's clock."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now() AS now")
-        row = fetch_dict(cursor)
-    assert row is not None
-    now: datetime = row["now"]
-    return now

@@ -14,7 +14,6 @@ admitted thing's own transaction: see ``admit_start`` and ``admit_pending_signal
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ from django.conf import settings
 from django.db import connection
 
 from ..engine import sql
+from ..engine.clock import database_now
 from ..engine.sql.rows import fetch_dict
 from ..errors import (
     PendingSignalsQuota,
@@ -40,9 +40,17 @@ PENDING_SIGNALS = "pending_signals"
 # runs finished; never admitted past the quota.
 RECOUNT_SECONDS = 5.0
 
-# Where the minute of the starts-per-minute window comes from (seconds since the epoch; the
-# tests pin it, as they pin the API throttle's).
-clock: Callable[[], float] = time.time
+
+def database_seconds() -> float:
+    """The database's clock, in seconds since the epoch: every process counts the same
+    minute, whatever its own clock says (one ten minutes ahead would otherwise move the
+    organisation's window ten minutes on, and the others' starts would count into it)."""
+    return database_now().timestamp()
+
+
+# Where the minute of the starts-per-minute window comes from (the tests pin it, as they pin
+# the API throttle's). Read only when a starts-per-minute quota applies.
+clock: Callable[[], float] = database_seconds
 
 
 def quota(org: Organisation, name: str) -> int:
@@ -92,7 +100,7 @@ def start_admission(org: Organisation) -> dict[str, Any]:
     does (``admit`` false: no start quota applies)."""
     limit, rate = quota(org, "running_runs"), quota(org, "starts_per_minute")
     return {"admit": bool(limit or rate), "limit": limit, "rate": rate,
-            "window": int(clock() // 60)}  # fmt: skip
+            "window": int(clock() // 60) if rate else 0}  # fmt: skip
 
 
 def admit_pending_signal(org: Organisation) -> None:
@@ -136,7 +144,7 @@ def _admit(
     and the admission made or refused. ``itself``: 1 when the admitted thing is written
     already (a signal), so the count sees it."""
     assert connection.in_atomic_block, "an admission goes with what it admits"
-    now = clock()
+    now = clock() if rate else 0.0
     params: dict[str, Any] = {"org": org.pk, "kind": kind, "limit": limit, "rate": rate,
                               "window": int(now // 60)}  # fmt: skip
     with connection.cursor() as cursor:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
-from django.utils import timezone
 
 from ..engine import sql
 from ..engine.sql.rows import model_from_row, query_prepared
@@ -75,27 +75,31 @@ def api_key_authenticate(raw: str) -> ApiKey:
     parts = raw.split("_", 2)
     if len(parts) != 3 or parts[0] != KEY_PREFIX:
         raise InvalidApiKey()
-    key = _key_with_org(parts[1])
-    if key is None or not key.matches(raw):
+    found = _key_with_org(parts[1])
+    if found is None or not found[0].matches(raw):
         raise InvalidApiKey()
+    key, row = found
     if key.is_revoked:
         raise ApiKeyRevoked()
-    if key.is_expired:
+    if row["expired_now"]:
         raise ApiKeyExpired()
-    if key.last_used_at is None or key.last_used_at < timezone.now() - TOUCH_EVERY:
+    if row["touch_due"]:
         _touch(key)
     return key
 
 
-def _key_with_org(prefix: str) -> ApiKey | None:
-    """The key with this prefix and its organisation, in one prepared statement."""
+def _key_with_org(prefix: str) -> tuple[ApiKey, dict[str, Any]] | None:
+    """The key with this prefix and its organisation, in one prepared statement; and the
+    row, which says whether the key has expired and its use is due to be recorded (both on
+    the database's clock)."""
+    params = {"prefix": prefix, "touch_every": TOUCH_EVERY.total_seconds()}
     with connection.cursor() as cursor:
-        rows = query_prepared(cursor, sql.API_KEY_WITH_ORG, {"prefix": prefix})
+        rows = query_prepared(cursor, sql.API_KEY_WITH_ORG, params)
     if not rows:
         return None
     key = model_from_row(ApiKey, rows[0])
     key.org = model_from_row(Organisation, rows[0], "org_")  # its id: the key's org_id
-    return key
+    return key, rows[0]
 
 
 TOUCH_EVERY = timedelta(minutes=5)

@@ -855,10 +855,14 @@ SELECT count(*) FROM (
 
 # --- quota admissions (services/quotas.py) ------------------------------------------------------
 
+# The database's clock, for the decisions made in Python (engine/clock.py).
+DATABASE_NOW = "SELECT now() AS now"
+
 # One admission, in the admitted thing's transaction: the organisation's usage row locked and
 # counted on, if it stays within the quota (%(limit)s) and this minute's rate (%(rate)s; 0:
-# none); no row: refused here, the caller counts again. A window older than the row's (a
-# server whose clock is behind) counts in the row's.
+# none); no row: refused here, the caller counts again. %(window)s is the minute on the
+# database's clock (DATABASE_NOW); one older than the row's (a transaction that began
+# before another's minute turned) counts in the row's.
 QUOTA_ADMIT = """
 UPDATE workflows_quotausage u
    SET bound = u.bound + 1,
@@ -1035,6 +1039,11 @@ SELECT id, automation_id, version_id, input_digest, status FROM workflows_run
 API_KEY_WITH_ORG = """
 SELECT k.id, k.org_id, k.name, k.prefix, k.key_hash, k.created_at, k.revoked_at,
        k.last_used_at, k.read_only, k.expires_at,
+       -- On the database's clock, not the web process's: a key expires at the same instant
+       -- for every process.
+       COALESCE(k.expires_at <= now(), false) AS expired_now,
+       (k.last_used_at IS NULL
+        OR k.last_used_at < now() - make_interval(secs => %(touch_every)s)) AS touch_due,
        o.slug AS org_slug, o.name AS org_name, o.created_at AS org_created_at,
        o.quota_automations AS org_quota_automations, o.quota_versions AS org_quota_versions,
        o.quota_running_runs AS org_quota_running_runs,

@@ -2,8 +2,8 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from django.utils import timezone
 
+from workflows.engine.clock import database_now
 from workflows.errors import WaymarkError
 from workflows.management.base import MAX_DAYS, MigratedCommand
 from workflows.models import ApiKey
@@ -43,7 +43,8 @@ class Command(MigratedCommand):
             raise CommandError(f"{exc.code}: {exc.detail}") from exc
         expires_at = None
         if expires_in_days is not None:
-            expires_at = timezone.now() + timedelta(days=expires_in_days)
+            # From the database's clock, which decides when the key has expired.
+            expires_at = database_now() + timedelta(days=expires_in_days)
         try:
             organisation = organisation_get(slug=org)
         except WaymarkError as exc:
