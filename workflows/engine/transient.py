@@ -94,8 +94,11 @@ class Outage:
             self.tries += 1
             if self.since is None:
                 self.since = time.monotonic()
-                self.log.warning("%s: the database is unavailable (%s); trying again until it "
-                                 "is back", self.what, _first_line(exc))  # fmt: skip
+                what = (
+                    "the database is unavailable" if lost_connection(exc) else "a transient error"
+                )
+                self.log.warning("%s: %s (%s); trying again until it passes", self.what, what,
+                                 _first_line(exc))  # fmt: skip
             return float(min(self.most, self.first * 2 ** min(self.tries - 1, 16)))
 
     def ok(self) -> None:
@@ -104,14 +107,12 @@ class Outage:
         with self._lock:
             since, self.since, tries, self.tries = self.since, None, self.tries, 0
         if since is not None:
-            self.log.warning("%s: the database is back after %.1f s (%s tries)", self.what,
+            self.log.warning("%s: the database answers again after %.1f s (%s tries)", self.what,
                              time.monotonic() - since, tries)  # fmt: skip
-
-    @property
-    def ongoing(self) -> bool:
-        return self.since is not None
 
 
 def _first_line(exc: BaseException) -> str:
+    """The driver's error (LockNotAvailable, AdminShutdown, ...) in one line."""
+    exc = next((each for each in _chain(exc) if isinstance(each, psycopg.Error)), exc)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]

@@ -104,7 +104,7 @@ def listen(channel: str, wake: threading.Event, stop: threading.Event) -> None:
     while not stop.is_set():
         try:
             with own_connection() as conn:
-                conn.execute(f"LISTEN {channel}")
+                _answers_within(conn, f"LISTEN {channel}", check)
                 outage.ok()
                 wake.set()
                 _hear(conn, wake, stop, check)
@@ -124,20 +124,23 @@ def _hear(conn: psycopg.Connection[Any], wake: threading.Event, stop: threading.
             wake.set()
             heard = time.monotonic()
         if check and time.monotonic() - heard >= check:
-            _answers_within(conn, check)
+            _answers_within(conn, "SELECT 1", check)
             wake.set()  # what arrived during the check is not yielded by notifies(): look
             heard = time.monotonic()
 
 
-def _answers_within(conn: psycopg.Connection[Any], seconds: float) -> None:
-    """SELECT 1, or an OperationalError after ``seconds`` without an answer: the socket is
-    shut down under the waiting query (a server-side timeout cannot help: the server may
-    never see the query), which makes it fail as a lost connection does."""
+def _answers_within(conn: psycopg.Connection[Any], statement: str, seconds: float) -> None:
+    """Run ``statement``; an OperationalError after ``seconds`` (0: no limit) without an
+    answer: the socket is shut down under the waiting statement (a server-side timeout cannot
+    help: the server may never see it), which makes it fail as a lost connection does."""
+    if not seconds:
+        conn.execute(statement)
+        return
     cut = threading.Timer(seconds, _shut_down, args=(conn.fileno(),))
     cut.daemon = True
     cut.start()
     try:
-        conn.execute("SELECT 1")
+        conn.execute(statement)
     finally:
         cut.cancel()
 
