@@ -293,8 +293,10 @@ class Worker:
         a failure is logged and the claim loop goes on."""
         try:
             self.claims.rowcount(statement, params)
-        except Exception:
-            logger.warning("worker %s could not update its idle listing", self.name, exc_info=True)
+        except Exception as exc:
+            # An outage is the claims' to report (they meet it too); a bug is shown whole.
+            logger.warning("worker %s could not update its idle listing", self.name,
+                           exc_info=not is_transient(exc))  # fmt: skip
             return False
         return True
 
