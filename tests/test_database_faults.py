@@ -68,7 +68,7 @@ THREE_CALLS = {"start": "a", "steps": [_call("a", "b"), _call("b", "c"), _call("
                                        {"id": "done", "type": "end"}]}  # fmt: skip
 ONE_CALL = {"start": "a", "steps": [_call("a", "done"), {"id": "done", "type": "end"}]}
 # A step that takes a while (the tests' probe type), so a test can lock its run meanwhile.
-SLOW = {"start": "p", "steps": [{"id": "p", "type": "probe", "sleep_seconds": 3, "next": "done"},
+SLOW = {"start": "p", "steps": [{"id": "p", "type": "probe", "sleep_seconds": 8, "next": "done"},
                                 {"id": "done", "type": "end"}]}  # fmt: skip
 
 # Run by `manage.py shell` on the test's database: set up an organisation, start runs, send
@@ -344,7 +344,7 @@ def test_backends_terminated_in_the_middle_of_settles_lose_nothing_and_repeat_no
 # --- an idle transaction holding a run's lock -------------------------------------------------
 
 LOCK_TIMEOUT_MS = "500"
-IDLE_TIMEOUT_MS = "15000"
+IDLE_TIMEOUT_MS = "5000"
 
 
 def test_an_idle_transaction_holding_a_run_stalls_only_that_run_until_the_server_ends_it(
@@ -358,25 +358,39 @@ def test_an_idle_transaction_holding_a_run_stalls_only_that_run_until_the_server
     bounded("the slow step to run",
             lambda: faults.query("SELECT 1 FROM workflows_step WHERE run_id = %s"
                                  " AND status = 'running'", held))  # fmt: skip
-    # A connection set up as the engine's are (the same timeouts: a stopped process's idle
-    # transaction), locking the run as a settle would, then idle in its transaction.
+    # A connection set up as the engine's are (the same timeouts: a process stopped in a
+    # transaction), locking the run as a settle would. Until the test has seen what it waits
+    # for, the holder's transaction is kept busy (a statement a second: never idle long
+    # enough for the server to end it); then it idles.
     options = (f"-c lock_timeout={LOCK_TIMEOUT_MS}"
                f" -c idle_in_transaction_session_timeout={IDLE_TIMEOUT_MS}")  # fmt: skip
     holder = psycopg.connect(faults.cluster.url, options=options)
+
+    def held_while(what: str, check: Any) -> None:
+        def poked() -> Any:
+            holder.execute("SELECT 1")
+            return check()
+
+        bounded(what, poked, every=1.0)
+
     try:
         holder.execute("SELECT id FROM workflows_run WHERE id = %s FOR UPDATE", [held])
         holder_pid = holder.info.backend_pid
         locked_at = faults.query("SELECT now()")[0][0]
-        # Meanwhile other runs go on: they finish while the lock is held.
-        others = faults.start("quick", _keys("q", 10))
-        faults.wait_finished(others, "the other runs, beside the held lock")
+        # Meanwhile other runs go on: they start and finish while the lock is held.
+        others: list[int] = []
+        starter = threading.Thread(
+            target=lambda: others.extend(faults.start("quick", _keys("q", 10)))
+        )
+        starter.start()
+        held_while("the other runs, beside the held lock",
+                   lambda: others and faults.unfinished(others) == 0)  # fmt: skip
+        starter.join()
         # The held run's settle meets lock_timeout and tries again (said once, in the log).
-        bounded("the settle to meet the lock timeout", lambda: "LockNotAvailable" in
-                faults.log("engine"))  # fmt: skip
-        still_held = faults.query("SELECT 1 FROM pg_stat_activity WHERE pid = %s", holder_pid)
-        assert still_held, "the holder's session ended before the others finished"
+        held_while("the settle to meet the lock timeout",
+                   lambda: "LockNotAvailable" in faults.log("engine"))  # fmt: skip
         assert faults.unfinished([held]) == 1  # its settle waits behind the lock
-        # The server ends the idle transaction; the run goes on.
+        # Left idle, the transaction is ended by the server; the run goes on.
         bounded("the server to end the idle transaction",
                 lambda: not faults.query("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
                                          holder_pid))  # fmt: skip
