@@ -55,7 +55,10 @@ class Cluster:
             # the stub provider listens on loopback, which the organisation allowlists
             "WAYMARK_EGRESS_ALLOWABLE": "127.0.0.1/32",
             "WAYMARK_IO_LEASE_SECONDS": "2", "WAYMARK_WORKER_POLL_SECONDS": "0.2",
-            "WAYMARK_LOG_LEVEL": "WARNING", "PYTHONFAULTHANDLER": "1", **extra,
+            "WAYMARK_LOG_LEVEL": "WARNING", "PYTHONFAULTHANDLER": "1",
+            # The checkout under test, for children started with `python -m` (the web's)
+            # from the host's directory: else an installed copy of the package may answer.
+            "PYTHONPATH": str(ROOT), **extra,
         }  # fmt: skip
 
     def manage(self, *args: str, **env: str) -> str:
