@@ -18,26 +18,19 @@ skipped, and says why.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import socket
 import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, suppress
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
-from .processes import ROOT, kill_tree
+from .clusters import Cluster, api, bounded, free_port
+from .processes import kill_tree
 from .stubs import ProviderStub
 
 SERVER = os.environ.get("WAYMARK_HOSTS_SERVER", "postgres://postgres@127.0.0.1:5432")
@@ -59,68 +52,6 @@ DEFINITION = {
 }  # fmt: skip
 
 
-def bounded(what: str, check: Any, *, seconds: float = 240.0, every: float = 0.2) -> Any:
-    """Poll ``check`` until it returns something true; fail saying ``what`` after a cap far
-    beyond the event's normal time (a loaded machine is slow, not wrong)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(every)
-    raise AssertionError(f"waited {seconds:.0f} s for {what}")
-
-
-@dataclass
-class Cluster:
-    url: str  # the database, over TCP
-    secret: str
-    base: Path
-
-    def env(self, home: Path, **extra: str) -> dict[str, str]:
-        """One host's environment: the shared database and secret key, its own data
-        directory, short leases (a dead host's steps are taken over in seconds)."""
-        inherited = {k: v for k, v in os.environ.items()
-                     if not k.startswith("WAYMARK_") and k != "DATABASE_URL"}  # fmt: skip
-        return {
-            **inherited,
-            "DATABASE_URL": self.url, "WAYMARK_SECRET_KEY": self.secret,
-            "WAYMARK_DATA_DIR": str(home), "DJANGO_SETTINGS_MODULE": "waymark_config.settings",
-            # the stub provider listens on loopback, which the organisation allowlists
-            "WAYMARK_EGRESS_ALLOWABLE": "127.0.0.1/32",
-            "WAYMARK_IO_LEASE_SECONDS": "2", "WAYMARK_WORKER_POLL_SECONDS": "0.2",
-            "WAYMARK_LOG_LEVEL": "WARNING", "PYTHONFAULTHANDLER": "1", **extra,
-        }  # fmt: skip
-
-    def manage(self, *args: str) -> str:
-        home = self.base / "admin"
-        home.mkdir(exist_ok=True)
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), *args], cwd=home, env=self.env(home),
-            capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, f"manage.py {' '.join(args)}:\n{done.stdout}{done.stderr}"
-        return done.stdout
-
-    def host(self, name: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
-        """``python /abs/manage.py runengine ARGS`` from the host's own directory."""
-        home = self.base / name
-        home.mkdir(exist_ok=True)
-        with (home / "runengine.log").open("ab") as log:
-            return subprocess.Popen(
-                [sys.executable, str(ROOT / "manage.py"), "runengine", "--grace", "2", *args],
-                cwd=home, env=self.env(home, **env), stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            return conn.execute(sql, params).fetchall()
-
-    def log(self, name: str) -> str:
-        path = self.base / name / "runengine.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     try:
@@ -137,25 +68,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     finally:
         with psycopg.connect(f"{SERVER}/postgres", autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
-def api(port: int, key: str, method: str, path: str, body: Any = None) -> Any:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}", method=method,
-        data=json.dumps(body).encode() if body is not None else None,
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-    )  # fmt: skip
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 (our own host)
-            return json.loads(answer.read() or b"null")
-    except urllib.error.HTTPError as refused:
-        raise AssertionError(f"{method} {path}: {refused.code} {refused.read()!r}") from None
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def sweep_holder_pid(cluster: Cluster) -> int:

@@ -40,6 +40,7 @@ from django.db import connection, transaction
 
 from workflows.plugins import Sweep
 from workflows.plugins.engine import (
+    Outage,
     Statement,
     Wake,
     crash_point,
@@ -277,6 +278,8 @@ class TimerFiring:
         self.sweep = sweep
         self.firers = max(1, firers or int(engine_setting("TIMER_FIRERS")))
         self.told = [threading.Event() for _ in range(self.firers)]  # per firer: look now
+        # A database outage: one warning when it goes, one when it is back (all parts share).
+        self.outage = Outage("timers", logger)
 
     @property
     def name(self) -> str:
@@ -322,10 +325,11 @@ class TimerFiring:
             fired, due_at = self._fire_backlog(part)
             if fired:
                 logger.info("sweep: %s timer(s) fired", fired)
-        except Exception:
-            logger.exception("sweep failed; retrying")
+        except Exception as exc:
+            self.outage.failed(exc)  # the next look is the next try
             connection.close()
             return time.monotonic() + self.tick
+        self.outage.ok()
         latest = time.monotonic() + self.tick
         return latest if due_at is None else min(latest, due_at)
 

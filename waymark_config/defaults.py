@@ -203,6 +203,11 @@ WAYMARK = {
     # Workers poll this often even without a wake-up: a lost message only delays work.
     "WORKER_POLL_SECONDS": env.float("WAYMARK_WORKER_POLL_SECONDS", default=1.0),
     "RELAY_POLL_SECONDS": env.float("WAYMARK_RELAY_POLL_SECONDS", default=0.05),
+    # A listening connection (workers' wake-ups, the timers' fast path) silent this long asks
+    # the server for an answer, and is dropped and opened again (LISTEN anew) when none comes
+    # within as long: a half-open connection would otherwise leave it deaf until a restart.
+    # 0: no check (TCP keepalives only).
+    "LISTEN_CHECK_SECONDS": env.float("WAYMARK_LISTEN_CHECK_SECONDS", default=20.0),
     "RELAY_BATCH": 500,
     # Modules imported at start-up that register step types of their own (the tests' `probe`
     # type, tests/probe_steps.py); a host project registers from its AppConfig.ready().

@@ -43,7 +43,7 @@ from effects.public import (
     egress_client,
 )
 from workflows.plugins import Sweep
-from workflows.plugins.engine import crash_point, fetch_dict, fetch_dicts
+from workflows.plugins.engine import Outage, crash_point, fetch_dict, fetch_dicts
 
 from . import sql
 from .signing import SIGNATURE_HEADER, signature_header
@@ -235,6 +235,8 @@ class Sender:
         self.lock = threading.Lock()
         self.woken = threading.Event()
         self.last_org = 0
+        # A database outage: one warning when it goes, one when it is back.
+        self.outage = Outage("webhooks: claiming deliveries", logger)
 
     def start(self, stop: threading.Event) -> list[threading.Thread]:
         threads = [threading.Thread(target=self._claiming, args=(stop,), name="webhook-claims",
@@ -270,10 +272,11 @@ class Sender:
             return
         try:
             taken = claim(free, after=self.last_org)
-        except Exception:
-            logger.exception("webhooks: claiming deliveries failed; trying again")
+        except Exception as exc:
+            self.outage.failed(exc)  # the next poll is the next try
             connection.close()
             return
+        self.outage.ok()
         if taken:
             self.last_org = taken[-1].org_id
         with self.lock:

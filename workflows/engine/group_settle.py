@@ -35,6 +35,7 @@ from django.db import connection
 from .executors import StepResult
 from .hops import PlannedHop, hop_planned, hops_together, plan_hop
 from .steps import ClaimedStep, Settled, settle_and_take_next, settled_by_hop
+from .transient import is_transient
 from .walk import TakeNext
 
 logger = logging.getLogger(__name__)
@@ -133,9 +134,10 @@ class GroupSettler:
                 answers = [hop_planned(group[0].hop, group[0].take)]
             else:
                 answers = hops_together([member.hop for member in group], group[0].take)
-        except Exception:
-            logger.warning("a group of %s hops failed; settling each alone", len(group),
-                           exc_info=True)  # fmt: skip
+        except Exception as exc:
+            if not is_transient(exc):  # a lost connection is reported by each member's retry
+                logger.warning("a group of %s hops failed; settling each alone", len(group),
+                               exc_info=True)  # fmt: skip
             connection.close()
             return
         if len(group) > 1:

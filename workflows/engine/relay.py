@@ -18,6 +18,7 @@ from . import metrics, sql
 from .faults import crash_point
 from .lanes import engine_setting
 from .sql.rows import fetch_dicts
+from .transient import Outage
 from .transport import Message, Transport, default_transport
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ def run_relay(stop: threading.Event, *, transport: Transport | None = None) -> N
     poll = engine_setting("RELAY_POLL_SECONDS")
     batch = engine_setting("RELAY_BATCH")
     next_cleanup = 0.0
+    outage = Outage("relay", logger)  # a warning when the database goes, one when it is back
     while not stop.is_set():
         try:
             sent = relay_once(transport, batch=batch)
@@ -69,11 +71,12 @@ def run_relay(stop: threading.Event, *, transport: Transport | None = None) -> N
                 if removed:
                     logger.info("relay removed %s sent outbox rows", removed)
                 next_cleanup = time.monotonic() + 60
-        except Exception:
-            logger.exception("relay batch failed; retrying")
+        except Exception as exc:
+            pause = outage.failed(exc)
             connection.close()
-            stop.wait(1.0)
+            stop.wait(pause)
             continue
+        outage.ok()
         if sent < batch:
             # Caught up: wait a poll interval so the next batch gathers rows instead of
             # committing one tiny batch per settle. A full batch means more are waiting.

@@ -33,6 +33,7 @@ from . import metrics, sql
 from .lanes import engine_setting
 from .signals import LateMatching
 from .sweep import sweep_once
+from .transient import Outage, is_transient
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,9 @@ class Sweeper:
         self.services = [make(self.sweep) for make in SWEEP_SERVICES.values()]
         self.next_slow = 0.0
         self.late = LateMatching()  # its incremental late matching: a full pass first
+        # A database outage: one warning per loop when it goes, one when it is back.
+        self.lease_outage = Outage(f"sweeper {self.name}: lease", logger)
+        self.housekeeping_outage = Outage(f"sweeper {self.name}: housekeeping", logger)
 
     @property
     def name(self) -> str:
@@ -119,8 +123,10 @@ class Sweeper:
         """Take or renew the lease."""
         try:
             leads = self._take_lease()
-        except Exception:
-            logger.exception("sweep could not take its lease; retrying")
+            self.lease_outage.ok()
+        except Exception as exc:
+            # Follows until it holds the lease again (the tick is the pause between tries).
+            self.lease_outage.failed(exc)
             connection.close()
             leads = False
         took_over = leads and not self.leader
@@ -146,15 +152,16 @@ class Sweeper:
     def _housekeeping(self) -> None:
         """The engine's sweep, then the apps' tasks: each fails alone, and each is timed
         (metrics.SWEEP_DURATION, by its name)."""
+        outage = self.housekeeping_outage
         with metrics.sweep_timed(ENGINE_SWEEP):
-            _logged("the engine's sweep", self._engine_sweep)
+            _logged("the engine's sweep", outage, self._engine_sweep)
         slow = time.monotonic() >= self.next_slow
         if slow:
             self.next_slow = time.monotonic() + SLOW_TASKS_EVERY_SECONDS
         for name, task in list(SWEEP_TASKS.items()):
             if task.each_tick or slow:
                 with metrics.sweep_timed(name):
-                    _logged(name, task.run, self.name)
+                    _logged(name, outage, task.run, self.name)
 
     def _engine_sweep(self) -> None:
         counts = sweep_once(name=self.name, late=self.late)
@@ -184,15 +191,20 @@ class Sweeper:
             logger.warning("sweeper %s could not hand its lease on", self.name, exc_info=True)
 
 
-def _logged(name: str, task: Callable[..., Any], *args: Any) -> None:
-    """Run one piece of housekeeping; a count it returns is logged, an error is logged and
-    its connection dropped (it may be the cause), and the next piece runs regardless."""
+def _logged(name: str, outage: Outage, task: Callable[..., Any], *args: Any) -> None:
+    """Run one piece of housekeeping; a count it returns is logged, an error is logged (a
+    database outage once, through ``outage``) and its connection dropped (it may be the
+    cause), and the next piece runs regardless."""
     try:
         done = task(*args)
-    except Exception:
-        logger.exception("sweep: %s failed; it runs again at its next turn", name)
+    except Exception as exc:
+        if is_transient(exc):
+            outage.failed(exc)
+        else:
+            logger.exception("sweep: %s failed; it runs again at its next turn", name)
         connection.close()
         return
+    outage.ok()
     if done:
         logger.info("sweep: %s: %s", name, done)
 

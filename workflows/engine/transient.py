@@ -13,6 +13,10 @@ psycopg error as its ``__cause__``; both are looked at.
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+
 import psycopg
 from django.db import InterfaceError as DjangoInterfaceError
 
@@ -20,8 +24,9 @@ from django.db import InterfaceError as DjangoInterfaceError
 # query_canceled (statement_timeout, a cancel request).
 RETRY_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014"})
 # The connection is gone: class 08 (connection exception), and the server shutting down or
-# restarting under it (57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now).
-LOST_CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+# restarting under it (57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now),
+# or no connection to be had (53300 too_many_connections).
+LOST_CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -61,3 +66,53 @@ def _chain(exc: BaseException) -> list[BaseException]:
         seen.append(current)
         current = current.__cause__
     return seen
+
+
+class Outage:
+    """A long-running loop's view of the database being away (a restart, a failover, a
+    terminated backend, no free connection): one warning when it goes, one when it is back,
+    and a growing pause between tries, instead of a traceback per try.
+
+    ``failed(exc)`` is called with each error and returns how long to wait before the next
+    try; ``ok()`` after each success. An error that is not transient (a bug) is logged with
+    its traceback every time: hiding it would hide the bug. Safe to share between threads
+    (a worker's settling threads share one, so an outage is one warning, not one a slot).
+    """
+
+    def __init__(self, what: str, log: logging.Logger, *, first: float = 0.2,
+                 most: float = 5.0) -> None:  # fmt: skip
+        self.what, self.log, self.first, self.most = what, log, first, most
+        self.since: float | None = None  # when the current outage began (monotonic)
+        self.tries = 0
+        self._lock = threading.Lock()
+
+    def failed(self, exc: BaseException) -> float:
+        if not is_transient(exc):
+            self.log.error("%s failed; trying again", self.what, exc_info=exc)
+            return self.most
+        with self._lock:
+            self.tries += 1
+            if self.since is None:
+                self.since = time.monotonic()
+                what = (
+                    "the database is unavailable" if lost_connection(exc) else "a transient error"
+                )
+                self.log.warning("%s: %s (%s); trying again until it passes", self.what, what,
+                                 _first_line(exc))  # fmt: skip
+            return float(min(self.most, self.first * 2 ** min(self.tries - 1, 16)))
+
+    def ok(self) -> None:
+        if self.since is None:  # the common case: no lock taken
+            return
+        with self._lock:
+            since, self.since, tries, self.tries = self.since, None, self.tries, 0
+        if since is not None:
+            self.log.warning("%s: the database answers again after %.1f s (%s tries)", self.what,
+                             time.monotonic() - since, tries)  # fmt: skip
+
+
+def _first_line(exc: BaseException) -> str:
+    """The driver's error (LockNotAvailable, AdminShutdown, ...) in one line."""
+    exc = next((each for each in _chain(exc) if isinstance(each, psycopg.Error)), exc)
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]

@@ -14,7 +14,10 @@ Another transport (Redis, say) implements ``publish`` and ``subscribe`` the same
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -22,7 +25,9 @@ from typing import Any, Protocol
 import psycopg
 from django.db import connection
 
+from .lanes import engine_setting
 from .sql.rows import LANE_CHANNEL_PREFIX
+from .transient import Outage
 
 logger = logging.getLogger(__name__)
 
@@ -90,19 +95,61 @@ class PostgresNotifyTransport:
 
 
 def listen(channel: str, wake: threading.Event, stop: threading.Event) -> None:
-    """Set ``wake`` on each notification on ``channel`` until ``stop``; reconnect on errors
-    (and set ``wake`` once after each (re)connect: notifications may have been missed)."""
+    """Set ``wake`` on each notification on ``channel`` until ``stop``; reconnect and LISTEN
+    again on errors (and set ``wake`` once after each (re)connect: notifications may have
+    been missed). A server restart, a terminated backend: the next read fails, and the
+    listener is back as soon as the server is, with one warning for the outage."""
+    check = float(engine_setting("LISTEN_CHECK_SECONDS"))
+    outage = Outage(f"listener for {channel}", logger, first=0.5)
     while not stop.is_set():
         try:
             with own_connection() as conn:
-                conn.execute(f"LISTEN {channel}")
+                _answers_within(conn, f"LISTEN {channel}", check)
+                outage.ok()
                 wake.set()
-                while not stop.is_set():
-                    for _ in conn.notifies(timeout=0.5, stop_after=1):
-                        wake.set()
-        except psycopg.OperationalError as exc:
-            logger.warning("listener for %s lost its connection (%s); reconnecting", channel, exc)
-            stop.wait(1.0)
+                _hear(conn, wake, stop, check)
+        except Exception as exc:
+            stop.wait(outage.failed(exc))
+
+
+def _hear(conn: psycopg.Connection[Any], wake: threading.Event, stop: threading.Event,
+          check: float) -> None:  # fmt: skip
+    """Turn notifications into wakes until ``stop``. A listener only reads, so a connection
+    that died without a word (half-open: the server's host gone, a middlebox dropping the
+    flow) would leave it deaf for good: after ``check`` seconds without a notification it
+    asks the server for an answer, and raises if none comes within ``check`` seconds."""
+    heard = time.monotonic()
+    while not stop.is_set():
+        for _ in conn.notifies(timeout=0.5, stop_after=1):
+            wake.set()
+            heard = time.monotonic()
+        if check and time.monotonic() - heard >= check:
+            _answers_within(conn, "SELECT 1", check)
+            wake.set()  # what arrived during the check is not yielded by notifies(): look
+            heard = time.monotonic()
+
+
+def _answers_within(conn: psycopg.Connection[Any], statement: str, seconds: float) -> None:
+    """Run ``statement``; an OperationalError after ``seconds`` (0: no limit) without an
+    answer: the socket is shut down under the waiting statement (a server-side timeout cannot
+    help: the server may never see it), which makes it fail as a lost connection does."""
+    if not seconds:
+        conn.execute(statement)
+        return
+    cut = threading.Timer(seconds, _shut_down, args=(conn.fileno(),))
+    cut.daemon = True
+    cut.start()
+    try:
+        conn.execute(statement)
+    finally:
+        cut.cancel()
+
+
+def _shut_down(fd: int) -> None:
+    """Shut the connection's socket down (on a duplicate of its descriptor: the connection
+    still owns and closes the original), so a read blocked on it returns at once."""
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def default_transport() -> Transport:

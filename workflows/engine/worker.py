@@ -54,12 +54,21 @@ from .steps import (
     step_context,
 )
 from .stop_signals import on_stop_signal
+from .transient import Outage, is_transient, lost_connection
 from .transport import Transport, default_transport, own_connection
 from .walk import QuickStepRetry, TakeNext
 
 logger = logging.getLogger(__name__)
 
-SETTLE_TRIES = 3
+# A settle meeting a transient database error (a lost connection, a server restarting, a lock
+# held past lock_timeout) is tried again, with growing pauses, for this long: past the time a
+# server takes to restart and past the default idle_in_transaction_session_timeout that ends
+# a stuck lock holder. Giving up earlier would let the lease lapse and count an attempt the
+# step never spent. Meanwhile the heartbeat keeps the lease while the database answers it.
+SETTLE_PATIENCE_SECONDS = 120.0
+# An attempt whose executor lost its database connection (a restart, no free connection) is
+# run again after this long without counting: the database's absence is not the step's fault.
+DATABASE_DEFER_SECONDS = 1.0
 IDLE_SECOND_LOOK_SECONDS = 0.02  # after listing itself idle (see _claim_loop)
 EXIT_REPLACE_ME = 75  # EX_TEMPFAIL: hung executors; start a fresh process in this one's place
 
@@ -122,6 +131,11 @@ class Worker:
         self.second_look_at = 0.0  # when to claim again after listing (0: no second look)
         self.idle_refresh_at = 0.0
         self.claims = PreparedClaims()  # the claim loop's own connection
+        # A database outage is one warning per loop (and one when it is back), not a
+        # traceback per try: the claims, the settles (all slots share it), the heartbeat.
+        self.claims_outage = Outage(f"worker {self.name}: claims", logger)
+        self.settles_outage = Outage(f"worker {self.name}: settles", logger)
+        self.heartbeat_outage = Outage(f"worker {self.name}: heartbeat", logger)
         # A settle may claim the run's next step for this worker (not for a suspects-only
         # worker: its one slot is for suspects).
         self.take_next = (
@@ -210,11 +224,14 @@ class Worker:
                 if not claimed and idle and self._suspects_due():
                     claimed = self._claim_suspect()
                     alone = bool(claimed)
-            except Exception:
-                logger.exception("claim failed; retrying after a poll interval")
+            except Exception as exc:
+                # The pause grows while the database stays away, capped well below the poll
+                # interval (which may be long: it is only the backstop for lost wake-ups).
+                pause = min(self.poll_seconds, self.claims_outage.failed(exc))
                 connection.close()
-                self.stop.wait(self.poll_seconds)
+                self.stop.wait(pause)
                 continue
+            self.claims_outage.ok()
             if claimed:
                 metrics.steps_claimed(self.policy.name, len(claimed))
                 self._strike_off_idle()
@@ -276,8 +293,10 @@ class Worker:
         a failure is logged and the claim loop goes on."""
         try:
             self.claims.rowcount(statement, params)
-        except Exception:
-            logger.warning("worker %s could not update its idle listing", self.name, exc_info=True)
+        except Exception as exc:
+            # An outage is the claims' to report (they meet it too); a bug is shown whole.
+            logger.warning("worker %s could not update its idle listing", self.name,
+                           exc_info=not is_transient(exc))  # fmt: skip
             return False
         return True
 
@@ -505,7 +524,16 @@ class Worker:
             return executor_for(step.type)(step_def, context, ctx), None
         except (StepFailure, StepDeferred) as failure:
             return None, failure
-        except Exception as exc:  # a bug or an outage in the step: retry it, never crash
+        except Exception as exc:
+            if lost_connection(exc):
+                # The database went away under the executor (a restart, a terminated
+                # backend, no free connection): not the step's fault, so the attempt does not
+                # count. The deferral's settle waits for the database (see _settle).
+                self.settles_outage.failed(exc)
+                connection.close()
+                reason = f"database_unavailable: {type(exc).__name__}"
+                return None, StepDeferred(DATABASE_DEFER_SECONDS, reason)
+            # A bug or an outage in the step: retry it, never crash.
             logger.exception("step %s attempt %s raised", step.id, step.attempt)
             return None, StepFailure(f"{type(exc).__name__}: {exc}")
 
@@ -520,31 +548,52 @@ class Worker:
             metrics.step_fenced_out(step.lane)
 
     def _settle(self, step: ClaimedStep, write: Callable[[], object]) -> object:
-        """Run a settle, retrying on a dropped connection or a deadlock with a fresh one.
+        """Run a settle, retrying on a transient database error (a dropped connection, a
+        server restarting, a deadlock, a lock timeout) with a fresh connection, pausing
+        longer each time, for up to SETTLE_PATIENCE_SECONDS.
 
         Safe to repeat: the settle is fenced, so a retry after a commit whose answer was lost
         is simply refused. A failure that is not the database's (the walk raised) fails the
         step and its run without walking, instead of re-running the step until poisoned.
         """
-        for attempt in range(1, SETTLE_TRIES + 1):
+        give_up = time.monotonic() + SETTLE_PATIENCE_SECONDS
+        tries = 0
+        while True:
             # No health check up front (it would cost a round trip per step): a dead
             # connection fails the settle, which is then retried on a fresh one.
             try:
-                return write()
-            except (OperationalError, InterfaceError):
-                logger.warning("settle of step %s failed (try %s); retrying", step.id, attempt)
-                connection.close()
-                time.sleep(0.05 * attempt)
+                settled = write()
             except QuickStepRetry:
                 raise
             except Exception as exc:
-                logger.exception("the walk failed for step %s attempt %s", step.id, step.attempt)
-                if fail_step_and_run(step, f"engine_error: {type(exc).__name__}: {exc}",
-                                     worker=self.name):  # fmt: skip
-                    metrics.step_failed(step.lane, final=True)
-                return None
-        logger.error("gave up settling step %s; its lease will lapse and it will re-run", step.id)
+                if not isinstance(exc, OperationalError | InterfaceError) and not is_transient(exc):
+                    self._walk_failed(step, exc)
+                    return None
+                tries += 1
+                connection.close()
+                pause = min(2.0, 0.05 * 2 ** min(tries - 1, 6))
+                if not is_transient(exc):
+                    logger.warning("settle of step %s failed (try %s); retrying", step.id, tries,
+                                   exc_info=True)  # fmt: skip
+                    if tries >= 3:
+                        break
+                else:
+                    self.settles_outage.failed(exc)
+                if time.monotonic() + pause > give_up or self.halt.wait(pause):
+                    break
+                continue
+            self.settles_outage.ok()
+            return settled
+        logger.error("gave up settling step %s after %s tries; its lease will lapse and it will "
+                     "re-run", step.id, tries)  # fmt: skip
         return None
+
+    def _walk_failed(self, step: ClaimedStep, exc: Exception) -> None:
+        """The settle's walk raised an error of its own: fail the step and its run."""
+        logger.exception("the walk failed for step %s attempt %s", step.id, step.attempt)
+        if fail_step_and_run(step, f"engine_error: {type(exc).__name__}: {exc}",
+                             worker=self.name):  # fmt: skip
+            metrics.step_failed(step.lane, final=True)
 
     def _timeout_failure(self) -> StepFailure:
         return StepFailure(f"timed out after {self.policy.timeout_seconds:g} s")
@@ -576,13 +625,14 @@ class Worker:
                     # bounds anything else (a lock on the table, say).
                     conn.execute("SET lock_timeout = '2s'")
                 beat = heartbeat(conn, held=held, lease_seconds=self.policy.lease_seconds)
-            except Exception:
-                logger.exception("heartbeat failed; retrying")
+            except Exception as exc:
+                self.heartbeat_outage.failed(exc)  # the next beat is the next try
                 if conn is not None:
                     conn.close()
                 conn = None
                 self._give_up_stale_leases()
                 continue
+            self.heartbeat_outage.ok()
             now = time.monotonic()
             with self.lock:
                 for key in held:

@@ -28,13 +28,14 @@ from ..engine.stop_signals import wait_for_stop_signal
 from ..engine.tracing import on as tracing_on
 from ..engine.tracing import step_span
 from ..engine.tracing import use as use_tracer_provider
-from ..engine.transient import is_transient, lost_connection
+from ..engine.transient import Outage, is_transient, lost_connection
 from ..engine.transport import listen, own_connection
 from ..engine.waits import Wake, fail_waiting_step, wake_step
 from ..engine.walk import lock_run
 from ..states import RunStatus, StepStatus
 
 __all__ = [
+    "Outage",
     "RunStatus",
     "Statement",
     "StepStatus",
