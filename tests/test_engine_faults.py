@@ -180,3 +180,7 @@ def test_every_connection_is_bounded_by_statement_lock_and_idle_transaction_time
         for name, value in expected.items():
             row = heartbeat_connection.execute(f"SHOW {name}").fetchone()
             assert row is not None and row[0] == value, name
+        # Over TCP, a statement sent into a black-holed route fails within a minute.
+        assert "tcp_user_timeout=60000" in heartbeat_connection.info.dsn.split()
+    connection.ensure_connection()
+    assert "tcp_user_timeout=60000" in connection.connection.info.dsn.split()

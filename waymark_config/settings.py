@@ -210,6 +210,14 @@ _DB_OPTIONS.setdefault("keepalives", 1)
 _DB_OPTIONS.setdefault("keepalives_idle", env.int("WAYMARK_DB_KEEPALIVES_IDLE", default=30))
 _DB_OPTIONS.setdefault("keepalives_interval", 10)
 _DB_OPTIONS.setdefault("keepalives_count", 3)
+# Keepalives probe an idle connection only: a statement sent into a connection whose peer
+# went silent (a black-holed route) would wait for the kernel's retransmissions, up to about
+# 15 minutes. With tcp_user_timeout, data unacknowledged this long fails the connection (the
+# engine then reconnects). Longer than any statement's answer takes to start: the server
+# acknowledges what it receives at once, however long the statement then runs.
+_DB_OPTIONS.setdefault(
+    "tcp_user_timeout", env.int("WAYMARK_DB_TCP_USER_TIMEOUT_MS", default=60_000)
+)
 # The engine's hot statements (the settle's run lock and batch, rows.run_batch) are
 # server-side prepared; Django turns psycopg's preparation off (prepare_threshold None),
 # which would refuse even an explicit prepare=True. Django's own cursors bind on the client
