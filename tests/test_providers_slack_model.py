@@ -113,8 +113,24 @@ def test_slack_post_then_lookup_finds_it_by_its_key_only(slack_stub):
     assert SLACK.can_lookup and SLACK.supports_lookup(conn)
 
 
+def test_slack_lookup_pages_through_the_history_by_its_cursor(slack_stub, monkeypatch):
+    monkeypatch.setattr(slack_module, "HISTORY_PAGE", 2)
+    conn = slack_conn(slack_stub.url)
+    request = slack_request()
+    for n in range(5):
+        SLACK.call(request, f"k{n}", conn)
+    found = SLACK.lookup(request, "k0", conn)  # the oldest: on the third page
+    assert found is not None and found.result["ts"] == slack_stub.messages[0]["ts"]
+    assert SLACK.lookup(request, "missing", conn) is None  # the whole history was read
+    history = slack_stub.count("GET", "/api/conversations.history") + slack_stub.count(
+        "POST", "/api/conversations.history"
+    )
+    assert history == 3 + 3  # three pages each, through the cursor
+
+
 def test_slack_lookup_never_says_absent_when_history_remains(slack_stub, monkeypatch):
     monkeypatch.setattr(slack_module, "HISTORY_PAGE", 2)
+    monkeypatch.setattr(slack_module, "HISTORY_PAGES", 1)
     conn = slack_conn(slack_stub.url)
     request = slack_request()
     for n in range(3):

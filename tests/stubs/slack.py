@@ -154,18 +154,22 @@ class SlackStub(HttpStub):
         channel = args.get("channel")
         with_metadata = _truthy(args.get("include_all_metadata"))
         limit = int(args.get("limit") or 100)
+        # Newest first, a page at a time; the cursor (opaque to the client, as Slack's) is
+        # where the next page starts.
+        start = int(args.get("cursor") or 0)
         with self._lock:
             found = [m for m in reversed(self.messages) if m["channel"] == channel]
         shown = [
             {k: v for k, v in m.items() if k != "channel" and (with_metadata or k != "metadata")}
-            for m in found[:limit]
+            for m in found[start : start + limit]
         ]
+        more = len(found) > start + limit
         return Response(
             200,
             {
                 "ok": True,
                 "messages": shown,
-                "has_more": len(found) > limit,
-                "response_metadata": {"next_cursor": ""},
+                "has_more": more,
+                "response_metadata": {"next_cursor": str(start + limit) if more else ""},
             },
         )
