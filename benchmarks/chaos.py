@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST = "tests/test_chaos.py"
 SUMMED = ("runs", "parked", "actions", "crash_hits", "crash_missed")
 COUNTED = ("steps", "effects", "outcome_unknown_seen", "model_repeats", "timers_fired",
-           "signals_consumed", "decisions", "minutes")  # fmt: skip
+           "signals_consumed", "decisions", "minutes", "severed")  # fmt: skip
 
 
 def one_round(minutes: float, report: Path, seed: int | None) -> subprocess.CompletedProcess[str]:
@@ -86,7 +86,8 @@ def main() -> int:
           f"outcome_unknown reconciled {counted['outcome_unknown_seen']}, model repeats "
           f"{counted['model_repeats']}, timers fired {counted['timers_fired']}, signals "
           f"consumed {counted['signals_consumed']}, decisions {counted['decisions']}")  # fmt: skip
-    print(f"  actions {dict(summed['actions'])}")
+    print(f"  actions {dict(summed['actions'])}; database connections severed "
+          f"{counted['severed']}")  # fmt: skip
     print(f"  crash points hit {dict(summed['crash_hits'])}; armed, not reached "
           f"{dict(summed['crash_missed'])}")  # fmt: skip
     print(f"  violations: {len(violations)}")

@@ -12,6 +12,9 @@ process every 0.5-3 s and does one of:
 - ``crash``: SIGKILL, then starts it again with ``WAYMARK_CRASH_AT`` set to one of its
   role's crash points: it dies when it reaches that line (exit status 137, counted as a
   hit), and is started again without it.
+- ``sever``: terminates every database connection of one role's processes on the server
+  (``pg_terminate_backend``: a settle half sent, a LISTEN, a claim, as in a failover); the
+  processes live on and must reconnect and listen again.
 
 A process is struck only once it has been up a while (a Django process takes seconds to
 start on a loaded machine), and one armed with a crash point is left to reach it.
@@ -49,7 +52,9 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from effects.models import Effect
+from waymark_config.process_role import application_name
 from workflows.definitions.registry import registry
+from workflows.engine.transport import own_connection
 from workflows.models import Run, RunEvent, Step
 
 from .engine_harness import Harness
@@ -178,6 +183,7 @@ class Tally:
     crash_hits: Counter[str] = field(default_factory=Counter)  # crash point -> deaths there
     # Armed, but the point was not reached within ARMED_SECONDS: started again without it.
     crash_missed: Counter[str] = field(default_factory=Counter)
+    severed: int = 0  # database connections terminated by ``sever``
     unexpected_exits: list[str] = field(default_factory=list)
 
 
@@ -264,10 +270,28 @@ class Pool:
         return found
 
 
-class Driver(threading.Thread):
-    """Every 0.5-3 s, one thing done to one process, chosen by a seeded random."""
+# The roles whose database connections ``sever`` cuts (their application_name, process_role.py).
+SEVERED_ROLES = ("worker-io", "worker-slow", "worker-human", "worker-io-suspects", "relay",
+                 "sweep")  # fmt: skip
+SEVER = """
+SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+ WHERE datname = current_database() AND application_name = %(app)s AND pid <> pg_backend_pid()
+"""
 
-    KINDS = ("kill", "term", "stop", "crash")
+
+def sever(role: str) -> int:
+    """Terminate every database connection of ``role``'s processes, whatever each is doing
+    (a settle half sent, a LISTEN, a claim): the server's side of a crash or a failover."""
+    with own_connection() as conn:
+        row = conn.execute(SEVER, {"app": application_name(role)}).fetchone()
+    return int(row[0]) if row else 0
+
+
+class Driver(threading.Thread):
+    """Every 0.5-3 s, one thing done to one process (or, ``sever``, to the database
+    connections of one role's processes), chosen by a seeded random."""
+
+    KINDS = ("kill", "term", "stop", "crash", "sever")
 
     def __init__(self, pool: Pool, rng: random.Random) -> None:
         super().__init__(name="chaos-driver", daemon=True)
@@ -285,9 +309,13 @@ class Driver(threading.Thread):
 
     def strike(self) -> None:
         now = time.monotonic()
+        kind = self.rng.choice(self.KINDS)
+        if kind == "sever":
+            self.pool.tally.actions[kind] += 1
+            self.pool.tally.severed += sever(self.rng.choice(SEVERED_ROLES))
+            return
         ready = [p for p in self.pool.procs if p.alive() and not p.stopped_until
                  and not p.armed and p.up_for(now) > UP_SECONDS]  # fmt: skip
-        kind = self.rng.choice(self.KINDS)
         if kind == "crash":  # a suspects-only worker seldom has work: it would not get there
             ready = [p for p in ready if not p.name.startswith("suspects")]
         if not ready:

@@ -70,6 +70,7 @@ def test_chaos_breaks_no_invariant(org: Organisation, tmp_path: Path) -> None:
 def summary(chosen: int, report: Report, tally: Tally, minutes: float) -> str:
     return (f"chaos seed {chosen}: {minutes:.1f} min, runs {dict(report.runs)}, "
             f"steps {report.steps}, effects {report.effects}, actions {dict(tally.actions)}, "
+            f"database connections severed {tally.severed}, "
             f"crash points hit {dict(tally.crash_hits)} (armed, not reached: "
             f"{dict(tally.crash_missed)}), parked {dict(report.parked)}, "
             f"outcome_unknown {report.outcome_unknown_seen}, "
@@ -85,6 +86,6 @@ def record(chosen: int, report: Report, tally: Tally, minutes: float) -> None:
              for name, value in vars(report).items()}  # fmt: skip
     line = {"seed": chosen, "minutes": round(minutes, 2), **found,
             "actions": dict(tally.actions), "crash_hits": dict(tally.crash_hits),
-            "crash_missed": dict(tally.crash_missed)}  # fmt: skip
+            "crash_missed": dict(tally.crash_missed), "severed": tally.severed}  # fmt: skip
     with open(path, "a") as out:
         out.write(json.dumps(line) + "\n")
