@@ -24,6 +24,7 @@ from workflows.plugins.engine import (
     crash_point,
     database_now,
     fetch_dicts,
+    log_failure,
     wake_step,
 )
 
@@ -74,8 +75,8 @@ def wake_decided(by: str = "sweep") -> int:
                     woken += 1
                 ApprovalRequest.objects.filter(pk=approval_id).update(wake_owed=False)
                 crash_point("approval.after_decision")  # woken with it, not committed
-        except Exception:
-            logger.exception("waking the step of approval %s failed", approval_id)
+        except Exception as exc:
+            log_failure(logger, exc, "waking the step of approval %s failed", approval_id)
     return woken + close_orphans(by)
 
 

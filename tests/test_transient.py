@@ -3,10 +3,13 @@ errors from the real PostgreSQL, raised by the server with their SQLSTATE."""
 
 from __future__ import annotations
 
-import pytest
-from django.db import DatabaseError, connection, transaction
+import logging
 
-from workflows.engine.transient import is_transient, lost_connection
+import psycopg
+import pytest
+from django.db import DatabaseError, OperationalError, connection, transaction
+
+from workflows.engine.transient import is_transient, log_failure, lost_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,3 +67,27 @@ def test_a_wrapper_raised_from_a_transient_error_is_transient_too() -> None:
             raise Wrapped("its own error, raised while handling it")  # noqa: B904
     except Wrapped as exc:
         assert exc.__context__ is deadlock and not is_transient(exc)
+
+
+def test_an_item_failing_on_a_transient_error_is_one_warning_line_and_a_bug_is_traced(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A terminated backend or a restart under a loop's item (a deadline, a late signal) is a
+    warning without a traceback (it is tried again); anything else keeps its traceback."""
+    log = logging.getLogger("tests.items")
+    caplog.set_level(logging.WARNING, logger="tests.items")
+    try:
+        raise OperationalError("terminated") from psycopg.errors.AdminShutdown("terminating")
+    except OperationalError as exc:
+        log_failure(log, exc, "firing the deadline of step %s failed", 7)
+    try:
+        raise KeyError("a bug")
+    except KeyError as exc:
+        log_failure(log, exc, "firing the deadline of step %s failed", 8)
+    transient, bug = caplog.records
+    assert transient.levelno == logging.WARNING and transient.exc_info is None
+    assert transient.getMessage() == (
+        "firing the deadline of step 7 failed (AdminShutdown: terminating); tried again later"
+    )
+    assert bug.levelno == logging.ERROR and bug.exc_info is not None
+    assert bug.getMessage() == "firing the deadline of step 8 failed"

@@ -35,6 +35,7 @@ from . import sql
 from .faults import crash_point
 from .lanes import engine_setting
 from .sql.rows import fetch_dict, fetch_dicts, json_or_null
+from .transient import log_failure
 from .waits import Wake, wake_step
 
 logger = logging.getLogger(__name__)
@@ -131,8 +132,8 @@ def _wake_a_waiter_now(signal: dict[str, Any]) -> str:
                 if wake_step(step_pk=waiter["id"], wake=_wake(signal), run_id=waiter["run_id"],
                              also=[consume]):  # fmt: skip
                     return taker
-    except Exception:
-        logger.exception("delivering signal %s failed: it stays pending", signal["id"])
+    except Exception as exc:
+        log_failure(logger, exc, "delivering signal %s failed: it stays pending", signal["id"])
     return ""
 
 
@@ -202,9 +203,9 @@ def _deliver_late(late: list[dict[str, Any]]) -> tuple[int, bool]:
     for signal in late:
         try:
             matched += bool(_wake_a_waiter_late(signal))
-        except Exception:
+        except Exception as exc:
             failed = True
-            logger.exception("matching signal %s failed", signal["id"])
+            log_failure(logger, exc, "matching signal %s failed", signal["id"])
     return matched, failed
 
 

@@ -111,6 +111,17 @@ class Outage:
                              time.monotonic() - since, tries)  # fmt: skip
 
 
+def log_failure(log: logging.Logger, exc: BaseException, message: str, *args: object) -> None:
+    """One item of a loop failed (a deadline, a late signal, an approval's wake): a transient
+    database error is a warning in one line (the item is tried again at its next turn, and
+    a terminated backend or a restart would otherwise write a traceback per item); any other
+    error is logged with its traceback, as the bug it is."""
+    if is_transient(exc):
+        log.warning(message + " (%s); tried again later", *args, _first_line(exc))
+    else:
+        log.error(message, *args, exc_info=exc)
+
+
 def _first_line(exc: BaseException) -> str:
     """The driver's error (LockNotAvailable, AdminShutdown, ...) in one line."""
     exc = next((each for each in _chain(exc) if isinstance(each, psycopg.Error)), exc)

@@ -40,7 +40,7 @@ from .sql.rows import (
     run_batch,
 )
 from .sql.rows import json_or_null as _json
-from .transient import is_transient
+from .transient import is_transient, log_failure
 from .walk import RunState, Walk, lock_run
 
 logger = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ def fire_due_deadlines(*, limit: int = 500, by: str = "sweep") -> int:
             with transaction.atomic(durable=True):
                 fired += wake_step(step_pk=row["id"], wake=wake, due_only=True)
         except Exception as exc:
-            logger.exception("firing the deadline of step %s failed", row["id"])
+            log_failure(logger, exc, "firing the deadline of step %s failed", row["id"])
             if not is_transient(exc):
                 fired += _fail_unwakeable(row["id"], row["run_id"], exc, by)
     return fired

@@ -54,7 +54,7 @@ from .steps import (
     step_context,
 )
 from .stop_signals import on_stop_signal
-from .transient import Outage, is_transient, lost_connection
+from .transient import Outage, is_transient, log_failure, lost_connection
 from .transport import Transport, default_transport, own_connection
 from .walk import QuickStepRetry, TakeNext
 
@@ -377,8 +377,8 @@ class Worker:
         taken = None
         try:
             taken = self._execute(attempt)
-        except Exception:
-            logger.exception("step %s attempt %s: settle failed", *attempt.key)
+        except Exception as exc:
+            log_failure(logger, exc, "step %s attempt %s: settle failed", *attempt.key)
             connection.close()
         finally:
             with self.slot_free:

@@ -28,7 +28,7 @@ from ..engine.stop_signals import wait_for_stop_signal
 from ..engine.tracing import on as tracing_on
 from ..engine.tracing import step_span
 from ..engine.tracing import use as use_tracer_provider
-from ..engine.transient import Outage, is_transient, lost_connection
+from ..engine.transient import Outage, is_transient, log_failure, lost_connection
 from ..engine.transport import listen, own_connection
 from ..engine.waits import Wake, fail_waiting_step, wake_step
 from ..engine.walk import lock_run
@@ -53,6 +53,7 @@ __all__ = [
     "json_or_null",
     "listen",
     "lock_run",
+    "log_failure",
     "lost_connection",
     "own_connection",
     "query_prepared",
