@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 
 from workflows.engine import sql
+from workflows.engine import worker as worker_module
 from workflows.engine.executors import StepResult
 from workflows.engine.lanes import lane_policy
 from workflows.engine.steps import claim, claim_suspect, settle_success
@@ -22,6 +23,7 @@ from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
 from .factories import IO_DEFINITION, OrganisationFactory
+from .processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -184,3 +186,34 @@ def test_every_connection_is_bounded_by_statement_lock_and_idle_transaction_time
         assert "tcp_user_timeout=60000" in heartbeat_connection.info.dsn.split()
     connection.ensure_connection()
     assert "tcp_user_timeout=60000" in connection.connection.info.dsn.split()
+
+
+def other_connections() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_an_idle_slot_gives_its_database_connection_back(org, monkeypatch) -> None:
+    """A slot that ran a step keeps its connection while busy, and gives it back once idle:
+    idle slots holding connections let three hosts exhaust max_connections 100 and stall,
+    the one settle needing a connection unable to get one (docs/scaling.md)."""
+    monkeypatch.setattr(worker_module, "IDLE_CONNECTION_SECONDS", 0.5)
+    worker = Worker(lane_policy("io"), concurrency=1, name="w")
+    run_id = start_io_run(org)
+    before = other_connections()
+    slot = threading.Thread(target=worker._execute_loop, daemon=True)
+    slot.start()
+    (step,) = claim(policy=worker.policy, worker="w", limit=1)
+    attempt = Attempt(step, deadline=time.monotonic() + 60, extended=time.monotonic())
+    worker.inflight[attempt.key] = attempt
+    worker.tasks.put(attempt)  # run and settled on the slot's own connection
+    wait_for(lambda: Run.objects.get(pk=run_id).status == "succeeded", what="the run")
+    wait_for(lambda: other_connections() == before, what="the idle slot's connection to close")
+    worker.halt.set()
+    worker.tasks.put(None)
+    slot.join(timeout=30)
+    assert not slot.is_alive()

@@ -69,6 +69,11 @@ SETTLE_PATIENCE_SECONDS = 120.0
 # An attempt whose executor lost its database connection (a restart, no free connection) is
 # run again after this long without counting: the database's absence is not the step's fault.
 DATABASE_DEFER_SECONDS = 1.0
+# A slot idle this long closes its database connection. Held by idle slots (32 an io
+# worker), connections run out on a server several hosts share; then the one settle that
+# needs a connection cannot get one and nothing gives one back (three hosts against
+# max_connections 100 stalled so). A busy slot keeps its connection: no reconnect per step.
+IDLE_CONNECTION_SECONDS = 10.0
 IDLE_SECOND_LOOK_SECONDS = 0.02  # after listing itself idle (see _claim_loop)
 EXIT_REPLACE_ME = 75  # EX_TEMPFAIL: hung executors; start a fresh process in this one's place
 
@@ -364,7 +369,7 @@ class Worker:
 
     def _execute_loop(self) -> None:
         while not self.halt.is_set():
-            attempt = self.tasks.get()
+            attempt = self._next_task()
             # A settle may hand back the run's next step, claimed for this worker in the same
             # transaction: it runs here next, in the same slot, without a claim.
             while attempt is not None:
@@ -372,6 +377,15 @@ class Worker:
             if self.halt.is_set():
                 break
         connection.close()
+
+    def _next_task(self) -> Attempt | None:
+        """The slot's next attempt. A slot idle for IDLE_CONNECTION_SECONDS gives its
+        database connection back first (see there)."""
+        try:
+            return self.tasks.get(timeout=IDLE_CONNECTION_SECONDS)
+        except queue.Empty:
+            connection.close()
+            return self.tasks.get()
 
     def _execute_one(self, attempt: Attempt) -> Attempt | None:
         taken = None
