@@ -32,6 +32,7 @@ from django.db import connection, transaction
 
 from ..definitions.validator import canonical_json
 from . import sql
+from .clock import database_now
 from .faults import crash_point
 from .lanes import engine_setting
 from .sql.rows import fetch_dict, fetch_dicts, json_or_null
@@ -230,9 +231,8 @@ class LateMatching:
 
     def run(self, *, limit: int = 200) -> int:
         full = self.since is None or time.monotonic() >= self.next_full
+        began = database_now()
         with connection.cursor() as cursor:
-            cursor.execute("SELECT now()")
-            (began,) = cursor.fetchone()
             if full:
                 cursor.execute(sql.SIGNALS_MATCHED_LATE, {"n": limit})
             else:
