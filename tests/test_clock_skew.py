@@ -291,7 +291,7 @@ def key(raw):
 
 print(json.dumps({
     "process": datetime.now(UTC).timestamp(),
-    "quota_clock": quotas.clock(),
+    "quota_clock": quotas.database_seconds(),
     "first_occurrence": first_occurrence("* * * * *", "UTC").timestamp(),
     "retry_after": retry_after_seconds(given["retry_date"]),
     "token_soon": token(given["soon"]), "token_past": token(given["past"]),

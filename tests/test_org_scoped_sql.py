@@ -53,6 +53,7 @@ ENGINE_WIDE = {
     "workflows.engine.sql.erasure.AUDIT_ERASURE_ORG": "a transaction-local setting",
     "webhooks.sql.CLAIM_LOCK": "one advisory lock for the senders' claim",
     "workflows.engine.sql.DATABASE_NOW": "the database's clock, no row",
+    "workflows.engine.sql.QUOTA_MINUTE": "the database's clock's minute, no row",
 }
 
 CLAIM = "a worker serves every organisation: it takes the next ready steps, fairly by org_id"

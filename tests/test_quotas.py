@@ -24,7 +24,7 @@ from workflows.errors import (
     RunningRunsQuota,
     StartsPerMinuteQuota,
 )
-from workflows.models import Organisation, Run, Signal
+from workflows.models import Organisation, QuotaUsage, Run, Signal
 from workflows.services import quotas
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
@@ -199,6 +199,32 @@ def test_finished_runs_free_their_slots_at_the_next_count(org) -> None:
     assert not isinstance(start(org, 2), QuotaExceeded)
     assert not isinstance(start(org, 3), QuotaExceeded)
     assert isinstance(start(org, 4), RunningRunsQuota)
+
+
+def test_the_starts_window_is_the_database_minute_read_by_the_admitting_statement(
+    org, monkeypatch
+) -> None:
+    """Unpinned, a start under a starts-per-minute quota counts in the database's minute
+    without a round trip to read the clock first (sql.QUOTA_MINUTE); the refusal's
+    Retry-After is the rest of that minute."""
+    monkeypatch.setattr(quotas, "clock", None)
+    automation_publish_definition(org=org, slug="io", definition=IO_DEFINITION)
+    org = limited(org, starts_per_minute=2)
+    for attempt in range(3):  # again, should the database's minute turn in the middle
+        QuotaUsage.objects.filter(org=org).update(window=0, window_count=0)
+        before = db_now().timestamp()
+        assert not isinstance(start(org, 10 * attempt), QuotaExceeded)
+        with CaptureQueriesContext(connection) as admitted:
+            assert not isinstance(start(org, 10 * attempt + 1), QuotaExceeded)
+        refused = start(org, 10 * attempt + 2)
+        after = db_now().timestamp()
+        if before // 60 == after // 60:
+            break
+    assert not any(q["sql"] == sql.DATABASE_NOW for q in admitted.captured_queries)
+    assert isinstance(refused, StartsPerMinuteQuota)
+    usage = QuotaUsage.objects.get(org=org, kind=quotas.STARTS)
+    assert (usage.window, usage.window_count) == (before // 60, 2)
+    assert 60 - after % 60 <= refused.retry_after_seconds <= 60 - before % 60 + 1
 
 
 # --- schedules ----------------------------------------------------------------------------------

@@ -48,9 +48,19 @@ def database_seconds() -> float:
     return database_now().timestamp()
 
 
-# Where the minute of the starts-per-minute window comes from (the tests pin it, as they pin
-# the API throttle's). Read only when a starts-per-minute quota applies.
-clock: Callable[[], float] = database_seconds
+# The tests pin the starts-per-minute window's clock (as they pin the API throttle's). None:
+# the database's, read by the admitting statement itself (sql.QUOTA_MINUTE), so a start
+# under the default quota costs no round trip to read it; only a refusal reads it here.
+clock: Callable[[], float] | None = None
+
+
+def _pinned_minute() -> int | None:
+    """The window's minute the tests pinned, or None: the statement reads the database's."""
+    return None if clock is None else int(clock() // 60)
+
+
+def _seconds() -> float:
+    return database_seconds() if clock is None else clock()
 
 
 def quota(org: Organisation, name: str) -> int:
@@ -100,7 +110,7 @@ def start_admission(org: Organisation) -> dict[str, Any]:
     does (``admit`` false: no start quota applies)."""
     limit, rate = quota(org, "running_runs"), quota(org, "starts_per_minute")
     return {"admit": bool(limit or rate), "limit": limit, "rate": rate,
-            "window": int(clock() // 60) if rate else 0}  # fmt: skip
+            "window": _pinned_minute() if rate else 0}  # fmt: skip
 
 
 def admit_pending_signal(org: Organisation) -> None:
@@ -144,13 +154,15 @@ def _admit(
     and the admission made or refused. ``itself``: 1 when the admitted thing is written
     already (a signal), so the count sees it."""
     assert connection.in_atomic_block, "an admission goes with what it admits"
-    now = clock() if rate else 0.0
     params: dict[str, Any] = {"org": org.pk, "kind": kind, "limit": limit, "rate": rate,
-                              "window": int(now // 60)}  # fmt: skip
+                              "window": _pinned_minute() if rate else 0}  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute(sql.QUOTA_ADMIT, params)
         if cursor.fetchone() is not None:
             return
+        # Not admitted at once: decide on one minute from here on (the transaction's).
+        now = _seconds() if rate else 0.0
+        params["window"] = int(now // 60)
         cursor.execute(sql.QUOTA_USAGE_CREATE, params)
         cursor.execute(sql.QUOTA_USAGE_LOCK, {**params, "fresh": RECOUNT_SECONDS})
         row = fetch_dict(cursor)

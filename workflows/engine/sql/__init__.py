@@ -858,21 +858,29 @@ SELECT count(*) FROM (
 # The database's clock, for the decisions made in Python (engine/clock.py).
 DATABASE_NOW = "SELECT now() AS now"
 
+# The starts-per-minute window's minute (minutes since the epoch) on the database's clock,
+# computed in the statement that counts in it: no round trip to read the clock first.
+# %(window)s, when not NULL, is a minute the caller pinned (the tests).
+QUOTA_MINUTE = """
+SELECT COALESCE(%(window)s::bigint, floor(extract(epoch FROM now()) / 60)::bigint) AS minute
+""".strip()
+
 # One admission, in the admitted thing's transaction: the organisation's usage row locked and
 # counted on, if it stays within the quota (%(limit)s) and this minute's rate (%(rate)s; 0:
-# none); no row: refused here, the caller counts again. %(window)s is the minute on the
-# database's clock (DATABASE_NOW); one older than the row's (a transaction that began
-# before another's minute turned) counts in the row's.
-QUOTA_ADMIT = """
+# none); no row: refused here, the caller counts again. The minute counted in is
+# QUOTA_MINUTE's; one older than the row's (a transaction that began before another's minute
+# turned) counts in the row's.
+QUOTA_ADMIT = f"""
 UPDATE workflows_quotausage u
    SET bound = u.bound + 1,
-       window_count = CASE WHEN %(window)s <= u."window" THEN u.window_count + 1 ELSE 1 END,
-       "window" = GREATEST(u."window", %(window)s)
+       window_count = CASE WHEN m.minute <= u."window" THEN u.window_count + 1 ELSE 1 END,
+       "window" = GREATEST(u."window", m.minute)
+  FROM ({QUOTA_MINUTE}) m
  WHERE u.org_id = %(org)s AND u.kind = %(kind)s
    AND (%(limit)s = 0 OR u.bound < %(limit)s)
-   AND (%(rate)s = 0 OR %(window)s > u."window" OR u.window_count < %(rate)s)
+   AND (%(rate)s = 0 OR m.minute > u."window" OR u.window_count < %(rate)s)
 RETURNING u.id
-"""
+"""  # noqa: S608 (this module's constant fragments)
 
 QUOTA_USAGE_CREATE = """
 INSERT INTO workflows_quotausage (org_id, kind, bound, counted_at, "window", window_count)
@@ -964,11 +972,12 @@ doc AS (SELECT %(document)s::jsonb AS d),
 admitted AS (
     UPDATE workflows_quotausage u
        SET bound = u.bound + 1,
-           window_count = CASE WHEN %(window)s <= u."window" THEN u.window_count + 1 ELSE 1 END,
-           "window" = GREATEST(u."window", %(window)s)
+           window_count = CASE WHEN m.minute <= u."window" THEN u.window_count + 1 ELSE 1 END,
+           "window" = GREATEST(u."window", m.minute)
+      FROM ({QUOTA_MINUTE}) m
      WHERE %(admit)s AND u.org_id = %(org)s AND u.kind = 'starts'
        AND (%(limit)s = 0 OR u.bound < %(limit)s)
-       AND (%(rate)s = 0 OR %(window)s > u."window" OR u.window_count < %(rate)s)
+       AND (%(rate)s = 0 OR m.minute > u."window" OR u.window_count < %(rate)s)
     RETURNING u.id
 ),
 inserted AS (
