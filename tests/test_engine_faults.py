@@ -106,6 +106,52 @@ def test_a_settle_survives_a_dropped_connection(org) -> None:
     assert Run.objects.get(pk=run_id).status == "succeeded"
 
 
+def test_a_settle_held_off_past_its_patience_gives_up_and_leaves_the_step_to_lapse(
+    org, settings
+) -> None:
+    """WAYMARK_SETTLE_PATIENCE_SECONDS bounds how long a settle meeting transient errors is
+    tried again: the run's row is held locked (as a stuck transaction would) and each try
+    fails on lock_timeout. With 1 s of patience the worker gives up after a few tries and
+    leaves the step running under its lease; the lock is released only after twenty tries,
+    so a worker ignoring its patience would settle the step, and this test would fail."""
+    settings.WAYMARK = {**settings.WAYMARK, "SETTLE_PATIENCE_SECONDS": 1.0}
+    run_id = start_io_run(org)
+    worker = Worker(lane_policy("io"), concurrency=1, name="w")
+    (step,) = claim(policy=worker.policy, worker="w", limit=1)
+    tries: list[int] = []
+    many = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def write() -> object:
+        tries.append(1)
+        if len(tries) >= 20:
+            many.set()
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '100ms'")
+        return settle_success(step, StepResult(output=1), worker="w")
+
+    def settle() -> None:
+        try:
+            outcome["settled"] = worker._settle(step, write)
+        finally:
+            many.set()
+            connection.close()
+
+    with own_connection() as holder:
+        holder.execute("BEGIN")
+        holder.execute(sql.LOCK_RUN, {"id": run_id})
+        settler = threading.Thread(target=settle)
+        settler.start()
+        many.wait()
+        holder.execute("COMMIT")
+    settler.join()
+    assert outcome == {"settled": None}
+    assert 2 <= len(tries) < 20
+    left = Step.objects.get(pk=step.id)
+    assert (left.status, left.owner, left.attempt) == ("running", "w", step.attempt)  # to lapse
+    assert Run.objects.get(pk=run_id).status == "running"
+
+
 def test_a_walk_that_raises_fails_the_step_and_run_instead_of_rerunning(org) -> None:
     run_id = start_io_run(org)
     worker = Worker(lane_policy("io"), concurrency=1, name="w")

@@ -208,6 +208,11 @@ WAYMARK = {
     # within as long: a half-open connection would otherwise leave it deaf until a restart.
     # 0: no check (TCP keepalives only).
     "LISTEN_CHECK_SECONDS": env.float("WAYMARK_LISTEN_CHECK_SECONDS", default=20.0),
+    # A settle meeting a transient database error (a lost connection, a server restarting or
+    # failing over, a lock held past lock_timeout) is tried again, with growing pauses, this
+    # long before the worker gives up and leaves the step's lease to lapse (the step then
+    # runs again). Set it past the longest failover the database may take.
+    "SETTLE_PATIENCE_SECONDS": env.float("WAYMARK_SETTLE_PATIENCE_SECONDS", default=120.0),
     "RELAY_BATCH": 500,
     # Modules imported at start-up that register step types of their own (the tests' `probe`
     # type, tests/probe_steps.py); a host project registers from its AppConfig.ready().

@@ -61,11 +61,11 @@ from .walk import QuickStepRetry, TakeNext
 logger = logging.getLogger(__name__)
 
 # A settle meeting a transient database error (a lost connection, a server restarting, a lock
-# held past lock_timeout) is tried again, with growing pauses, for this long: past the time a
-# server takes to restart and past the default idle_in_transaction_session_timeout that ends
-# a stuck lock holder. Giving up earlier would let the lease lapse and count an attempt the
-# step never spent. Meanwhile the heartbeat keeps the lease while the database answers it.
-SETTLE_PATIENCE_SECONDS = 120.0
+# held past lock_timeout) is tried again, with growing pauses, for WAYMARK_SETTLE_PATIENCE_SECONDS
+# (120 s by default): past the time a server takes to restart and past the default
+# idle_in_transaction_session_timeout that ends a stuck lock holder. Giving up earlier would
+# let the lease lapse and count an attempt the step never spent. Meanwhile the heartbeat
+# keeps the lease while the database answers it.
 # An attempt whose executor lost its database connection (a restart, no free connection) is
 # run again after this long without counting: the database's absence is not the step's fault.
 DATABASE_DEFER_SECONDS = 1.0
@@ -119,6 +119,7 @@ class Worker:
         self.grace_seconds = (
             grace_seconds if grace_seconds is not None else engine_setting("SHUTDOWN_GRACE_SECONDS")
         )
+        self.settle_patience = float(engine_setting("SETTLE_PATIENCE_SECONDS"))
         role = f"{policy.name}:suspects" if suspects_only else policy.name
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{role}"
         self.stop = threading.Event()  # stop claiming
@@ -564,13 +565,13 @@ class Worker:
     def _settle(self, step: ClaimedStep, write: Callable[[], object]) -> object:
         """Run a settle, retrying on a transient database error (a dropped connection, a
         server restarting, a deadlock, a lock timeout) with a fresh connection, pausing
-        longer each time, for up to SETTLE_PATIENCE_SECONDS.
+        longer each time, for up to self.settle_patience (WAYMARK_SETTLE_PATIENCE_SECONDS).
 
         Safe to repeat: the settle is fenced, so a retry after a commit whose answer was lost
         is simply refused. A failure that is not the database's (the walk raised) fails the
         step and its run without walking, instead of re-running the step until poisoned.
         """
-        give_up = time.monotonic() + SETTLE_PATIENCE_SECONDS
+        give_up = time.monotonic() + self.settle_patience
         tries = 0
         while True:
             # No health check up front (it would cost a round trip per step): a dead
