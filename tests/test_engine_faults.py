@@ -146,7 +146,7 @@ def test_a_settle_held_off_past_its_patience_gives_up_and_leaves_the_step_to_lap
         holder.execute("COMMIT")
     settler.join()
     assert outcome == {"settled": None}
-    assert 2 <= len(tries) < 20
+    assert len(tries) < 20  # gave up (a loaded machine may fit only one try in 1 s)
     left = Step.objects.get(pk=step.id)
     assert (left.status, left.owner, left.attempt) == ("running", "w", step.attempt)  # to lapse
     assert Run.objects.get(pk=run_id).status == "running"
