@@ -14,6 +14,7 @@ from django.db.models.functions import Now
 
 from workflows.engine import sql
 from workflows.engine.signals import LateMatching, match_late
+from workflows.engine.transport import own_connection
 from workflows.models import Run, Signal
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
@@ -145,6 +146,31 @@ def test_a_wait_looks_up_only_the_signals_of_its_own_key() -> None:
     run_id = run_start(org=org, automation_slug="waits", run_input={"order": "o-1"},
                        start_key="late").run_id  # fmt: skip
     assert Run.objects.get(pk=run_id).status == "succeeded"  # it took the one sent first
+
+
+def test_a_wait_locks_only_the_signal_it_takes(org) -> None:
+    """A wait with a signal sent to its run and one for its key both pending takes the older
+    and leaves the other unlocked: another wait for that key, entering while the first's
+    transaction is open, takes it. (Both locked, the second wait skipped it and parked, and
+    only the sweep's full pass, up to ten minutes on, matched the two.)"""
+    automation_publish_definition(org=org, slug="waits", definition=SIGNAL_WAIT_DEFINITION)
+    run_id = run_start(org=org, automation_slug="waits", run_input={"order": "o-9"}).run_id
+    pending_signals(org.pk, 1, "o-")  # for the key "o-1"; the older of the two below
+    Signal.objects.filter(org=org, correlation="o-1").update(
+        run_id=run_id, correlation="r", correlations=["r"], identity="to-the-run"
+    )
+    pending_signals(org.pk, 1, "o-")  # for the key "o-1", sent after
+    sent_to_run = Signal.objects.get(org=org, run_id=run_id).pk
+    for_key = Signal.objects.get(org=org, run_id=None, correlation="o-1").pk
+    entering = {"org_id": org.pk, "name": "order.paid", "correlation": "o-1"}
+    with own_connection() as first:
+        first.execute("BEGIN")
+        taken = first.execute(sql.PENDING_SIGNAL_FOR, {**entering, "run_id": run_id}).fetchone()
+        assert taken is not None and taken[0] == sent_to_run  # the older
+        with connection.cursor() as cursor:  # another run's wait for the key, meanwhile
+            cursor.execute(sql.PENDING_SIGNAL_FOR, {**entering, "run_id": -1})
+            assert [row[0] for row in cursor.fetchall()] == [for_key]
+        first.execute("ROLLBACK")
 
 
 def explain_since(since: Any) -> dict[str, Any]:

@@ -214,7 +214,9 @@ def _deliver_late(late: list[dict[str, Any]]) -> tuple[int, bool]:
 # did has a signal received no earlier than both transactions' length before the pass that
 # missed it began. Every transaction that delivers a signal or parks a wait is a few
 # statements, each bounded by the connection's statement and lock timeouts: five minutes is
-# far more than two of them. A full pass now and then covers whatever this reasoning misses.
+# far more than two of them. A full pass now and then covers whatever this reasoning misses:
+# a wait that locked an old signal to take it and then rolled back for good (its run
+# cancelled meanwhile) while another wait for the key entered, skipped it and parked.
 LATE_MARGIN = timedelta(minutes=5)
 FULL_PASS_SECONDS = 600.0
 

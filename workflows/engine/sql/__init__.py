@@ -1227,34 +1227,34 @@ UPDATE workflows_signal
 RETURNING id
 """
 
-# A step entering a wait takes the oldest pending signal meant for it, if one came first
-# (locked, skipping one that another transaction is consuming). As SIGNALS_MATCHED_LATE, by
-# the wait's key (signal_pending_keys) and by its run (signal_pending_run): it reads only
-# the signals of that key, not every pending signal of the organisation with the name (a
-# flood of 300,000 nobody waited for cost each new wait 35 ms). Each probe locks its oldest;
-# the older of the two is taken (the other is consumed by its waiter when it asks again).
+# A step entering a wait takes the oldest pending signal meant for it, if one came first,
+# skipping one that another transaction is consuming. As SIGNALS_MATCHED_LATE, by the wait's
+# key (signal_pending_keys) and by its run (signal_pending_run): it reads only the signals of
+# that key, not every pending signal of the organisation with the name (a flood of 300,000
+# nobody waited for cost each new wait 35 ms). The candidates are read unlocked and only the
+# one taken is locked: a probe that locked the oldest of each kind held the one it did not
+# take until its commit, so another wait for that key entering meanwhile skipped it and
+# parked, and the pair, the signal long pending, was left to the sweep's next full pass.
+# ("s.id + 0": no walk of the primary key in order; the few candidates are sorted.)
 PENDING_SIGNAL_FOR = """
-WITH by_key AS (
+WITH candidates AS (
     SELECT k.id FROM workflows_signal k
      WHERE waymark_signal_keys_v1(k.org_id, k.name::text, k.correlation::text,
                                   k.correlations::text[])
            @> ARRAY[%(org_id)s::text || '/' || %(name)s || '/' || %(correlation)s]
        AND k.consumed_at IS NULL AND k.dropped_at IS NULL AND k.run_id IS NULL
-     ORDER BY k.id + 0
-     LIMIT 1
-       FOR UPDATE SKIP LOCKED
-),
-by_run AS (
+    UNION ALL
     SELECT k.id FROM workflows_signal k
      WHERE k.run_id = %(run_id)s AND k.name = %(name)s
        AND k.consumed_at IS NULL AND k.dropped_at IS NULL AND k.run_id IS NOT NULL
-     ORDER BY k.id
-     LIMIT 1
-       FOR UPDATE SKIP LOCKED
 )
-SELECT id, payload::json AS payload, identity
-  FROM workflows_signal
- WHERE id = (SELECT min(id) FROM (SELECT id FROM by_key UNION ALL SELECT id FROM by_run) c)
+SELECT s.id, s.payload::json AS payload, s.identity
+  FROM workflows_signal s
+ WHERE s.id IN (SELECT id FROM candidates)
+   AND s.consumed_at IS NULL AND s.dropped_at IS NULL
+ ORDER BY s.id + 0
+ LIMIT 1
+   FOR UPDATE OF s SKIP LOCKED
 """
 
 # The sweep's backstop: pending signals that a waiting step matches (a signal and a wait
