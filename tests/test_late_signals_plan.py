@@ -161,7 +161,7 @@ def test_a_wait_locks_only_the_signal_it_takes(org) -> None:
     )
     pending_signals(org.pk, 1, "o-")  # for the key "o-1", sent after
     sent_to_run = Signal.objects.get(org=org, run_id=run_id).pk
-    for_key = Signal.objects.get(org=org, run_id=None, correlation="o-1").pk
+    for_key = Signal.objects.get(org=org, run__isnull=True, correlation="o-1").pk
     entering = {"org_id": org.pk, "name": "order.paid", "correlation": "o-1"}
     with own_connection() as first:
         first.execute("BEGIN")
