@@ -152,6 +152,46 @@ def test_a_settle_held_off_past_its_patience_gives_up_and_leaves_the_step_to_lap
     assert Run.objects.get(pk=run_id).status == "running"
 
 
+def test_a_settle_being_retried_keeps_its_attempt_past_the_lanes_timeout(org) -> None:
+    """The executor returned; its settle meets lock_timeout again and again past the lane's
+    timeout (0.5 s here). The attempt is not timed out meanwhile (its heartbeat goes on, and
+    it is not counted as a hung executor), and the settle goes through once the lock goes."""
+    run_id = start_io_run(org)
+    worker = Worker(replace(lane_policy("io"), timeout_seconds=0.5), concurrency=1, name="w")
+    (step,) = claim(policy=worker.policy, worker="w", limit=1)
+    now = time.monotonic()
+    attempt = Attempt(step, deadline=now + 0.5, extended=now)
+    worker.inflight[attempt.key] = attempt
+    tries: list[int] = []
+    outcome: dict[str, Any] = {}
+
+    def write() -> object:
+        tries.append(1)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '100ms'")
+        return settle_success(step, StepResult(output=1), worker="w")
+
+    def settle() -> None:
+        try:
+            outcome["settled"] = worker._settle(step, write)
+        finally:
+            connection.close()
+
+    with own_connection() as holder:
+        holder.execute("BEGIN")
+        holder.execute(sql.LOCK_RUN, {"id": run_id})
+        settler = threading.Thread(target=settle)
+        settler.start()
+        wait_for(lambda: time.monotonic() > now + 1.0 and len(tries) >= 2)
+        worker._time_out_attempts()  # the heartbeat thread's check, past the lane's timeout
+        timed_out = attempt.timed_out
+        holder.execute("COMMIT")
+    settler.join()
+    assert not timed_out
+    assert outcome["settled"] is True
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+
+
 def test_a_walk_that_raises_fails_the_step_and_run_instead_of_rerunning(org) -> None:
     run_id = start_io_run(org)
     worker = Worker(lane_policy("io"), concurrency=1, name="w")

@@ -102,6 +102,17 @@ def test_a_setting_that_does_not_parse_is_one_clear_line_and_exit_78(
     assert manage("check", **{variable: "3"}).returncode == 0
 
 
+@pytest.mark.parametrize("value", ["nan", "0", "-5", "100000"])
+def test_a_settle_patience_out_of_range_is_refused_at_start(value: str) -> None:
+    """NaN would make a settle retry for ever, 0 or less give up at the first try."""
+    from workflows.engine.supervisor import EXIT_CONFIG
+
+    refused = manage("check", WAYMARK_SETTLE_PATIENCE_SECONDS=value)
+    assert refused.returncode == EXIT_CONFIG, refused.stderr
+    assert refused.stderr.startswith("invalid_setting: WAYMARK_SETTLE_PATIENCE_SECONDS must")
+    assert manage("check", WAYMARK_SETTLE_PATIENCE_SECONDS="300").returncode == 0
+
+
 def test_a_redis_cache_without_its_package_is_refused_at_start() -> None:
     """WAYMARK_CACHE_URL=redis://… needs the redis package (the `redis` extra): said at
     start-up, not as a 500 at every API request. Where it is installed, the check passes."""

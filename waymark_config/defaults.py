@@ -311,6 +311,11 @@ if not (
         "WAYMARK_READYZ_TIMEOUT_SECONDS must be above 0, WAYMARK_DOCTOR_EXAMPLES from 1 to "
         "1000, WAYMARK_READYZ_CACHE_SECONDS at least 0"
     )
+if not 0 < WAYMARK["SETTLE_PATIENCE_SECONDS"] <= 86_400:  # NaN too: it would never give up
+    raise ImproperlyConfigured(
+        "invalid_setting: WAYMARK_SETTLE_PATIENCE_SECONDS must be above 0 and at most 86400 "
+        "(seconds); unset it for the default"
+    )
 if 0 < len(WAYMARK["METRICS_TOKEN"]) < 16:
     # Anyone who can reach the web can try tokens: a short one is guessable.
     raise ImproperlyConfigured(

@@ -585,6 +585,8 @@ class Worker:
                     self._walk_failed(step, exc)
                     return None
                 tries += 1
+                if tries == 1:
+                    self._keep_through_settle(step, give_up)
                 connection.close()
                 pause = min(2.0, 0.05 * 2 ** min(tries - 1, 6))
                 if not is_transient(exc):
@@ -602,6 +604,15 @@ class Worker:
         logger.error("gave up settling step %s after %s tries; its lease will lapse and it will "
                      "re-run", step.id, tries)  # fmt: skip
         return None
+
+    def _keep_through_settle(self, step: ClaimedStep, give_up: float) -> None:
+        """A settle being retried keeps its attempt within its timeout until it gives up:
+        the executor is done, so the heartbeat goes on holding the lease (and the attempt is
+        not taken for a hung executor) while the database keeps the settle waiting."""
+        with self.lock:
+            attempt = self.inflight.get((step.id, step.attempt))
+            if attempt is not None and not attempt.timed_out:
+                attempt.deadline = max(attempt.deadline, give_up)
 
     def _walk_failed(self, step: ClaimedStep, exc: Exception) -> None:
         """The settle's walk raised an error of its own: fail the step and its run."""
