@@ -44,6 +44,7 @@ from workflows.plugins.engine import (
     fetch_dict,
     insert_events,
     json_or_null,
+    log_failure,
     own_connection,
     tracing_on,
 )
@@ -443,8 +444,11 @@ def _lease_kept(call: Call, effect: dict[str, Any]) -> Iterator[None]:
             try:
                 db = db if db is not None and not db.closed else own_connection()
                 db.execute(sql.EXTEND_LEASE, params)
-            except Exception:
-                logger.warning("effect %s: could not renew its lease", call.key, exc_info=True)
+            except Exception as exc:
+                # A terminated backend or a restart: one line, tried again at the next beat.
+                log_failure(logger, exc, "effect %s: could not renew its lease", call.key)
+                if db is not None:
+                    db.close()
                 db = None
         if db is not None:
             db.close()

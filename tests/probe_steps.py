@@ -22,6 +22,9 @@ park_outcome    the outcome taken when the park's deadline passes; without it th
 output          an object merged into the output {"pid": ..., "attempt": ...}.
 clock           true: the output carries "clock", this process's time.time() as it finished
                 (the clock-skew tests compare it with the database's).
+lock_wait_attempts  while the attempt number is at most this, wait for its run's row lock
+                with a lock_timeout of 100 ms, as a step's own statement waits behind a slow
+                transaction (a test holding the lock makes it fail with LockNotAvailable).
 
 No outcomes of its own: ``next`` is one step id.
 """
@@ -32,6 +35,8 @@ import os
 import time
 from collections.abc import Mapping
 from typing import Any
+
+from django.db import connection, transaction
 
 from workflows.plugins import (
     Park,
@@ -46,6 +51,7 @@ from workflows.plugins import (
 FIELDS = {
     "sleep_seconds", "sleep_attempts", "fail_attempts", "crash_attempts", "output",
     "park_seconds", "park_outcome", "hang_seconds", "hang_attempts", "clock",
+    "lock_wait_attempts",
 }  # fmt: skip
 
 
@@ -64,7 +70,8 @@ def _validate(step: Mapping[str, Any], report: StepReport) -> None:
     hang = step.get("hang_seconds", 0)
     if not isinstance(hang, int | float) or not 0 <= hang <= 3600:
         report.error("hang_seconds", "must be a number from 0 to 3600")
-    for name in ("sleep_attempts", "fail_attempts", "crash_attempts", "hang_attempts"):
+    for name in ("sleep_attempts", "fail_attempts", "crash_attempts", "hang_attempts",
+                 "lock_wait_attempts"):  # fmt: skip
         value = step.get(name, 0)
         if not isinstance(value, int) or value < 0:
             report.error(name, "must be a non-negative integer")
@@ -91,12 +98,20 @@ def run_probe(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepCont
         deadline = time.monotonic() + step.get("sleep_seconds", 0)
         while time.monotonic() < deadline and not ctx.lease_lost.is_set():
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+    if attempt <= step.get("lock_wait_attempts", 0):
+        _wait_for_run_lock(ctx.run_id)
     if attempt <= step.get("fail_attempts", 0):
         raise StepFailure(f"probe failure on attempt {attempt}")
     output = {"pid": os.getpid(), "attempt": attempt, **step.get("output", {})}
     if step.get("clock"):
         output["clock"] = time.time()
     return StepResult(output=output, outcome="ok")
+
+
+def _wait_for_run_lock(run_id: int) -> None:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '100ms'")
+        cursor.execute("SELECT 1 FROM workflows_run WHERE id = %s FOR UPDATE", [run_id])
 
 
 PROBE = StepType(

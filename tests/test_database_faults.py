@@ -18,7 +18,7 @@ import secrets
 import signal
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -283,11 +283,18 @@ TERMINATED_RUNS = 120
 
 class Terminator(threading.Thread):
     """Terminates engine backends again and again: mostly a worker's that is busy (a claim,
-    a settle's transaction), sometimes any engine connection (a listener, the relay's)."""
+    a settle's transaction), sometimes any engine connection (a listener, the relay's).
+    Paced by the engine's progress (``progress``: a count that grows as work is done), a
+    termination at most every 0.05 s and at most PER_PROGRESS while the count stays put: at
+    a fixed rate, a loaded machine, on which every reconnect and settle is slower, had each
+    settle terminated before it could commit, and nothing went on at all."""
 
-    def __init__(self, url: str) -> None:
+    PER_PROGRESS = 3
+
+    def __init__(self, url: str, progress: Callable[[], int]) -> None:
         super().__init__(name="terminator", daemon=True)
         self.url = url
+        self.progress = progress
         self.stop = threading.Event()
         self.killed: Counter[str] = Counter()
 
@@ -301,13 +308,19 @@ class Terminator(threading.Thread):
                   " WHERE datname = current_database() AND pid <> pg_backend_pid()"
                   " AND application_name LIKE 'waymark-%%' ORDER BY random() LIMIT 1")  # fmt: skip
         with psycopg.connect(self.url, autocommit=True) as conn:
-            turn = 0
+            turn, seen, since = 0, -1, 0
             while not self.stop.wait(0.05):
+                done = self.progress()
+                if done != seen:
+                    seen, since = done, 0
+                elif since >= self.PER_PROGRESS:
+                    continue  # nothing got through since the last terminations yet
                 turn += 1
                 row = conn.execute(anyone if turn % 5 == 0 else busy).fetchone()
                 if row is not None:
                     conn.execute("SELECT pg_terminate_backend(%s)", [row[0]])
                     self.killed[row[1]] += 1
+                    since += 1
 
 
 def test_backends_terminated_in_the_middle_of_settles_lose_nothing_and_repeat_nothing(
@@ -316,7 +329,7 @@ def test_backends_terminated_in_the_middle_of_settles_lose_nothing_and_repeat_no
     faults.setup(three=THREE_CALLS)
     faults.run("engine", "runengine", "--no-web", "--grace", "2",
                WAYMARK_IO_LEASE_SECONDS="30")  # fmt: skip
-    terminator = Terminator(faults.cluster.url)
+    terminator = Terminator(faults.cluster.url, progress=lambda: len(faults.stub.created))
     ids = faults.start("three", _keys("t", TERMINATED_RUNS))
     bounded("the first calls", lambda: len(faults.stub.created) >= 5)
     terminator.start()

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 
 from workflows.engine import sql
 from workflows.engine import worker as worker_module
 from workflows.engine.executors import StepResult
 from workflows.engine.lanes import lane_policy
-from workflows.engine.steps import claim, claim_suspect, settle_success
+from workflows.engine.steps import claim, claim_suspect, promote_due_retries, settle_success
 from workflows.engine.transport import own_connection
 from workflows.engine.worker import Attempt, Worker
 from workflows.models import Run, RunEvent, Step
@@ -190,6 +191,39 @@ def test_a_settle_being_retried_keeps_its_attempt_past_the_lanes_timeout(org) ->
     assert not timed_out
     assert outcome["settled"] is True
     assert Run.objects.get(pk=run_id).status == "succeeded"
+
+
+def test_a_step_kept_waiting_by_the_database_is_deferred_without_spending_an_attempt(
+    org, caplog
+) -> None:
+    """A step's own statement meets lock_timeout (the run's row held by a slow transaction,
+    as on a loaded machine): not the step's fault. The attempt is deferred
+    (`database_busy: ...`) without counting and without a traceback; once the lock goes, the
+    step runs again and succeeds, its one counted attempt spent."""
+    work = {"id": "work", "type": "probe", "lock_wait_attempts": 1, "next": "done"}
+    definition = {"start": "work", "steps": [work, {"id": "done", "type": "end"}]}
+    automation_publish_definition(org=org, slug="probe", definition=definition)
+    run_id = run_start(org=org, automation_slug="probe", run_input={}, start_key="k").run_id
+    worker = Worker(lane_policy("io"), concurrency=1, name="w")
+    (step,) = claim(policy=worker.policy, worker="w", limit=1)
+    now = time.monotonic()
+    with own_connection() as holder:
+        holder.execute("BEGIN")
+        holder.execute(sql.LOCK_RUN, {"id": run_id})
+        worker._execute_attempt(Attempt(step, deadline=now + 60, extended=now))
+        holder.execute("COMMIT")
+    deferred = RunEvent.objects.get(run_id=run_id, kind="step.deferred").detail
+    assert deferred and deferred["error"] == "database_busy: OperationalError", deferred
+    assert not RunEvent.objects.filter(run_id=run_id, kind="step.retry_scheduled").exists()
+    assert not [r for r in caplog.records if r.exc_info], "no traceback for the database's wait"
+    Step.objects.filter(pk=step.id).update(wake_at=Now())  # its 1 s deferral, passed
+    assert promote_due_retries(lane="io", worker="w") == 1
+    (again,) = claim(policy=worker.policy, worker="w", limit=1)
+    assert again.id == step.id
+    worker._execute_attempt(Attempt(again, deadline=now + 60, extended=now))
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+    counted = Step.objects.get(pk=step.id)
+    assert counted.attempt - counted.release_count - counted.series_offset == 1
 
 
 def test_a_walk_that_raises_fails_the_step_and_run_instead_of_rerunning(org) -> None:

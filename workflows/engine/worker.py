@@ -540,14 +540,18 @@ class Worker:
         except (StepFailure, StepDeferred) as failure:
             return None, failure
         except Exception as exc:
-            if lost_connection(exc):
+            if is_transient(exc):
                 # The database went away under the executor (a restart, a terminated
-                # backend, no free connection): not the step's fault, so the attempt does not
-                # count. The deferral's settle waits for the database (see _settle).
+                # backend, no free connection) or kept it waiting (lock_timeout behind a slow
+                # transaction, a deadlock): not the step's fault, so the attempt does not
+                # count, and no traceback. The deferral's settle waits for the database (see
+                # _settle); an effect whose answer was not recorded is looked up again.
                 self.settles_outage.failed(exc)
-                connection.close()
-                reason = f"database_unavailable: {type(exc).__name__}"
-                return None, StepDeferred(DATABASE_DEFER_SECONDS, reason)
+                lost = lost_connection(exc)
+                if lost:
+                    connection.close()
+                code = "database_unavailable" if lost else "database_busy"
+                return None, StepDeferred(DATABASE_DEFER_SECONDS, f"{code}: {type(exc).__name__}")
             # A bug or an outage in the step: retry it, never crash.
             logger.exception("step %s attempt %s raised", step.id, step.attempt)
             return None, StepFailure(f"{type(exc).__name__}: {exc}")
