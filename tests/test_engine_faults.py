@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -107,6 +109,47 @@ def test_a_settle_survives_a_dropped_connection(org) -> None:
     assert Run.objects.get(pk=run_id).status == "succeeded"
 
 
+class LockedSettle:
+    """A worker's settle of a step, tried again and again in a thread of its own: each try
+    meets lock_timeout (100 ms) while the test holds the run's lock."""
+
+    def __init__(self, worker: Worker, step: Any) -> None:
+        self.worker, self.step = worker, step
+        self.tries: list[int] = []
+        self.finished = threading.Event()
+        self.outcome: dict[str, Any] = {}
+
+    def write(self) -> object:
+        self.tries.append(1)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '100ms'")
+        return settle_success(self.step, StepResult(output=1), worker="w")
+
+    def settle(self) -> None:
+        try:
+            self.outcome["settled"] = self.worker._settle(self.step, self.write)
+        finally:
+            self.finished.set()
+            connection.close()
+
+
+@contextmanager
+def settle_behind_a_held_lock(worker: Worker, step: Any, run_id: int) -> Iterator[LockedSettle]:
+    """The run locked as a stuck transaction would hold it while the worker settles; the
+    lock goes when the block ends, and the settle's thread is then waited for."""
+    locked = LockedSettle(worker, step)
+    settler = threading.Thread(target=locked.settle)
+    with own_connection() as holder:
+        holder.execute("BEGIN")
+        holder.execute(sql.LOCK_RUN, {"id": run_id})
+        settler.start()
+        try:
+            yield locked
+        finally:
+            holder.execute("COMMIT")
+    settler.join()
+
+
 def test_a_settle_held_off_past_its_patience_gives_up_and_leaves_the_step_to_lapse(
     org, settings
 ) -> None:
@@ -119,35 +162,10 @@ def test_a_settle_held_off_past_its_patience_gives_up_and_leaves_the_step_to_lap
     run_id = start_io_run(org)
     worker = Worker(lane_policy("io"), concurrency=1, name="w")
     (step,) = claim(policy=worker.policy, worker="w", limit=1)
-    tries: list[int] = []
-    many = threading.Event()
-    outcome: dict[str, Any] = {}
-
-    def write() -> object:
-        tries.append(1)
-        if len(tries) >= 20:
-            many.set()
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '100ms'")
-        return settle_success(step, StepResult(output=1), worker="w")
-
-    def settle() -> None:
-        try:
-            outcome["settled"] = worker._settle(step, write)
-        finally:
-            many.set()
-            connection.close()
-
-    with own_connection() as holder:
-        holder.execute("BEGIN")
-        holder.execute(sql.LOCK_RUN, {"id": run_id})
-        settler = threading.Thread(target=settle)
-        settler.start()
-        many.wait()
-        holder.execute("COMMIT")
-    settler.join()
-    assert outcome == {"settled": None}
-    assert len(tries) < 20  # gave up (a loaded machine may fit only one try in 1 s)
+    with settle_behind_a_held_lock(worker, step, run_id) as locked:
+        wait_for(lambda: locked.finished.is_set() or len(locked.tries) >= 20)
+    assert locked.outcome == {"settled": None}
+    assert len(locked.tries) < 20  # gave up (a loaded machine may fit only one try in 1 s)
     left = Step.objects.get(pk=step.id)
     assert (left.status, left.owner, left.attempt) == ("running", "w", step.attempt)  # to lapse
     assert Run.objects.get(pk=run_id).status == "running"
@@ -163,33 +181,12 @@ def test_a_settle_being_retried_keeps_its_attempt_past_the_lanes_timeout(org) ->
     now = time.monotonic()
     attempt = Attempt(step, deadline=now + 0.5, extended=now)
     worker.inflight[attempt.key] = attempt
-    tries: list[int] = []
-    outcome: dict[str, Any] = {}
-
-    def write() -> object:
-        tries.append(1)
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '100ms'")
-        return settle_success(step, StepResult(output=1), worker="w")
-
-    def settle() -> None:
-        try:
-            outcome["settled"] = worker._settle(step, write)
-        finally:
-            connection.close()
-
-    with own_connection() as holder:
-        holder.execute("BEGIN")
-        holder.execute(sql.LOCK_RUN, {"id": run_id})
-        settler = threading.Thread(target=settle)
-        settler.start()
-        wait_for(lambda: time.monotonic() > now + 1.0 and len(tries) >= 2)
+    with settle_behind_a_held_lock(worker, step, run_id) as locked:
+        wait_for(lambda: time.monotonic() > now + 1.0 and len(locked.tries) >= 2)
         worker._time_out_attempts()  # the heartbeat thread's check, past the lane's timeout
         timed_out = attempt.timed_out
-        holder.execute("COMMIT")
-    settler.join()
     assert not timed_out
-    assert outcome["settled"] is True
+    assert locked.outcome["settled"] is True
     assert Run.objects.get(pk=run_id).status == "succeeded"
 
 
