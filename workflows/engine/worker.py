@@ -60,14 +60,9 @@ from .walk import QuickStepRetry, TakeNext
 
 logger = logging.getLogger(__name__)
 
-# A settle meeting a transient database error (a lost connection, a server restarting, a lock
-# held past lock_timeout) is tried again, with growing pauses, for WAYMARK_SETTLE_PATIENCE_SECONDS
-# (120 s by default): past the time a server takes to restart and past the default
-# idle_in_transaction_session_timeout that ends a stuck lock holder. Giving up earlier would
-# let the lease lapse and count an attempt the step never spent. Meanwhile the heartbeat
-# keeps the lease while the database answers it.
-# An attempt whose executor lost its database connection (a restart, no free connection) is
-# run again after this long without counting: the database's absence is not the step's fault.
+# An attempt whose executor met a transient database error (a lost connection, a restart, no
+# free connection, lock_timeout) is run again after this long without counting: the
+# database's absence or contention is not the step's fault.
 DATABASE_DEFER_SECONDS = 1.0
 # A slot idle this long closes its database connection. Held by idle slots (32 an io
 # worker), connections run out on a server several hosts share; then the one settle that
@@ -119,6 +114,10 @@ class Worker:
         self.grace_seconds = (
             grace_seconds if grace_seconds is not None else engine_setting("SHUTDOWN_GRACE_SECONDS")
         )
+        # A settle meeting a transient database error is tried again, with growing pauses,
+        # this long (120 s by default): past the time a server takes to restart and past the
+        # default idle_in_transaction_session_timeout that ends a stuck lock holder. Giving
+        # up earlier would let the lease lapse and count an attempt the step never spent.
         self.settle_patience = float(engine_setting("SETTLE_PATIENCE_SECONDS"))
         role = f"{policy.name}:suspects" if suspects_only else policy.name
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{role}"
