@@ -20,6 +20,19 @@ SETTLES = ("step.succeeded", "step.failed")
 WAKES = ("step.signal", "step.approval", "step.timer_fired", "step.deadline_passed")
 
 
+@dataclass(frozen=True)
+class AtStubs:
+    """What reached the stub providers, read once when the engine has drained: checking
+    each run against a fresh read would cost every run a parse of every message sent."""
+
+    keys: Counter[str]  # effect key: how often it reached a stub (Harness.keys_at_stubs)
+    created: Counter[str]  # effect key: items the idempotent provider stub created
+
+    @classmethod
+    def read(cls, harness: Harness) -> AtStubs:
+        return cls(keys=harness.keys_at_stubs(), created=created_at_stub(harness))
+
+
 @dataclass
 class Report:
     violations: list[str] = field(default_factory=list)
@@ -41,6 +54,7 @@ class Report:
 def check(load: Load, pool: Pool, *, minutes: float, floor: float) -> Report:
     report = Report()
     harness = load.harness
+    at_stubs = AtStubs.read(harness)
     for run_id, started in load.runs.items():
         run = Run.objects.get(pk=run_id)
         reason = "" if run.status in FINAL else parked_reason(run_id)
@@ -52,13 +66,13 @@ def check(load: Load, pool: Pool, *, minutes: float, floor: float) -> Report:
             continue
         if started.kind == "generated":
             assert started.automation is not None
-            _check_generated(report, harness, run, started.automation, started.given)
+            _check_generated(report, harness, at_stubs, run, started.automation, started.given)
         elif started.kind == "signal_first":
             _check_signal_first(report, run)
         else:
-            _check_saga(report, harness, run)
+            _check_saga(report, at_stubs, run)
     _check_events(report, list(load.runs))
-    _check_effects(report, harness, list(load.runs))
+    _check_effects(report, at_stubs, list(load.runs))
     _check_signals(report, harness)
     succeeded = Run.objects.filter(pk__in=list(load.runs), status__in=("succeeded", "compensated"))
     rate = succeeded.count() / max(minutes, 1e-9)
@@ -70,8 +84,8 @@ def check(load: Load, pool: Pool, *, minutes: float, floor: float) -> Report:
     return report
 
 
-def _check_generated(report: Report, harness: Harness, run: Run, automation: Automation,
-                     given: RunInput) -> None:  # fmt: skip
+def _check_generated(report: Report, harness: Harness, at_stubs: AtStubs, run: Run,
+                     automation: Automation, given: RunInput) -> None:  # fmt: skip
     where = f"run {run.pk} (generated, {given.flags})"
     if run.status != "succeeded":
         report.fail(f"{where}: {run.status} {run.error[:500]}")
@@ -81,7 +95,7 @@ def _check_generated(report: Report, harness: Harness, run: Run, automation: Aut
     report.steps += entered.total()
     if entered != automation.visits(given):
         report.fail(f"{where}: entered {dict(entered)}, predicted {dict(automation.visits(given))}")
-    made = harness.effect_keys(run.pk)
+    made = at_stubs.keys
     for step in automation.steps_of(*EFFECTS):
         for iteration in range(1, entered[step["id"]] + 1):
             key = f"{run.pk}/{step['id']}/{iteration}"
@@ -90,9 +104,9 @@ def _check_generated(report: Report, harness: Harness, run: Run, automation: Aut
             if step["type"] == "crm_upsert":
                 continue  # an upsert: repeating it is harmless, and it carries no key
             if step["type"] == "http":  # called again under its key after a lost answer
-                if created_at_stub(harness)[key] != 1:
+                if at_stubs.created[key] != 1:
                     report.fail(f"{where}: effect {key} created "
-                                f"{created_at_stub(harness)[key]} times")  # fmt: skip
+                                f"{at_stubs.created[key]} times")  # fmt: skip
                 continue
             if made[key] != 1:
                 report.fail(f"{where}: effect {key} ({step['type']}) reached its stub "
@@ -113,14 +127,13 @@ def _check_signal_first(report: Report, run: Run) -> None:
         report.fail(f"{where}: {run.status} {run.error[:300]} path {path}")
 
 
-def _check_saga(report: Report, harness: Harness, run: Run) -> None:
+def _check_saga(report: Report, at_stubs: AtStubs, run: Run) -> None:
     where = f"run {run.pk} (saga)"
     report.steps += Step.objects.filter(run=run).count()
     if run.status != "compensated":
         report.fail(f"{where}: {run.status}, not compensated: {run.error[:300]}")
         return
-    created = created_at_stub(harness)
-    made = {k: n for k, n in created.items() if k.startswith(f"{run.pk}/")}
+    made = {k: n for k, n in at_stubs.created.items() if k.startswith(f"{run.pk}/")}
     expected = {f"{run.pk}/{s}/1": 1 for s in ("reserve", "charge", "release", "refund")}
     if made != expected:
         report.fail(f"{where}: items created at the stub {made}, expected {expected}")
@@ -153,7 +166,7 @@ def _check_events(report: Report, run_ids: list[int]) -> None:
             report.fail(f"step {woken} woken {n} times in one attempt: {kinds}")
 
 
-def _check_effects(report: Report, harness: Harness, run_ids: list[int]) -> None:
+def _check_effects(report: Report, at_stubs: AtStubs, run_ids: list[int]) -> None:
     """Every outcome_unknown reconciled or parked; nothing created twice at the idempotent
     stub."""
     effects = Effect.objects.filter(run_id__in=run_ids)
@@ -163,7 +176,7 @@ def _check_effects(report: Report, harness: Harness, run_ids: list[int]) -> None
     report.outcome_unknown_seen = RunEvent.objects.filter(
         run_id__in=run_ids, kind="effect.outcome_unknown"
     ).count()
-    for key, n in created_at_stub(harness).items():
+    for key, n in at_stubs.created.items():
         if n > 1:
             report.fail(f"the idempotent stub created {n} items for the effect {key}")
 

@@ -371,6 +371,11 @@ class Harness:
         prefix = f"{run_id}/"
         return Counter(k for k in self._keys_at_stubs() if k.startswith(prefix))
 
+    def keys_at_stubs(self) -> Counter[str]:
+        """Every effect key that reached a stub, with how often: one read of every stub, for
+        a caller checking many runs (``effect_keys`` reads them all for each run)."""
+        return Counter(self._keys_at_stubs())
+
     def _keys_at_stubs(self) -> list[str]:
         seen = [r["headers"].get("idempotency-key") for r in self.stubs.provider.requests]
         seen += [m.headers.get("x-waymark-effect-key") for m in self.stubs.smtp.messages]
