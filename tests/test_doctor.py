@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 
 from effects.models import Effect
 from effects.resolve import park_orphaned_calls
@@ -33,8 +35,9 @@ from workflows.engine.health import (
 )
 from workflows.engine.lanes import lane_policy
 from workflows.engine.steps import claim
+from workflows.engine.sweeper import LEASE_NAME
 from workflows.health.views import forget
-from workflows.models import Outbox, Run, Signal, Step
+from workflows.models import Membership, Outbox, Run, Signal, Step, SweepLease
 from workflows.services.automations import automation_publish_definition
 from workflows.services.control import run_act
 from workflows.services.runs import run_start
@@ -364,18 +367,49 @@ def test_readyz_answers_200_when_healthy_and_503_with_the_broken_checks(org, fre
     assert "run_id" not in json.dumps(body)
 
 
-def test_readyz_shows_the_examples_to_staff_only(org, fresh_readyz):
-    run_id = start(org, TIMER_DEFINITION)
-    Timer.objects.filter(run_id=run_id).delete()
-    staff = Client()
-    staff.force_login(get_user_model().objects.create_user("op", is_staff=True))
-    status, body = readyz(staff)
-    assert status == 503
-    stranded = next(f for f in body["findings"] if f["check"] == "workflows.stranded_runs")
-    assert [e["run_id"] for e in stranded["examples"]] == [run_id]
-    someone = Client()
-    someone.force_login(get_user_model().objects.create_user("someone"))
-    assert "examples" not in json.dumps(readyz(someone)[1])
+def stranded_examples(body: dict[str, Any]) -> Any:
+    """The examples of /readyz's stranded_runs finding, or None when it shows none."""
+    return finding(body, "workflows.stranded_runs").get("examples")
+
+
+def signed_in(username: str, *, orgs: tuple[Any, ...] = (), **flags: bool) -> Client:
+    user = get_user_model().objects.create_user(username)
+    for flag, value in flags.items():
+        setattr(user, flag, value)
+    user.save()
+    for member_of in orgs:
+        Membership.objects.create(user=user, org=member_of)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_readyz_shows_staff_the_examples_of_their_own_organisations_only(
+    org, other_org, fresh_readyz
+):
+    ours = start(org, TIMER_DEFINITION)
+    theirs = start(other_org, TIMER_DEFINITION)
+    Timer.objects.filter(run_id__in=[ours, theirs]).delete()
+    SweepLease.objects.create(name=LEASE_NAME, holder="host-a:4242",
+                              lease_until=timezone.now() + timedelta(minutes=1))  # fmt: skip
+    status, body = readyz(signed_in("op", orgs=(org,), is_staff=True))
+    assert status == 503 and body["broken"] == ["timers.waits_without_timer",
+                                                "workflows.stranded_runs"]  # fmt: skip
+    stranded = finding(body, "workflows.stranded_runs")
+    assert stranded["count"] == 2  # the installation's count, as anyone sees it
+    assert [(e["run_id"], e["org_id"]) for e in stranded["examples"]] == [(ours, org.pk)]
+    shown = json.dumps(body)
+    assert f'"run_id": {theirs}' not in shown and f'"org_id": {other_org.pk}' not in shown
+    # The sweep's leader (a process's name, no organisation's) is the installation's.
+    assert "host-a" not in shown and finding(body, "workflows.sweep_leader")["examples"] == []
+
+    outsider = readyz(signed_in("op2", is_staff=True))[1]  # staff, a member of nothing
+    assert stranded_examples(outsider) == []
+    boss = readyz(signed_in("boss", is_staff=True, is_superuser=True))[1]
+    assert sorted(e["run_id"] for e in stranded_examples(boss) or []) == sorted([ours, theirs])
+    assert "host-a:4242" in json.dumps(boss)
+    for member in (signed_in("someone", orgs=(org, other_org)), Client()):  # not staff
+        assert "examples" not in json.dumps(readyz(member)[1])
 
 
 def test_readyz_reuses_its_answer_for_a_while(org, fresh_readyz, settings):

@@ -24,12 +24,14 @@ from workflows.errors import (
     PayloadTooLarge,
     RerunStepIsCompensation,
     RerunStepNotTopLevel,
+    RunningRunsQuota,
     RunStateConflict,
     UnknownRun,
     UnknownStep,
     WaymarkError,
 )
 from workflows.models import AuditEntry, Organisation, Run, RunEvent, Step
+from workflows.services import quotas
 from workflows.services.control import run_act
 from workflows.services.rerun import rerun
 
@@ -410,3 +412,42 @@ def test_the_command_prints_the_preview_and_acts_only_with_yes(
     with pytest.raises(CommandError, match="invalid_input"):
         call_command("runs", "rerun", "--org", org.slug, str(run_id), "--from", "first",
                      "--input-file", str(new_input), "--yes")  # fmt: skip
+
+
+# --- a re-run is a start for the quotas ---------------------------------------------------------
+
+
+def test_a_re_run_at_the_running_runs_quota_is_refused_everywhere_and_changes_nothing(
+    org: Organisation, api: Any, admin_client: Any
+) -> None:
+    run_id = failed_run(org)
+    org.quota_running_runs = 1
+    org.save()
+    quotas.forget_running_counts()  # count again (the failed run's start counted just now)
+    holding = start(org, WAITING, key="k2")  # the one running run the quota allows
+    quotas.forget_running_counts()
+    before, kinds = snapshot(run_id), history(run_id)
+
+    with pytest.raises(RunningRunsQuota) as caught:
+        rerun(org=org, run_id=run_id, from_step="first", actor="ops", dry_run=False)
+    assert (caught.value.status, caught.value.code) == (429, "quota_exceeded")
+    url = f"/api/v1/runs/{run_id}/rerun"
+    refused = api.post(url, {"from_step": "first", "dry_run": False}, format="json")
+    assert refused.status_code == 429, refused.json()
+    assert refused.json()["code"] == "quota_exceeded" and refused["Retry-After"] == "30"
+    assert "1 running runs" in refused.json()["detail"]
+    page = admin_client.post(reverse("admin:workflows_run_rerun", args=[run_id]),
+                             {"from_step": "first", "input": "", "confirmed": "yes"})  # fmt: skip
+    assert page.status_code == 200 and "quota_exceeded" in page.content.decode()
+    with pytest.raises(CommandError, match="quota_exceeded"):
+        call_command("runs", "rerun", "--org", org.slug, str(run_id), "--from", "first", "--yes")
+    assert snapshot(run_id) == before and history(run_id) == kinds
+    assert not AuditEntry.objects.filter(action="run.rerun").exists()
+    # A preview admits nothing, so it is still shown.
+    assert api.post(url, {"from_step": "first"}, format="json").status_code == 200
+
+    run_act(org=org, run_id=holding, action="cancel", actor="ops")  # a slot frees up
+    quotas.forget_running_counts()
+    acted = api.post(url, {"from_step": "first", "dry_run": False}, format="json")
+    assert acted.status_code == 200 and acted.json()["was"] == "failed"
+    assert AuditEntry.objects.filter(action="run.rerun").count() == 1

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 from django.test import Client
@@ -469,6 +470,51 @@ def test_subscriptions_in_the_api_show_the_secret_once_and_are_audited(org, api,
     ]  # fmt: skip
     assert all(e.actor_kind == "api_key" for e in rows)
     assert not AuditEntry.objects.filter(detail__icontains="whsec_").exists()
+
+
+TOKEN_URL = "https://hooks.example/abc?token=SECRET"
+
+
+def audit_text(org: Organisation) -> str:
+    """Every audit entry of the organisation, and every admin history row, as text."""
+    entries = list(AuditEntry.objects.filter(org=org).values())
+    history = list(LogEntry.objects.values())
+    return json.dumps([entries, history], default=str)
+
+
+def test_the_audit_keeps_a_webhook_urls_origin_never_its_path_or_token(
+    org, api, admin_client: Client
+) -> None:
+    made = api.post("/api/v1/webhooks", {"url": TOKEN_URL, "event_types": ["run.failed"]},
+                    format="json").json()  # fmt: skip
+    moved = {"url": "https://hooks.example:8443/abc/v2?token=SECRET2"}
+    assert api.patch(f"/api/v1/webhooks/{made['id']}", moved, format="json").status_code == 200
+    page = admin_client.post("/admin/webhooks/subscription/add/", {
+        "org": org.pk, "url": TOKEN_URL, "event_types": ["run.failed"], "active": "on",
+    })  # fmt: skip
+    assert page.status_code == 200, page.content[:2000]
+    by_admin = Subscription.objects.filter(org=org).exclude(pk=made["id"]).get()
+    changed = admin_client.post(f"/admin/webhooks/subscription/{by_admin.pk}/change/", {
+        "url": "https://other.example/abc?token=SECRET3", "event_types": ["run.failed"],
+        "active": "on", "description": "",
+    })  # fmt: skip
+    assert changed.status_code == 302, changed.content[:2000]
+    assert api.delete(f"/api/v1/webhooks/{made['id']}").status_code == 204
+    admin_client.post(f"/admin/webhooks/subscription/{by_admin.pk}/delete/", {"post": "yes"})
+    assert not Subscription.objects.filter(org=org).exists()
+
+    urls = [(e.action, e.detail.get("url")) for e in
+            AuditEntry.objects.filter(org=org, target_type="webhook").order_by("id")]  # fmt: skip
+    assert urls == [
+        ("webhook.create", "https://hooks.example"),
+        ("webhook.update", "https://hooks.example:8443"),
+        ("webhook.create", "https://hooks.example"),
+        ("webhook.update", "https://other.example"),
+        ("webhook.delete", "https://hooks.example:8443"),
+        ("webhook.delete", "https://other.example"),
+    ]
+    said = audit_text(org)
+    assert "SECRET" not in said and "/abc" not in said and "token" not in said
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,7 @@ from .defaults import (  # noqa: E402, F401
     WEBHOOKS,
     env,
 )
+from .process_role import OPTION as PROCESS_NAME_OPTION  # noqa: E402
 from .process_role import application_name  # noqa: E402
 
 DATA_DIR = Path(env.str("WAYMARK_DATA_DIR", default=str(BASE_DIR / ".data")))
@@ -202,8 +203,9 @@ _DB_OPTIONS.setdefault(
     ),
 )
 # Each connection names its process (waymark-web, waymark-worker-io, waymark-relay, ...;
-# process_role.py): pg_stat_activity says who holds it. One set in DATABASE_URL wins.
-_DB_OPTIONS.setdefault("application_name", application_name())
+# process_role.py): pg_stat_activity says who holds it. A name the operator chose wins:
+# application_name in DATABASE_URL, else PGAPPNAME (libpq reads it), else this fallback.
+_DB_OPTIONS.setdefault(PROCESS_NAME_OPTION, application_name())
 # A database host that drops packets fails a connection attempt (and /healthz) in 10 s.
 _DB_OPTIONS.setdefault("connect_timeout", env.int("WAYMARK_DB_CONNECT_TIMEOUT", default=10))
 _DB_OPTIONS.setdefault("keepalives", 1)

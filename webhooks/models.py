@@ -10,6 +10,8 @@ retries with backoff until ``WAYMARK_WEBHOOK_MAX_ATTEMPTS``; then the delivery i
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models.functions import Now
@@ -39,7 +41,21 @@ class Subscription(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"webhook {self.pk} {self.url}"
+        # The admin keeps this in its history (django_admin_log): the origin, never the path
+        # or query, which often carry the receiver's token.
+        return f"webhook {self.pk} {url_origin(self.url)}"
+
+
+def url_origin(url: str) -> str:
+    """``scheme://host[:port]`` of an endpoint's URL: what the audit log and the admin's
+    history keep of it. The path and query (where receivers put their tokens) are left out,
+    as a connection's audit entries name its fields, never their values."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(not a URL)"
+    host = parts.netloc.rpartition("@")[2]  # (credentials are refused; never shown)
+    return f"{parts.scheme}://{host}" if parts.scheme and host else "(not a URL)"
 
 
 class DeliveryStatus(models.TextChoices):

@@ -1,6 +1,7 @@
 """Subscriptions and deliveries as people change them (the API and the admin alike): each
 change in one transaction with its audit entry; a subscription's secret made here, stored
-encrypted, and returned once."""
+encrypted, and returned once. The audit keeps an endpoint's origin (``url_origin``:
+scheme://host[:port]), never its path or query, which often carry the receiver's token."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from workflows.plugins.runs import quotas
 
 from . import sql
 from .events import EVENT_TYPES
-from .models import Delivery, Subscription
+from .models import Delivery, Subscription, url_origin
 
 SIGNING_PREFIX = "whsec_"
 URL_CHARS = 2000
@@ -119,7 +120,8 @@ def webhook_create(
             org=org, url=url, event_types=types, description=description, active=active,
             secret_encrypted=encrypt(secret),
         )  # fmt: skip
-        audit(subscription, actor, "webhook.create", url=url, event_types=types, active=active)
+        audit(subscription, actor, "webhook.create", url=url_origin(url), event_types=types,
+              active=active)  # fmt: skip
     return subscription, secret
 
 
@@ -137,15 +139,17 @@ def webhook_update(subscription: Subscription, *, actor: Actor, **changes: Any) 
         for name, value in changes.items():
             setattr(subscription, name, value)
         subscription.save(update_fields=[*changes, "updated_at"])
-        audit(subscription, actor, "webhook.update", fields=changed,
-              **{name: changes[name] for name in changed if name != "description"})  # fmt: skip
+        shown = {name: changes[name] for name in changed if name != "description"}
+        if "url" in shown:
+            shown["url"] = url_origin(shown["url"])
+        audit(subscription, actor, "webhook.update", fields=changed, **shown)
     return subscription
 
 
 def webhook_delete(subscription: Subscription, *, actor: Actor) -> None:
     """Delete it with its deliveries: what was pending is never sent."""
     with transaction.atomic():
-        audit(subscription, actor, "webhook.delete", url=subscription.url)
+        audit(subscription, actor, "webhook.delete", url=url_origin(subscription.url))
         subscription.delete()
 
 

@@ -144,7 +144,7 @@ def ensure_database(data_dir: Path, name: str) -> None:
         return
     address = ensure_server(data_dir)
     with psycopg.connect(
-        address.uri("postgres"), autocommit=True, application_name=application_name()
+        address.uri("postgres"), autocommit=True, fallback_application_name=application_name()
     ) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
         if not exists:

@@ -70,13 +70,22 @@ class RunRerunView(APIView):
     @extend_schema(
         operation_id="runs_rerun",
         request=RerunIn,
-        responses={200: RerunOut, 400: ErrorOut, 404: ErrorOut, 409: ErrorOut, 413: ErrorOut},
+        responses={
+            200: RerunOut,
+            400: ErrorOut,
+            404: ErrorOut,
+            409: ErrorOut,
+            413: ErrorOut,
+            429: ErrorOut,
+        },
         description="Run a finished run (failed, succeeded, cancelled or compensated) again "
         "from a step, optionally with a new input or vars. Settled effects of the steps it "
         "reaches are reused, not made again, unless `repeat_effects`. `dry_run` is true "
         "unless set to false: the answer then says what would change, nothing changes. "
         "Refused: 409 `run_state_conflict` (the run is not finished), 400 `unknown_step`, "
-        "`rerun_step_not_top_level`, `rerun_step_is_compensation` or `invalid_input`.",
+        "`rerun_step_not_top_level`, `rerun_step_is_compensation` or `invalid_input`; a "
+        "re-run is a start for the quotas: 429 `quota_exceeded` (with `Retry-After`) when "
+        "the organisation is at its running-runs or starts-per-minute quota.",
     )
     def post(self, request: Request, run_id: int) -> Response:
         data = RerunIn(data=request.data)

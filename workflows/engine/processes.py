@@ -19,7 +19,8 @@ from contextlib import contextmanager
 from django.conf import settings
 from django.db import connections
 
-from waymark_config.process_role import PREFIX, ROLE_ENV, application_name
+from waymark_config.process_role import OPTION as NAME_OPTION
+from waymark_config.process_role import ROLE_ENV, application_name
 
 from . import tracing
 
@@ -39,14 +40,14 @@ def begin(role: str) -> None:
 def _name_connections(name: str) -> None:
     """Connections opened from now on carry ``name`` (Django reads a database's OPTIONS at
     each connect, and ``own_connection`` takes its parameters from there too); one opened
-    before under another name is closed, to be opened again when next used. A name the
-    operator chose (``application_name`` in DATABASE_URL) is left as it is."""
+    before under another name is closed, to be opened again when next used. It goes as
+    libpq's fallback (process_role.OPTION): a name the operator chose (``application_name``
+    in DATABASE_URL, or ``PGAPPNAME``) still wins."""
     for alias, database in settings.DATABASES.items():
         options = database.setdefault("OPTIONS", {})
-        given = options.get("application_name")
-        if given == name or (given is not None and not str(given).startswith(PREFIX)):
+        if options.get(NAME_OPTION) == name:
             continue
-        options["application_name"] = name
+        options[NAME_OPTION] = name
         connections[alias].close()
 
 

@@ -5,7 +5,9 @@ broken but a check could not run in time (``"unchecked"``); 503 when an invarian
 (``"broken"``: the ``broken`` list names the checks), or the database is unreachable
 (``"unavailable"``). It answers for the whole installation, so it says counts, measures and
 check names only: a finding's examples (run ids, organisations, worker names) are shown to a
-signed-in staff user alone.
+signed-in staff user alone, and only those of the organisations the admin shows them
+(``admin.scoping.member_org_ids``: a superuser sees every example; other staff the examples
+of their organisations, not the installation's own, such as the sweep leader's name).
 
 Probes come every few seconds, from every load balancer, to every web process, and the
 checks read the database: a verdict is kept in the shared cache (the database's, or Redis)
@@ -26,6 +28,7 @@ from django.db import DatabaseError
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 
+from ..admin.scoping import member_org_ids
 from ..engine.health import Limits, run_checks
 from ..engine.lanes import engine_setting
 
@@ -43,8 +46,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         logger.warning("readyz: database unreachable: %s", first_line)
         return JsonResponse({"status": "unavailable", "database": "unreachable"}, status=503)
-    if not _staff(request):
-        verdict = {**verdict, "findings": [_without_examples(f) for f in verdict["findings"]]}
+    verdict = {**verdict, "findings": _shown_to(request, verdict["findings"])}
     response = JsonResponse(verdict, status=503 if verdict["broken"] else 200)
     # A broken invariant may last hours and probes come every few seconds: the verdict is
     # logged once when it is made (_checked), not as an ERROR line per probe by Django's
@@ -53,13 +55,30 @@ def readyz(request: HttpRequest) -> JsonResponse:
     return response
 
 
-def _staff(request: HttpRequest) -> bool:
+def _shown_to(request: HttpRequest, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The findings as the request's user may see them: without examples for anyone but
+    staff, and for staff who are not superusers, with their organisations' examples only
+    (the admin's scoping: what the admin would not show them, /readyz does not either)."""
     user = getattr(request, "user", None)
-    return bool(user is not None and user.is_authenticated and user.is_staff)
+    if user is None or not (user.is_authenticated and user.is_staff):
+        return [_without_examples(f) for f in findings]
+    orgs = member_org_ids(request)
+    if orgs is None:  # a superuser
+        return findings
+    return [_with_examples_of(f, orgs) for f in findings]
 
 
 def _without_examples(finding: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in finding.items() if key != "examples"}
+
+
+def _with_examples_of(finding: dict[str, Any], orgs: frozenset[int]) -> dict[str, Any]:
+    """Only the examples of ``orgs``: one of no organisation (a sweeper's name) is the
+    installation's, for superusers."""
+    if "examples" not in finding:
+        return finding
+    mine = [example for example in finding["examples"] if example.get("org_id") in orgs]
+    return {**finding, "examples": mine}
 
 
 def _verdict() -> dict[str, Any]:

@@ -16,6 +16,11 @@ effect (the run's ``rerun_reuse``, read by the app that keeps the effects), reco
 ``repeat_effects`` makes every one a new call under its new key. ``dry_run`` (the default)
 only says what a re-run would do: the step, the input and vars that change, and each
 settled effect downstream, reused or repeated, with its new key.
+
+A re-run is a start for the organisation's limits: it is admitted under the start quotas
+(running runs, starts per minute: ``quotas.admit_start``, in its transaction, as a start is;
+refused, 429 ``quota_exceeded`` and nothing changes), and its budgets (max steps) and max
+age are counted afresh from the re-run. A preview admits nothing.
 """
 
 from __future__ import annotations
@@ -37,11 +42,13 @@ from ..errors import (
     RerunStepIsCompensation,
     RerunStepNotTopLevel,
     RunStateConflict,
+    StartQuota,
     UnknownRun,
     UnknownStep,
 )
 from ..models import AutomationVersion, Organisation
 from ..states import RUN_FINISHED, RunStatus, run_sources
+from . import quotas
 from .audit import Actor, as_actor, record_audit
 from .runs import check_input, check_json_value, run_limits
 
@@ -97,8 +104,9 @@ def rerun(
     ``variables`` (JSON objects) replace the run's input and vars when given. A dry run (the
     default) changes nothing and says what the re-run would do. Raises UnknownRun,
     RunStateConflict (a run not finished; recorded in its history when not a dry run),
-    UnknownStep, RerunStepNotTopLevel, RerunStepIsCompensation or InvalidInput (and
-    PayloadTooLarge): each before anything changed."""
+    UnknownStep, RerunStepNotTopLevel, RerunStepIsCompensation, InvalidInput (and
+    PayloadTooLarge) or a StartQuota (RunningRunsQuota, StartsPerMinuteQuota; not for a dry
+    run): each before anything changed."""
     if run_input is not None:
         check_input(run_input)
     if variables is not None:
@@ -120,6 +128,9 @@ def rerun(
             plan.effects = _effect_choices(cursor, plan)
             if dry_run:
                 return plan.outcome(status=run.status, dry_run=True)
+            # A re-run is a start: admitted as one (running runs, starts per minute), in
+            # this transaction, so a refusal leaves the run as it was.
+            quotas.admit_start(org)
             status = _apply(cursor, plan, who.label)
             record_audit(
                 org=org, actor=who, action="run.rerun", target_type="run", target_id=run_id,
@@ -131,6 +142,9 @@ def rerun(
     except RunStateConflict as refused:
         if not dry_run:
             _record_refusal(org.pk, run_id, who.label, refused)
+        raise
+    except StartQuota as refused:
+        quotas.remember_count(org, refused)
         raise
 
 
