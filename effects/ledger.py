@@ -306,6 +306,7 @@ def _reserve_budget(cursor: Any, call: Call) -> None:
             deadline_seconds=effects_setting("RECHECK_SECONDS"), refund_attempt=True,
             detail={"parked_on": f"budget:{call.ctx.org_id}", "reserve": str(amount),
                     "reason": "the organisation's model budget is exhausted: raise it to go on"},
+            woken_after_park=partial(_raised_meanwhile, call.ctx.org_id, amount),
         ))  # fmt: skip
     raise StepDeferred(effects_setting("DEFER_SECONDS") * 5,
                        "the model budget is held by calls in flight")  # fmt: skip
@@ -557,9 +558,12 @@ def _step_failure(call: Call, effect: dict[str, Any], exc: CallError) -> Excepti
 
 
 # --- parks --------------------------------------------------------------------------------------
-# A parked step looks again every RECHECK_SECONDS (no attempt spent): a repair, a raised
-# budget or a person's decision wakes it at once, and one that happened while it was parking
-# (the wake found nothing waiting yet) costs at most one re-check.
+# A repair, a raised budget or a person's decision wakes a parked step at once, also one
+# that came while the step was parking (its wake found nothing waiting yet): the park looks
+# again, under a lock its waker's write conflicts with (Park.woken_meanwhile for a review,
+# whose resolution locks the run; Park.woken_after_park for a connection or a budget, whose
+# wakers lock their own row). The step also looks again every RECHECK_SECONDS (no attempt
+# spent), a safety net only.
 
 
 def _broken_park(call: Call, reason: str) -> Park:
@@ -567,7 +571,29 @@ def _broken_park(call: Call, reason: str) -> Park:
         deadline_seconds=effects_setting("RECHECK_SECONDS"), refund_attempt=True,
         detail={"parked_on": f"connection:{call.conn_id}", "connection": _name(call),
                 "reason": reason or f"reconnect {_name(call)}"},
+        woken_after_park=partial(_repaired_meanwhile, call.conn_id),
     )  # fmt: skip
+
+
+def _repaired_meanwhile(connection_id: int | None, cursor: Any) -> dict[str, Any] | None:
+    """The connection was repaired while its step was parking: the wake repair_connection
+    would have sent. Share-locked (sql.CONNECTION_STATUS_SHARED says why that is enough)."""
+    cursor.execute(sql.CONNECTION_STATUS_SHARED, {"connection_id": connection_id})
+    row = fetch_dict(cursor)
+    if row is None or row["status"] != "ok":
+        return None  # still broken; or deleted, which wakes nobody
+    return {"connection": row["name"], "repaired": "while the step was parking"}
+
+
+def _raised_meanwhile(org_id: int, amount: Decimal, cursor: Any) -> dict[str, Any] | None:
+    """The budget was raised (or removed) while its step was parking so that this call fits:
+    the wake budget_raised would have sent. Share-locked (see sql.CONNECTION_STATUS_SHARED)."""
+    cursor.execute(sql.BUDGET_SHARED, {"org_id": org_id})
+    budget = fetch_dict(cursor)
+    if budget is not None and (budget["spent"] >= budget["limit"]
+                               or budget["spent"] + amount > budget["limit"]):  # fmt: skip
+        return None
+    return {"budget": "raised while the step was parking"}
 
 
 def _review_park(effect: Mapping[str, Any]) -> Park:

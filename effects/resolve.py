@@ -136,6 +136,8 @@ def repair_connection(conn: Connection, *, by: Actor | str) -> int:
     actor = as_actor(by)
     label = actor.label
     with transaction.atomic(durable=True), connection.cursor() as cursor:
+        # This UPDATE locks the connection's row until commit: a step parking on it now
+        # either is found parked below or sees the repair (sql.CONNECTION_STATUS_SHARED).
         changed = Connection.objects.filter(pk=conn.pk).update(
             status=ConnectionStatus.OK, broken_reason="", broken_at=None,
             circuit="closed", consecutive_failures=0, circuit_until=None,
@@ -155,6 +157,9 @@ def budget_raised(org_id: int, *, by: Actor | str) -> int:
     again, and park again if it is still short)."""
     label = as_actor(by).label
     with transaction.atomic(durable=True), connection.cursor() as cursor:
+        # The budget's row first, as the repair's UPDATE locks the connection's: a step
+        # parking now either is found parked below or sees the raise (sql.BUDGET_SHARED).
+        cursor.execute(sql.LOCK_BUDGET, {"org_id": org_id})
         return wake_parked(cursor, org_id, f"budget:{org_id}", {"budget": "raised"},
                             "budget_raised", label)  # fmt: skip
 

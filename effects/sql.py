@@ -256,6 +256,25 @@ UPDATE effects_modelbudget
  WHERE org_id = %(org_id)s
 """
 
+# A park's look at what it waits for once it has committed (Park.woken_after_park): share-
+# locked, so it conflicts with the waker's lock (the repair's UPDATE of the connection,
+# LOCK_BUDGET of a budget raised). Either the waker's PARKED_ON runs after this read, and so
+# after the park's commit, and finds the step; or this read waits for the waker's commit and
+# sees the repair or the raise. A plain read could miss both: the waker's PARKED_ON taken
+# before the park's commit, and this read before the waker's commit.
+CONNECTION_STATUS_SHARED = """
+SELECT name, status FROM effects_connection WHERE id = %(connection_id)s FOR SHARE
+"""
+
+BUDGET_SHARED = """
+SELECT spent, "limit" FROM effects_modelbudget WHERE org_id = %(org_id)s FOR SHARE
+"""
+
+# A budget raised: its row locked before the parked steps are looked for (see above).
+LOCK_BUDGET = """
+SELECT id FROM effects_modelbudget WHERE org_id = %(org_id)s FOR NO KEY UPDATE
+"""
+
 # Steps parked on a connection (broken) or a budget (exhausted), to wake when repaired.
 PARKED_ON = """
 SELECT id FROM workflows_step
