@@ -64,7 +64,8 @@ def resolve_effect(effect_id: int, action: str, *, by: Actor | str, result: Any 
                                f"effect is {effect['state']}, not needs_review{moved}")  # fmt: skip
         params: dict[str, Any] = {"id": effect_id, "by": label}
         if action == DONE:
-            params |= {"result": _json(result), "sources": sources(EffectState.SETTLED)}
+            params |= {"result": _json(result), "sources": [EffectState.NEEDS_REVIEW.value],
+                       "overtaken": ""}  # fmt: skip
             cursor.execute(sql.SETTLE_FOUND, params)
         else:
             # "retry": nothing is known to be made, on a person's word: the step's next
