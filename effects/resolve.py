@@ -2,10 +2,16 @@
 
 - A ``needs_review`` effect is resolved by a person: marked done with a result, retried
   with the same key, or failed (and its step with it). Each resolution is recorded in the
-  run's history, and wakes the step parked on the effect in the same transaction.
+  run's history, and wakes the step parked on the effect in the same transaction. A retry
+  is not sent when the first call's answer arrives, or a lookup finds it, before the retry
+  begins (the ledger settles the effect with it, and says so).
 - A broken connection is repaired (a new secret, or a health probe that passes): every step
   parked on it wakes and runs again from the same step.
 - A raised model budget wakes the steps parked on it.
+
+A repair or a raise that comes while a step is parking is not missed: each locks its row
+before it looks for parked steps, and the park looks again under a conflicting lock once it
+has committed (ledger._repaired_meanwhile, ledger._raised_meanwhile).
 """
 
 from __future__ import annotations
@@ -159,7 +165,8 @@ def budget_raised(org_id: int, *, by: Actor | str) -> int:
     label = as_actor(by).label
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         # The budget's row first, as the repair's UPDATE locks the connection's: a step
-        # parking now either is found parked below or sees the raise (sql.BUDGET_SHARED).
+        # parking now either is found parked below or sees the budget as this commit leaves
+        # it (sql.BUDGET_SHARED), whatever the caller committed before.
         cursor.execute(sql.LOCK_BUDGET, {"org_id": org_id})
         return wake_parked(cursor, org_id, f"budget:{org_id}", {"budget": "raised"},
                             "budget_raised", label)  # fmt: skip
