@@ -23,7 +23,6 @@ everywhere: the connection's row, then the effect's.
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import threading
@@ -77,7 +76,6 @@ RETRY_NOT_SENT = ("the first call's answer arrived before the retry a person cho
                   "sent: the retry was not sent")  # fmt: skip
 RETRY_FOUND = ("a lookup found the first call made before the retry a person chose was "
                "sent: the retry was not sent")  # fmt: skip
-LATE_RESULT_CHARS = 2000  # a late answer's result is kept in its event up to this size
 
 
 def effects_setting(name: str) -> Any:
@@ -530,23 +528,29 @@ def _record_answer(call: Call, effect: dict[str, Any], answer: Answer, seconds: 
 
 
 def _answered_too_late(cursor: Any, call: Call, effect: dict[str, Any], answer: Answer) -> None:
-    """This call's answer came after another call under the key began (its lease lapsed and
-    the key was called again, or a person chose "retry" and the retry was sent): that call
-    owns the effect, and its answer settles it. This one is kept in the run's history, so a
-    person sees that the provider was called twice and answered the first time too."""
+    """This call's answer came after the effect moved on without it: another call under the
+    key began (its lease lapsed and the key was called again, or a person chose "retry" and
+    the retry was sent), or a person resolved it ("done", "fail"). What the effect holds
+    stays; the run's history says that this call answered too, so a person can check at the
+    provider whether it was made twice. Its result is not kept there: an answer fenced out
+    by an erasure (sql.FENCE_IN_FLIGHT) may name the erased person."""
     cursor.execute(sql.EFFECT_CALLS, {"id": effect["id"]})
     now = fetch_dict(cursor)
-    logger.warning("effect %s: answered after another call under the key began", call.key)
-    if now is None or now["calls"] <= effect["calls"]:
-        return  # no later call (the person's erasure fenced it out, say): nothing to tell
-    small = len(json.dumps(answer.result, default=str)) <= LATE_RESULT_CHARS
-    detail = {
-        "key": call.key, "call": effect["calls"], "calls": now["calls"],
-        "result": answer.result if small else "(too large to keep here)",
-        "note": (f"the answer of call {effect['calls']} arrived after call {now['calls']} "
-                 "was sent under the same key: the effect keeps that call's answer; check "
-                 "at the provider whether it was made twice"),
-    }  # fmt: skip
+    logger.warning("effect %s: answered after the effect moved on without it", call.key)
+    if now is None:
+        return
+    call_no, calls = effect["calls"], now["calls"]
+    if calls > call_no:
+        note = (f"the answer of call {call_no} arrived after call {calls} was sent under the "
+                "same key: the effect keeps that call's answer; check at the provider "
+                "whether it was made twice")  # fmt: skip
+    elif now["state"] in (EffectState.SETTLED, EffectState.FAILED):
+        note = (f"the answer of call {call_no} arrived after the effect was {now['state']} "
+                f"by {now['resolved_by'] or 'a person'}: it keeps that; check at the "
+                "provider what was made")  # fmt: skip
+    else:
+        return  # fenced out by an erasure, still to be reconciled: nothing to tell yet
+    detail = {"key": call.key, "call": call_no, "calls": calls, "note": note}
     _event(cursor, call.ctx, "effect.late_answer", detail)
 
 

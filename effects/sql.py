@@ -142,9 +142,9 @@ UPDATE effects_effect e
 RETURNING e.id, before.state AS was
 """
 
-# An answer that came too late to settle its effect (another call under the key began
-# since): how many calls have begun, to tell the person whether a retry was sent.
-EFFECT_CALLS = "SELECT state, calls FROM effects_effect WHERE id = %(id)s"
+# An answer that came too late to settle its effect: how many calls have begun since (a
+# retry sent?) and who moved it, to tell the person.
+EFFECT_CALLS = "SELECT state, calls, resolved_by FROM effects_effect WHERE id = %(id)s"
 
 # Reconciled, or resolved by a person: settled with what was found (no token: nobody owns
 # the call any more). Also a person's retry not yet begun, when a lookup finds the call it

@@ -59,10 +59,12 @@ def in_thread(work: Any) -> threading.Thread:
     return thread
 
 
-def first_call_held_then_reviewed(org: Any, stub: Any, api: Any) -> tuple[int, Effect, Any]:
+def first_call_held_then_reviewed(
+    org: Any, stub: Any, api: Any, action: str = "retry"
+) -> tuple[int, Effect, Any]:
     """The first call reaches the provider, which holds its answer; its worker is cut off (its
     step's lease and its effect's lapse); the step's next attempt cannot tell what was made
-    (no keys, no lookup) and parks the effect for a person, who chooses "retry"."""
+    (no keys, no lookup) and parks the effect for a person, who chooses ``action``."""
     connect(org, base_url=stub.url)
     run_id = start(org, one_step(post_item(stub.url)))
     stub.hold()
@@ -81,8 +83,8 @@ def first_call_held_then_reviewed(org: Any, stub: Any, api: Any) -> tuple[int, E
     effect = Effect.objects.get(run_id=run_id)
     assert effect.state == "needs_review" and send_step(run_id).status == "waiting"
 
-    answer = api.post(f"/api/v1/effects/{effect.pk}/resolve", {"action": "retry"},
-                      format="json")  # fmt: skip
+    answer = api.post(f"/api/v1/effects/{effect.pk}/resolve",
+                      {"action": action, "reason": "not made"}, format="json")  # fmt: skip
     assert answer.status_code == 200, answer.json()
     assert send_step(run_id).status == "ready"
     return run_id, effect, held
@@ -121,10 +123,22 @@ def test_a_late_answer_after_the_retry_was_sent_is_kept_in_the_history(org, prov
     [late] = events(run_id, "effect.late_answer")
     detail = info(late)
     assert (detail["call"], detail["calls"]) == (1, 2)
-    # Both were made: the provider honours no keys. The history names both items.
-    ids = {item["id"] for item in provider_stub.created}
-    assert ids == {item_id(detail["result"]), item_id(effect.result)}
-    assert "made twice" in detail["note"]
+    # Both were made (the provider honours no keys): the history says to check for that.
+    assert len(provider_stub.created) == 2 and "made twice" in detail["note"]
+    assert item_id(effect.result) in {item["id"] for item in provider_stub.created}
+
+
+def test_an_answer_after_a_person_failed_the_effect_is_kept_in_the_history(org, provider_stub, api):
+    run_id, effect, held = first_call_held_then_reviewed(org, provider_stub, api, "fail")
+    provider_stub.release()
+    held.join(CEILING)
+    assert not held.is_alive()
+    drive(fast_forward=False)
+    effect.refresh_from_db()
+    assert effect.state == "failed" and run_of(run_id).status == "failed"  # the person's word
+    [late] = events(run_id, "effect.late_answer")
+    assert "after the effect was failed by api_key:" in info(late)["note"]
+    assert provider_stub.count("POST") == 1
 
 
 def test_a_lookup_that_finds_the_first_call_made_cancels_a_persons_retry(org, provider_stub, api):
