@@ -112,8 +112,9 @@ def race(monkeypatch: pytest.MonkeyPatch, claimed: Any, result: Any, worker: Wor
     return woken[0]
 
 
+@pytest.mark.parametrize("how", ["repair", "new_secret_through_the_api"])
 def test_a_connection_repaired_while_its_step_parks_wakes_the_step_at_once(
-    org, provider_stub, monkeypatch
+    org, provider_stub, api, monkeypatch, how
 ):
     conn = connect(org, base_url=provider_stub.url, status="broken",
                    broken_reason="reconnect api: 401")  # fmt: skip
@@ -121,8 +122,14 @@ def test_a_connection_repaired_while_its_step_parks_wakes_the_step_at_once(
     claimed, result, worker = parking_attempt("io")
     assert result.park.detail["parked_on"] == f"connection:{conn.pk}"
 
-    woken_by_repair = race(monkeypatch, claimed, result, worker,
-                           lambda: repair_connection(conn, by="sam"))  # fmt: skip
+    def new_secret() -> int:
+        answer = api.patch("/api/v1/connections/api", {"secret": "s3cret-2"}, format="json")
+        assert answer.status_code == 200 and answer.json()["status"] == "ok", answer.json()
+        return 0
+
+    repair = {"repair": lambda: repair_connection(conn, by="sam"),
+              "new_secret_through_the_api": new_secret}[how]  # fmt: skip
+    woken_by_repair = race(monkeypatch, claimed, result, worker, repair)
 
     assert woken_by_repair == 0  # it looked before the park committed
     step = send_step(run_id)
