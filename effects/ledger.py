@@ -70,6 +70,12 @@ logger = logging.getLogger(__name__)
 
 LOOKUP_FAILURES_BEFORE_REVIEW = 5
 SUPPRESSED = "suppressed"
+# A person chose "retry", and before the retry began the first call's answer arrived (or a
+# lookup found what it made): what arrived wins, and the effect and its history say so.
+RETRY_NOT_SENT = ("the first call's answer arrived before the retry a person chose was "
+                  "sent: the retry was not sent")  # fmt: skip
+RETRY_FOUND = ("a lookup found the first call made before the retry a person chose was "
+               "sent: the retry was not sent")  # fmt: skip
 
 
 def effects_setting(name: str) -> Any:
@@ -150,6 +156,10 @@ def _effect(call: Call) -> Answer:
         effect = _reconcile(call, effect)
         if effect["state"] == EffectState.SETTLED:
             return Answer(effect["result"])
+    if state == EffectState.FAILED:  # a person's retry, where the provider can be asked first
+        effect = _look_before_retry(call, effect)
+        if effect["state"] == EffectState.SETTLED:
+            return Answer(effect["result"])
     return _make_call(call, effect)
 
 
@@ -187,6 +197,8 @@ def _claim_or_read(call: Call) -> dict[str, Any]:
             if effect["resolution"] == "fail":
                 raise StepFailure(f"effect {call.key} was failed by a person: {effect['error']}",
                                   retryable=False, error_class="resolved_failed")  # fmt: skip
+            if effect["resolution"] == "retry" and call.provider.supports_lookup(call.conn):
+                return effect  # asked for at the provider first (_look_before_retry)
         elif effect is not None:
             return effect
         # A first call, or a call again after the provider refused: through the gate.
@@ -306,6 +318,7 @@ def _reserve_budget(cursor: Any, call: Call) -> None:
             deadline_seconds=effects_setting("RECHECK_SECONDS"), refund_attempt=True,
             detail={"parked_on": f"budget:{call.ctx.org_id}", "reserve": str(amount),
                     "reason": "the organisation's model budget is exhausted: raise it to go on"},
+            woken_after_park=partial(_raised_meanwhile, call.ctx.org_id, amount),
         ))  # fmt: skip
     raise StepDeferred(effects_setting("DEFER_SECONDS") * 5,
                        "the model budget is held by calls in flight")  # fmt: skip
@@ -379,17 +392,37 @@ def _begin_again(call: Call, effect: dict[str, Any], why: str) -> dict[str, Any]
     return begun
 
 
-def _settle_found(call: Call, effect: dict[str, Any], found: Answer, *, by: str) -> None:
+def _settle_found(call: Call, effect: dict[str, Any], found: Answer, *, by: str,
+                  action: str = "found at the provider: settled with it") -> bool:  # fmt: skip
+    """Settle the effect with what a lookup found; False: it moved meanwhile."""
     params: dict[str, Any] = {
         "id": effect["id"], "result": json_or_null(found.result), "by": by,
-        "sources": [EffectState.OUTCOME_UNKNOWN.value],
+        "sources": [effect["state"]], "overtaken": RETRY_FOUND,
     }  # fmt: skip
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         cursor.execute(sql.SETTLE_FOUND, params)
-        if cursor.fetchone() is not None:
-            _release_budget(cursor, call, effect["reserved_cost"], spent=found.cost)
-            action = "found at the provider: settled with it"
-            _event(cursor, call.ctx, "effect.reconciled", {"key": call.key, "action": action})
+        if cursor.fetchone() is None:
+            return False
+        _release_budget(cursor, call, effect["reserved_cost"], spent=found.cost)
+        _event(cursor, call.ctx, "effect.reconciled", {"key": call.key, "action": action})
+    return True
+
+
+def _look_before_retry(call: Call, effect: dict[str, Any]) -> dict[str, Any]:
+    """A person chose "retry" (nothing known to be made), and the provider can be asked:
+    ask first. Found: the first call was made after all, and the retry is not sent. Not
+    found, or the lookup fails: the person's word stands, and the call goes out."""
+    try:
+        found = call.provider.lookup(call.request, effect["external_key"], call.conn)
+    except CallError as exc:
+        found = None
+        logger.info("effect %s: lookup before a person's retry failed: %s", call.key,
+                    call.scrub(str(exc)))  # fmt: skip
+    if found is not None:
+        if _settle_found(call, effect, found, by="lookup", action=RETRY_FOUND):
+            return {**effect, "state": EffectState.SETTLED, "result": found.result}
+        raise StepDeferred(effects_setting("DEFER_SECONDS"), f"effect {call.key} moved")
+    return _begin_again(call, effect, "a person chose retry and a lookup found nothing")
 
 
 def _to_review(call: Call, effect: dict[str, Any], why: str) -> Park:
@@ -466,28 +499,59 @@ def _record_answer(call: Call, effect: dict[str, Any], answer: Answer, seconds: 
         "id": effect["id"], "token": effect["token"], "result": json_or_null(answer.result),
         "response": json_or_null(dict(answer.response) if answer.response else None),
         "cost": answer.cost,
-        # Its own call, also after its lease lapsed (outcome_unknown) or a person was asked
-        # meanwhile (needs_review): the answer is a fact, and it ends the uncertainty.
-        "sources": sources(EffectState.SETTLED),
+        # Its own call, also after its lease lapsed (outcome_unknown), a person was asked
+        # meanwhile (needs_review), or a person chose a retry not yet begun (failed): the
+        # answer is a fact, and it ends the uncertainty.
+        "sources": sources(EffectState.SETTLED), "overtaken": RETRY_NOT_SENT,
     }  # fmt: skip
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         _lock_connection_quietly(cursor, call)
         cursor.execute(sql.SETTLE, params)
         row = fetch_dict(cursor)
         if row is None:
-            # Another attempt took the key over after our lease lapsed; it owns the ledger now.
-            logger.warning("effect %s: answered after another attempt took it over", call.key)
+            _answered_too_late(cursor, call, effect, answer)
             return
-        _release_budget(cursor, call, effect["reserved_cost"], spent=answer.cost)
+        # A person's retry released the call's reservation already (resolve_effect).
+        held = Decimal(0) if row["was"] == EffectState.FAILED else effect["reserved_cost"]
+        _release_budget(cursor, call, held, spent=answer.cost)
         if call.conn_id is not None:
             cursor.execute(sql.CIRCUIT_SUCCESS, {"connection_id": call.conn_id})
         detail = {"key": call.key, "calls": effect["calls"], "seconds": round(seconds, 3)}
+        if row["was"] == EffectState.FAILED:
+            detail["retry"] = RETRY_NOT_SENT  # a person's retry, overtaken by this answer
         _event(cursor, call.ctx, "effect.settled", detail)
         if row["was"] == EffectState.NEEDS_REVIEW:
             from .resolve import wake_parked
 
             wake_parked(cursor, call.ctx.org_id, f"effect:{effect['id']}",
                         {"settled": "answer arrived"}, "effect_settled", "ledger")  # fmt: skip
+
+
+def _answered_too_late(cursor: Any, call: Call, effect: dict[str, Any], answer: Answer) -> None:
+    """This call's answer came after the effect moved on without it: another call under the
+    key began (its lease lapsed and the key was called again, or a person chose "retry" and
+    the retry was sent), or a person resolved it ("done", "fail"). What the effect holds
+    stays; the run's history says that this call answered too, so a person can check at the
+    provider whether it was made twice. Its result is not kept there: an answer fenced out
+    by an erasure (sql.FENCE_IN_FLIGHT) may name the erased person."""
+    cursor.execute(sql.EFFECT_CALLS, {"id": effect["id"]})
+    now = fetch_dict(cursor)
+    logger.warning("effect %s: answered after the effect moved on without it", call.key)
+    if now is None:
+        return
+    call_no, calls = effect["calls"], now["calls"]
+    if calls > call_no:
+        note = (f"the answer of call {call_no} arrived after call {calls} was sent under the "
+                "same key: the effect keeps that call's answer; check at the provider "
+                "whether it was made twice")  # fmt: skip
+    elif now["state"] in (EffectState.SETTLED, EffectState.FAILED):
+        note = (f"the answer of call {call_no} arrived after the effect was {now['state']} "
+                f"by {now['resolved_by'] or 'a person'}: it keeps that; check at the "
+                "provider what was made")  # fmt: skip
+    else:
+        return  # fenced out by an erasure, still to be reconciled: nothing to tell yet
+    detail = {"key": call.key, "call": call_no, "calls": calls, "note": note}
+    _event(cursor, call.ctx, "effect.late_answer", detail)
 
 
 def _record_failure(call: Call, effect: dict[str, Any], exc: CallError) -> None:
@@ -557,9 +621,12 @@ def _step_failure(call: Call, effect: dict[str, Any], exc: CallError) -> Excepti
 
 
 # --- parks --------------------------------------------------------------------------------------
-# A parked step looks again every RECHECK_SECONDS (no attempt spent): a repair, a raised
-# budget or a person's decision wakes it at once, and one that happened while it was parking
-# (the wake found nothing waiting yet) costs at most one re-check.
+# A repair, a raised budget or a person's decision wakes a parked step at once, also one
+# that came while the step was parking (its wake found nothing waiting yet): the park looks
+# again, under a lock its waker's write conflicts with (Park.woken_meanwhile for a review,
+# whose resolution locks the run; Park.woken_after_park for a connection or a budget, whose
+# wakers lock their own row). The step also looks again every RECHECK_SECONDS (no attempt
+# spent), a safety net only.
 
 
 def _broken_park(call: Call, reason: str) -> Park:
@@ -567,7 +634,29 @@ def _broken_park(call: Call, reason: str) -> Park:
         deadline_seconds=effects_setting("RECHECK_SECONDS"), refund_attempt=True,
         detail={"parked_on": f"connection:{call.conn_id}", "connection": _name(call),
                 "reason": reason or f"reconnect {_name(call)}"},
+        woken_after_park=partial(_repaired_meanwhile, call.conn_id),
     )  # fmt: skip
+
+
+def _repaired_meanwhile(connection_id: int | None, cursor: Any) -> dict[str, Any] | None:
+    """The connection was repaired while its step was parking: the wake repair_connection
+    would have sent. Share-locked (sql.CONNECTION_STATUS_SHARED says why that is enough)."""
+    cursor.execute(sql.CONNECTION_STATUS_SHARED, {"connection_id": connection_id})
+    row = fetch_dict(cursor)
+    if row is None or row["status"] != "ok":
+        return None  # still broken; or deleted, which wakes nobody
+    return {"connection": row["name"], "repaired": "while the step was parking"}
+
+
+def _raised_meanwhile(org_id: int, amount: Decimal, cursor: Any) -> dict[str, Any] | None:
+    """The budget was raised (or removed) while its step was parking so that this call fits:
+    the wake budget_raised would have sent. Share-locked (see sql.CONNECTION_STATUS_SHARED)."""
+    cursor.execute(sql.BUDGET_SHARED, {"org_id": org_id})
+    budget = fetch_dict(cursor)
+    if budget is not None and (budget["spent"] >= budget["limit"]
+                               or budget["spent"] + amount > budget["limit"]):  # fmt: skip
+        return None
+    return {"budget": "raised while the step was parking"}
 
 
 def _review_park(effect: Mapping[str, Any]) -> Park:

@@ -2,10 +2,16 @@
 
 - A ``needs_review`` effect is resolved by a person: marked done with a result, retried
   with the same key, or failed (and its step with it). Each resolution is recorded in the
-  run's history, and wakes the step parked on the effect in the same transaction.
+  run's history, and wakes the step parked on the effect in the same transaction. A retry
+  is not sent when the first call's answer arrives, or a lookup finds it, before the retry
+  begins (the ledger settles the effect with it, and says so).
 - A broken connection is repaired (a new secret, or a health probe that passes): every step
   parked on it wakes and runs again from the same step.
 - A raised model budget wakes the steps parked on it.
+
+A repair or a raise that comes while a step is parking is not missed: each locks its row
+before it looks for parked steps, and the park looks again under a conflicting lock once it
+has committed (ledger._repaired_meanwhile, ledger._raised_meanwhile).
 """
 
 from __future__ import annotations
@@ -64,7 +70,8 @@ def resolve_effect(effect_id: int, action: str, *, by: Actor | str, result: Any 
                                f"effect is {effect['state']}, not needs_review{moved}")  # fmt: skip
         params: dict[str, Any] = {"id": effect_id, "by": label}
         if action == DONE:
-            params |= {"result": _json(result), "sources": sources(EffectState.SETTLED)}
+            params |= {"result": _json(result), "sources": [EffectState.NEEDS_REVIEW.value],
+                       "overtaken": ""}  # fmt: skip
             cursor.execute(sql.SETTLE_FOUND, params)
         else:
             # "retry": nothing is known to be made, on a person's word: the step's next
@@ -136,6 +143,8 @@ def repair_connection(conn: Connection, *, by: Actor | str) -> int:
     actor = as_actor(by)
     label = actor.label
     with transaction.atomic(durable=True), connection.cursor() as cursor:
+        # This UPDATE locks the connection's row until commit: a step parking on it now
+        # either is found parked below or sees the repair (sql.CONNECTION_STATUS_SHARED).
         changed = Connection.objects.filter(pk=conn.pk).update(
             status=ConnectionStatus.OK, broken_reason="", broken_at=None,
             circuit="closed", consecutive_failures=0, circuit_until=None,
@@ -155,6 +164,10 @@ def budget_raised(org_id: int, *, by: Actor | str) -> int:
     again, and park again if it is still short)."""
     label = as_actor(by).label
     with transaction.atomic(durable=True), connection.cursor() as cursor:
+        # The budget's row first, as the repair's UPDATE locks the connection's: a step
+        # parking now either is found parked below or sees the budget as this commit leaves
+        # it (sql.BUDGET_SHARED), whatever the caller committed before.
+        cursor.execute(sql.LOCK_BUDGET, {"org_id": org_id})
         return wake_parked(cursor, org_id, f"budget:{org_id}", {"budget": "raised"},
                             "budget_raised", label)  # fmt: skip
 

@@ -126,25 +126,36 @@ RETURNING"""
 )
 
 # The provider answered: the effect is made, and its answer is kept for every retry.
-# Accepted from the attempt's own token, or after its lease lapsed (outcome_unknown): the
-# answer is a fact either way, and it settles the uncertainty.
+# Accepted from the attempt's own token, or after its lease lapsed (outcome_unknown), or
+# after a person chose "retry" that is not yet begun (failed, resolution 'retry': the token
+# is still this call's; BEGIN_AGAIN replaces it): the answer is a fact, and it settles the
+# uncertainty. A person's retry so overtaken is not sent, and the effect says so.
 SETTLE = """
 WITH before AS (SELECT id, state FROM effects_effect WHERE id = %(id)s FOR UPDATE)
 UPDATE effects_effect e
    SET state = 'settled', result = %(result)s, last_response = %(response)s,
-       cost = %(cost)s, reserved_cost = 0, lease_until = NULL, updated_at = now()
+       cost = %(cost)s, reserved_cost = 0, lease_until = NULL, updated_at = now(),
+       error = CASE WHEN before.state = 'failed' THEN %(overtaken)s ELSE e.error END
   FROM before
  WHERE e.id = before.id AND e.token = %(token)s AND e.state = ANY(%(sources)s)
+   AND (e.state <> 'failed' OR e.resolution = 'retry')
 RETURNING e.id, before.state AS was
 """
 
+# An answer that came too late to settle its effect: how many calls have begun since (a
+# retry sent?) and who moved it, to tell the person.
+EFFECT_CALLS = "SELECT state, calls, resolved_by FROM effects_effect WHERE id = %(id)s"
+
 # Reconciled, or resolved by a person: settled with what was found (no token: nobody owns
-# the call any more).
+# the call any more). Also a person's retry not yet begun, when a lookup finds the call it
+# was to repeat made (see SETTLE).
 SETTLE_FOUND = """
 UPDATE effects_effect
    SET state = 'settled', result = %(result)s, reserved_cost = 0, lease_until = NULL,
-       resolved_by = %(by)s, updated_at = now()
+       resolved_by = %(by)s, updated_at = now(),
+       error = CASE WHEN state = 'failed' THEN %(overtaken)s ELSE error END
  WHERE id = %(id)s AND state = ANY(%(sources)s)
+   AND (state <> 'failed' OR resolution = 'retry')
 RETURNING id
 """
 
@@ -254,6 +265,25 @@ UPDATE effects_modelbudget
    SET reserved = GREATEST(0, reserved - %(reserved)s), spent = spent + %(spent)s,
        updated_at = now()
  WHERE org_id = %(org_id)s
+"""
+
+# A park's look at what it waits for once it has committed (Park.woken_after_park): share-
+# locked, so it conflicts with the waker's lock (the repair's UPDATE of the connection,
+# LOCK_BUDGET of a budget raised). Either the waker's PARKED_ON runs after this read, and so
+# after the park's commit, and finds the step; or this read waits for the waker's commit and
+# sees the repair or the raise. A plain read could miss both: the waker's PARKED_ON taken
+# before the park's commit, and this read before the waker's commit.
+CONNECTION_STATUS_SHARED = """
+SELECT name, status FROM effects_connection WHERE id = %(connection_id)s FOR SHARE
+"""
+
+BUDGET_SHARED = """
+SELECT spent, "limit" FROM effects_modelbudget WHERE org_id = %(org_id)s FOR SHARE
+"""
+
+# A budget raised: its row locked before the parked steps are looked for (see above).
+LOCK_BUDGET = """
+SELECT id FROM effects_modelbudget WHERE org_id = %(org_id)s FOR NO KEY UPDATE
 """
 
 # Steps parked on a connection (broken) or a budget (exhausted), to wake when repaired.

@@ -34,7 +34,10 @@ EFFECT_TRANSITIONS: dict[EffectState, frozenset[EffectState]] = {
     # a person: mark done with a result (settled), or retry with the same key / fail the
     # step (failed: nothing known to be made; the step's next attempt calls again, or fails)
     EffectState.NEEDS_REVIEW: frozenset({EffectState.SETTLED, EffectState.FAILED}),
-    EffectState.FAILED: frozenset({EffectState.IN_FLIGHT}),
+    # called again; or, when a person chose "retry" and the retry is not yet begun, settled
+    # by what arrived first: the answer of the call it was to repeat, or a lookup that finds
+    # it (the SQL allows this source only with resolution "retry")
+    EffectState.FAILED: frozenset({EffectState.IN_FLIGHT, EffectState.SETTLED}),
     EffectState.SETTLED: frozenset(),
 }
 

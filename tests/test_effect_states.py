@@ -39,3 +39,13 @@ def test_settled_is_final_and_uncertainty_never_becomes_a_fresh_effect():
     assert EFFECT_TRANSITIONS[EffectState.SETTLED] == frozenset()
     # outcome_unknown never goes to failed (which would allow a fresh call without checking).
     assert EffectState.FAILED not in EFFECT_TRANSITIONS[EffectState.OUTCOME_UNKNOWN]
+
+
+def test_a_failed_effect_settles_only_when_a_person_chose_retry():
+    # failed -> settled is a person's retry overtaken by the first call's answer (or a lookup
+    # that finds it): a provider's refusal or a person's "fail" is never settled over.
+    assert EffectState.SETTLED in EFFECT_TRANSITIONS[EffectState.FAILED]
+    for name in ("SETTLE", "SETTLE_FOUND"):
+        guard = getattr(sql, name).split("WHERE", 1)[1]
+        retry_only = r"\((e\.)?state <> 'failed' OR (e\.)?resolution = 'retry'\)"
+        assert re.search(retry_only, guard), name

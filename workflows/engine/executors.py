@@ -43,6 +43,16 @@ class Park:
     woken_meanwhile: Callable[[Any], dict[str, Any] | None] | None = field(
         default=None, compare=False
     )
+    # The same question for a wait whose wakers do not lock the run (a connection repaired,
+    # a budget raised: they wake every step parked on a row of their own). Asked once the
+    # park has committed, in a transaction of its own that holds no lock of the run yet; it
+    # must read the awaited row with a lock that the waker's write conflicts with (FOR SHARE
+    # against the waker's UPDATE), so that either the waker's search for parked steps comes
+    # after the park's commit (and finds the step), or this read waits for the waker's
+    # commit (and sees its change). A payload: the step is woken at once.
+    woken_after_park: Callable[[Any], dict[str, Any] | None] | None = field(
+        default=None, compare=False
+    )
 
 
 @dataclass

@@ -41,6 +41,7 @@ from .sql.rows import (
     json_or_null,
     query_prepared,
 )
+from .transient import log_failure
 from .transport import own_connection
 from .waits import Wake, wake_step
 from .walk import ContinuationAttempt, TakeNext, Walk, lock_run, run_state
@@ -395,6 +396,7 @@ def _settle_park(step: ClaimedStep, result: StepResult, *, worker: str) -> bool:
             "on_deadline": park.on_deadline,
         })])  # fmt: skip
         _wake_if_woken_meanwhile(cursor, step, park, worker=worker)
+    _wake_if_woken_after_park(step, park, worker=worker)
     return True
 
 
@@ -407,6 +409,24 @@ def _wake_if_woken_meanwhile(cursor: Any, step: ClaimedStep, park: Park, *, work
     if payload is not None:
         wake = Wake(payload=payload, reason="woken_at_park", by=worker)
         wake_step(step_pk=step.id, wake=wake, run_id=step.run_id)
+
+
+def _wake_if_woken_after_park(step: ClaimedStep, park: Park, *, worker: str) -> None:
+    """The park has committed: look once more at what it waits for (see
+    Park.woken_after_park), and wake the step now when it came meanwhile. Not done in the
+    park's own transaction: that holds the run's lock, and a waker holds its row's lock
+    while it takes the locks of the runs it wakes, so the two would deadlock. The park
+    stands if this fails: the step's re-check still comes."""
+    if park.woken_after_park is None:
+        return
+    try:
+        with transaction.atomic(durable=True), connection.cursor() as cursor:
+            payload = park.woken_after_park(cursor)
+            if payload is not None:
+                wake = Wake(payload=payload, reason="woken_at_park", by=worker)
+                wake_step(step_pk=step.id, wake=wake, run_id=step.run_id)
+    except Exception as exc:
+        log_failure(logger, exc, "step %s: could not look again after parking", step.id)
 
 
 def settle_continuation(step: ClaimedStep, *, worker: str) -> bool:
