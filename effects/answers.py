@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import email.utils
 import re
+import time
 import zlib
 from collections.abc import Callable
 from datetime import UTC
 
 import httpx
 from django.conf import settings
+from django.db import DatabaseError
 
 from workflows.plugins.engine import database_now
 
@@ -137,7 +139,12 @@ def retry_after_seconds(
 
 
 def _database_clock() -> float:
-    return database_now().timestamp()
+    """Now on the database's clock; this process's when the database cannot say (a
+    Retry-After is read while the database is away too, and must not raise then)."""
+    try:
+        return database_now().timestamp()
+    except DatabaseError:
+        return time.time()
 
 
 def _http_date(value: str | None) -> float | None:

@@ -496,9 +496,7 @@ def vet_host(host: str, port: int, allow: Allowlist, *, within: float | None = N
 
 class ResolveTimeout(httpcore.ConnectError):
     """A name that did not resolve within the call's time: nothing was sent, and trying
-    again later is as good as ever. The message starts with the stable code."""
-
-    code = "dns_timeout"
+    again later is as good as ever. The message starts with the stable code, dns_timeout."""
 
 
 def _resolve(host: str, port: int, within: float) -> list[str]:

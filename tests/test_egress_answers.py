@@ -71,6 +71,19 @@ def test_a_provider_failing_with_300_mib_is_ambiguous_and_costs_no_memory() -> N
     assert failed.value.response["body_error"]["code"] == "answer_too_large"
 
 
+def test_a_connection_check_answered_with_300_mib_costs_no_memory() -> None:
+    """A check (the provider's probe) reads its answer as a call does."""
+    with FloodStub(status=503, size=HUGE) as flood, peak_rss() as peak:
+        with pytest.raises(Ambiguous) as failed:
+            HTTP.probe(conn_for(flood.url + "/health"))
+        (sent,) = flood.wait_requests(1)
+
+    assert peak.grew_mib < MEMORY_BOUND_MIB, f"the check grew {peak.grew_mib:.0f} MiB"
+    assert sent < 64 * MIB
+    assert failed.value.response is not None
+    assert failed.value.response["body_error"]["code"] == "answer_too_large"
+
+
 def test_a_gzip_bomb_is_decompressed_no_further_than_the_cap() -> None:
     """300 MiB of zeros gzipped is ~300 KiB on the wire: the cap counts what it grows to."""
     with FloodStub(status=200, size=HUGE, gzip=True, prefix=b"") as flood, peak_rss() as peak:

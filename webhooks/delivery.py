@@ -3,10 +3,13 @@ services), working only while its sweeper leads.
 
 - **Claim** (one transaction, ``sql.CLAIM``): up to the free sending slots, at most
   ``WAYMARK_WEBHOOK_ORG_CONCURRENCY`` in flight per organisation, the organisations taken in
-  turn. A claimed delivery has a new owner token, one more attempt and a lease.
+  turn. A claimed delivery has a new owner token, one more attempt and a lease; one found
+  with its attempts used (its last attempt never recorded an outcome) is failed there
+  instead, whatever went wrong in the sending path.
 - **Send**, outside any transaction: one POST through the egress guard (the organisation's
   allowlist, private addresses refused, the resolved address pinned), signed, bounded as a
-  whole by ``WAYMARK_WEBHOOK_TIMEOUT_SECONDS``, never following a redirect.
+  whole by ``WAYMARK_WEBHOOK_TIMEOUT_SECONDS`` (resolving the name included), never
+  following a redirect; of the answer, only the status and an excerpt are ever received.
 - **Record** (``sql.DELIVERED`` / ``sql.NOT_DELIVERED``), fenced by the token: a 2xx is
   delivered; anything else is tried again after a backoff with jitter, until the attempts
   are used up (then failed). A refusal of the egress guard, or a subscription gone or
