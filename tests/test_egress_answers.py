@@ -220,3 +220,22 @@ def test_a_mail_server_whose_reply_never_ends_is_given_up_on_at_the_cap() -> Non
 
     assert peak.grew_mib < MEMORY_BOUND_MIB, f"the caller grew {peak.grew_mib:.0f} MiB"
     assert elapsed < 15, f"given up on after {elapsed:.1f} s, not at the cap"
+
+
+def test_lookups_under_way_are_bounded_and_a_call_waits_for_one_within_its_time(
+    slow_dns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resolver that never answers holds its lookup threads, not the callers: past the
+    process's bound a call waits for a free one within its own time, then gives up."""
+    from effects import egress
+
+    monkeypatch.setattr(egress, "_resolvers", threading.BoundedSemaphore(1))
+    with pytest.raises(Unreachable, match="did not resolve within"):
+        send(conn_for(timeout=0.5), "GET", "http://slow.example:9/")  # its lookup goes on
+    started = time.monotonic()
+    with pytest.raises(Unreachable, match="dns_timeout: no resolver free"):
+        send(conn_for(timeout=0.5), "GET", "http://slow.example:9/")
+    assert time.monotonic() - started < 10
+    slow_dns.set()  # the lookup ends, its thread with it: resolving works again
+    assert egress._resolvers.acquire(timeout=10)
+    egress._resolvers.release()
