@@ -88,8 +88,8 @@ def too_large(what: str = "the answer") -> str:
 
 def _decoder(encoding: str) -> Callable[[bytes, int], bytes]:
     """A function giving at most ``room`` bytes of a chunk's decompressed content. gzip and
-    deflate (zlib's, or raw) are decompressed; any other coding (httpx decodes none without
-    extra packages) is kept as it came."""
+    deflate (zlib's, or raw) are decompressed, the codings the egress client offers; any
+    other (which no request offered) is kept as it came."""
     coding = encoding.strip().lower()
     if coding not in ("gzip", "deflate", "x-gzip"):
         return lambda chunk, room: chunk[: max(room, 0)]

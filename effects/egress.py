@@ -616,7 +616,9 @@ def egress_client(
         timeout=timeout,
         follow_redirects=True,
         max_redirects=max_redirects,
-        headers=headers,
+        # Only the codings answers.read_capped decompresses (within its cap): httpx would
+        # offer br and zstd too when their packages happen to be installed.
+        headers={"Accept-Encoding": "gzip, deflate", **(headers or {})},
         # No proxy from the environment: the explicit transport already rules that out in
         # httpx 0.28; saying so here keeps it true if that ever changes.
         trust_env=False,
