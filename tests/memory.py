@@ -4,6 +4,7 @@ returns still shows: a body read whole and dropped is seen while it was held).""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,15 +26,19 @@ class Peak:
 
 
 @contextmanager
-def peak_rss(every: float = 0.002) -> Iterator[Peak]:
-    process = psutil.Process()
+def peak_rss(every: float = 0.002, pid: int | None = None) -> Iterator[Peak]:
+    """This process's peak (or another's, by ``pid``) while the block runs."""
+    process = psutil.Process(pid)
     peak = Peak(before=process.memory_info().rss)
     peak.highest = peak.before
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak.highest = max(peak.highest, process.memory_info().rss)
+            try:
+                peak.highest = max(peak.highest, process.memory_info().rss)
+            except psutil.NoSuchProcess:
+                return
             done.wait(every)
 
     sampler = threading.Thread(target=sample, name="rss-sampler", daemon=True)
@@ -43,4 +48,5 @@ def peak_rss(every: float = 0.002) -> Iterator[Peak]:
     finally:
         done.set()
         sampler.join(5)
-        peak.highest = max(peak.highest, process.memory_info().rss)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            peak.highest = max(peak.highest, process.memory_info().rss)

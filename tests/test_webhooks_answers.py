@@ -22,6 +22,7 @@ from webhooks.services import purge_finished
 from workflows.models import Organisation
 
 from .memory import MIB, peak_rss
+from .processes import spawn, stop, wait_for
 from .stubs.flood import FloodStub
 from .test_webhooks import make_due, run_once, send_due, subscribe
 
@@ -140,3 +141,34 @@ def test_the_claim_fails_a_delivery_whose_attempts_are_used_instead_of_sending_i
     assert (row.status, row.attempts) == ("failed", 2)
     assert row.last_error.startswith("attempts_used:"), row.last_error
     assert endpoint.sent == []  # never sent past its attempts
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_leading_sweepers_memory_stays_put_while_endpoints_answer_300_mib(org, procs) -> None:
+    """The sweeper process (``manage.py sweep``, which sends the deliveries): its resident
+    memory once it has sent one delivery, then its peak while two endpoints answer 300 MiB
+    each (one 500, one 200)."""
+    env = {"WAYMARK_WEBHOOK_ALLOW_HTTP": "1", "WAYMARK_WEBHOOK_POLL_SECONDS": "0.2",
+           "WAYMARK_SWEEP_SECONDS": "0.3"}  # fmt: skip
+    small = FloodStub(status=200, size=2, prefix=b"{}")
+    failing = FloodStub(status=500, size=300 * MIB)
+    answering = FloodStub(status=200, size=300 * MIB)
+    with small, failing, answering:
+        subscribe(org, f"{small.url}/hook", "run.succeeded")
+        run_once(org, key="warm-up")
+        sweeper = spawn("sweep", **env)
+        procs.append(sweeper)
+        wait_for(lambda: Delivery.objects.filter(org=org, status="delivered").exists(),
+                 what="the sweeper's first delivery")  # fmt: skip
+        subscribe(org, f"{failing.url}/hook", "run.succeeded")
+        subscribe(org, f"{answering.url}/hook", "run.succeeded")
+        with peak_rss(pid=sweeper.pid) as peak:
+            run_once(org, key="huge")
+            wait_for(lambda: Delivery.objects.filter(org=org, last_status__isnull=False)
+                     .count() == 4, what="the three deliveries of the second run")  # fmt: skip
+        stop(sweeper)
+    statuses = Delivery.objects.filter(org=org).values_list("last_status", flat=True)
+    assert sorted(s or 0 for s in statuses) == [200, 200, 200, 500]
+    assert peak.grew_mib < MEMORY_BOUND_MIB, (
+        f"the sweeper grew {peak.grew_mib:.0f} MiB from {peak.before / MIB:.0f} MiB"
+    )
