@@ -16,6 +16,7 @@ the ceiling was lowered opens nothing. Cloud metadata and link-local addresses
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import heapq
 import ipaddress
@@ -28,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import httpcore
 import httpx
@@ -358,7 +359,12 @@ class CallDeadline:
         self._closed = False
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
-        _DEADLINES.add(self, time.monotonic() + seconds)
+        self._at = time.monotonic() + seconds
+        _DEADLINES.add(self, self._at)
+
+    def left(self) -> float:
+        """Seconds until the call's time is up (0 once it is)."""
+        return max(0.0, self._at - time.monotonic())
 
     def watch(self, stream: httpcore.NetworkStream) -> None:
         sock = stream.get_extra_info("socket")
@@ -443,7 +449,11 @@ class _GuardedBackend(httpcore.SyncBackend):
         local_address: str | None = None,
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.NetworkStream:
-        addresses = vet_host(host, port, self._allow)
+        # The name resolved within the call's time too (a connect's timeout, the call's whole).
+        bounds = [] if timeout is None else [timeout]
+        if self._deadline is not None:
+            bounds.append(self._deadline.left())
+        addresses = vet_host(host, port, self._allow, within=min(bounds, default=None))
         last_error: httpcore.ConnectError | None = None
         for address in addresses:
             # An IP literal: the parent's create_connection does no DNS lookup for it.
@@ -461,14 +471,14 @@ class _GuardedBackend(httpcore.SyncBackend):
         raise last_error
 
 
-def vet_host(host: str, port: int, allow: Allowlist) -> list[str]:
+def vet_host(host: str, port: int, allow: Allowlist, *, within: float | None = None) -> list[str]:
     """The host's addresses, resolved once, when none of them is refused for ``allow``;
-    raises EgressRefused (or httpcore.ConnectError when the name does not resolve). A client
-    must then connect to one of these addresses itself, as the httpx transport here and the
-    email provider's VettedSMTP do: one that resolves the name again could be handed another
-    answer (DNS rebinding).
+    raises EgressRefused (or httpcore.ConnectError when the name does not resolve, within
+    ``within`` seconds: ``RESOLVE_SECONDS`` when None). A client must then connect to one of
+    these addresses itself, as the httpx transport here and the email provider's VettedSMTP
+    do: one that resolves the name again could be handed another answer (DNS rebinding).
     """
-    addresses = _resolve(host, port)
+    addresses = _resolve(host, port, RESOLVE_SECONDS if within is None else within)
     # Refuse if ANY answer is refused: otherwise a name answering with one public and one
     # private address would reach the private one whenever it came first.
     host_allowed = allow.permits_host(host)
@@ -484,10 +494,16 @@ def vet_host(host: str, port: int, allow: Allowlist) -> list[str]:
     return addresses
 
 
-def _resolve(host: str, port: int) -> list[str]:
-    """The host's addresses (an IP literal resolves to itself), in the resolver's order."""
+class ResolveTimeout(httpcore.ConnectError):
+    """A name that did not resolve within the call's time: nothing was sent, and trying
+    again later is as good as ever. The message starts with the stable code, dns_timeout."""
+
+
+def _resolve(host: str, port: int, within: float) -> list[str]:
+    """The host's addresses (an IP literal resolves to itself), in the resolver's order,
+    within ``within`` seconds (ResolveTimeout after them)."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = _getaddrinfo_within(host, port, within)
     except (OSError, UnicodeError) as exc:
         raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
     # dict.fromkeys drops duplicates but keeps the order. IPv6 answers may carry a zone
@@ -496,6 +512,51 @@ def _resolve(host: str, port: int) -> list[str]:
     if not addresses:
         raise httpcore.ConnectError(f"no addresses for {host!r}")
     return addresses
+
+
+# A name's resolution (getaddrinfo) has no timeout of its own: a slow resolver, or a domain
+# whose name servers answer slowly on purpose, would hold the calling thread past its call's
+# deadline (and a webhook sender past its organisation's share of the senders). So a name is
+# resolved on a resolver thread and waited for only as long as the call has left; the thread
+# finishes the lookup on its own. At most RESOLVERS lookups are under way at once in a
+# process: a call finding none free within its time fails the same way.
+RESOLVE_SECONDS = 30.0  # a resolution's bound when the caller gives none
+RESOLVERS = 32
+_resolvers = threading.BoundedSemaphore(RESOLVERS)
+
+
+def _getaddrinfo_within(host: str, port: int, within: float) -> list[tuple[Any, ...]]:
+    try:
+        ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        pass
+    else:  # an address: getaddrinfo asks no resolver for it
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    started = time.monotonic()
+    if not _resolvers.acquire(timeout=max(within, 0.0)):
+        raise ResolveTimeout(f"dns_timeout: no resolver free within {within:.3g} s for {host!r}")
+    lookup: concurrent.futures.Future[list[tuple[Any, ...]]] = concurrent.futures.Future()
+
+    def resolve() -> None:
+        try:
+            lookup.set_result(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except BaseException as exc:  # handed to the caller, who may be gone
+            lookup.set_exception(exc)
+        finally:
+            _resolvers.release()
+
+    try:
+        threading.Thread(target=resolve, name="egress-resolve", daemon=True).start()
+    except BaseException:
+        _resolvers.release()
+        raise
+    left = max(0.0, within - (time.monotonic() - started))
+    try:
+        return lookup.result(timeout=left)
+    except concurrent.futures.TimeoutError:
+        raise ResolveTimeout(
+            f"dns_timeout: {host!r} did not resolve within {within:.3g} s"
+        ) from None
 
 
 class _GuardedTransport(httpx.HTTPTransport):
@@ -555,7 +616,9 @@ def egress_client(
         timeout=timeout,
         follow_redirects=True,
         max_redirects=max_redirects,
-        headers=headers,
+        # Only the codings answers.read_capped decompresses (within its cap): httpx would
+        # offer br and zstd too when their packages happen to be installed.
+        headers={"Accept-Encoding": "gzip, deflate", **(headers or {})},
         # No proxy from the environment: the explicit transport already rules that out in
         # httpx 0.28; saying so here keeps it true if that ever changes.
         trust_env=False,

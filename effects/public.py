@@ -4,15 +4,17 @@ like connections'): an outside call through the effect ledger (``run_effect`` wi
 ``Call``: keyed, leased, recorded, never sent twice), a step's connection
 (``load_connection``), the provider types, Slack's provider and Web API call; the egress
 guard (``egress_client``, ``CallDeadline``, ``EgressRefused``, an organisation's
-``allowlist_in_force``); secrets at rest (``encrypt``, ``decrypt``, ``rotate``,
-``SecretUnreadable``, under ``WAYMARK_EFFECTS_SECRET_KEYS``). The rest of effects is private:
-the import contracts in pyproject.toml ([tool.importlinter]) refuse an app that imports it
-directly.
+``allowlist_in_force``); an outside answer read capped (``read_capped``) and its Retry-After
+read one way (``retry_after_of``, ``retry_after_seconds``); secrets at rest (``encrypt``,
+``decrypt``, ``rotate``, ``SecretUnreadable``, under ``WAYMARK_EFFECTS_SECRET_KEYS``). The
+rest of effects is private: the import contracts in pyproject.toml ([tool.importlinter])
+refuse an app that imports it directly.
 """
 
 from __future__ import annotations
 
 from .allowlist import allowlist_in_force
+from .answers import read_capped, retry_after_of, retry_after_seconds
 from .egress import CallDeadline, EgressRefused, egress_client
 from .ledger import Call, run_effect
 from .perform import load_connection
@@ -36,6 +38,9 @@ __all__ = [
     "egress_client",
     "encrypt",
     "load_connection",
+    "read_capped",
+    "retry_after_of",
+    "retry_after_seconds",
     "rotate",
     "run_effect",
     "slack_call",

@@ -345,3 +345,20 @@ def test_a_reply_whose_url_redirects_is_not_followed(org, slack_stub) -> None:
         refused.value.close()
         assert refused.value.code == 302
         assert moved.requests and not elsewhere.requests
+
+
+def test_a_reply_answered_with_300_mib_is_closed_unread(org, slack_stub) -> None:
+    """What the response_url answers is never kept: none of a 300 MiB body is received."""
+    from approvals.slack import respond
+
+    from .memory import MIB, peak_rss
+    from .stubs.flood import FloodStub
+
+    _, approval = open_in_slack(org, slack_stub)
+    with FloodStub(status=200, size=300 * MIB) as flood:
+        Connection.objects.filter(org=org).update(base_url=flood.url + "/api/")
+        with peak_rss() as peak:
+            respond(approval.pk, flood.url + "/hooks/reply", "Approved by alice.")
+        (sent,) = flood.wait_requests(1)
+    assert peak.grew_mib < 50, f"the reply grew this process {peak.grew_mib:.0f} MiB"
+    assert sent < 64 * MIB

@@ -365,7 +365,15 @@ EFFECTS = {
     # addresses, CIDRs; comma-separated). Empty: nothing. Metadata and link-local addresses
     # are never openable, whatever this says (effects/egress.py).
     "EGRESS_ALLOWABLE": env.list("WAYMARK_EGRESS_ALLOWABLE", default=[]),
+    # The most of one outside answer's body (an effect's provider, a connection's check,
+    # Slack) read into memory; the rest is never received (effects/answers.py). A webhook
+    # delivery reads only the excerpt it keeps.
+    "OUTSIDE_ANSWER_MAX_BYTES": env.int("WAYMARK_OUTSIDE_ANSWER_MAX_BYTES", default=524_288),
 }
+if not 1_024 <= EFFECTS["OUTSIDE_ANSWER_MAX_BYTES"] <= 1_073_741_824:
+    raise ImproperlyConfigured(
+        "invalid_setting: WAYMARK_OUTSIDE_ANSWER_MAX_BYTES must be from 1024 to 1073741824"
+    )
 if not 0 < EFFECTS["CONNECTION_CHECK_SECONDS"] <= 600 or EFFECTS["CONNECTION_CHECKS_PER_ORG"] < 1:
     raise ImproperlyConfigured(
         "WAYMARK_CONNECTION_CHECK_SECONDS must be above 0 and at most 600, and "

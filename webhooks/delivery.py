@@ -3,10 +3,13 @@ services), working only while its sweeper leads.
 
 - **Claim** (one transaction, ``sql.CLAIM``): up to the free sending slots, at most
   ``WAYMARK_WEBHOOK_ORG_CONCURRENCY`` in flight per organisation, the organisations taken in
-  turn. A claimed delivery has a new owner token, one more attempt and a lease.
+  turn. A claimed delivery has a new owner token, one more attempt and a lease; one found
+  with its attempts used (its last attempt never recorded an outcome) is failed there
+  instead, whatever went wrong in the sending path.
 - **Send**, outside any transaction: one POST through the egress guard (the organisation's
   allowlist, private addresses refused, the resolved address pinned), signed, bounded as a
-  whole by ``WAYMARK_WEBHOOK_TIMEOUT_SECONDS``, never following a redirect.
+  whole by ``WAYMARK_WEBHOOK_TIMEOUT_SECONDS`` (resolving the name included), never
+  following a redirect; of the answer, only the status and an excerpt are ever received.
 - **Record** (``sql.DELIVERED`` / ``sql.NOT_DELIVERED``), fenced by the token: a 2xx is
   delivered; anything else is tried again after a backoff with jitter, until the attempts
   are used up (then failed). A refusal of the egress guard, or a subscription gone or
@@ -41,6 +44,8 @@ from effects.public import (
     allowlist_in_force,
     decrypt,
     egress_client,
+    read_capped,
+    retry_after_of,
 )
 from workflows.plugins import Sweep
 from workflows.plugins.engine import Outage, crash_point, fetch_dict, fetch_dicts
@@ -52,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 LEASE_MARGIN_SECONDS = 10.0  # an attempt's lease: its timeout and this
 RESPONSE_CHARS = 500  # of an endpoint's answer, kept on the delivery
+RESPONSE_BYTES = 4 * RESPONSE_CHARS  # of its body read (UTF-8: at most 4 bytes a character)
 ORGS_PER_CLAIM = 100  # organisations one claim looks at (the next claim goes on after them)
 USER_AGENT = "Waymark-Webhooks/1"
 
@@ -103,6 +109,7 @@ def claim(free: int, *, after: int = 0) -> list[Claimed]:
             "free": free - len(taken), "per_org": int(setting("ORG_CONCURRENCY")),
             "after": start, "orgs": ORGS_PER_CLAIM, "token": secrets.token_hex(16),
             "lease": float(setting("TIMEOUT_SECONDS")) + LEASE_MARGIN_SECONDS,
+            "max_attempts": int(setting("MAX_ATTEMPTS")),
         }  # fmt: skip
         with transaction.atomic(durable=True), connection.cursor() as cursor:
             cursor.execute(sql.CLAIM_LOCK)
@@ -152,13 +159,15 @@ def post(org_id: int, url: str, headers: dict[str, str], body: bytes) -> Outcome
             allow=allowlist_in_force(org_id), timeout=timeout, deadline=deadline,
             ssl_context=ssl_context(),
         ) as http:  # fmt: skip
-            response = http.post(url, content=body, headers=headers, follow_redirects=False)
+            request = http.build_request("POST", url, content=body, headers=headers)
+            # Only the status and an excerpt are kept: what follows is never received.
+            sent = http.send(request, follow_redirects=False, stream=True)
+            response = read_capped(sent, limit=RESPONSE_BYTES)
             text = response.text[:RESPONSE_CHARS]
     except EgressRefused as exc:
         return Outcome(False, error=f"egress_refused: {exc}", final=True)
     except httpx.HTTPError as exc:
-        reason = f"no answer within {timeout:g} s" if deadline.passed else str(exc) or repr(exc)
-        return Outcome(False, error=f"unreachable: {reason}"[:1000])
+        return Outcome(False, error=f"unreachable: {_unreachable(exc, deadline)}"[:1000])
     finally:
         deadline.close()
     if 200 <= response.status_code < 300:
@@ -166,8 +175,16 @@ def post(org_id: int, url: str, headers: dict[str, str], body: bytes) -> Outcome
     return Outcome(
         False, status=response.status_code, response=text,
         error=f"http_{response.status_code}: the endpoint answered {response.status_code}",
-        retry_after=_retry_after(response),
+        retry_after=retry_after_of(response),
     )  # fmt: skip
+
+
+def _unreachable(exc: httpx.HTTPError, deadline: CallDeadline) -> str:
+    """Why no answer came: a connect failure says so itself (a name that did not resolve in
+    time, ``dns_timeout``); otherwise a call cut at its deadline is said as such."""
+    if deadline.passed and not isinstance(exc, httpx.ConnectError):
+        return f"no answer within {deadline.seconds:g} s"
+    return str(exc) or repr(exc)
 
 
 def record(item: Claimed, outcome: Outcome) -> bool:
@@ -199,11 +216,6 @@ def backoff(attempts: int, outcome: Outcome | None = None) -> float:
     if outcome is not None and outcome.retry_after is not None:
         delay = max(delay, min(outcome.retry_after, ceiling))
     return delay
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("Retry-After", "").strip()
-    return float(value) if value.isdigit() else None
 
 
 _SSL: dict[str, ssl.SSLContext] = {}

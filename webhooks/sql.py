@@ -78,6 +78,9 @@ CLAIM_LOCK = "SELECT pg_advisory_xact_lock(hashtext('waymark.webhooks.claim'))"
 # first. Taking one makes it in flight: a new owner token, one more attempt, and a lease; the
 # lease is also its next_at, so a sender that dies leaves it to be taken again once the lease
 # has lapsed (at least once: the endpoint dedupes by Waymark-Delivery-Id).
+# One found with its %(max_attempts)s attempts already used (its last attempt left no outcome:
+# the sender died or failed before recording it) is failed here instead of sent again, so no
+# fault in the sending path can send a delivery past its attempts; it is not returned.
 CLAIM = """
 WITH RECURSIVE orgs(org_id, n) AS (
     (SELECT d.org_id, 1 FROM webhooks_delivery d
@@ -106,14 +109,27 @@ picked AS (
      ) due
      WHERE orgs.org_id IS NOT NULL
      LIMIT %(free)s
+),
+claimed AS (
+    UPDATE webhooks_delivery d
+       SET status = CASE WHEN d.attempts >= %(max_attempts)s THEN 'failed' ELSE 'pending' END,
+           attempts = CASE WHEN d.attempts >= %(max_attempts)s THEN d.attempts
+                           ELSE d.attempts + 1 END,
+           token = %(token)s,
+           lease_until = CASE WHEN d.attempts >= %(max_attempts)s THEN NULL
+                              ELSE now() + make_interval(secs => %(lease)s) END,
+           next_at = now() + make_interval(secs => %(lease)s),
+           last_error = CASE WHEN d.attempts < %(max_attempts)s THEN d.last_error
+                             ELSE 'attempts_used: the last of the ' || d.attempts
+                                  || ' attempts ended without a recorded outcome' END
+     WHERE d.id = ANY(ARRAY(SELECT id FROM picked)) AND d.status = 'pending'
+    RETURNING d.id, d.org_id, d.subscription_id, d.event_id, d.event_type, d.payload,
+              d.occurred_at, d.attempts, d.token, d.status
 )
-UPDATE webhooks_delivery d
-   SET attempts = d.attempts + 1, token = %(token)s,
-       lease_until = now() + make_interval(secs => %(lease)s),
-       next_at = now() + make_interval(secs => %(lease)s)
- WHERE d.id = ANY(ARRAY(SELECT id FROM picked)) AND d.status = 'pending'
-RETURNING d.id, d.org_id, d.subscription_id, d.event_id, d.event_type, d.payload::json AS payload,
-          d.occurred_at, d.attempts, d.token
+SELECT id, org_id, subscription_id, event_id, event_type, payload::json AS payload,
+       occurred_at, attempts, token
+  FROM claimed
+ WHERE status = 'pending'
 """
 
 SUBSCRIPTION = """

@@ -17,7 +17,7 @@ from urllib.parse import quote
 from workflows.plugins import StepFailure, render
 
 from .base import Answer, ConnectionInfo, Provider, Request
-from .http import auth_headers, raise_for_status, refuse_redirect, response_body, send, summary
+from .http import auth_headers, raise_for_status, refuse_redirect, send, summary
 
 
 def record_url(conn: ConnectionInfo | None, payload: Mapping[str, Any]) -> str:
@@ -55,7 +55,7 @@ class CrmUpsertProvider(Provider):
             return None
         refuse_redirect(response, "the CRM")
         raise_for_status(response, keyed=False)
-        return Answer(result={"status": 200, "body": response_body(response), "reconciled": True})
+        return Answer(result={**summary(response), "reconciled": True})
 
     def probe(self, conn: ConnectionInfo) -> None:
         url = str(conn.options.get("health_url") or conn.base_url)

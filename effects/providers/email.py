@@ -39,6 +39,7 @@ from django.utils.module_loading import import_string
 
 from workflows.plugins import render
 
+from ..answers import answer_max_bytes, too_large
 from ..consent import NotOneAddress, canonical_email
 from ..egress import Allowlist, CallDeadline, EgressRefused, vet_host
 from .base import (
@@ -99,11 +100,13 @@ def smtp_error(exc: Exception) -> CallError:
     return Ambiguous(f"{type(exc).__name__}: {exc}")
 
 
-def vetted_addresses(host: str, port: int, allow: Allowlist) -> list[str]:
+def vetted_addresses(
+    host: str, port: int, allow: Allowlist, within: float | None = None
+) -> list[str]:
     """The mail server's addresses once the egress guard passed them (an organisation
-    allowlists its internal relay)."""
+    allowlists its internal relay), the name resolved within ``within`` seconds."""
     try:
-        return vet_host(host, port, allow)
+        return vet_host(host, port, allow, within=within)
     except EgressRefused as exc:
         raise EgressDenied(str(exc)) from exc
     except httpcore.ConnectError as exc:
@@ -124,7 +127,12 @@ class VettedSMTP(smtplib.SMTP):
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
         last: OSError | None = None
-        for address in vetted_addresses(host, port, self._allow):
+        # smtplib's timeout may be socket's "no timeout given" sentinel rather than a number.
+        bounds = [float(timeout)] if isinstance(timeout, int | float) else []
+        if self._deadline is not None:
+            bounds.append(self._deadline.left())
+        within = min(bounds, default=None)
+        for address in vetted_addresses(host, port, self._allow, within):
             try:
                 sock = socket.create_connection((address, port), timeout, self.source_address)
             except OSError as exc:  # refused or unreachable: the next vetted address
@@ -135,6 +143,35 @@ class VettedSMTP(smtplib.SMTP):
             return sock
         assert last is not None  # vet_host never returns an empty list
         raise last
+
+    def getreply(self) -> tuple[int, bytes]:
+        """smtplib's, each reply read up to ``WAYMARK_OUTSIDE_ANSWER_MAX_BYTES`` (then the
+        connection is given up on: ``answer_too_large``)."""
+        if self.file is None and self.sock is not None:  # smtplib makes it here, lazily
+            self.file = _CappedReplies(self.sock.makefile("rb"))
+        if isinstance(self.file, _CappedReplies):
+            self.file.left = answer_max_bytes()
+        return super().getreply()
+
+
+class _CappedReplies:
+    """The server's side of the conversation as smtplib reads it (by lines), at most
+    ``left`` bytes for the reply being read: smtplib keeps every line of a reply, and a
+    server may send continuation lines ("250-…") without end."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self.left = 0
+
+    def readline(self, size: int = -1) -> bytes:
+        if self.left <= 0:
+            raise smtplib.SMTPServerDisconnected(too_large("the mail server's reply"))
+        line: bytes = self._raw.readline(self.left if size < 0 else min(size, self.left))
+        self.left -= len(line)
+        return line
+
+    def close(self) -> None:
+        self._raw.close()
 
 
 class VettedSMTPSSL(smtplib.SMTP_SSL, VettedSMTP):

@@ -25,19 +25,26 @@ left".
 
 from __future__ import annotations
 
-import email.utils
 import json
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from workflows.plugins import StepFailure, render
-from workflows.plugins.engine import database_now
 
+from ..answers import (
+    ANSWER_TOO_LARGE,
+    read_capped,
+    retry_after_of,
+    too_large,
+    was_cut,
+)
+from ..answers import (
+    retry_after_seconds as retry_after_seconds,  # the one parser, where callers knew it
+)
 from ..egress import Allowlist, CallDeadline, EgressRefused, egress_client
 from .base import (
     INVALID_REQUEST,
@@ -95,36 +102,11 @@ def check_headers(headers: Mapping[str, str]) -> None:
                                 "its value")  # fmt: skip
 
 
-def retry_after_seconds(value: str | None, date: str | None = None) -> float | None:
-    """Retry-After as seconds: a number of seconds or an HTTP date; None when absent/bad.
-    A date is counted from the answer's own ``Date`` (both on the provider's clock), else
-    from the database's clock: never from this process's, which may be minutes off."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    when = _http_date(value)
-    if when is None:
-        return None
-    sent = _http_date(date)
-    now = sent.timestamp() if sent is not None else database_now().timestamp()
-    return max(0.0, when.timestamp() - now)
-
-
-def _http_date(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-
-
 def response_body(response: httpx.Response) -> Any:
-    """The answer's JSON, or its text (cut) when it is not JSON."""
+    """The answer's JSON, or its text (cut) when it is not JSON; None when its body was over
+    the cap (``summary`` says so: half a JSON document is no answer)."""
+    if was_cut(response):
+        return None
     try:
         return response.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -132,7 +114,12 @@ def response_body(response: httpx.Response) -> Any:
 
 
 def summary(response: httpx.Response) -> dict[str, Any]:
-    return {"status": response.status_code, "body": response_body(response)}
+    """What the answer said, as the ledger keeps it. A body over the cap is not kept:
+    ``body`` is None and ``body_error`` says why, with its stable code."""
+    said = {"status": response.status_code, "body": response_body(response)}
+    if was_cut(response):
+        said["body_error"] = {"code": ANSWER_TOO_LARGE, "detail": too_large()}
+    return said
 
 
 def raise_for_status(response: httpx.Response, *, keyed: bool) -> None:
@@ -145,9 +132,7 @@ def raise_for_status(response: httpx.Response, *, keyed: bool) -> None:
     if status in (401, 403):
         raise AuthFailed(f"the provider refused the credentials ({status})", said)
     if status == 429:
-        after = retry_after_seconds(
-            response.headers.get("retry-after"), response.headers.get("date")
-        )
+        after = retry_after_of(response)
         raise RateLimited(f"rate limited (429, Retry-After {after})", after, said)
     if status == 409 and keyed:
         raise KeyInUse("the provider is still working on a request with this key (409)", said)
@@ -211,18 +196,21 @@ def client(
 def send(conn: ConnectionInfo | None, method: str, url: str, **kwargs: Any) -> httpx.Response:
     """One request through the egress guard, with the connection's timeout, never following
     a redirect; a request that cannot be built is Invalid (nothing left), transport failures
-    become the CallErrors that say whether it may have."""
+    become the CallErrors that say whether it may have. The answer's body is read streamed
+    and capped (``answers.read_capped``: ``was_cut`` says when it went on past the cap)."""
     timeout = conn.timeout_seconds if conn else 30.0
     deadline = CallDeadline(timeout)  # the timeout bounds the whole call, not each read
     try:
         with client(conn, timeout, deadline) as http:
             with before_sending(f"the {method} request"):
                 request = http.build_request(method, url, **kwargs)
-            return http.send(request, follow_redirects=False)
+            return read_capped(http.send(request, follow_redirects=False, stream=True))
     except EgressRefused as exc:
         raise EgressDenied(str(exc)) from exc
     except httpx.HTTPError as exc:
-        if deadline.passed:
+        # A connect that failed sent nothing, whenever it failed (a name that did not resolve
+        # within the call's time included); past the connect, the deadline may have cut it.
+        if deadline.passed and not isinstance(exc, httpx.ConnectError):
             raise Ambiguous(f"no answer in time (within {timeout:g} s): it may have acted") from exc
         raise transport_error(exc) from exc
     finally:
@@ -289,6 +277,8 @@ class HttpProvider(Provider):
             return None
         refuse_redirect(response, "the lookup URL")  # a 3xx is no record of the effect
         raise_for_status(response, keyed=False)
+        if was_cut(response):  # what it lists cannot be read: never taken as "absent"
+            raise Ambiguous(too_large("the lookup URL's answer"), {"status": response.status_code})
         body = response_body(response)
         found = body.get("items", body) if isinstance(body, dict) else body
         if isinstance(found, list):

@@ -23,6 +23,7 @@ from typing import Any
 
 from workflows.plugins import StepFailure, render
 
+from ..answers import too_large, was_cut
 from .base import Ambiguous, Answer, ConnectionInfo, Provider, Request
 from .http import auth_headers, raise_for_status, refuse_redirect, send
 
@@ -116,6 +117,8 @@ class ModelProvider(Provider):
                         json=dict(request.payload), headers=auth_headers(conn))  # fmt: skip
         refuse_redirect(response, "the model endpoint")
         raise_for_status(response, keyed=False)
+        if was_cut(response):  # half a JSON document: no completion can be read from it
+            raise Ambiguous(too_large("the model's answer"), {"status": response.status_code})
         try:
             body = response.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:

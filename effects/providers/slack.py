@@ -39,6 +39,7 @@ from slack_sdk.web import SlackResponse
 
 from workflows.plugins import StepFailure, render
 
+from ..answers import retry_after_seconds, too_large, was_cut
 from ..egress import EgressRefused, vet_host
 from .base import (
     Ambiguous,
@@ -53,7 +54,7 @@ from .base import (
     Request,
     Unreachable,
 )
-from .http import EgressDenied, refuse_redirect, retry_after_seconds, send
+from .http import EgressDenied, refuse_redirect, send
 
 DEFAULT_BASE_URL = "https://slack.com/api/"
 EVENT_TYPE = "waymark_effect"
@@ -115,7 +116,7 @@ def vet_base_url(conn: ConnectionInfo) -> str:
         raise Refused(f"the Slack base URL {base_url!r} is not an http(s) URL")
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        vet_host(host, port, conn.allow)
+        vet_host(host, port, conn.allow, within=conn.timeout_seconds)
     except EgressRefused as exc:
         raise EgressDenied(str(exc)) from exc
     except httpcore.ConnectError as exc:
@@ -148,6 +149,9 @@ class GuardedWebClient(WebClient):
         headers = {k: v for k, v in req.header_items() if k.lower() != "content-length"}
         response = send(self._conn, req.get_method(), url, content=req.data, headers=headers)
         refuse_redirect(response, "Slack's API")
+        if was_cut(response):  # half a JSON document: what it said cannot be known
+            raise Ambiguous(f"{too_large('the answer from Slack')}: it may have acted",
+                            {"status": response.status_code})  # fmt: skip
         # What urllib's branch returns; slack-sdk reads the JSON and raises SlackApiError.
         return {"status": response.status_code, "headers": response.headers,
                 "body": response.text}  # fmt: skip
