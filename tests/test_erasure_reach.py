@@ -24,9 +24,10 @@ from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest
 from effects.models import Effect
+from effects.resolve import resolve_effect
 from timers.models import Timer
 from webhooks.models import Delivery
-from workflows.models import ApiKey, Erasure, Membership, Organisation, Run, RunEvent
+from workflows.models import ApiKey, AuditEntry, Erasure, Membership, Organisation, Run, RunEvent
 from workflows.models import Step as StepRow
 from workflows.plugins.audit import Actor, record_audit
 from workflows.plugins.erasure import MARKER, Matcher, scrub_json
@@ -275,3 +276,16 @@ def test_the_audit_log_is_byte_identical_after_an_erasure(org, api, eraser, worl
     ):
         cursor.execute("SELECT set_config('waymark.audit_erasure_org', %s, true)", [str(org.pk)])
         cursor.execute("UPDATE workflows_auditentry SET detail = '{}' WHERE org_id = %s", [org.pk])
+
+
+def test_a_persons_words_in_a_resolution_stay_out_of_the_audit(org, eraser, world) -> None:
+    effect = Effect.objects.get(run_id=world["bob"]["welcome"])
+    Effect.objects.filter(pk=effect.pk).update(state="needs_review")
+    resolve_effect(effect.pk, "fail", by="admin:clerk", reason=f"{ANN['email']} asked us to stop")
+
+    (entry,) = AuditEntry.objects.filter(action="effect.resolve")
+    assert entry.detail["reason_given"] is True and ANN["email"] not in json.dumps(entry.detail)
+    (event,) = RunEvent.objects.filter(kind="effect.resolved")
+    assert "asked us to stop" in event.detail["reason"]  # the run's history keeps it
+    assert erase(eraser, email=ANN["email"]).status_code == 201
+    assert hits([ANN["email"]]) == []
