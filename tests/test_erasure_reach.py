@@ -14,10 +14,13 @@ and the audit log is byte-for-byte as it was."""
 from __future__ import annotations
 
 import json
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.test import Client
 from rest_framework.test import APIClient
@@ -27,6 +30,7 @@ from effects.models import Effect
 from effects.resolve import resolve_effect
 from timers.models import Timer
 from webhooks.models import Delivery
+from workflows.errors import InvalidInput
 from workflows.models import ApiKey, AuditEntry, Erasure, Membership, Organisation, Run, RunEvent
 from workflows.models import Step as StepRow
 from workflows.plugins.audit import Actor, record_audit
@@ -289,3 +293,17 @@ def test_a_persons_words_in_a_resolution_stay_out_of_the_audit(org, eraser, worl
     assert "asked us to stop" in (event.detail or {})["reason"]  # the run's history keeps it
     assert erase(eraser, email=ANN["email"]).status_code == 201
     assert hits([ANN["email"]]) == []
+
+
+def test_the_command_gives_a_key_the_erasure_scope_and_refuses_an_unknown_one(org) -> None:
+    call_command("create_api_key", "--org", org.slug, "--name", "dpo", "--scope", "erasure",
+                 stdout=StringIO(), stderr=StringIO())  # fmt: skip
+
+    assert ApiKey.objects.get(name="dpo").scopes == ["erasure"]
+    (created,) = AuditEntry.objects.filter(action="api_key.create")
+    assert created.detail["scopes"] == ["erasure"]
+    with pytest.raises(CommandError):
+        call_command("create_api_key", "--org", org.slug, "--scope", "everything",
+                     stdout=StringIO(), stderr=StringIO())  # fmt: skip
+    with pytest.raises(InvalidInput):
+        api_key_create(org=org, name="x", scopes=["everything"])
