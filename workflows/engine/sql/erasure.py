@@ -81,7 +81,9 @@ SELECT EXISTS (
 
 # Every table whose rows belong to a run of an organisation (it has run_id and org_id), but
 # the runs themselves, with its text, JSON and array columns: where a run that mentions a
-# person is looked for (find.py), whichever app's table it is.
+# person is looked for (find.py), whichever app's table it is. Not its varchar columns:
+# those hold the engine's own words (a status, a kind, a step id, a key), which an
+# identifier must not be mistaken for; the text a run was given or told is text or JSON.
 RUN_TIED_TEXT_COLUMNS = """
 SELECT c.table_name::text AS table_name,
        array_agg(c.column_name::text ORDER BY c.column_name) AS columns
@@ -90,7 +92,7 @@ SELECT c.table_name::text AS table_name,
     ON t.table_schema = c.table_schema AND t.table_name = c.table_name
    AND t.table_type = 'BASE TABLE'
  WHERE c.table_schema = current_schema()
-   AND c.data_type IN ('text', 'character varying', 'json', 'jsonb', 'ARRAY')
+   AND c.data_type IN ('text', 'json', 'jsonb', 'ARRAY')
    AND c.table_name <> 'workflows_run'
    AND EXISTS (SELECT FROM information_schema.columns r
                 WHERE r.table_schema = c.table_schema AND r.table_name = c.table_name

@@ -148,29 +148,11 @@ def scrub_rows(
     ``where`` selects (an SQL condition of the app's own, over ``params``), locking each row
     changed. ``widen``: a row in which ``matcher`` finds a value is the person's, and loses
     every value ``widen`` knows (their name too). Returns the rows changed per
-    ``table.column`` (only those that changed).
-
-    The rows are read in batches of BATCH_ROWS, in id order, among those whose text may hold
-    a value (ILIKE in SQL: a superset, narrowed here): on a large table, one pass over the
-    ``where``'s rows, never all of them in memory at once."""
-    if not matcher:
-        return {}
-    cols = [c if isinstance(c, Column) else Column(c) for c in columns]
-    types = _column_types(cursor, table, [c.name for c in cols])
-    phones = bool(matcher.phone_digits())
-    candidate = " OR ".join(_candidate(c.name, phones=phones) for c in cols)
-    selected = ", ".join(_selected(c.name, types[c.name]) for c in cols)
-    statement = (
-        f"SELECT id, {selected} FROM {table} WHERE ({where}) AND ({candidate})"  # noqa: S608
-        " AND id > %(erasure_after)s ORDER BY id LIMIT %(erasure_batch)s FOR UPDATE"
-    )
-    query = {**params, "erasure_like": matcher.like_patterns(),
-             "erasure_digits": matcher.phone_digits(), "erasure_batch": BATCH_ROWS}  # fmt: skip
+    ``table.column`` (only those that changed)."""
     counts: Counts = {}
-    after = 0
-    while True:
-        cursor.execute(statement, {**query, "erasure_after": after})
-        rows = fetch_dicts(cursor)
+    cols = [c if isinstance(c, Column) else Column(c) for c in columns]
+    batches = _candidates(cursor, matcher, table, cols, where, params, lock=True)
+    for rows, types in batches:
         for row in rows:
             changes = _changes(row, cols, types, matcher)
             if changes and widen is not None:
@@ -180,9 +162,7 @@ def scrub_rows(
                 for name in changes:
                     key = f"{table}.{name}"
                     counts[key] = counts.get(key, 0) + 1
-        if len(rows) < BATCH_ROWS:
-            return counts
-        after = rows[-1]["id"]
+    return counts
 
 
 def rows_holding(
@@ -196,31 +176,49 @@ def rows_holding(
     extra: str = "",
 ) -> Iterator[dict[str, Any]]:
     """The rows of ``table`` that ``where`` selects in which ``matcher`` finds a value in one
-    of ``columns`` (read in batches, as scrub_rows reads them; nothing locked or changed).
-    ``extra``: one more column to read (a run's id)."""
+    of ``columns`` (read as scrub_rows reads them; nothing locked or changed). ``extra``: one
+    more column to read (a run's id)."""
+    cols = [Column(name) for name in columns]
+    for rows, types in _candidates(cursor, matcher, table, cols, where, params, extra=extra):
+        yield from (row for row in rows if _changes(row, cols, types, matcher))
+
+
+def _candidates(
+    cursor: Any,
+    matcher: Matcher,
+    table: str,
+    cols: Sequence[Column],
+    where: str,
+    params: Mapping[str, Any],
+    *,
+    lock: bool = False,
+    extra: str = "",
+) -> Iterator[tuple[list[dict[str, Any]], dict[str, str]]]:
+    """The rows ``where`` selects whose columns may hold a value, in batches of BATCH_ROWS
+    (with the columns' types). First the candidates' ids, in one pass over the ``where``'s
+    rows (an organisation's: by its index, ILIKE on each row's text, a superset the matcher
+    narrows), then their columns a batch at a time (locked, with ``lock``): never a large
+    table's rows in memory at once, never a walk over other organisations' rows in id order."""
     if not matcher:
         return
-    cols = [Column(name) for name in columns]
-    types = _column_types(cursor, table, list(columns))
+    types = _column_types(cursor, table, [c.name for c in cols])
     phones = bool(matcher.phone_digits())
     candidate = " OR ".join(_candidate(c.name, phones=phones) for c in cols)
+    cursor.execute(
+        f"SELECT id FROM {table} WHERE ({where}) AND ({candidate}) ORDER BY id",  # noqa: S608
+        {**params, "erasure_like": matcher.like_patterns(),
+         "erasure_digits": matcher.phone_digits()},
+    )  # fmt: skip
+    ids = [row[0] for row in cursor.fetchall()]
     selected = ", ".join([_selected(c.name, types[c.name]) for c in cols] + [extra][: bool(extra)])
     statement = (
-        f"SELECT id, {selected} FROM {table} WHERE ({where}) AND ({candidate})"  # noqa: S608
-        " AND id > %(erasure_after)s ORDER BY id LIMIT %(erasure_batch)s"
+        f"SELECT id, {selected} FROM {table}"  # noqa: S608
+        f" WHERE ({where}) AND id = ANY(%(erasure_ids)s) ORDER BY id"
+        + (" FOR UPDATE" if lock else "")
     )
-    query = {**params, "erasure_like": matcher.like_patterns(),
-             "erasure_digits": matcher.phone_digits(), "erasure_batch": BATCH_ROWS}  # fmt: skip
-    after = 0
-    while True:
-        cursor.execute(statement, {**query, "erasure_after": after})
-        rows = fetch_dicts(cursor)
-        for row in rows:
-            if _changes(row, cols, types, matcher):
-                yield row
-        if len(rows) < BATCH_ROWS:
-            return
-        after = rows[-1]["id"]
+    for at in range(0, len(ids), BATCH_ROWS):
+        cursor.execute(statement, {**params, "erasure_ids": ids[at : at + BATCH_ROWS]})
+        yield fetch_dicts(cursor), types
 
 
 def _changes(
