@@ -70,8 +70,7 @@ ADMIN_LOG_OF_ORG = (
 # alone, a small organisation's erasure would read every organisation's history; measured in
 # docs/operations.md, "Erasing a person").
 OF_ORG_WITH_RUN = (
-    "org_id = %(org)s"
-    " AND run_id = ANY(ARRAY(SELECT id FROM workflows_run WHERE org_id = %(org)s))"
+    "org_id = %(org)s AND run_id = ANY(ARRAY(SELECT id FROM workflows_run WHERE org_id = %(org)s))"
 )
 RUNS_OF_ORG = "SELECT id FROM workflows_run WHERE org_id = %(org)s AND id = ANY(%(runs)s)"
 
