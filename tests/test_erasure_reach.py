@@ -128,7 +128,7 @@ def test_only_whole_values_are_taken_from_other_peoples_rows(org, eraser, world)
     bob = world["bob"]
     url = f"https://crm.example/customers/{ANN['customer_id']}/notes"
     StepRow.objects.filter(run_id=bob["welcome"], step_id="send").update(
-        output={"ref": ANN["customer_id"], "sms": "+44 20 7946 0123", "n": 79460123}
+        output={"ref": ANN["customer_id"], "sms": "+44 20 7946 0123", "n": 442079460123}
     )
     StepRow.objects.filter(run_id=bob["nudge"], step_id="nap").update(
         output={"crm": url, "order": f"order-{ANN['customer_id']}", "run": bob["nudge"]}
@@ -139,7 +139,8 @@ def test_only_whole_values_are_taken_from_other_peoples_rows(org, eraser, world)
     assert answer.status_code == 201, answer.json()
     # Her identifier whole, and her phone number as a token of its own, go.
     step = StepRow.objects.get(run_id=bob["welcome"], step_id="send")
-    assert step.output == {"ref": MARKER, "sms": MARKER, "n": 79460123}
+    # A number in someone else's row is an id, a count or a time, even one with her digits.
+    assert step.output == {"ref": MARKER, "sms": MARKER, "n": 442079460123}
     # Inside a URL or a longer id, in a row that does not name her, it is not hers.
     nap = StepRow.objects.get(run_id=bob["nudge"], step_id="nap")
     assert nap.output == {"crm": url, "order": f"order-{ANN['customer_id']}", "run": bob["nudge"]}

@@ -28,7 +28,6 @@ RUN_COLUMNS: list[Column | str] = [
     "outputs",
     "output",
     "error",
-    "trace_context",
 ]
 STEP_COLUMNS: list[Column | str] = ["output", "wait_detail", "error"]
 SIGNAL_COLUMNS: list[Column | str] = ["payload", "correlation", "correlations", _unique("identity")]

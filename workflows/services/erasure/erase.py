@@ -122,11 +122,14 @@ def _erase(cursor: Any, org: Organisation, subject: Subject, who: Actor) -> Eras
     _end_live_work(cursor, found, outcome, who.label)
     # Their own rows: every value, wherever it is contained. Everyone else's: the identifying
     # values, whole only (an id inside a URL, a run's number, are someone else's).
+    # A row of someone else's that holds one whole is theirs too, and loses all of their
+    # values (``widen``), but not a number: there numbers are ids, counts and times.
     everything = Matcher(found.identifying | found.personal)
     whole = Matcher(found.identifying, strict=True)
+    theirs = Matcher(found.identifying | found.personal, numbers=False)
     passes = [
         Erasing(org.pk, tuple(sorted(found.owned)), everything, org_wide=False),
-        Erasing(org.pk, tuple(sorted(found.mentioning)), whole, org_wide=True, widen=everything),
+        Erasing(org.pk, tuple(sorted(found.mentioning)), whole, org_wide=True, widen=theirs),
     ]
     for erasing in passes:
         for eraser in ERASERS.values():

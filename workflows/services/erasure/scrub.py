@@ -40,14 +40,18 @@ class Matcher:
     text, no number (``subject.py`` says exactly). Otherwise contained, as in their own rows.
     """
 
-    def __init__(self, values: Iterable[Value], *, strict: bool = False) -> None:
+    def __init__(
+        self, values: Iterable[Value], *, strict: bool = False, numbers: bool | None = None
+    ) -> None:
+        """``numbers``: whether a JSON number can be one of the values (by default, when not
+        ``strict``: in the person's own rows only)."""
         self.values = tuple(sorted(set(values), key=lambda v: (v.kind, v.text)))
         self.strict = strict
         found = [value_pattern(v.kind, v.text, strict=strict) for v in self.values]
         patterns = [p for p in found if p is not None]
         self._regex = re.compile("|".join(patterns), re.IGNORECASE) if patterns else None
         self._whole = {v.text for v, p in zip(self.values, found, strict=True) if p is None}
-        self._numbers = set() if strict else {
+        self._numbers = set() if not (numbers if numbers is not None else not strict) else {
             phone_digits(v.text) if v.kind == "phone" else v.text.lower()
             for v in self.values
             if v.kind != "email" and len(v.text) >= MIN_IDENTIFIER_CHARS
