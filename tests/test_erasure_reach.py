@@ -18,6 +18,7 @@ from io import StringIO
 from typing import Any
 
 import pytest
+from django.contrib.admin.models import ADDITION, LogEntry
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -26,7 +27,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest
-from effects.models import Effect
+from effects.models import Effect, Suppression
 from effects.resolve import resolve_effect
 from timers.models import Timer
 from webhooks.models import Delivery
@@ -91,6 +92,10 @@ def plant_in_bobs_rows(world: dict[str, Any]) -> dict[str, Any]:
         last_response=f"rejected: {ANN['email']} unsubscribed"
     )
     Timer.objects.filter(run_id=bob["nudge"]).update(error=f"for {ANN['email']}")
+    # The admin's change log names an object by its display: her suppression, added there.
+    clerk = User.objects.create_user("clerk", "clerk@example.invalid", "pw", is_staff=True)
+    suppression = Suppression.objects.get(channel="email")
+    LogEntry.objects.log_actions(clerk.pk, [suppression], ADDITION, change_message="[]")
     return refusal
 
 
@@ -100,7 +105,8 @@ def test_a_copy_in_another_persons_effect_answer_is_erased_and_no_column_holds_i
     refusal = plant_in_bobs_rows(world)
     bob = world["bob"]
     assert Run.objects.get(pk=bob["welcome"]).input == BOB  # his run's row does not name her
-    assert "effects_effect.last_response" in every_column_holding(ANN["email"])
+    planted = every_column_holding(ANN["email"])
+    assert {"effects_effect.last_response", "django_admin_log.object_repr"} <= set(planted)
 
     answer = erase(eraser, email=ANN["email"])
 
