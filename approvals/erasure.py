@@ -21,7 +21,8 @@ from workflows.plugins.erasure import Counts, Erasing, add_counts, scrub_rows
 from . import sql
 from .services import content_digest
 
-REQUEST_COLUMNS = ["content", "answer", "comment"]
+# approvers and escalate_to: a template may have rendered a person's address there.
+REQUEST_COLUMNS = ["content", "answer", "comment", "approvers", "escalate_to"]
 
 
 def erase_approvals(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
@@ -39,9 +40,14 @@ def erase_approvals(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
             add_counts(counts, scrubbed)
         _rebind_pending(cursor, params)
     if erasing.org_wide:
-        add_counts(counts, scrub_rows(cursor, erasing.matcher, table="approvals_decisionattempt",
-                                      columns=["detail"], where=sql.ATTEMPTS_OF_ORG,
-                                      params=params, widen=erasing.widen))  # fmt: skip
+        for table, columns, where in (
+            ("approvals_decisionattempt", ["detail"], sql.ATTEMPTS_OF_ORG),
+            ("approvals_slackinteraction", ["token", "response_url", "reply"],
+             sql.INTERACTIONS_OF_ORG),
+        ):  # fmt: skip
+            add_counts(counts, scrub_rows(cursor, erasing.matcher, table=table, columns=columns,
+                                          where=where, params=params,
+                                          widen=erasing.widen))  # fmt: skip
     return counts
 
 

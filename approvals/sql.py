@@ -134,6 +134,7 @@ approval_id IN (
     SELECT id FROM approvals_approvalrequest WHERE org_id = %(org)s AND run_id = ANY(%(runs)s))
 """
 ATTEMPTS_OF_ORG = "org_id = %(org)s"
+INTERACTIONS_OF_ORG = "org_id = %(org)s"
 PENDING_CONTENT_OF_RUNS = """
 SELECT id, content::text AS content, digest FROM approvals_approvalrequest
  WHERE org_id = %(org)s AND run_id = ANY(%(runs)s) AND status = 'pending'

@@ -89,10 +89,13 @@ def resolve_effect(effect_id: int, action: str, *, by: Actor | str, result: Any 
         insert_events(cursor, [event_row(effect["org_id"], effect["run_id"], "effect.resolved",
                                          effect["step_id"], iteration=effect["iteration"],
                                          worker=label, detail=detail)])  # fmt: skip
+        # The reason is a person's free text, which may name the run's person: it is kept in
+        # the run's history (erasable), and the audit, which an erasure never changes, only
+        # says whether one was given.
         record_audit(
             org=effect["org_id"], actor=actor, action="effect.resolve", target_type="effect",
             target_id=effect_id,
-            detail={"key": effect["key"], "action": action, "reason": reason,
+            detail={"key": effect["key"], "action": action, "reason_given": bool(reason),
                     "run": effect["run_id"], "step": effect["step_id"]},
         )  # fmt: skip
         payload = {"resolution": action, "effect": effect["key"], "reason": reason}

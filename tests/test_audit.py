@@ -82,7 +82,7 @@ def test_a_command_is_audited_as_the_operating_system_user(org, monkeypatch) -> 
     (paused,) = entries(org, action="run.pause")
     (created,) = entries(org, action="api_key.create", actor_kind="command")
     assert actor_of(paused) == actor_of(created) == ("command", "ada", "ada")
-    assert created.detail == {"name": "ci", "read_only": False, "expires_at": None}
+    assert created.detail == {"name": "ci", "read_only": False, "scopes": [], "expires_at": None}
     key = ApiKey.objects.get(org=org, name="ci")
     call_command("revoke_api_key", key.prefix, stdout=StringIO())
     (revoked,) = entries(org, action="api_key.revoke")

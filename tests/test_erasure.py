@@ -17,6 +17,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.test import Client
+from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest
 from approvals.services import content_digest
@@ -36,6 +37,7 @@ from workflows.services.automations import automation_publish_definition
 from workflows.services.erasure import erase_person, subject_of
 from workflows.services.erasure.scrub import Value
 from workflows.services.runs import run_start
+from workflows.services.tenancy import api_key_create
 
 from .effect_setup import connect, drive
 from .processes import running, spawn_worker, stop, wait_for
@@ -97,6 +99,20 @@ NUDGE: dict[str, Any] = {
 }
 
 
+@pytest.fixture
+def eraser(org: Organisation) -> APIClient:
+    """A client whose key has the erasure scope (a plain write key may not erase)."""
+    _, raw = api_key_create(org=org, name="eraser", scopes=["erasure"])
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client
+
+
+def erase(client: APIClient, **given: Any) -> Any:
+    """POST /api/v1/erasures: erasing, unless ``dry_run`` is given."""
+    return client.post("/api/v1/erasures", {"dry_run": False, **given}, format="json")
+
+
 def start(org: Organisation, slug: str, person: dict[str, str], key: str = "", **extra: Any) -> int:
     """A run of ``slug`` for ``person``, its start key naming them (unless ``key``)."""
     run_input = {**person, **extra}
@@ -139,10 +155,10 @@ def world(org: Organisation, api: Any, provider_stub: Any) -> dict[str, Any]:
     Schedule.objects.create(org=org, automation_id=Run.objects.get(pk=runs["ann"]["nudge"])
                             .automation_id, name="weekly", cron="0 9 * * 1",
                             input={"contact": ANN["email"]})  # fmt: skip
-    with transaction.atomic():
+    with transaction.atomic():  # the audit names her run by its id, never her
         record_audit(org=org, actor=Actor.system("test"), action="note.add", target_type="run",
                      target_id=runs["ann"]["welcome"],
-                     detail={"reason": f"asked by {ANN['email']}"})  # fmt: skip
+                     detail={"url": f"/runs/{runs['ann']['welcome']}"})  # fmt: skip
     # Everything is where it should be: the waits and the approval open, the effects made.
     for who in ("ann", "bob"):
         assert Run.objects.get(pk=runs[who]["welcome"]).status == "running"
@@ -204,13 +220,15 @@ def rows_of(run_ids: list[int]) -> dict[str, list[str]]:
     return snapshot
 
 
-def test_after_erasing_no_copy_is_left_and_other_people_are_untouched(org, api, world) -> None:
+def test_after_erasing_no_copy_is_left_and_other_people_are_untouched(
+    org, api, eraser, world
+) -> None:
     assert hits(ANN_TRACES), "the scan must find her before (else it proves nothing)"
     bob_runs = sorted(world["bob"].values())
     bob_before = rows_of(bob_runs)
     bob_signals = list(Signal.objects.filter(correlation=BOB["email"]).values())
 
-    answer = api.post("/api/v1/erasures", {"email": ANN["email"].upper()}, format="json")
+    answer = erase(eraser, email=ANN["email"].upper())
 
     assert answer.status_code == 201, answer.json()
     body = answer.json()
@@ -254,10 +272,9 @@ def test_after_erasing_no_copy_is_left_and_other_people_are_untouched(org, api, 
     assert hits(ANN_TRACES) == []
 
 
-def test_a_dry_run_counts_what_erasing_would_change_and_keeps_nothing(org, api, world) -> None:
+def test_a_dry_run_counts_what_erasing_would_change_and_keeps_nothing(org, eraser, world) -> None:
     before = hits(ANN_TRACES)
-    answer = api.post("/api/v1/erasures", {"email": ANN["email"], "dry_run": True},
-                      format="json")  # fmt: skip
+    answer = eraser.post("/api/v1/erasures", {"email": ANN["email"]}, format="json")
 
     assert answer.status_code == 200, answer.json()
     assert answer.json()["id"] is None and answer.json()["rows_changed"] > 0
@@ -265,16 +282,16 @@ def test_a_dry_run_counts_what_erasing_would_change_and_keeps_nothing(org, api, 
     assert not Erasure.objects.exists()
     assert not AuditEntry.objects.filter(action="person.erase").exists()
     assert Run.objects.get(pk=world["ann"]["welcome"]).status == "running"
-    done = api.post("/api/v1/erasures", {"email": ANN["email"]}, format="json").json()
+    done = erase(eraser, email=ANN["email"]).json()
     assert done["counts"] == answer.json()["counts"]
 
 
-def test_an_unknown_person_is_404_and_nothing_is_written(org, api, world) -> None:
+def test_an_unknown_person_is_404_and_nothing_is_written(org, eraser, world) -> None:
     audit = AuditEntry.objects.count()
     events = RunEvent.objects.count()
     for given in ({"email": "nobody@example.org"}, {"phone": "+1 555 010 9999"},
                   {"identifier": "cust-nobody"}):  # fmt: skip
-        answer = api.post("/api/v1/erasures", given, format="json")
+        answer = erase(eraser, **given)
         assert answer.status_code == 404, answer.json()
         assert answer.json()["code"] == "unknown_person"
     assert not Erasure.objects.exists()
@@ -288,36 +305,36 @@ def test_an_unknown_person_is_404_and_nothing_is_written(org, api, world) -> Non
      {"phone": "call me"}, {"identifier": " "}, {"email": "a@b.org", "phone": "+44 1"},
      {"email": "a@b.org", "colour": "red"}],
 )  # fmt: skip
-def test_bad_input_is_refused_with_a_code_and_changes_nothing(org, api, given) -> None:
-    answer = api.post("/api/v1/erasures", given, format="json")
+def test_bad_input_is_refused_with_a_code_and_changes_nothing(org, eraser, given) -> None:
+    answer = erase(eraser, **given)
 
     assert answer.status_code == 400, answer.json()
     assert answer.json()["code"] in ("invalid_person", "invalid_input", "unknown_field")
     assert not Erasure.objects.exists()
 
 
-def test_a_phone_or_a_declared_identifier_finds_the_same_person(org, api, world) -> None:
-    by_id = api.post("/api/v1/erasures", {"identifier": ANN["customer_id"]}, format="json")
+def test_a_phone_or_a_declared_identifier_finds_the_same_person(org, eraser, world) -> None:
+    by_id = erase(eraser, identifier=ANN["customer_id"])
 
     assert by_id.status_code == 201, by_id.json()
     # The refund declares the customer id; its email leads to her other runs.
     assert sorted(by_id.json()["runs_scrubbed"]) == sorted(world["ann"].values())
     assert hits([*ANN_TRACES, ANN["customer_id"]]) == []
-    by_phone = api.post("/api/v1/erasures", {"phone": "+44 20-7946-0999"}, format="json")
+    by_phone = erase(eraser, phone="+44 20-7946-0999")
     assert by_phone.status_code == 201, by_phone.json()
     assert world["bob"]["welcome"] in by_phone.json()["runs_scrubbed"]
 
 
 def test_a_later_run_of_an_erased_person_is_not_touched_by_the_old_tombstone(
-    org, api, world
+    org, eraser, world
 ) -> None:
-    first = api.post("/api/v1/erasures", {"email": ANN["email"]}, format="json").json()
+    first = erase(eraser, email=ANN["email"]).json()
     again = start(org, "nudge", {**ANN, "email": "ann.quist@example.org"}, key="nudge:again")
 
     run = Run.objects.get(pk=again)
     assert run.status == "running" and run.input == {"contact": "ann.quist@example.org"}
     assert again not in Erasure.objects.get(pk=first["id"]).runs_scrubbed
-    second = api.post("/api/v1/erasures", {"email": ANN["email"]}, format="json").json()
+    second = erase(eraser, email=ANN["email"]).json()
     assert second["repeat_of"] == first["id"] and second["runs_cancelled"] == [again]
     assert Erasure.objects.get(pk=first["id"]).runs_scrubbed == first["runs_scrubbed"]
     assert hits(ANN_TRACES) == []
@@ -326,7 +343,9 @@ def test_a_later_run_of_an_erased_person_is_not_touched_by_the_old_tombstone(
 def test_a_run_of_someone_else_that_names_them_keeps_running_without_the_value(org, world) -> None:
     referral = start(org, "welcome", BOB, key="referral", referrer=ANN["email"])  # Bob's run
 
-    outcome = erase_person(org=org, subject=subject_of(email=ANN["email"]), actor="command:t")
+    outcome = erase_person(
+        org=org, subject=subject_of(email=ANN["email"]), actor="command:t", dry_run=False
+    )
 
     run = Run.objects.get(pk=referral)
     assert referral in outcome.runs_scrubbed and referral not in outcome.runs_cancelled
@@ -397,7 +416,9 @@ def test_a_worker_answering_after_the_erasure_writes_nothing_back(org, provider_
         effect = Effect.objects.get(run_id=run_id)
         assert effect.state == "in_flight" and ANN["email"] in str(effect.request)
 
-        erase_person(org=org, subject=subject_of(email=ANN["email"]), actor="command:t")
+        erase_person(
+            org=org, subject=subject_of(email=ANN["email"]), actor="command:t", dry_run=False
+        )
         provider_stub.release()
         # The provider answers with her data (it echoes what it created); the worker then
         # tries to record the answer and settle the step. Once it has exited (SIGTERM: it
@@ -420,7 +441,7 @@ def test_an_attempt_that_began_before_the_erasure_claims_no_effect_after_it(
     worker = Worker(lane_policy("io"), concurrency=1, name="test-worker")
     (step,) = claim(policy=worker.policy, worker=worker.name, limit=1)  # read her data
 
-    erase_person(org=org, subject=subject_of(email=ANN["email"]), actor="command:t")
+    erase_person(org=org, subject=subject_of(email=ANN["email"]), actor="command:t", dry_run=False)
     attempt: Attempt | None = Attempt(step, deadline=time.monotonic() + 60,
                                       extended=time.monotonic())  # fmt: skip
     while attempt is not None:

@@ -50,7 +50,7 @@ ENGINE_WIDE = {
     "workflows.engine.sql.health.SWEEP_LEADER": "the sweep's leader lease",
     "workflows.engine.sql.QUOTA_FORGET": "the quota counters' cache, forgotten on start-up",
     "workflows.engine.sql.AUDIT_PURGE_BEFORE": "a transaction-local setting",
-    "workflows.engine.sql.erasure.AUDIT_ERASURE_ORG": "a transaction-local setting",
+    "workflows.engine.sql.erasure.RUN_TIED_TEXT_COLUMNS": "the schema's catalog, no row",
     "webhooks.sql.CLAIM_LOCK": "one advisory lock for the senders' claim",
     "workflows.engine.sql.DATABASE_NOW": "the database's clock, no row",
     "workflows.engine.sql.QUOTA_MINUTE": "the database's clock's minute, no row",

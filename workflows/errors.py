@@ -348,6 +348,33 @@ class InvalidPerson(InvalidInput):
     code = "invalid_person"
 
 
+class IdentifierTooShort(InvalidPerson):
+    """An identifier shorter than MIN_IDENTIFIER_CHARS: it would be a part of too many other
+    values to name one person."""
+
+    code = "identifier_too_short"
+    default_detail = "An identifier must have at least {min_chars} characters."
+
+
+class IdentifierNotDeclared(InvalidPerson):
+    """An erasure by identifier in an organisation none of whose definitions declares
+    ``personal_data.identifiers``: nothing says which values are identifiers there."""
+
+    code = "identifier_not_declared"
+    default_detail = (
+        "No definition of this organisation declares personal_data.identifiers: name the "
+        "person by email or phone, or declare which input paths identify a person."
+    )
+
+
+class ScopeRequired(WaymarkError):
+    """An API key without the scope an endpoint needs (``ApiKey.scopes``)."""
+
+    code = "scope_required"
+    status = 403
+    default_detail = "This API key does not have the {scope!r} scope this request needs."
+
+
 class UnknownPerson(NotFound):
     code = "unknown_person"
     default_detail = (

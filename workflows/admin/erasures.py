@@ -2,7 +2,8 @@
 then the dry run (which runs would be cancelled, finish or be scrubbed, how many rows per
 table and column), then, once confirmed, the erasure. Its tombstones are read-only.
 
-"Add erasure" is this form: the permission to add an erasure is the permission to erase. The
+"Add erasure" is this form; it needs the permission ``workflows.erase_person`` ("Can erase a
+person"), its own (not ``add_erasure``), checked on every request, the confirmation's too. The
 admin only asks; ``workflows.services.erasure`` decides (and checks everything again when the
 confirmation arrives). The value travels in the form only, never in the session or a message.
 """
@@ -28,6 +29,7 @@ from .display import pretty_json
 from .scoping import OrgScopedMixin, OrgScopedRelatedFilter, in_scope, scoped
 
 TEMPLATE = "admin/workflows/erasure/erase.html"
+ERASE_PERMISSION = "workflows.erase_person"
 FIELDS = ("at", "org", "actor_kind", "actor_id", "actor_display", "subject_kind", "repeat_of",
           "runs_cancelled", "runs_finishing", "runs_scrubbed", "values_removed",
           "pretty_counts")  # fmt: skip
@@ -88,6 +90,9 @@ class ErasureAdmin(OrgScopedMixin, admin.ModelAdmin):
     @admin.display(description="rows changed per table.column")
     def pretty_counts(self, erasure: Erasure) -> str:
         return pretty_json(erasure.counts)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(ERASE_PERMISSION)
 
     def add_view(
         self, request: HttpRequest, form_url: str = "", extra_context: Any = None

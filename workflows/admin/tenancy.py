@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
 from ..models import ApiKey, Membership, Organisation
+from ..models.tenancy import API_KEY_SCOPES
 from ..services.audit import Actor
 from ..services.tenancy import api_key_create, api_key_revoke
 from .scoping import OrgScopedMixin, OrgScopedRelatedFilter
@@ -59,16 +61,24 @@ class ApiKeyAdmin(OrgScopedMixin, admin.ModelAdmin):
     list_display = ["name", "org", "prefix", "created_at", "last_used_at", "revoked_at"]
     list_filter = [("org", OrgScopedRelatedFilter)]
     readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
-    fields = ["org", "name", "read_only", "expires_at", *readonly_fields]
+    fields = ["org", "name", "read_only", "scopes", "expires_at", *readonly_fields]
     actions = ["revoke"]
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return obj is None and super().has_change_permission(request, obj)
 
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "scopes":  # boxes to tick, not a comma-separated text
+            return forms.MultipleChoiceField(
+                choices=sorted(API_KEY_SCOPES.items()), required=False,
+                widget=forms.CheckboxSelectMultiple, help_text="Beyond reading and writing.",
+            )  # fmt: skip
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
+
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         key, raw = api_key_create(
             org=obj.org, name=obj.name, read_only=obj.read_only, expires_at=obj.expires_at,
-            actor=Actor.user(request.user),
+            actor=Actor.user(request.user), scopes=obj.scopes,
         )  # fmt: skip
         obj.pk, obj.prefix = key.pk, key.prefix
         request._waymark_new_key = raw  # type: ignore[attr-defined]  # for response_add only

@@ -13,7 +13,7 @@ from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
 from ..engine import logcontext
-from ..errors import AuthenticationFailed, ReadOnlyKey
+from ..errors import AuthenticationFailed, ReadOnlyKey, ScopeRequired
 from ..models import ApiKey
 from ..services.audit import Actor
 from ..services.tenancy import api_key_authenticate
@@ -92,3 +92,12 @@ class IsOrganisationKey(permissions.BasePermission):
         if key.read_only and request.method not in permissions.SAFE_METHODS:
             raise ReadOnlyKey()
         return True
+
+
+def require_scope(request: Request, scope: str) -> None:
+    """Refuse (403 ``scope_required``) unless the key that authenticated ``request`` has
+    ``scope`` now: read again from its row, at the moment of use, so a scope taken away is
+    refused at once (the key itself was read at authentication)."""
+    key = request_key(request)
+    if not ApiKey.objects.filter(pk=key.pk, scopes__contains=[scope]).exists():
+        raise ScopeRequired(scope=scope)

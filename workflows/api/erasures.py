@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from ..models import Erasure
 from ..services.erasure import erase_person, subject_of
 from ..services.erasure.subject import MAX_VALUE_CHARS
-from .auth import request_actor, request_key
+from .auth import request_actor, request_key, require_scope
 from .serializers import ErrorOut, StrictInput
 from .views import CursorPage, ListEndpoint
 
@@ -35,7 +35,9 @@ class ErasureIn(StrictInput):
         "(`personal_data.identifiers`), compared exactly.",
     )  # fmt: skip
     dry_run = serializers.BooleanField(
-        default=False, help_text="Only say what erasing would change; nothing is kept."
+        default=True,
+        help_text="Only say what erasing would change; nothing is kept. The default: send "
+        "`false` to erase.",
     )
 
 
@@ -103,18 +105,24 @@ class ErasureListView(ListEndpoint):
             200: ErasureOut,
             201: ErasureOut,
             400: ErrorOut,
+            403: ErrorOut,
             404: ErrorOut,
             409: ErrorOut,
         },
         description="Erase a person named by exactly one of `email`, `phone`, `identifier`: "
         "their live runs are cancelled (or finish without their data, where the definition "
         "says `on_erasure: finish`), and their values are removed from every stored row; a "
-        "tombstone stays. One transaction: all of it or nothing. `dry_run: true` answers "
-        "what would change (200) and keeps nothing. Nothing references the person: 404 "
-        "`unknown_person`; a malformed value: 400 `invalid_person`; rows held by other work "
+        "tombstone stays. One transaction: all of it or nothing. A dry run unless "
+        "`dry_run: false`: it answers what would change (200) and keeps nothing. The key "
+        "needs the `erasure` scope (403 `scope_required`), dry runs included. Nothing "
+        "references the person: 404 `unknown_person`; a malformed value: 400 "
+        "`invalid_person`; an identifier shorter than 4 characters: 400 "
+        "`identifier_too_short`; an identifier where no definition declares "
+        "`personal_data.identifiers`: 400 `identifier_not_declared`; rows held by other work "
         "too long: 409 `erasure_busy`.",
     )
     def post(self, request: Request) -> Response:
+        require_scope(request, "erasure")
         data = ErasureIn(data=request.data)
         data.is_valid(raise_exception=True)
         given: dict[str, Any] = dict(data.validated_data)

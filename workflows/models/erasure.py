@@ -36,6 +36,10 @@ class Erasure(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        # Erasing is its own permission (the admin's "Add erasure" asks for it, not for
+        # add_erasure): a staff member given every permission of the app by habit should not
+        # erase people by accident.
+        permissions = [("erase_person", "Can erase a person")]
         indexes = [
             models.Index(fields=["org", "-id"], name="erasure_org_id"),
             models.Index(fields=["org", "subject_digest"], name="erasure_org_subject"),

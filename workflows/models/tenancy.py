@@ -11,6 +11,7 @@ import hashlib
 import secrets
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 KEY_PREFIX = "wmk"
@@ -96,6 +97,9 @@ def new_raw_key() -> tuple[str, str]:
     return prefix, f"{KEY_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
 
 
+API_KEY_SCOPES = {"erasure": "erase a person (POST /api/v1/erasures, dry runs included)"}
+
+
 class ApiKey(models.Model):
     org = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100)
@@ -106,6 +110,9 @@ class ApiKey(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     # A read-only key may read everything of its organisation and change nothing.
     read_only = models.BooleanField(default=False)
+    # What a key may do beyond reading and writing (API_KEY_SCOPES): "erasure", erasing a
+    # person (POST /api/v1/erasures), which no key may do unless given it.
+    scopes = ArrayField(models.CharField(max_length=32), default=list, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

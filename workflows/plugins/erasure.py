@@ -21,6 +21,12 @@ string that holds a value with ``MARKER``. It returns the rows it changed per
 ``table.column``; it must not commit, and must not wait long for a row (the erasure runs
 under a lock timeout, and is then refused whole).
 
+With ``org_wide`` the matcher is strict (``Matcher(strict=True)``: whole values only, as
+another person's rows need); pass ``erasing.matcher`` and ``erasing.widen`` through, never
+a matcher of your own. A table of yours with ``org_id`` and ``run_id`` columns is searched
+for runs that mention the person without being named (its rows are then scrubbed through
+``erasing.run_ids``): scrub every text and JSON column of it that can hold outside text.
+
 ``canonical_email`` (an address as the suppression list keeps it) and ``keyed_hash`` (what
 is kept instead of a value that must still be recognised) are shared with the consent check.
 """

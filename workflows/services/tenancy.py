@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -11,9 +12,9 @@ from django.db.models.functions import Now
 
 from ..engine import sql
 from ..engine.sql.rows import model_from_row, query_prepared
-from ..errors import ApiKeyExpired, ApiKeyRevoked, InvalidApiKey, NotFound
+from ..errors import ApiKeyExpired, ApiKeyRevoked, InvalidApiKey, InvalidInput, NotFound
 from ..models import ApiKey, Organisation
-from ..models.tenancy import KEY_PREFIX, hash_key, new_raw_key
+from ..models.tenancy import API_KEY_SCOPES, KEY_PREFIX, hash_key, new_raw_key
 from .audit import Actor, record_audit
 from .naming import check_slug_and_name
 
@@ -34,19 +35,26 @@ def api_key_create(
     read_only: bool = False,
     expires_at: datetime | None = None,
     actor: Actor | None = None,
+    scopes: Sequence[str] = (),
 ) -> tuple[ApiKey, str]:
     """Create a key and return it with its secret; the secret is never stored or shown again.
-    Audited (``api_key.create``) as ``actor``; None: Waymark itself (the demo, scripts)."""
+    ``scopes``: what it may do beyond reading and writing (API_KEY_SCOPES; an unknown one is
+    InvalidInput). Audited (``api_key.create``) as ``actor``; None: Waymark itself (the demo,
+    scripts)."""
+    unknown = sorted(set(scopes) - set(API_KEY_SCOPES))
+    if unknown:
+        raise InvalidInput(reason=f"unknown scope(s) {', '.join(unknown)}; "
+                           f"known: {', '.join(sorted(API_KEY_SCOPES))}")  # fmt: skip
     prefix, raw = new_raw_key()
     with transaction.atomic():
         key = ApiKey.objects.create(
             org=org, name=name, prefix=prefix, key_hash=hash_key(raw), read_only=read_only,
-            expires_at=expires_at,
+            expires_at=expires_at, scopes=sorted(set(scopes)),
         )  # fmt: skip
         record_audit(
             org=org, actor=actor or Actor.system(), action="api_key.create",
             target_type="api_key", target_id=prefix,
-            detail={"name": name, "read_only": read_only,
+            detail={"name": name, "read_only": read_only, "scopes": key.scopes,
                     "expires_at": expires_at.isoformat() if expires_at else None},
         )  # fmt: skip
     return key, raw

@@ -1,6 +1,7 @@
 """The statements of a person's erasure (workflows/services/erasure/): finding their runs,
-handing back a running step of a run that finishes without their data, and the audit log's
-narrow exception. Each app's own rows are scrubbed by its own eraser.
+handing back a running step of a run that finishes without their data. Each app's own rows
+are scrubbed by its own eraser. The audit log is never changed by an erasure: it keeps who
+did what, and no person's data is put there.
 """
 
 from __future__ import annotations
@@ -42,11 +43,6 @@ UPDATE workflows_step
 RETURNING org_id, run_id, step_id, iteration, attempt, lane
 """
 
-# The audit log's exception for an erasure (sql/functions.AUDIT_APPEND_ONLY_V2): for this
-# transaction only, entries of this organisation may have their target and detail rewritten
-# (nothing else of them, and none deleted).
-AUDIT_ERASURE_ORG = "SELECT set_config('waymark.audit_erasure_org', %(org)s::text, true)"
-
 # An erasure waits this long at most for a row another transaction holds (a worker's settle,
 # a sender's claim); past it, nothing is applied and the caller is told to try again.
 LOCK_TIMEOUT = "SET LOCAL lock_timeout = '10s'"
@@ -63,3 +59,53 @@ SIGNALS_OF_RUNS = (
     " OR split_part(consumed_by, '/', 1) = ANY(%(run_texts)s::text[]))"
 )
 OF_ORG = "org_id = %(org)s"
+# The admin's change log entries of one model's objects of the organisation ({table}: the
+# model's, from the models' registry, never from input).
+ADMIN_LOG_OF_ORG = (
+    "content_type_id = %(content_type)s AND object_id IN ("
+    "SELECT id::text FROM {table} WHERE org_id = %(org)s)"
+)
+# A run-tied table's rows of the organisation's runs: reached through its run_id index from
+# the organisation's run ids (a table such as the history has no org_id index: by org_id
+# alone, a small organisation's erasure would read every organisation's history; measured in
+# docs/operations.md, "Erasing a person").
+OF_ORG_WITH_RUN = (
+    "org_id = %(org)s AND run_id = ANY(ARRAY(SELECT id FROM workflows_run WHERE org_id = %(org)s))"
+)
+RUNS_OF_ORG = "SELECT id FROM workflows_run WHERE org_id = %(org)s AND id = ANY(%(runs)s)"
+
+# Whether any published definition of the organisation declares personal_data.identifiers:
+# an erasure by identifier means nothing where none does.
+ORG_DECLARES_IDENTIFIERS = """
+SELECT EXISTS (
+    SELECT FROM workflows_automationversion
+     WHERE org_id = %(org)s AND published_at IS NOT NULL
+       AND jsonb_typeof(definition #> '{personal_data,identifiers}') = 'array'
+       AND definition #> '{personal_data,identifiers}' <> '[]'::jsonb
+)
+"""
+
+# Every table whose rows belong to a run of an organisation (it has run_id and org_id), but
+# the runs themselves, with its text, JSON and array columns: where a run that mentions a
+# person is looked for (find.py), whichever app's table it is. Not its varchar columns:
+# those hold the engine's own words (a status, a kind, a step id, a key), which an
+# identifier must not be mistaken for; the text a run was given or told is text or JSON.
+RUN_TIED_TEXT_COLUMNS = """
+SELECT c.table_name::text AS table_name,
+       array_agg(c.column_name::text ORDER BY c.column_name) AS columns
+  FROM information_schema.columns c
+  JOIN information_schema.tables t
+    ON t.table_schema = c.table_schema AND t.table_name = c.table_name
+   AND t.table_type = 'BASE TABLE'
+ WHERE c.table_schema = current_schema()
+   AND c.data_type IN ('text', 'json', 'jsonb', 'ARRAY')
+   AND c.table_name <> 'workflows_run'
+   AND EXISTS (SELECT FROM information_schema.columns r
+                WHERE r.table_schema = c.table_schema AND r.table_name = c.table_name
+                  AND r.column_name = 'run_id')
+   AND EXISTS (SELECT FROM information_schema.columns o
+                WHERE o.table_schema = c.table_schema AND o.table_name = c.table_name
+                  AND o.column_name = 'org_id')
+ GROUP BY c.table_name
+ ORDER BY c.table_name
+"""

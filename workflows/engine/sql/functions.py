@@ -370,30 +370,20 @@ FOR EACH ROW EXECUTE FUNCTION waymark_published_version_is_immutable();
 """
 
 # The audit log is append-only (models/audit.py): an UPDATE of an entry is refused, and so is
-# a DELETE, whatever issued it (the ORM, raw SQL, psql), with SQLSTATE WM002. Two exceptions,
-# each announced by the transaction itself (set_config(..., true): for that transaction only):
-# the retention purge (services/audit.py::purge_audit) announces the instant before which
-# entries may go, and deletes only those; a person's erasure (services/erasure/) announces its
-# organisation, and may then rewrite the target and detail of that organisation's entries (to
-# remove the person's values), nothing else of them, and delete none. TRUNCATE is a table
-# owner's act, beyond a row trigger. Version 2 (migration 0028) added the erasure's exception.
-AUDIT_APPEND_ONLY_V2 = """
-CREATE OR REPLACE FUNCTION waymark_audit_append_only_v2() RETURNS trigger
+# a DELETE, whatever issued it (the ORM, raw SQL, psql), with SQLSTATE WM002. One exception,
+# announced by the transaction itself (set_config(..., true): for that transaction only): the
+# retention purge (services/audit.py::purge_audit) announces the instant before which entries
+# may go, and deletes only those. A person's erasure changes no entry (entries keep who did
+# what, and no person's data is written to them). TRUNCATE is a table owner's act, beyond a
+# row trigger. Version 3 (migration 0030) took away version 2's erasure exception.
+AUDIT_APPEND_ONLY_V3 = """
+CREATE OR REPLACE FUNCTION waymark_audit_append_only_v3() RETURNS trigger
 LANGUAGE plpgsql AS $function$
 BEGIN
     IF TG_OP = 'DELETE'
        AND OLD.at < NULLIF(current_setting('waymark.audit_purge_before', true), '')::timestamptz
     THEN
         RETURN OLD;
-    END IF;
-    IF TG_OP = 'UPDATE'
-       AND OLD.org_id::text = NULLIF(current_setting('waymark.audit_erasure_org', true), '')
-       AND NEW.id = OLD.id AND NEW.org_id = OLD.org_id AND NEW.at = OLD.at
-       AND NEW.actor_kind = OLD.actor_kind AND NEW.actor_id = OLD.actor_id
-       AND NEW.actor_display = OLD.actor_display AND NEW.action = OLD.action
-       AND NEW.target_type = OLD.target_type
-    THEN
-        RETURN NEW;
     END IF;
     RAISE EXCEPTION 'audit entry % is append-only: % refused', OLD.id, TG_OP
         USING ERRCODE = 'WM002',
@@ -403,5 +393,5 @@ $function$;
 
 CREATE TRIGGER audit_append_only
 BEFORE UPDATE OR DELETE ON workflows_auditentry
-FOR EACH ROW EXECUTE FUNCTION waymark_audit_append_only_v2();
+FOR EACH ROW EXECUTE FUNCTION waymark_audit_append_only_v3();
 """

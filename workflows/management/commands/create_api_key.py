@@ -7,6 +7,7 @@ from workflows.engine.clock import database_now
 from workflows.errors import WaymarkError
 from workflows.management.base import MAX_DAYS, MigratedCommand
 from workflows.models import ApiKey
+from workflows.models.tenancy import API_KEY_SCOPES
 from workflows.selectors import organisation_get
 from workflows.services.audit import Actor
 from workflows.services.naming import check_length
@@ -21,6 +22,14 @@ class Command(MigratedCommand):
         parser.add_argument("--name", default="cli")
         parser.add_argument("--read-only", action="store_true", help="it can read, not change")
         parser.add_argument(
+            "--scope",
+            action="append",
+            default=[],
+            dest="scopes",
+            choices=sorted(API_KEY_SCOPES),
+            help="what it may do beyond reading and writing (erasure: erase a person); repeatable",
+        )
+        parser.add_argument(
             "--expires-in-days", type=float, default=None, help="refused after this many days"
         )
 
@@ -31,6 +40,7 @@ class Command(MigratedCommand):
         name: str,
         read_only: bool,
         expires_in_days: float | None,
+        scopes: list[str],
         **options: Any,
     ) -> None:
         if expires_in_days is not None and not 0 < expires_in_days <= MAX_DAYS:  # nan too
@@ -51,7 +61,7 @@ class Command(MigratedCommand):
             raise CommandError(f"{exc.code}: {exc.detail}") from exc
         key, raw = api_key_create(
             org=organisation, name=name, read_only=read_only, expires_at=expires_at,
-            actor=Actor.command(),
+            actor=Actor.command(), scopes=scopes,
         )  # fmt: skip
         self.stderr.write(f"API key {key.prefix} for {organisation.slug}; it is not shown again:")
         self.stdout.write(raw)

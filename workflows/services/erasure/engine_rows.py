@@ -1,10 +1,14 @@
-"""The engine's own eraser: runs, steps, history, signals, the outbox, migration jobs and the
-audit log (registered by WorkflowsConfig.ready like any app's)."""
+"""The engine's own eraser: runs, steps, history, signals, the outbox, migration jobs, and the
+admin's change log of the organisation's objects (registered by WorkflowsConfig.ready like
+any app's). Never the audit log: it keeps who did what, and no person's data is put there."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from django.apps import apps
+from django.contrib.contenttypes.models import ContentType
 
 from ...engine.sql import erasure as sql
 from .registry import Erasing
@@ -54,13 +58,11 @@ def erase_engine_rows(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
             )
     if erasing.org_wide:
         # Rows of the organisation tied to no run, or not through a run: a signal not yet
-        # matched, wake messages, migration reports, and the audit log (its erasure
-        # exception is on for this organisation, for this transaction: sql.AUDIT_ERASURE_ORG).
+        # matched, wake messages, migration reports.
         for table, columns in (
             ("workflows_signal", SIGNAL_COLUMNS),
             ("workflows_outbox", ["payload"]),
             ("workflows_runmigration", ["plan", "planned", "report"]),
-            ("workflows_auditentry", ["target_id", "detail"]),
         ):
             add_counts(
                 counts,
@@ -74,4 +76,21 @@ def erase_engine_rows(cursor: Any, erasing: Erasing) -> Mapping[str, int]:
                     widen=erasing.widen,
                 ),
             )
+        add_counts(counts, _admin_log(cursor, erasing))
+    return counts
+
+
+def _admin_log(cursor: Any, erasing: Erasing) -> Counts:
+    """The admin's change log names an object by its display (a suppression by its address):
+    the entries of this organisation's objects, model by model."""
+    counts: Counts = {}
+    for model in apps.get_models():
+        if not any(f.name == "org" and f.is_relation for f in model._meta.concrete_fields):
+            continue
+        where = sql.ADMIN_LOG_OF_ORG.format(table=model._meta.db_table)
+        params = {"org": erasing.org_id,
+                  "content_type": ContentType.objects.get_for_model(model).pk}  # fmt: skip
+        add_counts(counts, scrub_rows(cursor, erasing.matcher, table="django_admin_log",
+                                      columns=["object_repr", "change_message"], where=where,
+                                      params=params, widen=erasing.widen))  # fmt: skip
     return counts

@@ -11,14 +11,16 @@ their live work, removes their values from every app's rows, and leaves a tombst
    are handed back (the attempt in flight read the values; its settle and its effect's
    record are fenced out) and it goes on without them.
 4. Every registered eraser (``workflows.plugins.erasure``) scrubs its app's rows: the owned
-   runs' with all the values, the mentioning runs' and the organisation's other rows (signals,
-   suppressions, deliveries, the audit log, ...) with the identifying values only.
+   runs' with all the values (contained), the mentioning runs' and the organisation's other
+   rows (signals, suppressions, deliveries, ...) with the identifying values only, whole
+   (``Matcher(strict=True)``). The audit log is never changed: it keeps who did what, and
+   no person's data is written to it.
 5. The tombstone (``Erasure``) and the audit entry ``person.erase``: who, when, what kind of
    identifier, which runs, how many rows per table and column; never the value.
 
-A dry run does all of it and rolls it back, so its counts are exactly what erasing would
-change. Nothing found anywhere: UnknownPerson, and nothing is written (the transaction
-rolls back whole, the tombstone with it).
+A dry run (the default) does all of it and rolls it back, so its counts are exactly what
+erasing would change. Nothing found anywhere: UnknownPerson, and nothing is written (the
+transaction rolls back whole, the tombstone with it).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from .scrub import Counts, Matcher, add_counts
 from .subject import Subject
 
 LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout passed
+DEADLOCK_DETECTED = "40P01"  # a row of another run, taken in another order by other work
+BUSY = (LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED)
 
 
 @dataclass
@@ -79,12 +83,13 @@ class _RolledBack(Exception):
 
 
 def erase_person(
-    *, org: Organisation, subject: Subject, actor: Actor | str, dry_run: bool = False
+    *, org: Organisation, subject: Subject, actor: Actor | str, dry_run: bool = True
 ) -> ErasureOutcome:
     """Erase the person ``subject`` names from ``org`` as ``actor``, in one transaction
-    (``dry_run``: rolled back, the counts kept). UnknownPerson when nothing references
-    them; ErasureBusy when a row stayed held by other work past the lock timeout. Either
-    way nothing is applied."""
+    (``dry_run``, the default: rolled back, the counts kept; pass False to erase).
+    UnknownPerson when nothing references them; ErasureBusy when a row stayed held by other
+    work past the lock timeout. Either way nothing is applied. Whether ``actor`` may erase
+    is the caller's to check (the API key's scope, the admin's permission)."""
     who = as_actor(actor)
     try:
         with transaction.atomic(durable=True), connection.cursor() as cursor:
@@ -97,7 +102,7 @@ def erase_person(
         outcome.dry_run, outcome.erasure = True, None
         return outcome
     except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+        if getattr(exc.__cause__, "sqlstate", None) in BUSY:
             raise ErasureBusy() from exc
         raise
     if outcome.erasure is not None:
@@ -115,15 +120,17 @@ def _erase(cursor: Any, org: Organisation, subject: Subject, who: Actor) -> Eras
     outcome = ErasureOutcome(dry_run=False, subject_kind=subject.kind, erasure=tombstone,
                              repeat_of=None if previous is None else previous.pk)  # fmt: skip
     _end_live_work(cursor, found, outcome, who.label)
-    identifying = Matcher(found.identifying)
+    # Their own rows: every value, wherever it is contained. Everyone else's: the identifying
+    # values, whole only (an id inside a URL, a run's number, are someone else's).
+    # A row of someone else's that holds one whole is theirs too, and loses all of their
+    # values (``widen``), but not a number: there numbers are ids, counts and times.
     everything = Matcher(found.identifying | found.personal)
+    whole = Matcher(found.identifying, strict=True)
+    theirs = Matcher(found.identifying | found.personal, numbers=False)
     passes = [
         Erasing(org.pk, tuple(sorted(found.owned)), everything, org_wide=False),
-        Erasing(
-            org.pk, tuple(sorted(found.mentioning)), identifying, org_wide=True, widen=everything
-        ),
+        Erasing(org.pk, tuple(sorted(found.mentioning)), whole, org_wide=True, widen=theirs),
     ]
-    cursor.execute(sql.AUDIT_ERASURE_ORG, {"org": org.pk})
     for erasing in passes:
         for eraser in ERASERS.values():
             add_counts(outcome.counts, eraser(cursor, erasing))

@@ -1,26 +1,31 @@
-"""Which runs are the person's, and which values of theirs are to be removed.
+"""Which runs are the person's, which runs of others hold one of their values, and which
+values of theirs are to be removed.
 
 A run is the person's (*owned*) when:
 - its definition declares ``personal_data.identifiers`` and the value at one of them is the
   person's (the email address compared as a mailbox, a phone number by its digits, an
   identifier exactly), or
-- it declares none, and a value anywhere in its input is (compared the same way: exactly,
-  never as a part of a longer value).
+- it declares none, and a value anywhere in its input is their email address or phone
+  number (compared the same way: exactly, never as a part of a longer value; an identifier
+  is one only where a definition declares it).
 An identifier value found in an owned run is the person's too: runs that carry it are looked
 for in turn (a request by email finds the runs keyed by the customer id its runs declare).
 
-A run that is not the person's but holds one of these values somewhere in its own columns
-(another customer's run that names them as a referrer) *mentions* them: it keeps running,
-and only those values are removed from it.
+A run that is not the person's but holds one of their identifying values *mentions* them: it
+keeps running, and only those values are removed from it. It is found through any of its
+rows: the run's own columns, and every text and JSON column of every table whose rows belong
+to a run (``run_id``): its steps, history, signals, effects (what a provider answered about
+someone else), approvals, timers, webhook deliveries, and any app's table of the same shape.
+There the values are recognised whole (``Matcher(strict=True)``; subject.py).
 
-Candidates are read in one pass over the organisation's runs (their text columns, filtered
-in SQL by ILIKE: a superset), then decided here.
+Candidates are read a table at a time, the organisation's rows only, in batches, filtered in
+SQL by ILIKE (a superset), then decided here: an erasure is rare, and a value may be anywhere.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +33,16 @@ from ...definitions.personal_data import Declaration, declaration_of, value_at
 from ...engine.definition_cache import definition_for
 from ...engine.sql import erasure as sql
 from ...engine.sql.rows import fetch_dicts
-from .scrub import Matcher, Value
-from .subject import MIN_VALUE_CHARS, NotOneAddress, Subject, canonical_email, phone_digits
+from ...errors import IdentifierNotDeclared
+from .scrub import Matcher, Value, rows_holding
+from .subject import (
+    MIN_IDENTIFIER_CHARS,
+    MIN_VALUE_CHARS,
+    NotOneAddress,
+    Subject,
+    canonical_email,
+    phone_digits,
+)
 
 MAX_ROUNDS = 5  # identifier values found lead to more runs; a person's are found in one or two
 
@@ -44,6 +57,13 @@ class Found:
 
 
 def find_person(cursor: Any, org_id: int, subject: Subject) -> Found:
+    """The person's runs, the runs that mention them, and their values. An identifier is
+    refused (IdentifierNotDeclared) in an organisation none of whose definitions declares
+    ``personal_data.identifiers``: nothing there says which values are identifiers."""
+    if subject.kind == "identifier":
+        cursor.execute(sql.ORG_DECLARES_IDENTIFIERS, {"org": org_id})
+        if not cursor.fetchone()[0]:
+            raise IdentifierNotDeclared()
     found = Found(identifying={Value(subject.kind, subject.value)})
     searched: set[Value] = set()
     for _ in range(MAX_ROUNDS):
@@ -61,14 +81,34 @@ def find_person(cursor: Any, org_id: int, subject: Subject) -> Found:
                 _collect(found, row, declaration)
             else:
                 found.mentioning[row["id"]] = row
-    # A run found as mentioning the first values may hold none of them once all are known:
-    # keep those that hold one.
-    matcher = Matcher(found.identifying)
+    # A run found as mentioning the first values may hold none of them, whole, once all are
+    # known: keep those that hold one.
+    whole = Matcher(found.identifying, strict=True)
     found.mentioning = {
         run_id: row for run_id, row in found.mentioning.items()
-        if run_id not in found.owned and any(matcher.holds(text) for text in _texts(row))
+        if run_id not in found.owned and _mentions(row, whole)
     }  # fmt: skip
+    for run_id in _mentioning_elsewhere(cursor, org_id, whole):
+        if run_id not in found.owned:
+            found.mentioning.setdefault(run_id, {"id": run_id})
     return found
+
+
+def _mentioning_elsewhere(cursor: Any, org_id: int, whole: Matcher) -> set[int]:
+    """The runs of the organisation with a row, in any table whose rows belong to a run, in
+    which a text or JSON column holds one of the values (whole)."""
+    cursor.execute(sql.RUN_TIED_TEXT_COLUMNS)
+    tables = fetch_dicts(cursor)
+    run_ids: set[int] = set()
+    for table in tables:
+        for row in rows_holding(cursor, whole, table=table["table_name"],
+                                columns=list(table["columns"]), where=sql.OF_ORG_WITH_RUN,
+                                params={"org": org_id}, extra="run_id"):  # fmt: skip
+            run_ids.add(row["run_id"])
+    if not run_ids:
+        return run_ids
+    cursor.execute(sql.RUNS_OF_ORG, {"org": org_id, "runs": sorted(run_ids)})
+    return {row["id"] for row in fetch_dicts(cursor)}
 
 
 def _candidates(cursor: Any, org_id: int, matcher: Matcher) -> list[dict[str, Any]]:
@@ -89,12 +129,13 @@ def _declaration(found: Found, version_id: int) -> Declaration | None:
 
 
 def _owned(row: Mapping[str, Any], declaration: Declaration | None, values: set[Value]) -> bool:
-    held: Iterable[Any]
     if declaration is not None and declaration.identifiers:
-        held = (value_at({"input": row["input"]}, path) for path in declaration.identifiers)
-    else:
-        held = _leaves(row["input"])
-    return any(_same(item, value) for item in held for value in values)
+        held = [item for path in declaration.identifiers
+                for item in _leaves(value_at({"input": row["input"]}, path))]  # fmt: skip
+        return any(_same(item, value) for item in held for value in values)
+    # Declared nowhere in this run's definition: an identifier is not one here.
+    addresses = [value for value in values if value.kind in ("email", "phone")]
+    return any(_same(item, value) for item in _leaves(row["input"]) for value in addresses)
 
 
 def _same(item: Any, value: Value) -> bool:
@@ -122,7 +163,11 @@ def _collect(found: Found, row: Mapping[str, Any], declaration: Declaration | No
     data = {"input": row["input"], "vars": row["vars"], "outputs": row["outputs"]}
     for path in declaration.identifiers:
         for item in _scalars(value_at(data, path)):
-            found.identifying.add(_as_value(item, "identifier"))
+            value = _as_value(item, "identifier")
+            if value.kind == "identifier" and len(value.text) < MIN_IDENTIFIER_CHARS:
+                found.personal.add(value)  # too short to look for in others' rows
+            else:
+                found.identifying.add(value)
     for path in declaration.fields:
         for item in _scalars(value_at(data, path)):
             found.personal.add(_as_value(item, "field"))
@@ -158,8 +203,9 @@ def _leaves(value: Any) -> Iterator[Any]:
         yield value
 
 
-def _texts(row: Mapping[str, Any]) -> Iterable[str]:
-    yield row["start_key"]
-    yield row["error"] or ""
-    for name in ("input", "vars", "outputs", "output"):
-        yield json.dumps(row[name], ensure_ascii=False)
+def _mentions(row: Mapping[str, Any], matcher: Matcher) -> bool:
+    texts = (row["start_key"], row["error"] or "")
+    documents = (row[name] for name in ("input", "vars", "outputs", "output"))
+    return any(matcher.holds(text) for text in texts) or any(
+        matcher.found_in(document) for document in documents
+    )

@@ -16,8 +16,10 @@ class Erasing:
     ``run_ids``: the runs whose rows of your app to scrub with ``matcher``. ``org_wide``:
     also scrub your app's rows of the organisation that belong to no run (or to any run:
     a signal not yet matched, a suppression entry, a delivery, a schedule), with
-    ``matcher`` (then the person's identifying values only, never a field such as a name:
-    another person's rows are not to be touched by a common word). ``widen``: pass it to
+    ``matcher`` (then the person's identifying values only, recognised whole, never a field
+    such as a name: another person's rows are not to be touched by a common word, an id
+    inside a URL or a run's number). The ``run_ids`` of an ``org_wide`` pass are other
+    people's runs found holding one of those values in any row of theirs. ``widen``: pass it to
     ``scrub_rows``; a row in which ``matcher`` finds an identifying value is the person's,
     and then loses their other values too (a pending signal correlated by their address
     loses their name)."""

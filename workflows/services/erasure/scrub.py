@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...engine.sql.rows import fetch_dicts
-from .subject import like_patterns, phone_digits, value_pattern
+from .subject import MIN_IDENTIFIER_CHARS, like_patterns, phone_digits, value_pattern
 
 MARKER = "[erased]"
 
@@ -32,23 +32,45 @@ class Value:
 
 
 class Matcher:
-    """Recognises any of ``values`` inside a text, a JSON number or an object key."""
+    """Recognises any of ``values`` inside a text, a JSON number or an object key.
 
-    def __init__(self, values: Iterable[Value]) -> None:
+    ``strict``: the rows are not the person's own (another person's run, a row of the
+    organisation tied to no run of theirs), so a value is recognised only whole: an email
+    address as an address, a phone number as a token of its own, an identifier as the whole
+    text, no number (``subject.py`` says exactly). Otherwise contained, as in their own rows.
+    """
+
+    def __init__(
+        self, values: Iterable[Value], *, strict: bool = False, numbers: bool | None = None
+    ) -> None:
+        """``numbers``: whether a JSON number can be one of the values (by default, when not
+        ``strict``: in the person's own rows only)."""
         self.values = tuple(sorted(set(values), key=lambda v: (v.kind, v.text)))
-        patterns = [value_pattern(v.kind, v.text) for v in self.values]
+        self.strict = strict
+        found = [value_pattern(v.kind, v.text, strict=strict) for v in self.values]
+        patterns = [p for p in found if p is not None]
         self._regex = re.compile("|".join(patterns), re.IGNORECASE) if patterns else None
-        self._numbers = {phone_digits(v.text) if v.kind == "phone" else v.text.lower()
-                         for v in self.values}  # fmt: skip
+        self._whole = {v.text for v, p in zip(self.values, found, strict=True) if p is None}
+        self._numbers = set() if not (numbers if numbers is not None else not strict) else {
+            phone_digits(v.text) if v.kind == "phone" else v.text.lower()
+            for v in self.values
+            if v.kind != "email" and len(v.text) >= MIN_IDENTIFIER_CHARS
+        }  # fmt: skip
 
     def __bool__(self) -> bool:
         return bool(self.values)
 
     def holds(self, text: str) -> bool:
+        if text in self._whole:
+            return True
         return self._regex is not None and self._regex.search(text) is not None
 
     def holds_number(self, number: int | float) -> bool:
         return str(number).lower() in self._numbers
+
+    def found_in(self, value: Any) -> bool:
+        """Does this JSON value hold one of the values anywhere (a string, a key, a number)?"""
+        return scrub_json(value, self) is not value
 
     def like_patterns(self) -> list[str]:
         """ILIKE patterns for a column's text: every row that holds a value matches one."""
@@ -113,6 +135,9 @@ class Column:
     replace: Callable[[Mapping[str, Any]], str] | None = field(default=None, compare=False)
 
 
+BATCH_ROWS = 500  # candidate rows read (and locked) at a time
+
+
 def scrub_rows(
     cursor: Any,
     matcher: Matcher,
@@ -128,47 +153,100 @@ def scrub_rows(
     changed. ``widen``: a row in which ``matcher`` finds a value is the person's, and loses
     every value ``widen`` knows (their name too). Returns the rows changed per
     ``table.column`` (only those that changed)."""
-    if not matcher:
-        return {}
+    counts: Counts = {}
     cols = [c if isinstance(c, Column) else Column(c) for c in columns]
+    batches = _candidates(cursor, matcher, table, cols, where, params, lock=True)
+    for rows, types in batches:
+        for row in rows:
+            changes = _changes(row, cols, types, matcher)
+            if changes and widen is not None:
+                changes = _changes(row, cols, types, widen)  # theirs: all their values go
+            if changes:
+                _write(cursor, table, row["id"], changes, types)
+                for name in changes:
+                    key = f"{table}.{name}"
+                    counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def rows_holding(
+    cursor: Any,
+    matcher: Matcher,
+    *,
+    table: str,
+    columns: Sequence[str],
+    where: str,
+    params: Mapping[str, Any],
+    extra: str = "",
+) -> Iterator[dict[str, Any]]:
+    """The rows of ``table`` that ``where`` selects in which ``matcher`` finds a value in one
+    of ``columns`` (read as scrub_rows reads them; nothing locked or changed). ``extra``: one
+    more column to read (a run's id)."""
+    cols = [Column(name) for name in columns]
+    for rows, types in _candidates(cursor, matcher, table, cols, where, params, extra=extra):
+        yield from (row for row in rows if _changes(row, cols, types, matcher))
+
+
+def _candidates(
+    cursor: Any,
+    matcher: Matcher,
+    table: str,
+    cols: Sequence[Column],
+    where: str,
+    params: Mapping[str, Any],
+    *,
+    lock: bool = False,
+    extra: str = "",
+) -> Iterator[tuple[list[dict[str, Any]], dict[str, str]]]:
+    """The rows ``where`` selects whose columns may hold a value, in batches of BATCH_ROWS
+    (with the columns' types). First the candidates' ids, in one pass over the ``where``'s
+    rows (an organisation's: by its index, ILIKE on each row's text, a superset the matcher
+    narrows), then their columns a batch at a time (locked, with ``lock``): never a large
+    table's rows in memory at once, never a walk over other organisations' rows in id order."""
+    if not matcher:
+        return
     types = _column_types(cursor, table, [c.name for c in cols])
     phones = bool(matcher.phone_digits())
     candidate = " OR ".join(_candidate(c.name, phones=phones) for c in cols)
-    selected = ", ".join(_selected(c.name, types[c.name]) for c in cols)
     cursor.execute(
-        f"SELECT id, {selected} FROM {table} WHERE ({where}) AND ({candidate}) "  # noqa: S608
-        "ORDER BY id FOR UPDATE",
-        {
-            **params,
-            "erasure_like": matcher.like_patterns(),
-            "erasure_digits": matcher.phone_digits(),
-        },
+        f"SELECT id FROM {table} WHERE ({where}) AND ({candidate}) ORDER BY id",  # noqa: S608
+        {**params, "erasure_like": matcher.like_patterns(),
+         "erasure_digits": matcher.phone_digits()},
+    )  # fmt: skip
+    ids = [row[0] for row in cursor.fetchall()]
+    selected = ", ".join([_selected(c.name, types[c.name]) for c in cols] + [extra][: bool(extra)])
+    statement = (
+        f"SELECT id, {selected} FROM {table}"  # noqa: S608
+        f" WHERE ({where}) AND id = ANY(%(erasure_ids)s) ORDER BY id"
+        + (" FOR UPDATE" if lock else "")
     )
-    counts: Counts = {}
-    for row in fetch_dicts(cursor):
-        changes = {}
-        theirs = widen is not None and any(
-            isinstance(row[c.name], str) and matcher.holds(row[c.name]) for c in cols
-        )
-        use = widen if theirs and widen is not None else matcher
-        for col in cols:
-            new = _scrubbed(row, col, types[col.name], use)
-            if new is not _SAME:
-                changes[col.name] = new
-                key = f"{table}.{col.name}"
-                counts[key] = counts.get(key, 0) + 1
-        if changes:
-            assignments = ", ".join(
-                f"{name} = %({name})s::jsonb"
-                if types[name] in JSON_TYPES
-                else f"{name} = %({name})s"
-                for name in changes
-            )
-            cursor.execute(
-                f"UPDATE {table} SET {assignments} WHERE id = %(id)s",  # noqa: S608
-                {**changes, "id": row["id"]},
-            )
-    return counts
+    for at in range(0, len(ids), BATCH_ROWS):
+        cursor.execute(statement, {**params, "erasure_ids": ids[at : at + BATCH_ROWS]})
+        yield fetch_dicts(cursor), types
+
+
+def _changes(
+    row: Mapping[str, Any], cols: Sequence[Column], types: Mapping[str, str], matcher: Matcher
+) -> dict[str, Any]:
+    changes = {}
+    for col in cols:
+        new = _scrubbed(row, col, types[col.name], matcher)
+        if new is not _SAME:
+            changes[col.name] = new
+    return changes
+
+
+def _write(
+    cursor: Any, table: str, row_id: int, changes: Mapping[str, Any], types: Mapping[str, str]
+) -> None:
+    assignments = ", ".join(
+        f"{name} = %({name})s::jsonb" if types[name] in JSON_TYPES else f"{name} = %({name})s"
+        for name in changes
+    )
+    cursor.execute(
+        f"UPDATE {table} SET {assignments} WHERE id = %(id)s",  # noqa: S608
+        {**changes, "id": row_id},
+    )
 
 
 _SAME = object()

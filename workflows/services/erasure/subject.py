@@ -1,21 +1,38 @@
 """Who is erased: an email address, a phone number or an identifier, normalised, and how each
 of its values is recognised inside stored text.
 
+Two ways of recognising a value, by whose row it is:
+
+- In the person's own rows (their runs and everything of those runs), *contained*: a text
+  holds a value when it contains it with nothing of the same kind joined to it (below), and
+  a JSON number holds a phone number or an identifier of at least MIN_IDENTIFIER_CHARS
+  characters when its digits are the same.
+- In every other row (other people's runs, rows of the organisation tied to no run of
+  theirs), *whole* (``strict``), so that an erasure never reaches into other values:
+  an email address wherever it is written as a whole address (its own syntax delimits it,
+  so free text such as an email body or a provider's refusal that names it holds it); a
+  phone number only as a token of its own (the whole text, or delimited by spaces, brackets,
+  quotes, commas, colons or semicolons, or ending a sentence: never a part of a URL, a path,
+  a longer number or an id); an identifier only as the whole text (a JSON string, a text
+  column or a JSON key equal to it, exactly). No JSON number is matched there (run ids,
+  counts and timestamps are numbers).
+
+By kind:
+
 - email: the mailbox the text names, as the suppression list keeps it (``Ann <ANN@X.example>``
-  is ``ann@x.example``). A stored text holds it when it contains that mailbox with no address
-  character joined to it on either side, so ``ann@x.example`` is not found in
-  ``joann@x.example`` or ``ann@x.example.org``.
+  is ``ann@x.example``). Contained with no address character joined to it on either side,
+  so ``ann@x.example`` is not found in ``joann@x.example`` or ``ann@x.example.org``.
 - phone: its digits alone (spaces, dashes, dots, brackets, slashes and a leading ``+`` are
   ignored): ``+44 20 7946 0000`` and ``+442079460000`` are one number; ``020 7946 0000`` is
-  another (give each form that was used). A stored text holds it when the same digits appear
-  in order, separated by nothing or by those characters only, with no digit joined on either
-  side; a JSON number holds it when its digits are the same.
-- identifier (a customer id, an account number: a value at a path the definition names): the
-  text itself, compared exactly; a stored text holds it when it contains it with no letter or
-  digit joined on either side.
+  another (give each form that was used). Written as the same digits in order, separated by
+  nothing or by those characters only, with no digit joined on either side.
+- identifier (a customer id, an account number: a value at a path the definition declares in
+  ``personal_data.identifiers``): the text itself, at least MIN_IDENTIFIER_CHARS characters,
+  compared exactly; contained (in the person's own rows) with no letter or digit joined.
 
 Values other than the one asked for (the person's name, found at the definition's
-``personal_data.fields``) are recognised like identifiers, case-insensitively.
+``personal_data.fields``) are looked for in the person's own rows only, like identifiers,
+case-insensitively.
 """
 
 from __future__ import annotations
@@ -32,12 +49,14 @@ from email.utils import getaddresses
 
 from django.conf import settings
 
-from ...errors import InvalidPerson
+from ...errors import IdentifierTooShort, InvalidPerson
 
 KINDS = ("email", "phone", "identifier")
 MIN_PHONE_DIGITS = 6  # fewer would match parts of ordinary numbers (an order's id, a price)
 MAX_VALUE_CHARS = 320  # the longest email address; identifiers and phones are shorter
 MIN_VALUE_CHARS = 2  # a field's value shorter than this is not searched for (it is everywhere)
+# An identifier shorter than this would be a part of too many other values ("5", "42").
+MIN_IDENTIFIER_CHARS = 4
 _PHONE_SEPARATORS = r"[\s().\-/]*"
 # ILIKE's wildcards and its escape character, escaped to mean themselves.
 _LIKE_SPECIAL = re.compile(r"([%_\\])")
@@ -74,7 +93,10 @@ def subject_of(*, email: str | None = None, phone: str | None = None,
         return Subject("email", _email(raw))
     if kind == "phone":
         return Subject("phone", _phone(raw))
-    return Subject("identifier", raw.strip())
+    identifier = raw.strip()
+    if len(identifier) < MIN_IDENTIFIER_CHARS:
+        raise IdentifierTooShort(min_chars=MIN_IDENTIFIER_CHARS)
+    return Subject("identifier", identifier)
 
 
 class NotOneAddress(ValueError):
@@ -145,12 +167,24 @@ def _json_escaped(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)[1:-1]
 
 
-def value_pattern(kind: str, value: str) -> str:
-    """The regular expression that finds ``value`` (of ``kind``) inside a text."""
+# What may stand beside a phone number written as a token of its own (strict): a text's ends,
+# spaces, brackets, quotes, commas, colons, semicolons; after it, also a sentence's end.
+_PHONE_BEFORE = r"(?<![^\s()\[\]{}<>\"',;:])"
+_PHONE_AFTER = r"(?=$|[\s()\[\]{}<>\"',;:]|[.!?](?:$|\s))"
+
+
+def value_pattern(kind: str, value: str, *, strict: bool = False) -> str | None:
+    """The regular expression that finds ``value`` (of ``kind``) inside a text; None when it
+    is found only as a whole text (an identifier or a field, ``strict``)."""
     if kind == "email":
         return rf"(?<![\w.+\-]){re.escape(value)}(?![\w\-]|\.\w)"
     if kind == "phone":
-        return r"(?<!\d)" + _PHONE_SEPARATORS.join(re.escape(d) for d in value) + r"(?!\d)"
+        digits = _PHONE_SEPARATORS.join(re.escape(d) for d in value)
+        if strict:
+            return _PHONE_BEFORE + r"\+?" + digits + _PHONE_AFTER
+        return r"(?<!\d)" + digits + r"(?!\d)"
+    if strict:
+        return None
     # No letter or digit joined to an end that is one ("cust-42" is not in "cust-420").
     before = r"(?<!\w)" if value[:1].isalnum() else ""
     after = r"(?!\w)" if value[-1:].isalnum() else ""
