@@ -1,0 +1,191 @@
+"""Workflows written as Python code (workflows/code, docs/code-workflows.md), on the real
+engine and database: started through the API, each ctx step a step row with its events,
+driven by a real Worker's code path (claim, execute, settle) and the timer sweep."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from effects.models import Effect
+from timers.models import Timer
+from timers.sweep import fire_due_timers
+from workflows.models import Organisation, Run, RunEvent, Step
+from workflows.plugins.code import (
+    CodeWorkflowError,
+    Context,
+    publish_code_workflow,
+    workflow,
+)
+from workflows.services.runs import run_start
+
+from .effect_setup import connect, drive
+from .stubs import ProviderStub
+from .test_timers import make_due
+
+# --- the workflows under test (registered once, as a host's AppConfig.ready() would) -------
+
+
+def price_of(items: list[int]) -> int:
+    return sum(items)
+
+
+def receipt_for(item_id: str, total: int) -> dict[str, Any]:
+    return {"charge": item_id, "total": total}
+
+
+@workflow("code-order", version=1)
+def order(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    total = ctx.run("price", price_of, run_input["items"])
+    ctx.sleep("cool_off", "2s")
+    created = ctx.http(
+        "charge", connection="api", method="POST", url=f"{run_input['url']}/items",
+        body={"total": total},
+    )  # fmt: skip
+    return ctx.run("receipt", receipt_for, created["body"]["id"], total)  # type: ignore[no-any-return]
+
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FLIPPED = {"order": False}  # what the next replay of "code-flip" calls first
+
+
+@workflow("code-flip", version=1)
+def flip(ctx: Context, run_input: dict[str, Any]) -> str:
+    first = "b" if FLIPPED["order"] else "a"
+    ctx.run(first, str, first)
+    ctx.sleep("nap", "1s")
+    return "done"
+
+
+@workflow("code-fails", version=1)
+def fails(ctx: Context, run_input: dict[str, Any]) -> None:
+    ctx.run("look", str, "x")
+    ctx.fail("out_of_stock")
+
+
+def start_through_api(api: APIClient, slug: str, run_input: dict[str, Any], key: str) -> int:
+    body = {"automation": slug, "input": run_input, "start_key": key}
+    response = api.post("/api/v1/runs", body, format="json")
+    assert response.status_code in (200, 201), response.json()
+    return int(response.json()["id"])
+
+
+def fire_timers_of(run_id: int) -> None:
+    make_due(run_id=run_id)
+    assert fire_due_timers().fired == 1
+
+
+def path_of(run_id: int) -> list[tuple[str, int, str, str]]:
+    steps = Step.objects.filter(run_id=run_id).order_by("id")
+    return [(s.step_id, s.iteration, s.type, s.status) for s in steps]
+
+
+# --- the vertical slice ---------------------------------------------------------------------
+
+
+def test_a_code_workflow_runs_its_steps_as_step_rows_through_the_api(
+    org: Organisation, api: APIClient, provider_stub: ProviderStub
+) -> None:
+    connect(org, base_url=provider_stub.url)
+    publish_code_workflow(org=org, name="code-order", version=1)
+    run_input = {"items": [2, 3, 4], "url": provider_stub.url}
+    run_id = start_through_api(api, "code-order", run_input, key="o1")
+
+    drive()  # decides, records the price, decides again, sleeps: the worker is free
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "running"
+    nap = Step.objects.get(run_id=run_id, step_id="cool_off")
+    assert (nap.type, nap.status, nap.wait_kind) == ("wait", "waiting", "external")
+    assert Timer.objects.filter(run_id=run_id, fired_at__isnull=True).count() == 1
+    assert provider_stub.created == []
+
+    fire_timers_of(run_id)
+    drive()
+    run.refresh_from_db()
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    assert run.output == {"charge": "item_1", "total": 9}
+    assert [item["body"] for item in provider_stub.created] == [{"total": 9}]
+    assert path_of(run_id) == [
+        ("decide", 1, "code", "done"),
+        ("price", 1, "code_result", "done"),
+        ("decide", 2, "code", "done"),
+        ("cool_off", 1, "wait", "done"),
+        ("decide", 3, "code", "done"),
+        ("charge", 1, "http", "done"),
+        ("decide", 4, "code", "done"),
+        ("receipt", 1, "code_result", "done"),
+        ("decide", 5, "code", "done"),
+    ]
+    succeeded = RunEvent.objects.filter(run_id=run_id, kind="step.succeeded")
+    assert {e.step_id for e in succeeded} == {"decide", "price", "charge", "receipt"}
+    assert RunEvent.objects.filter(run_id=run_id, kind="step.timer_fired",
+                                   step_id="cool_off").count() == 1  # fmt: skip
+    assert RunEvent.objects.filter(run_id=run_id, kind="run.succeeded").count() == 1
+    # The effect went through the ledger under the step's key, as a definition's does.
+    assert str(provider_stub.created[0]["key"]).startswith(f"{run_id}/charge/1")
+    assert list(Effect.objects.filter(run_id=run_id).values_list("key", flat=True)) == [
+        f"{run_id}/charge/1"
+    ]
+
+
+def test_the_same_start_key_returns_the_same_code_run(org: Organisation, api: APIClient) -> None:
+    publish_code_workflow(org=org, name="code-flip", version=1)
+    first = run_start(org=org, automation_slug="code-flip", run_input={}, start_key="same")
+    # The second start tries the one-statement start (the version is now known): a code run
+    # is handed to the ordinary start, which finds the key's run.
+    again = run_start(org=org, automation_slug="code-flip", run_input={}, start_key="same")
+    other = run_start(org=org, automation_slug="code-flip", run_input={}, start_key="other")
+    assert (again.run_id, again.created) == (first.run_id, False)
+    assert other.created and other.run_id != first.run_id
+    assert path_of(other.run_id) == [("decide", 1, "code", "ready")]
+
+
+def test_code_that_takes_another_path_than_its_history_fails_the_run_loudly(
+    org: Organisation,
+) -> None:
+    publish_code_workflow(org=org, name="code-flip", version=1)
+    run_id = run_start(org=org, automation_slug="code-flip", run_input={}, start_key="f").run_id
+    FLIPPED["order"] = False
+    drive()
+    assert Step.objects.get(run_id=run_id, step_id="nap").status == "waiting"
+    FLIPPED["order"] = True  # the code changed under the waiting run
+    try:
+        fire_timers_of(run_id)
+        drive()
+    finally:
+        FLIPPED["order"] = False
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed"
+    assert "nondeterministic_workflow" in run.error
+    assert "'a' (code_result)" in run.error and "'b' (code_result)" in run.error
+    assert not Step.objects.filter(run_id=run_id, step_id="b").exists()
+
+
+def test_ctx_fail_fails_the_run_with_its_reason(org: Organisation) -> None:
+    publish_code_workflow(org=org, name="code-fails", version=1)
+    run_id = run_start(org=org, automation_slug="code-fails", run_input={}, start_key="x").run_id
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed"
+    assert "workflow_failed: out_of_stock" in run.error
+    assert Step.objects.get(run_id=run_id, step_id="look").status == "done"
+
+
+def test_a_name_and_version_registered_twice_is_refused_at_registration() -> None:
+    with pytest.raises(CodeWorkflowError) as refused:
+
+        @workflow("code-order", version=1)
+        def again(ctx: Context, run_input: dict[str, Any]) -> None:
+            return None
+
+    assert refused.value.code == "workflow_already_registered"
+    assert "code-order" in refused.value.detail
+
+
+def test_publishing_a_version_that_is_not_registered_is_refused(org: Organisation) -> None:
+    with pytest.raises(CodeWorkflowError) as refused:
+        publish_code_workflow(org=org, name="code-order", version=7)
+    assert refused.value.code == "workflow_version_missing"
