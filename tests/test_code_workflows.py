@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from effects.models import Effect
 from timers.models import Timer
 from timers.sweep import fire_due_timers
+from workflows.code.registry import unregister
 from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.plugins.code import (
     CodeWorkflowError,
@@ -189,3 +190,48 @@ def test_publishing_a_version_that_is_not_registered_is_refused(org: Organisatio
     with pytest.raises(CodeWorkflowError) as refused:
         publish_code_workflow(org=org, name="code-order", version=7)
     assert refused.value.code == "workflow_version_missing"
+
+
+@workflow("code-signal", version=1)
+def awaits_signal(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    got = ctx.wait_signal("paid", signal="paid", correlation=run_input["order"], timeout="1h")
+    return {"timed_out": got.timed_out, "payload": got.payload}
+
+
+def test_a_signal_wait_holds_no_worker_and_its_payload_comes_back(
+    org: Organisation, api: APIClient
+) -> None:
+    publish_code_workflow(org=org, name="code-signal", version=1)
+    run_id = start_through_api(api, "code-signal", {"order": "o-7"}, key="s1")
+    drive()
+    paid = Step.objects.get(run_id=run_id, step_id="paid")
+    assert (paid.type, paid.status) == ("wait_signal", "waiting")
+    body = {"name": "paid", "correlation": "o-7", "payload": {"amount": 12}}
+    response = api.post("/api/v1/signals", body, format="json")
+    assert response.status_code in (200, 201, 202), response.json()
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == (
+        "succeeded",
+        {"timed_out": False, "payload": {"amount": 12}},
+    )
+
+
+def test_a_run_whose_version_is_not_registered_waits_and_goes_on_when_it_is(
+    org: Organisation,
+) -> None:
+    publish_code_workflow(org=org, name="code-fails", version=1)
+    run_id = run_start(org=org, automation_slug="code-fails", run_input={}, start_key="m").run_id
+    unregister("code-fails", 1)
+    try:
+        drive(fast_forward=False)
+        decide = Step.objects.get(run_id=run_id, step_id="decide")
+        assert (decide.status, decide.wait_kind, decide.attempt) == ("waiting", "retry", 1)
+        deferred = RunEvent.objects.get(run_id=run_id, kind="step.deferred")
+        assert deferred.detail is not None
+        assert "workflow_version_missing" in deferred.detail["error"]
+    finally:
+        workflow("code-fails", version=1)(fails)  # deployed again
+    drive()  # fast-forwards the deferral
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed" and "workflow_failed: out_of_stock" in run.error

@@ -9,6 +9,8 @@ from typing import Any
 
 from ..definitions.fields import check_fields
 from ..definitions.registry import StepReport, StepType, registry
+from ..engine.decided import deciding_step
+from ..engine.definition_cache import definition_for
 from ..engine.executors import StepContext, StepDeferred, StepFailure, StepResult
 from .context import RESULT_TYPE, CodeFailure, Context, Suspended, check_json
 from .history import run_history
@@ -35,6 +37,13 @@ def validate_code(step: Mapping[str, Any], report: StepReport) -> None:
 def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
     """Run the workflow's function from the top against the run's history: the step it
     asks for next (``{"call": step}``), or the run's end."""
+    if ctx.version_id is not None and deciding_step(definition_for(ctx.version_id)) is None:
+        # A definition naming a code step beside others: its steps are the definition's,
+        # so nothing would enter what the function asks for.
+        raise StepFailure(
+            "code_step_alone: a code step runs only as its definition's one step",
+            retryable=False,
+        )
     name, version = str(step["workflow"]), int(step["version"])
     found = registered(name, version)
     if found is None:

@@ -97,6 +97,7 @@ ISSUE_CODES = (
     "too_many_conditions",
     "join_shared",
     "branch_leaves_fork",
+    "workflow_version_missing",  # a `code` step naming a workflow this process lacks
     *SAGA_ISSUE_CODES,
 )
 
