@@ -4,6 +4,7 @@ driven by a real Worker's code path (claim, execute, settle) and the timer sweep
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
 import pytest
@@ -22,7 +23,9 @@ from workflows.plugins.code import (
 )
 from workflows.services.runs import run_start
 
+from . import code_workflow_steps  # noqa: F401 (registers "code-crash" here too)
 from .effect_setup import connect, drive
+from .processes import running, spawn, stop, wait_for
 from .stubs import ProviderStub
 from .test_timers import make_due
 
@@ -65,6 +68,13 @@ def flip(ctx: Context, run_input: dict[str, Any]) -> str:
 def fails(ctx: Context, run_input: dict[str, Any]) -> None:
     ctx.run("look", str, "x")
     ctx.fail("out_of_stock")
+
+
+def code_worker(**env: str) -> subprocess.Popen[bytes]:
+    """An io worker process that registers the crash tests' code workflow at start."""
+    modules = "tests.probe_steps,tests.code_workflow_steps"
+    return spawn("worker", "--lane", "io", "--concurrency", "2", "--grace", "5",
+                 WAYMARK_EXTRA_STEP_MODULES=modules, **env)  # fmt: skip
 
 
 def start_through_api(api: APIClient, slug: str, run_input: dict[str, Any], key: str) -> int:
@@ -235,3 +245,37 @@ def test_a_run_whose_version_is_not_registered_waits_and_goes_on_when_it_is(
     drive()  # fast-forwards the deferral
     run = Run.objects.get(pk=run_id)
     assert run.status == "failed" and "workflow_failed: out_of_stock" in run.error
+
+
+# --- a worker killed mid-run ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "settle.after_step_update",  # the first decide's settle: nothing of it committed
+        "effect.after_answer",  # the provider created the charge; its answer is not recorded
+    ],
+)
+def test_a_worker_killed_mid_run_repeats_no_effect(
+    org: Organisation, provider_stub: ProviderStub, point: str
+) -> None:
+    provider_stub.idempotent = True
+    connect(org, base_url=provider_stub.url, options={"idempotency_keys": True},
+            timeout_seconds=3)  # fmt: skip
+    publish_code_workflow(org=org, name="code-crash", version=1)
+    run_input = {"items": [4, 5], "url": provider_stub.url}
+    run_id = run_start(org=org, automation_slug="code-crash", run_input=run_input,
+                       start_key="c").run_id  # fmt: skip
+    a = code_worker(WAYMARK_CRASH_AT=point)
+    with running(a):
+        assert a.wait(timeout=120) == 137, "worker A should have died at the crash point"
+    b = code_worker()
+    with running(b):
+        wait_for(lambda: Run.objects.get(pk=run_id).status != "running", what="the run to end")
+        stop(b)
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.error) == ("succeeded", "")
+    assert [item["body"] for item in provider_stub.created] == [{"total": 9}]
+    assert run.output == {"charge": provider_stub.created[0]["id"], "total": 9}
+    assert Step.objects.filter(run_id=run_id, step_id="charge").count() == 1
