@@ -4,16 +4,27 @@ driven by a real Worker's code path (claim, execute, settle) and the timer sweep
 
 from __future__ import annotations
 
+import io
 import subprocess
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from django.core.management import call_command
+from django.test import Client
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from effects.models import Effect
 from timers.models import Timer
 from timers.sweep import fire_due_timers
+from workflows.code.publish import code_definition
 from workflows.code.registry import unregister
+from workflows.engine.executors import StepResult
+from workflows.engine.places import TOP
+from workflows.engine.speculative import NoDatabase, walked_ahead
+from workflows.engine.walk import RunState, Walk
 from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.plugins.code import (
     CodeWorkflowError,
@@ -98,7 +109,7 @@ def path_of(run_id: int) -> list[tuple[str, int, str, str]]:
 
 
 def test_a_code_workflow_runs_its_steps_as_step_rows_through_the_api(
-    org: Organisation, api: APIClient, provider_stub: ProviderStub
+    org: Organisation, api: APIClient, provider_stub: ProviderStub, admin_client: Client
 ) -> None:
     connect(org, base_url=provider_stub.url)
     publish_code_workflow(org=org, name="code-order", version=1)
@@ -140,6 +151,19 @@ def test_a_code_workflow_runs_its_steps_as_step_rows_through_the_api(
     assert list(Effect.objects.filter(run_id=run_id).values_list("key", flat=True)) == [
         f"{run_id}/charge/1"
     ]
+
+    # What reads runs reads a code run's rows as any run's: the API, the run page, the CLI.
+    for path in ("", "/steps", "/history"):
+        assert api.get(f"/api/v1/runs/{run_id}{path}").status_code == 200, path
+    steps = api.get(f"/api/v1/runs/{run_id}/steps").json()
+    listed = steps["results"] if isinstance(steps, dict) else steps
+    assert {"price", "cool_off", "charge", "receipt"} <= {s["step_id"] for s in listed}
+    page = admin_client.get(f"/admin/workflows/run/{run_id}/change/")
+    assert page.status_code == 200
+    assert "charge" in page.content.decode()
+    shown = io.StringIO()
+    call_command("runs", "show", "--org", org.slug, str(run_id), stdout=shown)
+    assert "charge" in shown.getvalue()
 
 
 def test_the_same_start_key_returns_the_same_code_run(org: Organisation, api: APIClient) -> None:
@@ -279,3 +303,30 @@ def test_a_worker_killed_mid_run_repeats_no_effect(
     assert [item["body"] for item in provider_stub.created] == [{"total": 9}]
     assert run.output == {"charge": provider_stub.created[0]["id"], "total": 9}
     assert Step.objects.filter(run_id=run_id, step_id="charge").count() == 1
+
+
+# --- the fast paths -------------------------------------------------------------------------
+
+
+def test_fast_paths_hand_every_transition_of_a_code_run_to_the_ordinary_walk() -> None:
+    """A hop, a group of hops and the one-statement start walk ahead of their transaction
+    (engine/speculative.py); a code run's transitions are walked the ordinary way only: its
+    start, a step it asked for ending, and its decider ending the run."""
+    definition = code_definition("code-order", 1)
+    charge = {"id": "charge", "type": "http", "request": {"method": "POST", "url": "http://x/"}}
+    state = RunState(
+        id=1, org_id=1, version_id=1, status="running", input={}, vars={},
+        outputs={"decide": {"call": charge}}, entered={"decide": 1, "charge": 1},
+        steps_executed=2, max_steps=100, expired=False, created_at=timezone.now(),
+    )  # fmt: skip
+
+    def ahead(transition: Callable[[Walk], None], run: RunState = state) -> bool:
+        walk = Walk(NoDatabase(), run, definition, speculative=True)
+        return walked_ahead(lambda: transition(walk), run_id=1)
+
+    fresh = replace(state, outputs={}, entered={}, steps_executed=0)
+    assert not ahead(lambda walk: walk.start(), fresh)
+    succeeded = StepResult(output={"status": 200, "body": {}})
+    assert not ahead(lambda walk: walk.worker_step_succeeded("charge", 1, 1, succeeded, TOP))
+    ended = StepResult(output={"total": 9}, finish="succeeded")
+    assert not ahead(lambda walk: walk.worker_step_succeeded("decide", 2, 1, ended, TOP))
