@@ -330,3 +330,16 @@ def test_fast_paths_hand_every_transition_of_a_code_run_to_the_ordinary_walk() -
     assert not ahead(lambda walk: walk.worker_step_succeeded("charge", 1, 1, succeeded, TOP))
     ended = StepResult(output={"total": 9}, finish="succeeded")
     assert not ahead(lambda walk: walk.worker_step_succeeded("decide", 2, 1, ended, TOP))
+
+
+def test_a_tenant_cannot_write_a_code_step_in_a_definition(api: APIClient) -> None:
+    """Only the host publishes a code workflow for an organisation: a definition sent
+    through the API naming a host's workflow would run the host's code with the tenant's
+    input."""
+    assert api.post("/api/v1/automations", {"slug": "sneaky"}, format="json").status_code == 201
+    definition = code_definition("code-order", 1)
+    response = api.post("/api/v1/automations/sneaky/versions", {"definition": definition},
+                        format="json")  # fmt: skip
+    assert response.status_code == 400
+    assert response.json()["code"] == "invalid_definition"
+    assert [e["code"] for e in response.json()["errors"]] == ["code_step_not_allowed"]

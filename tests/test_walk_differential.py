@@ -29,6 +29,7 @@ from django.db import connection
 
 from effects.models import Connection
 from workflows import plugins
+from workflows.code.registry import host_publishing
 from workflows.definitions.registry import registry
 from workflows.engine import hops
 from workflows.engine.executors import StepResult
@@ -191,6 +192,13 @@ def _differential_code(ctx: Any, run_input: Any) -> Any:
 
 
 CONNECTIONS = {"mail": "email", "slack": "slack_message", "llm": "model", "crm": "crm_upsert"}
+
+
+@pytest.fixture(autouse=True)
+def as_host() -> Iterator[None]:
+    """The definitions here are published as the host would (a `code` step among them)."""
+    with host_publishing():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ from ..models import AutomationVersion, Organisation
 from ..services.audit import Actor
 from ..services.automations import automation_publish_definition
 from .context import DECIDER_ID
-from .registry import CodeWorkflowError, registered
+from .registry import CodeWorkflowError, host_publishing, registered
 
 
 def code_definition(name: str, version: int) -> dict[str, Any]:
@@ -28,6 +28,7 @@ def publish_code_workflow(
         raise CodeWorkflowError(
             "workflow_version_missing", f"{name!r} version {version} is not registered"
         )
-    return automation_publish_definition(
-        org=org, slug=name, definition=code_definition(name, version), actor=actor
-    )
+    with host_publishing():
+        return automation_publish_definition(
+            org=org, slug=name, definition=code_definition(name, version), actor=actor
+        )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -67,6 +69,26 @@ def unregister(name: str, version: int) -> None:
     """Forget one registration (tests that register workflows of their own)."""
     with _lock:
         _workflows.pop((name, version), None)
+
+
+# Set while the host publishes a code workflow: only then may a definition hold a ``code``
+# step (steptypes.validate_code). A tenant's definition naming a host's workflow would run
+# the host's code, with input the tenant chose, in the tenant's organisation.
+_host_publishing: ContextVar[bool] = ContextVar("waymark_host_publishing", default=False)
+
+
+@contextmanager
+def host_publishing() -> Iterator[None]:
+    """Definitions validated meanwhile, in this thread, may hold a ``code`` step."""
+    token = _host_publishing.set(True)
+    try:
+        yield
+    finally:
+        _host_publishing.reset(token)
+
+
+def publishing_as_host() -> bool:
+    return _host_publishing.get()
 
 
 def _check_name(name: object, version: object) -> None:

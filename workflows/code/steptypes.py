@@ -14,7 +14,7 @@ from ..engine.definition_cache import definition_for
 from ..engine.executors import StepContext, StepDeferred, StepFailure, StepResult
 from .context import RESULT_TYPE, CodeFailure, Context, Suspended, check_json
 from .history import run_history
-from .registry import registered
+from .registry import publishing_as_host, registered
 
 # A run whose workflow version is not registered in this worker's process (a deploy that
 # dropped it, or one that has not reached every worker yet) looks again this often, its
@@ -24,6 +24,11 @@ MISSING_VERSION_RETRY_SECONDS = 30.0
 
 def validate_code(step: Mapping[str, Any], report: StepReport) -> None:
     check_fields(step, report, ("workflow", "version"))
+    if not publishing_as_host():
+        report.issue("code_step_not_allowed", "type",
+                     "a code step is published by the host (publish_code_workflow), "
+                     "not written in a definition")  # fmt: skip
+        return
     name, version = step.get("workflow"), step.get("version")
     if not isinstance(name, str) or not name:
         report.error("workflow", "must be the name of a registered code workflow")

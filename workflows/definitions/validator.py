@@ -98,6 +98,7 @@ ISSUE_CODES = (
     "join_shared",
     "branch_leaves_fork",
     "workflow_version_missing",  # a `code` step naming a workflow this process lacks
+    "code_step_not_allowed",  # a `code` step in a definition the host did not publish
     *SAGA_ISSUE_CODES,
 )
 
