@@ -343,3 +343,21 @@ def test_a_tenant_cannot_write_a_code_step_in_a_definition(api: APIClient) -> No
     assert response.status_code == 400
     assert response.json()["code"] == "invalid_definition"
     assert [e["code"] for e in response.json()["errors"]] == ["code_step_not_allowed"]
+
+
+def test_a_step_that_fails_for_good_fails_the_run_with_its_error(
+    org: Organisation, provider_stub: ProviderStub
+) -> None:
+    connect(org, base_url=provider_stub.url)
+    provider_stub.fail_next(1, status=400)  # a refused request: not retried
+    publish_code_workflow(org=org, name="code-crash", version=1)
+    run_input = {"items": [1], "url": provider_stub.url}
+    run_id = run_start(org=org, automation_slug="code-crash", run_input=run_input,
+                       start_key="refused").run_id  # fmt: skip
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed"
+    assert run.error.startswith("step 'charge' failed: ")
+    assert Step.objects.get(run_id=run_id, step_id="charge").status == "failed"
+    assert not Step.objects.filter(run_id=run_id, step_id="receipt").exists()
+    assert Step.objects.filter(run_id=run_id, step_id="decide").count() == 2  # not after
