@@ -138,6 +138,8 @@ def test_every_step_type_is_registered_with_its_lane_and_flags() -> None:
         "crm_upsert": ("io", False, False, True, "effects"),
         "approval": ("human", True, False, True, "approvals"),
         "task": ("human", True, False, True, "approvals"),
+        "code": ("io", False, False, True, "workflows"),
+        "code_result": ("inline", False, False, True, "workflows"),
     }
     # The tests' own types (tests/probe_steps.py's `probe`) are not Waymark's.
     assert [t.name for t in registry if t.app != "tests"] == sorted(expected)

@@ -29,6 +29,7 @@ from django.db import connection
 
 from effects.models import Connection
 from workflows import plugins
+from workflows.code.registry import host_publishing
 from workflows.definitions.registry import registry
 from workflows.engine import hops
 from workflows.engine.executors import StepResult
@@ -42,6 +43,7 @@ from workflows.engine.steps import (
 )
 from workflows.engine.walk import TakeNext
 from workflows.models import Organisation, Run
+from workflows.plugins.code import workflow as code_workflow
 from workflows.services import runs as run_service
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
@@ -175,10 +177,28 @@ FOLLOWERS: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {
         },
         [],
     ),
+    # A code workflow's types: its decider beside other steps fails the run both ways
+    # (code_step_alone); the record of a ctx.run result is a pure inline step.
+    "code": ({"workflow": "differential-code", "version": 1, **ANY_OUTCOME}, []),
+    "code_result": ({"output": {"n": 5}, **ANY_OUTCOME}, []),
     "test_stamp": (ANY_OUTCOME, []),
     "test_echo": ({"say": "{{ steps.a.output.n }}", **ANY_OUTCOME}, []),
 }
+
+
+@code_workflow("differential-code", version=1)
+def _differential_code(ctx: Any, run_input: Any) -> Any:
+    return run_input
+
+
 CONNECTIONS = {"mail": "email", "slack": "slack_message", "llm": "model", "crm": "crm_upsert"}
+
+
+@pytest.fixture(autouse=True)
+def as_host() -> Iterator[None]:
+    """The definitions here are published as the host would (a `code` step among them)."""
+    with host_publishing():
+        yield
 
 
 @pytest.fixture(autouse=True)

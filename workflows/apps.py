@@ -11,6 +11,7 @@ class WorkflowsConfig(AppConfig):
 
     def ready(self) -> None:
         from .api import schema  # noqa: F401 (registers the OpenAPI auth extension)
+        from .code.steptypes import register_code_step_types
         from .engine.absences import ENGINE_CHECKS
         from .engine.processes import begin_from_environment
         from .engine.retention import purge_finished_runs
@@ -23,6 +24,7 @@ class WorkflowsConfig(AppConfig):
         from .steptypes import register_step_types
 
         register_step_types()
+        register_code_step_types()
         register_metrics_collector(ENGINE_COLLECTOR, engine_gauges)
         register_sweep_task("workflows.retention", lambda by: purge_finished_runs())
         register_sweep_task("workflows.drop_old_signals", lambda by: drop_old())

@@ -96,6 +96,9 @@ class StepType:
     joins     (inline types) where a forking step's branches meet: its waiting row is opened
               when the fork is entered and each branch arrives at it (engine/forks.py); only
               entered outside a fork does its ``execute`` run. The engine's `join`.
+    decides   (worker types) the one step of a definition whose steps are decided as the run
+              goes (engine/decided.py): its result names the step to enter next (a whole
+              step, ``{"call": {...}}``) or ends the run. A code workflow's (workflows/code).
     """
 
     name: str
@@ -112,6 +115,7 @@ class StepType:
     pure: bool = False
     forks: bool = False
     joins: bool = False
+    decides: bool = False
     references: Callable[[Mapping[str, Any]], dict[str, str]] = field(
         default=lambda step: {}, compare=False
     )
@@ -133,6 +137,8 @@ class StepType:
             raise ValueError(f"step type {self.name!r} is built but has nothing to execute")
         if (self.forks or self.joins) and self.lane != INLINE:
             raise ValueError(f"step type {self.name!r}: only an inline type forks or joins")
+        if self.decides and self.lane == INLINE:
+            raise ValueError(f"step type {self.name!r}: only a worker type decides")
 
 
 class Registry:

@@ -97,6 +97,8 @@ ISSUE_CODES = (
     "too_many_conditions",
     "join_shared",
     "branch_leaves_fork",
+    "workflow_version_missing",  # a `code` step naming a workflow this process lacks
+    "code_step_not_allowed",  # a `code` step in a definition the host did not publish
     *SAGA_ISSUE_CODES,
 )
 

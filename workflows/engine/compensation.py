@@ -116,7 +116,7 @@ class SagaWalk(Protocol):
     cursor: Any
     run: RunState
     definition: Mapping[str, Any]
-    steps: dict[str, dict[str, Any]]
+    steps: Mapping[str, Mapping[str, Any]]
     new_steps: list[NewStep]
 
     @property

@@ -17,7 +17,7 @@ exactly the branches of its own pass.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, cast
 
 from psycopg.types.json import Jsonb
@@ -35,7 +35,7 @@ from .sql.rows import fetch_dict, fetch_dicts
 JOIN_WAIT = "join"
 
 
-def branches_needed(join_step: dict[str, Any], branches: int) -> int:
+def branches_needed(join_step: Mapping[str, Any], branches: int) -> int:
     """How many branches must arrive: `complete` is "all" (the default), "first" or a
     number of branches."""
     complete = join_step.get("complete", "all")
@@ -52,7 +52,7 @@ class ForkWalk(Protocol):
 
     cursor: Any
     run: RunState
-    steps: dict[str, dict[str, Any]]
+    steps: Mapping[str, Mapping[str, Any]]
     queue: deque[Entry]
 
     def event(
@@ -101,7 +101,7 @@ class Forks:
         self.walk = walk
         self.join_steps: dict[int, str] = {}  # join row id -> its step id
 
-    def fork(self, step: dict[str, Any], iteration: int, place: Place) -> None:
+    def fork(self, step: Mapping[str, Any], iteration: int, place: Place) -> None:
         """Enter a `parallel` step: start its branches, under a new join row if it has one."""
         walk = self.walk
         branches: list[str] = list(step["branches"])
@@ -120,7 +120,7 @@ class Forks:
             Entry(branch, Place(join_id, number)) for number, branch in enumerate(branches)
         )
 
-    def _open_join(self, step: dict[str, Any], branches: int, place: Place) -> int | None:
+    def _open_join(self, step: Mapping[str, Any], branches: int, place: Place) -> int | None:
         join_step_id = step.get("next")  # a parallel's next is the join its branches meet at
         if not join_step_id:
             return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -25,6 +25,7 @@ from ..definitions.registry import RetryPolicy, registry
 from . import hops, sql
 from .claimed import ClaimedStep
 from .compensation import compensated_execution, is_compensation_step
+from .decided import step_of
 from .definition_cache import definition_for
 from .executors import Park, StepContext, StepDeferred, StepFailure, StepResult
 from .faults import crash_point
@@ -200,7 +201,7 @@ def step_context(
     )  # fmt: skip
 
 
-def run_context(step: ClaimedStep) -> tuple[dict[str, Any], dict[str, Any]]:
+def run_context(step: ClaimedStep) -> tuple[Mapping[str, Any], dict[str, Any]]:
     """The step's definition and the run's template context, as returned by the claim."""
     definition = definition_for(step.version_id)
     compensating = None
@@ -219,8 +220,7 @@ def run_context(step: ClaimedStep) -> tuple[dict[str, Any], dict[str, Any]]:
         started_at=step.run_created_at,
         compensating=compensating,
     )
-    step_def = next(s for s in definition["steps"] if s["id"] == step.step_id)
-    return step_def, context
+    return step_of(definition, step.step_id, step.run_outputs), context
 
 
 @contextmanager

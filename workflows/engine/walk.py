@@ -26,6 +26,7 @@ from ..definitions.expressions import build_context
 from ..definitions.registry import registry
 from ..states import RunStatus, StepStatus, WaitKind
 from .compensation import Compensation
+from .decided import DecidedSteps, steps_of
 from .executors import StepContext, StepFailure, StepResult, executor_for
 from .forks import Forks
 from .lanes import UNSHARED, FairShare, engine_setting, lane_policy
@@ -180,7 +181,8 @@ class Walk:
         self.taken: Taken | None = None
         self.run = run
         self.definition = definition
-        self.steps = {step["id"]: step for step in definition["steps"]}
+        # The definition's steps, or a code run's as it decides them (decided.py).
+        self.steps = steps_of(definition, run.outputs, speculative=speculative)
         self.sagas = Compensation(self)  # the run's compensation, read when needed
         self.worker = worker
         self.new_steps: list[NewStep] = []
@@ -311,6 +313,9 @@ class Walk:
 
     def step_succeeded(self, step_id: str, result: StepResult, place: Place = TOP) -> None:
         """A step (inline or from a worker) finished: record it and move on."""
+        if self.speculative and isinstance(self.steps, DecidedSteps):
+            # A decided run (a code workflow's) is walked the ordinary way only, its end too.
+            raise NeedsTransaction("a step of a decided run")
         self.record_output(step_id, result)
         if result.finish is not None:
             if result.finish == "failed":

@@ -1,0 +1,9 @@
+"""Workflows written as Python code, on the same engine as definitions (docs/code-workflows.md).
+
+A host registers a function with ``@workflow(name, version=N)`` (registry.py); publishing it
+(publish.py) makes an ordinary automation whose one step is a ``code`` step (steptypes.py),
+so runs start through the ordinary start path. That step, on a worker, runs the function
+from the top with a ``Context`` (context.py) that hands back the results the run recorded
+and stops at the first step with no result yet; the engine enters that step as it enters a
+definition's (engine/decided.py), and when it ends, the ``code`` step decides again.
+"""

@@ -1,0 +1,227 @@
+"""Replay: a code workflow's function run from the top against the run's recorded steps.
+
+Each ``ctx.<step>`` call is matched, in call order, with the run's next recorded step: the
+same id and type give back its recorded result; another id or type is a run whose code
+took a different path than its history (``nondeterministic_workflow``). The first call
+with no recorded step stops the function (``Suspended``, carrying the step to enter). Each
+call builds the step exactly as a definition would write it and checks it with its step
+type's own validator, so a code workflow reaches the same step types, fields and
+guarantees as a definition.
+
+The exceptions that stop the function derive from BaseException: a workflow's own
+``except Exception`` cannot swallow them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from ..definitions.fields import is_step_id
+from ..definitions.registry import StepReport, registry
+from ..definitions.storable import UNSTORABLE_REASON, unstorable_path
+from ..states import StepStatus
+
+DECIDER_ID = "decide"  # the step that runs the function (steptypes.CODE); no call may use it
+RESULT_TYPE = "code_result"  # the step that records what ctx.run's function returned
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One step the run entered, as replay reads it (history.py), in call order."""
+
+    step_id: str
+    iteration: int
+    type: str
+    status: str
+    output: Any
+
+
+class Stop(BaseException):
+    """The function stops here (see the module's note on BaseException)."""
+
+
+class Suspended(Stop):
+    """The function called a step with no recorded result: ``step`` is to be entered."""
+
+    def __init__(self, step: dict[str, Any]) -> None:
+        super().__init__(step["id"])
+        self.step = step
+
+
+class CodeFailure(Stop):
+    """The run fails: ``code`` and ``detail`` say why (nondeterministic_workflow, an
+    invalid step call, ctx.fail)."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class SignalResult:
+    """What ``ctx.wait_signal`` gives back: the signal's payload, or that it timed out."""
+
+    timed_out: bool
+    payload: Any = None
+    identity: Any = None
+
+
+class Context:
+    """What a code workflow's function is given: its run, its input, and the steps it may
+    call. Every method that enters a step takes the step's id first (unique per call site;
+    calling the same id again enters its next iteration)."""
+
+    def __init__(self, *, run_id: int, history: Sequence[Recorded]) -> None:
+        self.run_id = run_id
+        self._history = history
+        self._position = 0
+
+    # --- steps -------------------------------------------------------------------------------
+
+    def step(self, step_id: str, step_type: str, **fields: Any) -> Any:
+        """Enter a step of any registered type, with the fields a definition's step of that
+        type has (docs/definitions.md); its recorded output once it has one."""
+        recorded = self._replayed(step_id, step_type)
+        if recorded is not None:
+            return recorded.output
+        raise Suspended(_checked_step(step_id, step_type, fields))
+
+    def run(self, step_id: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call ``function(*args, **kwargs)`` as a step: on a worker, once its result is
+        recorded never again for this run (at least once: a worker lost before the record
+        commits calls it again). The result must be a JSON value."""
+        recorded = self._replayed(step_id, RESULT_TYPE)
+        if recorded is not None:
+            return recorded.output
+        _check_call(step_id, RESULT_TYPE)
+        output = function(*args, **kwargs)
+        check_json(step_id, output)
+        raise Suspended({"id": step_id, "type": RESULT_TYPE, "output": output})
+
+    def sleep(self, step_id: str, duration: str) -> None:
+        """Wait ``duration`` ("90s", "15m", "2d", ...) without holding a worker: the wait
+        step of definitions, woken by the timer sweep."""
+        self.step(step_id, "wait", duration=duration)
+
+    def http(
+        self,
+        step_id: str,
+        *,
+        method: str,
+        url: str,
+        connection: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        body: Any = None,
+    ) -> Any:
+        """An http effect step (through the effect ledger, keyed run/step/iteration): its
+        recorded output."""
+        request: dict[str, Any] = {"method": method, "url": url}
+        if headers is not None:
+            request["headers"] = dict(headers)
+        if body is not None:
+            request["body"] = body
+        fields: dict[str, Any] = {"request": request}
+        if connection is not None:
+            fields["connection"] = connection
+        return self.step(step_id, "http", **fields)
+
+    def wait_signal(
+        self, step_id: str, *, signal: str, correlation: str = "", timeout: str | None = None
+    ) -> SignalResult:
+        """Wait for the signal ``signal`` (with ``correlation``) without holding a worker,
+        until ``timeout``."""
+        fields: dict[str, Any] = {"signal": signal}
+        if correlation:
+            fields["correlation"] = correlation
+        if timeout is not None:
+            fields["timeout"] = timeout
+        output = self.step(step_id, "wait_signal", **fields)
+        if not isinstance(output, Mapping) or "signal" not in output:
+            return SignalResult(timed_out=True)
+        return SignalResult(False, output.get("payload"), output.get("identity"))
+
+    def fail(self, reason: str) -> NoReturn:
+        """End the run as failed, with ``reason`` in its error."""
+        raise CodeFailure("workflow_failed", str(reason))
+
+    # --- replay ------------------------------------------------------------------------------
+
+    def _replayed(self, step_id: str, step_type: str) -> Recorded | None:
+        """The recorded step this call replays, or None when the call is new work."""
+        if self._position >= len(self._history):
+            return None
+        recorded = self._history[self._position]
+        if (recorded.step_id, recorded.type) != (step_id, step_type):
+            raise CodeFailure(
+                "nondeterministic_workflow",
+                f"the history has step {recorded.step_id!r} ({recorded.type}) at call "
+                f"{self._position + 1}, but the code called {step_id!r} ({step_type})",
+            )
+        if recorded.status != StepStatus.DONE:
+            raise CodeFailure(
+                "nondeterministic_workflow",
+                f"step {step_id!r} is {recorded.status} in the history, and the code went on",
+            )
+        self._position += 1
+        return recorded
+
+    def returned(self) -> None:
+        """The function returned: every recorded step must have been called again."""
+        if self._position < len(self._history):
+            left = self._history[self._position]
+            raise CodeFailure(
+                "nondeterministic_workflow",
+                f"the history has step {left.step_id!r} ({left.type}) at call "
+                f"{self._position + 1}, but the code returned before calling it",
+            )
+
+
+def _check_call(step_id: str, step_type: str) -> None:
+    if not is_step_id(step_id):
+        raise CodeFailure(
+            "invalid_code_step",
+            f"{step_id!r} is not a valid step id (a lowercase letter, then up to 62 "
+            "lowercase letters, digits or underscores)",
+        )
+    if step_id == DECIDER_ID:
+        raise CodeFailure("invalid_code_step", f"step id {DECIDER_ID!r} is reserved")
+    known = registry.get(step_type)
+    if known is None or not known.built:
+        raise CodeFailure("invalid_code_step", f"step {step_id!r}: no step type {step_type!r}")
+    if known.forks or known.joins or known.decides:
+        raise CodeFailure(
+            "invalid_code_step", f"step {step_id!r}: a {step_type} step cannot be called from code"
+        )
+
+
+def _checked_step(step_id: str, step_type: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The step as a definition would hold it, checked by its type's validator."""
+    _check_call(step_id, step_type)
+    for reserved in ("id", "type", "next", "on_failure", "compensate"):
+        if reserved in fields:
+            raise CodeFailure("invalid_code_step", f"step {step_id!r}: {reserved!r} is not a field")
+    step = {"id": step_id, "type": step_type, **fields}
+    check_json(step_id, step)
+    report = StepReport(step_id)
+    step_type_obj = registry.get(step_type)
+    assert step_type_obj is not None
+    step_type_obj.validate(step, report)
+    if report.issues:
+        problems = "; ".join(
+            f"{field} {message} ({code})" for code, field, message in report.issues
+        )
+        raise CodeFailure("invalid_code_step", f"step {step_id!r}: {problems}")
+    return step
+
+
+def check_json(step_id: str, value: Any) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise CodeFailure("unserialisable_result", f"step {step_id!r}: not JSON: {exc}") from None
+    if unstorable_path(value) is not None:
+        raise CodeFailure("unserialisable_result", f"step {step_id!r}: {UNSTORABLE_REASON}")

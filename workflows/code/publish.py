@@ -1,0 +1,34 @@
+"""Publishing a code workflow for an organisation: an ordinary automation (slug = the
+workflow's name) whose version holds one ``code`` step naming the workflow and version, so
+its runs start, count against quotas and take start keys as every run does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..models import AutomationVersion, Organisation
+from ..services.audit import Actor
+from ..services.automations import automation_publish_definition
+from .context import DECIDER_ID
+from .registry import CodeWorkflowError, host_publishing, registered
+
+
+def code_definition(name: str, version: int) -> dict[str, Any]:
+    """The definition a code workflow's versions hold: its decider, and nothing else."""
+    decider = {"id": DECIDER_ID, "type": "code", "workflow": name, "version": version}
+    return {"start": DECIDER_ID, "steps": [decider]}
+
+
+def publish_code_workflow(
+    *, org: Organisation, name: str, version: int, actor: Actor | None = None
+) -> AutomationVersion:
+    """Make ``name`` at ``version`` the current version of ``org``'s automation ``name``
+    (created if needed; the same version published again is returned as it is)."""
+    if registered(name, version) is None:
+        raise CodeWorkflowError(
+            "workflow_version_missing", f"{name!r} version {version} is not registered"
+        )
+    with host_publishing():
+        return automation_publish_definition(
+            org=org, slug=name, definition=code_definition(name, version), actor=actor
+        )

@@ -1,0 +1,108 @@
+"""The code workflows of this process, by name and version: ``@workflow`` fills it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_slug
+
+MAX_NAME = 63  # an automation's slug: a code workflow is published under its name
+
+WorkflowFunction = Callable[..., Any]
+F = TypeVar("F", bound=WorkflowFunction)
+
+
+class CodeWorkflowError(Exception):
+    """A code workflow cannot be registered (or published) as asked: ``code`` says why."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class CodeWorkflow:
+    name: str
+    version: int
+    function: WorkflowFunction
+
+
+_workflows: dict[tuple[str, int], CodeWorkflow] = {}
+_lock = threading.Lock()
+
+
+def workflow(name: str, *, version: int) -> Callable[[F], F]:
+    """Register the decorated function as the code workflow ``name`` at ``version``. It is
+    called as ``function(ctx, input)`` with a ``Context`` and the run's input, and returns
+    the run's output (a JSON value)."""
+    _check_name(name, version)
+
+    def register(function: F) -> F:
+        if not callable(function):
+            raise CodeWorkflowError("invalid_workflow", f"{name!r}: not a function")
+        with _lock:
+            existing = _workflows.get((name, version))
+            if existing is not None:
+                raise CodeWorkflowError(
+                    "workflow_already_registered",
+                    f"{name!r} version {version} is already registered "
+                    f"({_where(existing.function)}); give the new code another version",
+                )
+            _workflows[(name, version)] = CodeWorkflow(name, version, function)
+        return function
+
+    return register
+
+
+def registered(name: str, version: int) -> CodeWorkflow | None:
+    return _workflows.get((name, version))
+
+
+def unregister(name: str, version: int) -> None:
+    """Forget one registration (tests that register workflows of their own)."""
+    with _lock:
+        _workflows.pop((name, version), None)
+
+
+# Set while the host publishes a code workflow: only then may a definition hold a ``code``
+# step (steptypes.validate_code). A tenant's definition naming a host's workflow would run
+# the host's code, with input the tenant chose, in the tenant's organisation.
+_host_publishing: ContextVar[bool] = ContextVar("waymark_host_publishing", default=False)
+
+
+@contextmanager
+def host_publishing() -> Iterator[None]:
+    """Definitions validated meanwhile, in this thread, may hold a ``code`` step."""
+    token = _host_publishing.set(True)
+    try:
+        yield
+    finally:
+        _host_publishing.reset(token)
+
+
+def publishing_as_host() -> bool:
+    return _host_publishing.get()
+
+
+def _check_name(name: object, version: object) -> None:
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME:
+        raise CodeWorkflowError("invalid_workflow", f"name {name!r}: 1 to {MAX_NAME} characters")
+    try:
+        validate_slug(name)
+    except ValidationError:
+        raise CodeWorkflowError(
+            "invalid_workflow", f"name {name!r}: letters, digits, hyphens or underscores"
+        ) from None
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CodeWorkflowError("invalid_workflow", f"{name!r}: version must be an integer >= 1")
+
+
+def _where(function: WorkflowFunction) -> str:
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', '?')}"

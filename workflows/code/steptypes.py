@@ -1,0 +1,99 @@
+"""The two step types a code workflow runs on: ``code``, the decider that runs the function
+on a worker (engine/decided.py), and ``code_result``, the step that records what a
+``ctx.run`` function returned. Registered from WorkflowsConfig.ready()."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..definitions.fields import check_fields
+from ..definitions.registry import StepReport, StepType, registry
+from ..engine.decided import deciding_step
+from ..engine.definition_cache import definition_for
+from ..engine.executors import StepContext, StepDeferred, StepFailure, StepResult
+from .context import RESULT_TYPE, CodeFailure, Context, Suspended, check_json
+from .history import run_history
+from .registry import publishing_as_host, registered
+
+# A run whose workflow version is not registered in this worker's process (a deploy that
+# dropped it, or one that has not reached every worker yet) looks again this often, its
+# step deferred (durable, no attempt spent), instead of failing.
+MISSING_VERSION_RETRY_SECONDS = 30.0
+
+
+def validate_code(step: Mapping[str, Any], report: StepReport) -> None:
+    check_fields(step, report, ("workflow", "version"))
+    if not publishing_as_host():
+        report.issue("code_step_not_allowed", "type",
+                     "a code step is published by the host (publish_code_workflow), "
+                     "not written in a definition")  # fmt: skip
+        return
+    name, version = step.get("workflow"), step.get("version")
+    if not isinstance(name, str) or not name:
+        report.error("workflow", "must be the name of a registered code workflow")
+    elif not isinstance(version, int) or isinstance(version, bool):
+        report.error("version", "must be the integer version of the code workflow")
+    elif registered(name, version) is None:
+        report.issue("workflow_version_missing", "workflow",
+                     f"{name!r} version {version} is not registered")  # fmt: skip
+
+
+def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
+    """Run the workflow's function from the top against the run's history: the step it
+    asks for next (``{"call": step}``), or the run's end."""
+    if ctx.version_id is not None and deciding_step(definition_for(ctx.version_id)) is None:
+        # A definition naming a code step beside others: its steps are the definition's,
+        # so nothing would enter what the function asks for.
+        raise StepFailure(
+            "code_step_alone: a code step runs only as its definition's one step",
+            retryable=False,
+        )
+    name, version = str(step["workflow"]), int(step["version"])
+    found = registered(name, version)
+    if found is None:
+        raise StepDeferred(
+            MISSING_VERSION_RETRY_SECONDS,
+            f"workflow_version_missing: {name!r} version {version} is not registered here",
+        )
+    replay = Context(run_id=ctx.run_id, history=run_history(org_id=ctx.org_id, run_id=ctx.run_id))
+    try:
+        output = found.function(replay, context["input"])
+        replay.returned()
+        check_json("output", output)
+    except Suspended as suspended:
+        return StepResult(output={"call": suspended.step})
+    except CodeFailure as failure:
+        raise StepFailure(str(failure), retryable=False) from None
+    except Exception as exc:  # the workflow's own code raised: it fails the run, no traceback
+        raise StepFailure(
+            f"workflow_failed: {type(exc).__name__}: {exc}", retryable=False
+        ) from None
+    return StepResult(output=output, finish="succeeded")
+
+
+def validate_code_result(step: Mapping[str, Any], report: StepReport) -> None:
+    check_fields(step, report, ("output",))
+
+
+def record_result(
+    step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
+) -> StepResult:
+    """The function ran in the decider; this step only records its result."""
+    return StepResult(output=step.get("output"))
+
+
+CODE = StepType(
+    name="code", lane="io", validate=validate_code, execute=decide, built=True, decides=True,
+    app="workflows",
+)  # fmt: skip
+
+CODE_RESULT = StepType(
+    name=RESULT_TYPE, lane="inline", validate=validate_code_result, execute=record_result,
+    built=True, pure=True, app="workflows",
+)  # fmt: skip
+
+
+def register_code_step_types() -> None:
+    registry.register(CODE)
+    registry.register(CODE_RESULT)
