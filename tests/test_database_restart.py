@@ -38,12 +38,12 @@ from waymark_config.embedded_db.server import (
     stop_server,
 )
 
-from .clusters import ROOT, Cluster, bounded, free_port
+from .clusters import ROOT, Cluster, bounded, free_port, server_home
 from .processes import kill_tree
 from .stubs import ProviderStub
 
 DATABASE = "waymark_restart"
-RUNS = 30
+RUNS = 20
 STOPPED_SECONDS = 3.0  # as in the report: stop, sleep 3, start
 
 _CALL = {"type": "http", "connection": "api",
@@ -97,19 +97,19 @@ class EmbeddedCluster(Cluster):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+def server() -> Iterator[tuple[Path, str]]:
     """The module's own server (its data dir, a URL of its database), migrated once."""
-    base = tmp_path_factory.mktemp("restart")
-    data_dir = base / "data" / "postgres"
-    address = start_server(data_dir)
-    try:
-        with psycopg.connect(address.uri("postgres"), autocommit=True) as admin:
-            admin.execute(f"CREATE DATABASE {DATABASE}")
-        url = address.uri(DATABASE)
-        Cluster(url=url, secret="x" * 50, base=base).manage("migrate", "-v0")
-        yield data_dir, url
-    finally:
-        stop_server(data_dir)
+    with server_home("restart") as base:
+        data_dir = base / "data" / "postgres"
+        address = start_server(data_dir)
+        try:
+            with psycopg.connect(address.uri("postgres"), autocommit=True) as admin:
+                admin.execute(f"CREATE DATABASE {DATABASE}")
+            url = address.uri(DATABASE)
+            Cluster(url=url, secret="x" * 50, base=base).manage("migrate", "-v0")
+            yield data_dir, url
+        finally:
+            stop_server(data_dir)
 
 
 class Poster(threading.Thread):
@@ -123,7 +123,7 @@ class Poster(threading.Thread):
 
     def run(self) -> None:
         n = 0
-        while not self.stop.wait(0.2):
+        while not self.stop.wait(0.25):
             n += 1
             body = {"automation": "calls", "start_key": f"p{n}", "input": {"api_url": self.url}}
             self.answers.append(self._post(body))
@@ -170,21 +170,34 @@ def test_a_database_restart_under_load_fails_nothing_and_writes_no_traceback(
     else:
         cluster = Cluster(url=url, secret=secret, base=base)
     org = f"restart-{reached.replace('_', '-')}"
+    began = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def phase(name: str) -> None:
+        phases[name] = round(time.monotonic() - began, 1)
+
     with ExitStack() as stack:
         stub = stack.enter_context(ProviderStub(idempotent=True))
+        # The engine's roles as processes of their own (as `runengine` starts them, fewer:
+        # one lane's worker), and the web, each reaching the database as the settings say.
+        port = free_port()
+        roles = {
+            "web": ("runengine", "--web-only", "--port", str(port), "--web-workers", "1"),
+            "worker": ("worker", "--lane", "io", "--grace", "2"),
+            "relay": ("relay",),
+            "sweep": ("sweep",),
+        }
+        processes = {name: cluster.command(name, *args) for name, args in roles.items()}
+        for process in processes.values():
+            stack.callback(kill_tree, process)
         out = cluster.manage("shell", "-c", SETUP, RESTART_ARGS=json.dumps(
             {"org": org, "url": stub.url, "definition": DEFINITION, "runs": RUNS}))  # fmt: skip
         key = json.loads(out.strip().splitlines()[-1])
-        port = free_port()
-        hosts = {
-            "web": cluster.host("web", "--web-only", "--port", str(port), "--web-workers", "1"),
-            "engine": cluster.host("engine", "--no-web"),
-        }
-        for process in hosts.values():
-            stack.callback(kill_tree, process)
-        web = hosts["web"]
-        bounded("the web host to say it is ready",
+        phase("set up")
+        web = processes["web"]
+        bounded("the web to say it is ready",
                 lambda: "ready" in cluster.log("web") or web.poll() is not None)  # fmt: skip
+        phase("web ready")
         poster = Poster(port, key, stub.url)
         poster.start()
         stack.callback(poster.stop.set)
@@ -192,6 +205,7 @@ def test_a_database_restart_under_load_fails_nothing_and_writes_no_traceback(
         bounded("a quarter of the first calls", lambda: len(stub.created) >= RUNS // 4)
         bounded("runs started through the web", lambda: len(poster.answers) >= 5)
 
+        phase("under way")
         if isinstance(cluster, EmbeddedCluster):
             stopped = _embedded_db(cluster, "stop")
             assert (stopped.returncode, stopped.stdout.strip()) == (0, "stopped"), stopped
@@ -205,6 +219,7 @@ def test_a_database_restart_under_load_fails_nothing_and_writes_no_traceback(
             time.sleep(STOPPED_SECONDS)
             start_server(data_dir)
 
+        phase("restarted")
         # The web answers again (each POST a run), then the poster stops.
         answered = len(poster.answers)
 
@@ -212,9 +227,10 @@ def test_a_database_restart_under_load_fails_nothing_and_writes_no_traceback(
             return any(status == 201 for status, _, _ in poster.answers[answered:])
 
         bounded("the web to start runs again after the restart", web_answers_again, seconds=120)
+        phase("web answers again")
         poster.stop.set()
         poster.join(timeout=90)
-        for name, process in hosts.items():
+        for name, process in processes.items():
             assert process.poll() is None, f"{name} exited:\n{cluster.log(name)[-4000:]}"
 
         def unfinished() -> int:
@@ -225,6 +241,7 @@ def test_a_database_restart_under_load_fails_nothing_and_writes_no_traceback(
             return int(rows[0][0])
 
         bounded("every run to finish after the restart", lambda: unfinished() == 0, seconds=180)
+        phase("runs finished")
         statuses = Counter(status for (status,) in cluster.query(
             "SELECT r.status FROM workflows_run r JOIN workflows_organisation o"
             " ON o.id = r.org_id WHERE o.slug = %s", org))  # fmt: skip
@@ -239,10 +256,11 @@ def test_a_database_restart_under_load_fails_nothing_and_writes_no_traceback(
         if status == 503:
             assert body["code"] in ("database_unavailable", "database_busy"), body
             assert retry_after is not None and int(retry_after) > 0
-    logs = {name: cluster.log(name) for name in hosts}
+    logs = {name: cluster.log(name) for name in roles}
     for name, log in logs.items():
         at = log.find("Traceback")
         assert at < 0, f"{name}:\n{log[max(0, at - 1000) :][:6000]}"
         assert "ERROR" not in log, f"{name}:\n{log[log.find('ERROR') - 500 :][:4000]}"
-    print(f"{reached}: web answers {dict(codes)}; warnings "
-          f"{sum(log.count('WARNING') for log in logs.values())}")  # fmt: skip
+    warnings = sum(log.count("WARNING") for log in logs.values())
+    print(f"{reached}: web answers {dict(codes)}; warnings {warnings};"
+          f" seconds from the test's start: {phases}")  # fmt: skip

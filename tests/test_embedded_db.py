@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -24,6 +25,8 @@ from waymark_config.embedded_db.server import (
     stop_server,
 )
 from workflows.engine.transient import is_transient, lost_connection
+
+from .clusters import server_home
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,10 +53,11 @@ def _address_in_subprocess(data_dir: Path, how: str = "ensure_server") -> str:
 
 
 @pytest.fixture
-def data_dir(tmp_path: Path):
-    path = tmp_path / "pg"
-    yield path
-    stop_server(path)
+def data_dir() -> Iterator[Path]:
+    with server_home("embedded") as home:
+        path = home / "pg"
+        yield path
+        stop_server(path)
 
 
 def test_second_process_reuses_the_server_and_stop_keeps_data(data_dir: Path) -> None:
@@ -96,14 +100,14 @@ def test_server_survives_the_death_of_the_process_that_started_it(data_dir: Path
 
 
 def test_a_server_still_writing_its_pid_file_is_waited_for_not_an_assertion(
-    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """PostgreSQL writes postmaster.pid in stages (its pid first, its socket and "ready"
     last). A process reading it meanwhile waits for the server (bounded), and when it is
     not ready in time meets a lost connection: never the wheel's AssertionError."""
     address = ensure_server(data_dir)
     whole = (data_dir / "postmaster.pid").read_text()
-    starting = tmp_path / "starting"  # a data directory whose server is still starting
+    starting = data_dir.parent / "starting"  # a data directory whose server is still starting
     starting.mkdir()
     (starting / "postmaster.pid").write_text("\n".join(whole.splitlines()[:3]) + "\n")
     monkeypatch.setattr(server, "WAIT_SECONDS", 1.0)

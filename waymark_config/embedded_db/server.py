@@ -75,6 +75,9 @@ SERVER_SETTINGS = {
 }
 
 
+STOPPED = "stopped by `embedded_db stop`; `embedded_db start` starts it"
+
+
 class ServerStillRunning(RuntimeError):
     """``stop_server`` could not stop the server."""
 
@@ -180,6 +183,8 @@ def ensure_server(data_dir: Path) -> ServerAddress:
     address = _running_address(data_dir)
     if address is not None:
         return address
+    if _stopped_mark(data_dir).exists():  # at once: not after the stop's lock is released
+        raise unavailable(STOPPED)
     with _server_lock(data_dir, WAIT_SECONDS):
         return _bring_up(data_dir, time.monotonic() + WAIT_SECONDS)
 
@@ -199,7 +204,7 @@ def _bring_up(data_dir: Path, give_up: float) -> ServerAddress:
         if server is not None and server.status == "ready" and server.address is not None:
             return server.address
         if _stopped_mark(data_dir).exists():
-            raise unavailable("stopped by `embedded_db stop`; `embedded_db start` starts it")
+            raise unavailable(STOPPED)
         if server is None:
             if started:
                 raise unavailable("it stopped as soon as it started")

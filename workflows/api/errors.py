@@ -15,7 +15,12 @@ from __future__ import annotations
 import logging
 from typing import Any, TypeVar
 
-from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
+from django.core.exceptions import (
+    BadRequest,
+    PermissionDenied,
+    RequestDataTooBig,
+    SuspiciousOperation,
+)
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, status
@@ -67,10 +72,6 @@ def database_unavailable(request: HttpRequest, exc: BaseException) -> dict[str, 
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    request = context.get("request")
-    unavailable = database_unavailable(request, exc) if request is not None else None
-    if unavailable is not None:
-        return _logged(Response(unavailable, status=503))
     if isinstance(exc, WaymarkError):
         ours = Response(exc.as_dict(), status=exc.status)
         if exc.status == 401:
@@ -95,6 +96,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.PermissionDenied()
     response = drf_exception_handler(exc, context)
     if response is None:
+        request = context.get("request")
+        unavailable = database_unavailable(request, exc) if request is not None else None
+        if unavailable is not None:
+            return _logged(Response(unavailable, status=503))
         return None  # a real bug: let Django log it and answer 500
     assert isinstance(exc, exceptions.APIException)
     body: dict[str, Any] = {"code": _code_for(exc)}
@@ -135,6 +140,9 @@ def server_error(request: HttpRequest) -> HttpResponse:
     return defaults.server_error(request)
 
 
+_ANSWERED_BY_DJANGO = (Http404, PermissionDenied, SuspiciousOperation, BadRequest)
+
+
 class DatabaseUnavailableMiddleware:
     """The same 503 for every other view (the admin, the console, the health pages' own
     errors): JSON on API paths, a short text elsewhere. Last in MIDDLEWARE, so its
@@ -148,6 +156,8 @@ class DatabaseUnavailableMiddleware:
         return response
 
     def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        if isinstance(exc, _ANSWERED_BY_DJANGO):
+            return None  # a 4xx of Django's own: nothing to ask the database about
         body = database_unavailable(request, exc)
         if body is None:
             return None
