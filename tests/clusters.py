@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,3 +117,17 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+@contextmanager
+def server_home(prefix: str) -> Iterator[Path]:
+    """A directory for a test's own PostgreSQL data, outside pytest's temporary root: other
+    pytest sessions of the same user reset that root's mode (the server's own user, when
+    tests run as root, then loses its way to its data and PANICs) and delete its older
+    directories, both possibly while the server runs."""
+    path = Path(tempfile.mkdtemp(prefix=f"waymark-{prefix}-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -28,12 +28,12 @@ import pytest
 
 from waymark_config.embedded_db.server import (
     ServerAddress,
-    ensure_server,
     server_status,
+    start_server,
     stop_server,
 )
 
-from .clusters import Cluster, bounded
+from .clusters import Cluster, bounded, server_home
 from .listen_proxy import ListenProxy
 from .processes import kill_tree
 from .stubs import ProviderStub
@@ -190,26 +190,26 @@ class Faults:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Path]]:
+def server() -> Iterator[tuple[Cluster, Path]]:
     """A server of the module's own, its database migrated once for every test."""
-    base = tmp_path_factory.mktemp("faults")
-    data_dir = base / "pg"
-    address = ensure_server(data_dir)
-    try:
-        with psycopg.connect(address.uri("postgres"), autocommit=True) as admin:
-            admin.execute(f"CREATE DATABASE {DATABASE}")
-        url = f"postgresql://postgres@/{DATABASE}?host={address.socket_dir}&port={address.port}"
-        cluster = Cluster(url=url, secret=secrets.token_urlsafe(32), base=base)
-        cluster.manage("migrate", "-v0")
-        yield cluster, data_dir
-    finally:
-        stop_server(data_dir)
+    with server_home("faults") as base:
+        data_dir = base / "pg"
+        address = start_server(data_dir)
+        try:
+            with psycopg.connect(address.uri("postgres"), autocommit=True) as admin:
+                admin.execute(f"CREATE DATABASE {DATABASE}")
+            url = address.uri(DATABASE)
+            cluster = Cluster(url=url, secret=secrets.token_urlsafe(32), base=base)
+            cluster.manage("migrate", "-v0")
+            yield cluster, data_dir
+        finally:
+            stop_server(data_dir)
 
 
 @pytest.fixture
 def faults(server: tuple[Cluster, Path], request: pytest.FixtureRequest) -> Iterator[Faults]:
     cluster, data_dir = server
-    address = ensure_server(data_dir)  # running again if a test stopped it and failed
+    address = start_server(data_dir)  # running again if a test stopped it and failed
     org = request.node.name.removeprefix("test_")[:40].replace("_", "-").strip("-")
     with ExitStack() as stack:
         stub = stack.enter_context(ProviderStub(idempotent=True))
@@ -247,7 +247,7 @@ def test_a_restarted_server_loses_no_run_counts_no_attempt_and_the_engine_listen
 
     assert stop_server(faults.data_dir)
     assert server_status(faults.data_dir) is None
-    restarted = ensure_server(faults.data_dir)
+    restarted = start_server(faults.data_dir)
     assert restarted == faults.address  # the same socket: the engine's URL still names it
 
     faults.signal(keys)

@@ -221,6 +221,39 @@ def test_a_step_kept_waiting_by_the_database_is_deferred_without_spending_an_att
     assert Run.objects.get(pk=run_id).status == "succeeded"
     counted = Step.objects.get(pk=step.id)
     assert counted.attempt - counted.release_count - counted.series_offset == 1
+    assert counted.error == ""  # the deferral's reason is in its event, not on the done step
+
+
+def test_a_walk_that_raises_while_the_database_is_away_is_retried_not_failed(org, caplog) -> None:
+    """A settle meets an error that is not a database error (as the embedded server's wheel
+    raised AssertionError while the server restarted) while the database does not answer:
+    the outage's, not the walk's. The settle is tried again once the database answers, and
+    the run succeeds; it is never failed with engine_error, and no traceback is written."""
+    run_id = start_io_run(org)
+    worker = Worker(lane_policy("io"), concurrency=1, name="w")
+    (step,) = claim(policy=worker.policy, worker="w", limit=1)
+    tries: list[int] = []
+    name = connection.settings_dict["NAME"]
+
+    def walk_during_a_restart() -> object:
+        tries.append(1)
+        if len(tries) == 1:
+            # The server goes away under the settle: new connections fail (they name a
+            # database that does not exist; the embedded backend creates no test_ database).
+            connection.settings_dict["NAME"] = "test_gone_away"
+            raise AssertionError("assert self._postmaster_info.status == 'ready'")
+        connection.settings_dict["NAME"] = name  # back
+        return settle_success(step, StepResult(output={"ok": True}), worker="w")
+
+    try:
+        settled = worker._settle(step, walk_during_a_restart)
+    finally:
+        connection.settings_dict["NAME"] = name
+    assert settled is True and len(tries) == 2
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.error) == ("succeeded", "")
+    assert not RunEvent.objects.filter(run_id=run_id, kind="step.failed").exists()
+    assert not [r for r in caplog.records if r.exc_info], "no traceback for the outage"
 
 
 def test_a_walk_that_raises_fails_the_step_and_run_instead_of_rerunning(org) -> None:

@@ -18,6 +18,7 @@ and measures:
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -71,6 +72,9 @@ class Side:
         from django.core.management import call_command
 
         django.setup()
+        if not os.environ.get("DATABASE_URL"):
+            # The last measurement stopped it (`close`): a stopped server stays stopped.
+            call_command("embedded_db", "start", stdout=io.StringIO())
         call_command("migrate", verbosity=0)
         from django.db import connection
 

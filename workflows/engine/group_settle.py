@@ -35,7 +35,7 @@ from django.db import connection
 from .executors import StepResult
 from .hops import PlannedHop, hop_planned, hops_together, plan_hop
 from .steps import ClaimedStep, Settled, settle_and_take_next, settled_by_hop
-from .transient import is_transient
+from .transient import away
 from .walk import TakeNext
 
 logger = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class GroupSettler:
             else:
                 answers = hops_together([member.hop for member in group], group[0].take)
         except Exception as exc:
-            if not is_transient(exc):  # a lost connection is reported by each member's retry
+            if away(exc) is None:  # an outage is reported by each member's retry
                 logger.warning("a group of %s hops failed; settling each alone", len(group),
                                exc_info=True)  # fmt: skip
             connection.close()

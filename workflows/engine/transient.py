@@ -9,6 +9,10 @@ fired with "deadlock detected" leaves its step waiting forever).
 
 Django wraps the driver's error (``django.db.OperationalError`` and friends) with the
 psycopg error as its ``__cause__``; both are looked at.
+
+Any other error met while the database does not answer (a library's own error as a server
+goes away under it, a half-read answer) is the outage's too: ``away(exc)`` asks the database
+before a caller takes such an error for the work's own (a settle would fail its run with it).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 
 import psycopg
 from django.db import InterfaceError as DjangoInterfaceError
+from django.db import connection
 
 # serialization_failure, deadlock_detected, lock_not_available (lock_timeout, NOWAIT),
 # query_canceled (statement_timeout, a cancel request).
@@ -38,6 +43,44 @@ def is_transient(exc: BaseException) -> bool:
 def lost_connection(exc: BaseException) -> bool:
     """True when ``exc`` means the connection itself is gone: close it before trying again."""
     return any(_lost(each) for each in _chain(exc))
+
+
+class DatabaseAway(psycopg.OperationalError):
+    """An error that is not a database error, met while the database did not answer: the
+    outage's, not the work's. A lost connection to every classifier here."""
+
+    def __init__(self, met: BaseException) -> None:
+        super().__init__(f"the database does not answer (met {type(met).__name__}: {met})")
+
+
+def away(exc: BaseException) -> BaseException | None:
+    """``exc`` as the transient error it is (a ``DatabaseAway`` for an error of another kind
+    met while the database does not answer), or None when the database answers and ``exc``
+    is not transient: then it is the work's own error (a bug, a broken row). Asks the
+    database only for an error that is not transient (the rare path)."""
+    if is_transient(exc):
+        return exc
+    if database_answers():
+        return None
+    wrapped = DatabaseAway(exc)
+    wrapped.__cause__ = exc
+    return wrapped
+
+
+def database_answers() -> bool:
+    """Whether the database answers a new connection now (Django's settings: the embedded
+    server's backend raises a lost connection while it starts, stops or is stopped)."""
+    try:
+        probe = connection.get_new_connection(connection.get_connection_params())
+    except Exception:
+        return False
+    try:
+        probe.execute("SELECT 1")
+        return True
+    except Exception:
+        return False
+    finally:
+        probe.close()
 
 
 def _transient(exc: BaseException) -> bool:
@@ -75,7 +118,8 @@ class Outage:
 
     ``failed(exc)`` is called with each error and returns how long to wait before the next
     try; ``ok()`` after each success. An error that is not transient (a bug) is logged with
-    its traceback every time: hiding it would hide the bug. Safe to share between threads
+    its traceback every time, unless the database does not answer (``away``): hiding it
+    would hide the bug. Safe to share between threads
     (a worker's settling threads share one, so an outage is one warning, not one a slot).
     """
 
@@ -87,9 +131,11 @@ class Outage:
         self._lock = threading.Lock()
 
     def failed(self, exc: BaseException) -> float:
-        if not is_transient(exc):
+        transient = away(exc)
+        if transient is None:
             self.log.error("%s failed; trying again", self.what, exc_info=exc)
             return self.most
+        exc = transient
         with self._lock:
             self.tries += 1
             if self.since is None:
@@ -98,7 +144,7 @@ class Outage:
                     "the database is unavailable" if lost_connection(exc) else "a transient error"
                 )
                 self.log.warning("%s: %s (%s); trying again until it passes", self.what, what,
-                                 _first_line(exc))  # fmt: skip
+                                 first_line(exc))  # fmt: skip
             return float(min(self.most, self.first * 2 ** min(self.tries - 1, 16)))
 
     def ok(self) -> None:
@@ -116,13 +162,14 @@ def log_failure(log: logging.Logger, exc: BaseException, message: str, *args: ob
     database error is a warning in one line (the item is tried again at its next turn, and
     a terminated backend or a restart would otherwise write a traceback per item); any other
     error is logged with its traceback, as the bug it is."""
-    if is_transient(exc):
-        log.warning(message + " (%s); tried again later", *args, _first_line(exc))
+    transient = away(exc)
+    if transient is not None:
+        log.warning(message + " (%s); tried again later", *args, first_line(transient))
     else:
         log.error(message, *args, exc_info=exc)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     """The driver's error (LockNotAvailable, AdminShutdown, ...) in one line."""
     exc = next((each for each in _chain(exc) if isinstance(each, psycopg.Error)), exc)
     text = str(exc).strip().splitlines()

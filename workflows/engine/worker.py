@@ -54,7 +54,7 @@ from .steps import (
     step_context,
 )
 from .stop_signals import on_stop_signal
-from .transient import Outage, is_transient, log_failure, lost_connection
+from .transient import Outage, away, is_transient, log_failure, lost_connection
 from .transport import Transport, default_transport, own_connection
 from .walk import QuickStepRetry, TakeNext
 
@@ -539,14 +539,15 @@ class Worker:
         except (StepFailure, StepDeferred) as failure:
             return None, failure
         except Exception as exc:
-            if is_transient(exc):
+            transient = away(exc)
+            if transient is not None:
                 # The database went away under the executor (a restart, a terminated
                 # backend, no free connection) or kept it waiting (lock_timeout behind a slow
                 # transaction, a deadlock): not the step's fault, so the attempt does not
                 # count, and no traceback. The deferral's settle waits for the database (see
                 # _settle); an effect whose answer was not recorded is looked up again.
-                self.settles_outage.failed(exc)
-                lost = lost_connection(exc)
+                self.settles_outage.failed(transient)
+                lost = lost_connection(transient)
                 if lost:
                     connection.close()
                 code = "database_unavailable" if lost else "database_busy"
@@ -584,7 +585,11 @@ class Worker:
             except QuickStepRetry:
                 raise
             except Exception as exc:
-                if not isinstance(exc, OperationalError | InterfaceError) and not is_transient(exc):
+                # Any error met while the database does not answer is the outage's (tried
+                # again, as a transient one): only with the database answering is an error
+                # that is not transient the walk's own, failing the run.
+                transient = away(exc)
+                if transient is None and not isinstance(exc, OperationalError | InterfaceError):
                     self._walk_failed(step, exc)
                     return None
                 tries += 1
@@ -592,13 +597,13 @@ class Worker:
                     self._keep_through_settle(step, give_up)
                 connection.close()
                 pause = min(2.0, 0.05 * 2 ** min(tries - 1, 6))
-                if not is_transient(exc):
+                if transient is None:
                     logger.warning("settle of step %s failed (try %s); retrying", step.id, tries,
                                    exc_info=True)  # fmt: skip
                     if tries >= 3:
                         break
                 else:
-                    self.settles_outage.failed(exc)
+                    self.settles_outage.failed(transient)
                 if time.monotonic() + pause > give_up or self.halt.wait(pause):
                     break
                 continue

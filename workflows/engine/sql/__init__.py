@@ -333,10 +333,12 @@ RETURNING run_id
 # A failed attempt with attempts left waits out a jittered backoff, outside the claimable
 # index (PROMOTE_DUE_RETRIES makes it ready again once due).
 # A deferral (``refund``: not the step's fault) does not count the attempt against
-# max_attempts, like a hand-back on shutdown.
+# max_attempts, like a hand-back on shutdown, and writes no error: its reason is in its
+# step.deferred event, and a step that then succeeds keeps no error text of it.
 SETTLE_RETRY = """
 UPDATE workflows_step
-   SET status = 'waiting', error = %(error)s, owner = NULL, lease_until = NULL,
+   SET status = 'waiting', error = CASE WHEN %(refund)s THEN error ELSE %(error)s END,
+       owner = NULL, lease_until = NULL,
        wait_kind = 'retry', wake_at = now() + make_interval(secs => %(delay)s),
        release_count = release_count + CASE WHEN %(refund)s THEN 1 ELSE 0 END
  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'
