@@ -11,14 +11,17 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from django.db.models.functions import Now
 
+from effects.models import Suppression
 from timers.sweep import fire_due_timers
+from workflows.engine.sweep import sweep_once
 from workflows.models import Organisation, Run, Step
 from workflows.plugins.code import Context, publish_code_workflow, workflow
 from workflows.services.runs import run_start
 
 from . import code_workflow_steps  # noqa: F401 (registers "code-values" here too)
-from .effect_setup import drive
+from .effect_setup import connect, drive
 from .processes import running, spawn, stop, wait_for
 from .test_timers import make_due
 
@@ -179,3 +182,65 @@ def test_a_patch_name_that_is_not_a_slug_fails_the_run_with_a_code(org: Organisa
     drive()
     run = Run.objects.get(pk=run_id)
     assert run.status == "failed" and "invalid_code_step: patch 'Fix X'" in run.error
+
+
+# --- step outcomes ---------------------------------------------------------------------------
+
+
+@workflow("code-outcomes", version=1)
+def with_outcomes(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    sent = ctx.step_result("send", "email", connection="mail", to=run_input["to"],
+                           subject="Hi", body="Hello")  # fmt: skip
+    ctx.run("after", str, "x")  # a later turn: the outcome now comes from the history
+    return {"outcome": sent.outcome, "output": sent.output}
+
+
+def test_an_email_step_s_outcome_comes_back_on_every_replay(
+    org: Organisation, smtp_stub: Any
+) -> None:
+    connect(org, provider="email", name="mail",
+            options={"host": smtp_stub.host, "port": smtp_stub.port})  # fmt: skip
+    Suppression.objects.create(org=org, channel="email", address="gone@example.com",
+                               reason="unsubscribed")  # fmt: skip
+    gone = start(org, "code-outcomes", "gone", {"to": "gone@example.com"})
+    kept = run_start(org=org, automation_slug="code-outcomes", start_key="kept",
+                     run_input={"to": "kept@example.com"}).run_id  # fmt: skip
+    drive()
+    run = Run.objects.get(pk=gone)
+    assert (run.status, run.error) == ("succeeded", "")
+    assert run.output == {
+        "outcome": "suppressed",
+        "output": {"suppressed": True, "to": "gone@example.com", "reason": "unsubscribed"},
+    }
+    sent = Run.objects.get(pk=kept)
+    assert sent.status == "succeeded" and sent.output is not None
+    assert sent.output["outcome"] == "ok"
+    assert len(smtp_stub.messages) == 1  # the suppressed address was never sent to
+    # The step's own row keeps its output only, as a definition's: the turn after it
+    # recorded the outcome.
+    assert Step.objects.get(run_id=gone, step_id="send").output == run.output["output"]
+    turn = Step.objects.get(run_id=gone, step_id="decide", iteration=2)
+    assert turn.output is not None
+    assert turn.output["ended"] == {"step": "send", "outcome": "suppressed"}
+
+
+@workflow("code-signal-outcome", version=1)
+def signal_outcome(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    fields = {"signal": "paid", "correlation": run_input["order"], "timeout": "1h"}
+    waited = ctx.step_result("paid", "wait_signal", **fields)
+    ctx.run("after", str, "x")
+    again = ctx.wait_signal("paid_again", **fields)
+    return {"outcome": waited.outcome, "timed_out_again": again.timed_out}
+
+
+def test_a_signal_wait_that_times_out_gives_its_outcome_back(org: Organisation) -> None:
+    run_id = start(org, "code-signal-outcome", "late", {"order": "o-9"})
+    for step_id in ("paid", "paid_again"):
+        drive()
+        assert Step.objects.get(run_id=run_id, step_id=step_id).status == "waiting"
+        Step.objects.filter(run_id=run_id, step_id=step_id).update(wake_at=Now())
+        assert sweep_once().deadlines == 1
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.error) == ("succeeded", "")
+    assert run.output == {"outcome": "timed_out", "timed_out_again": True}

@@ -48,6 +48,7 @@ class Recorded:
     type: str
     status: str
     output: Any
+    outcome: str | None = None  # what it ended with, when its step type has outcomes
 
 
 class Stop(BaseException):
@@ -70,6 +71,17 @@ class CodeFailure(Stop):
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What ``ctx.step_result`` gives back: the step's output and the outcome it ended with
+    (the names a definition's mapped ``next`` chooses between: an email's ``ok`` or
+    ``suppressed``, a signal wait's ``received`` or ``timed_out``, ...), or None for a step
+    type without outcomes."""
+
+    output: Any
+    outcome: str | None
 
 
 @dataclass(frozen=True)
@@ -145,9 +157,13 @@ class Context:
     def step(self, step_id: str, step_type: str, **fields: Any) -> Any:
         """Enter a step of any registered type, with the fields a definition's step of that
         type has (docs/definitions.md); its recorded output once it has one."""
+        return self.step_result(step_id, step_type, **fields).output
+
+    def step_result(self, step_id: str, step_type: str, **fields: Any) -> StepOutcome:
+        """``step``, giving back the step's outcome with its output."""
         recorded = self._replayed(step_id, step_type)
         if recorded is not None:
-            return recorded.output
+            return StepOutcome(recorded.output, recorded.outcome)
         raise Suspended(_checked_step(step_id, step_type, fields))
 
     def run(self, step_id: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -199,8 +215,13 @@ class Context:
             fields["correlation"] = correlation
         if timeout is not None:
             fields["timeout"] = timeout
-        output = self.step(step_id, "wait_signal", **fields)
-        if not isinstance(output, Mapping) or "signal" not in output:
+        ended = self.step_result(step_id, "wait_signal", **fields)
+        output = ended.output
+        if ended.outcome is not None:
+            timed_out = ended.outcome == "timed_out"
+        else:  # a step ended before outcomes were recorded: the output tells
+            timed_out = not isinstance(output, Mapping) or "signal" not in output
+        if timed_out or not isinstance(output, Mapping):
             return SignalResult(timed_out=True)
         return SignalResult(False, output.get("payload"), output.get("identity"))
 
