@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from django.db.models.functions import Now
+from django.test import Client
+from rest_framework.test import APIClient
 
 from effects.models import Suppression
 from timers.sweep import fire_due_timers
@@ -54,7 +56,7 @@ def start(org: Organisation, name: str, key: str, run_input: Any = None) -> int:
 
 
 def test_time_ids_and_randomness_are_recorded_once_and_replayed_in_another_process(
-    org: Organisation,
+    org: Organisation, api: APIClient, admin_client: Client
 ) -> None:
     run_id = start(org, "code-values", "v")
     drive()  # in this process: each value is recorded, then the run sleeps
@@ -84,6 +86,13 @@ def test_time_ids_and_randomness_are_recorded_once_and_replayed_in_another_proce
     assert {key: run.output[key] for key in ("now", "uuid", "random")} == seen
     assert datetime.fromisoformat(run.output["later"]) > datetime.fromisoformat(seen["now"])
     assert Step.objects.filter(run_id=run_id, step_id="ctx.now").count() == 2  # two calls
+    # The recorded values' rows read as any step's (their ids hold a dot).
+    steps = api.get(f"/api/v1/runs/{run_id}/steps")
+    assert steps.status_code == 200
+    listed = steps.json()["results"] if isinstance(steps.json(), dict) else steps.json()
+    assert {"ctx.now", "ctx.uuid", "ctx.random"} <= {step["step_id"] for step in listed}
+    assert api.get(f"/api/v1/runs/{run_id}/history").status_code == 200
+    assert admin_client.get(f"/admin/workflows/run/{run_id}/change/").status_code == 200
 
 
 SEEN_IN_TURNS: list[tuple[str, float]] = []
