@@ -20,3 +20,12 @@ def charge_once(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
         body={"total": total},
     )  # fmt: skip
     return ctx.run("receipt", dict, charge=created["body"]["id"], total=total)  # type: ignore[no-any-return]
+
+
+@workflow("code-values", version=1)
+def recorded_values(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    """Time, an id and a random number, read before a sleep and again after it."""
+    first = {"now": ctx.now().isoformat(), "uuid": str(ctx.uuid()), "random": ctx.random()}
+    ctx.run("seen", dict, first)  # what the function saw before the sleep, recorded
+    ctx.sleep("nap", "1s")
+    return {**first, "later": ctx.now().isoformat()}

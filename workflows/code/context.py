@@ -15,8 +15,11 @@ The exceptions that stop the function derive from BaseException: a workflow's ow
 from __future__ import annotations
 
 import json
+import random as _random
+import uuid as _uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from ..definitions.fields import is_step_id
@@ -26,6 +29,14 @@ from ..states import StepStatus
 
 DECIDER_ID = "decide"  # the step that runs the function (steptypes.CODE); no call may use it
 RESULT_TYPE = "code_result"  # the step that records what ctx.run's function returned
+
+# The ids of the steps that record what ctx.now(), ctx.uuid(), ctx.random() and
+# ctx.patched() answered (code_result steps, one iteration per call). A dot is not allowed
+# in a step id a workflow calls (is_step_id), so they never meet a call's own id.
+NOW_ID = "ctx.now"
+UUID_ID = "ctx.uuid"
+RANDOM_ID = "ctx.random"
+PATCH_ID = "ctx.patched"
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,7 @@ class Recorded:
     type: str
     status: str
     output: Any
+    outcome: str | None = None  # what it ended with, when its step type has outcomes
 
 
 class Stop(BaseException):
@@ -62,6 +74,17 @@ class CodeFailure(Stop):
 
 
 @dataclass(frozen=True)
+class StepOutcome:
+    """What ``ctx.step_result`` gives back: the step's output and the outcome it ended with
+    (the names a definition's mapped ``next`` chooses between: an email's ``ok`` or
+    ``suppressed``, a signal wait's ``received`` or ``timed_out``, ...), or None for a step
+    type without outcomes."""
+
+    output: Any
+    outcome: str | None
+
+
+@dataclass(frozen=True)
 class SignalResult:
     """What ``ctx.wait_signal`` gives back: the signal's payload, or that it timed out."""
 
@@ -79,15 +102,68 @@ class Context:
         self.run_id = run_id
         self._history = history
         self._position = 0
+        self._patches: dict[str, bool] = {}  # each patch's answer, once asked in this replay
+
+    # --- values recorded once ------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """The current time (UTC), recorded the first time: a replay gives back the same."""
+        return datetime.fromisoformat(
+            self._recorded_value(NOW_ID, lambda: datetime.now(UTC).isoformat())
+        )
+
+    def uuid(self) -> _uuid.UUID:
+        """A random UUID (version 4), recorded the first time: a replay gives back the same."""
+        return _uuid.UUID(self._recorded_value(UUID_ID, lambda: str(_uuid.uuid4())))
+
+    def random(self) -> float:
+        """A random float in [0, 1), recorded the first time: a replay gives back the same."""
+        return float(self._recorded_value(RANDOM_ID, _random.random))
+
+    def patched(self, patch: str) -> bool:
+        """Whether this run takes the code of ``patch`` at this point: True for a run that
+        reaches it for the first time on code that calls this (the answer is recorded),
+        False for a run whose history was recorded here before the patch existed (its
+        history has another step at this point). The first answer holds for the rest of
+        the run's replay, wherever the same patch is asked again."""
+        if not isinstance(patch, str) or not is_step_id(patch.replace("-", "_")):
+            raise CodeFailure(
+                "invalid_code_step",
+                f"patch {patch!r}: a lowercase letter, then up to 62 lowercase letters, "
+                "digits, hyphens or underscores",
+            )
+        if patch in self._patches:
+            return self._patches[patch]
+        if self._position >= len(self._history):  # new work: this run takes the patch
+            raise Suspended({"id": PATCH_ID, "type": RESULT_TYPE, "output": {"patch": patch}})
+        recorded = self._history[self._position]
+        marker = recorded.output if (recorded.step_id, recorded.type) == (
+            PATCH_ID, RESULT_TYPE) else None  # fmt: skip
+        taken = isinstance(marker, Mapping) and marker.get("patch") == patch
+        if taken:
+            self._replayed(PATCH_ID, RESULT_TYPE)
+        self._patches[patch] = taken
+        return taken
+
+    def _recorded_value(self, step_id: str, make: Callable[[], Any]) -> Any:
+        """The value this call recorded, or a new one, recorded as a step of its own."""
+        recorded = self._replayed(step_id, RESULT_TYPE)
+        if recorded is not None:
+            return recorded.output
+        raise Suspended({"id": step_id, "type": RESULT_TYPE, "output": make()})
 
     # --- steps -------------------------------------------------------------------------------
 
     def step(self, step_id: str, step_type: str, **fields: Any) -> Any:
         """Enter a step of any registered type, with the fields a definition's step of that
         type has (docs/definitions.md); its recorded output once it has one."""
+        return self.step_result(step_id, step_type, **fields).output
+
+    def step_result(self, step_id: str, step_type: str, **fields: Any) -> StepOutcome:
+        """``step``, giving back the step's outcome with its output."""
         recorded = self._replayed(step_id, step_type)
         if recorded is not None:
-            return recorded.output
+            return StepOutcome(recorded.output, recorded.outcome)
         raise Suspended(_checked_step(step_id, step_type, fields))
 
     def run(self, step_id: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -139,8 +215,13 @@ class Context:
             fields["correlation"] = correlation
         if timeout is not None:
             fields["timeout"] = timeout
-        output = self.step(step_id, "wait_signal", **fields)
-        if not isinstance(output, Mapping) or "signal" not in output:
+        ended = self.step_result(step_id, "wait_signal", **fields)
+        output = ended.output
+        if ended.outcome is not None:
+            timed_out = ended.outcome == "timed_out"
+        else:  # a step ended before outcomes were recorded: the output tells
+            timed_out = not isinstance(output, Mapping) or "signal" not in output
+        if timed_out or not isinstance(output, Mapping):
             return SignalResult(timed_out=True)
         return SignalResult(False, output.get("payload"), output.get("identity"))
 

@@ -13,7 +13,7 @@ from ..engine.decided import deciding_step
 from ..engine.definition_cache import definition_for
 from ..engine.executors import StepContext, StepDeferred, StepFailure, StepResult
 from .context import RESULT_TYPE, CodeFailure, Context, Suspended, check_json
-from .history import run_history
+from .history import ENDED, ended_before, run_history
 from .registry import publishing_as_host, registered
 
 # A run whose workflow version is not registered in this worker's process (a deploy that
@@ -56,13 +56,22 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
             MISSING_VERSION_RETRY_SECONDS,
             f"workflow_version_missing: {name!r} version {version} is not registered here",
         )
-    replay = Context(run_id=ctx.run_id, history=run_history(org_id=ctx.org_id, run_id=ctx.run_id))
+    # The decider's output among the run's outputs: the outcome of the step that just ended
+    # is noted there (engine/decided.py), to be recorded by this turn.
+    latest = context["steps"].get(str(step["id"]), {}).get("output")
+    latest = latest if isinstance(latest, Mapping) else None
+    history = run_history(org_id=ctx.org_id, run_id=ctx.run_id, latest=latest)
+    replay = Context(run_id=ctx.run_id, history=history)
     try:
         output = found.function(replay, context["input"])
         replay.returned()
         check_json("output", output)
     except Suspended as suspended:
-        return StepResult(output={"call": suspended.step})
+        asked: dict[str, Any] = {"call": suspended.step}
+        ended = ended_before(latest) if latest is not None else None
+        if ended is not None:
+            asked[ENDED] = ended  # read back by every later replay (history.py)
+        return StepResult(output=asked)
     except CodeFailure as failure:
         raise StepFailure(str(failure), retryable=False) from None
     except Exception as exc:  # the workflow's own code raised: it fails the run, no traceback

@@ -7,7 +7,9 @@ its output (``{"call": {...}}``), or ends the run. The walk keeps the run's outp
 step a decider asked for is found there by every path that walks the run (a settle, a wake
 from a timer or a signal, a worker reading the step it runs), and it is entered exactly as a
 definition's step is: same row, same events, same effect key. A step asked for goes back to
-the decider when it ends, which decides again.
+the decider when it ends, which decides again; the outcome it ended with (a mapped
+``next``'s choice in a definition) is noted in the decider's output among the run's outputs,
+where the decider's next turn reads it.
 
 What a walk ahead of its transaction (speculative.py) would do with such a run is not
 asked: every lookup of a step hands it to the ordinary walk.
@@ -84,6 +86,17 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         # time, so this is a bug, and going back to the decider would decide twice (and
         # enter its step twice). The walk fails loudly instead.
         raise KeyError(step_id)
+
+    def outcome_noted(self, step_id: str, outcome: str | None) -> dict[str, Any] | None:
+        """The decider's output with the outcome of the step it asked for, which just ended,
+        noted as ``outcome`` (the step's row keeps only its output; the decider's next turn
+        reads the outcome here and records it); None when there is none to note."""
+        decider_output = self.outputs.get(self.decider["id"])
+        asked = asked_step(decider_output)
+        if outcome is None or asked is None or asked["id"] != step_id:
+            return None
+        assert isinstance(decider_output, Mapping)
+        return {**decider_output, "outcome": outcome}
 
     def __iter__(self) -> Iterator[str]:
         asked = asked_step(self.outputs.get(self.decider["id"]))

@@ -317,6 +317,10 @@ class Walk:
             # A decided run (a code workflow's) is walked the ordinary way only, its end too.
             raise NeedsTransaction("a step of a decided run")
         self.record_output(step_id, result)
+        if isinstance(self.steps, DecidedSteps):
+            noted = self.steps.outcome_noted(step_id, result.outcome)
+            if noted is not None:  # for the decider's next turn to read and record
+                self.record_output(self.steps.decider["id"], StepResult(output=noted))
         if result.finish is not None:
             if result.finish == "failed":
                 error = f"ended by step {step_id!r} with status failed"

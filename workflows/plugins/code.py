@@ -16,8 +16,15 @@ automation's (the API, ``run_start``)::
 
 from __future__ import annotations
 
-from ..code.context import Context, SignalResult
+from ..code.context import Context, SignalResult, StepOutcome
 from ..code.publish import publish_code_workflow
 from ..code.registry import CodeWorkflowError, workflow
 
-__all__ = ["CodeWorkflowError", "Context", "SignalResult", "publish_code_workflow", "workflow"]
+__all__ = [
+    "CodeWorkflowError",
+    "Context",
+    "SignalResult",
+    "StepOutcome",
+    "publish_code_workflow",
+    "workflow",
+]
