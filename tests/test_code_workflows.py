@@ -5,6 +5,7 @@ driven by a real Worker's code path (claim, execute, settle) and the timer sweep
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 from collections.abc import Callable
 from dataclasses import replace
@@ -22,6 +23,7 @@ from timers.sweep import fire_due_timers
 from workflows.code.publish import code_definition
 from workflows.code.registry import unregister
 from workflows.engine.executors import StepResult
+from workflows.engine.health import EXIT_BROKEN
 from workflows.engine.places import TOP
 from workflows.engine.speculative import NoDatabase, walked_ahead
 from workflows.engine.walk import RunState, Walk
@@ -32,12 +34,14 @@ from workflows.plugins.code import (
     publish_code_workflow,
     workflow,
 )
-from workflows.services.runs import run_start
+from workflows.services.runs import _LAST_SEEN, run_start
 
 from . import code_workflow_steps  # noqa: F401 (registers "code-crash" here too)
 from .effect_setup import connect, drive
 from .processes import running, spawn, stop, wait_for
 from .stubs import ProviderStub
+from .test_doctor import broken_runs, doctor, finding
+from .test_run_graph import node_states
 from .test_timers import make_due
 
 # --- the workflows under test (registered once, as a host's AppConfig.ready() would) -------
@@ -93,6 +97,10 @@ def start_through_api(api: APIClient, slug: str, run_input: dict[str, Any], key:
     response = api.post("/api/v1/runs", body, format="json")
     assert response.status_code in (200, 201), response.json()
     return int(response.json()["id"])
+
+
+def forget_last_seen(org_id: int, slug: str) -> None:
+    _LAST_SEEN.forget(org_id, slug)
 
 
 def fire_timers_of(run_id: int) -> None:
@@ -164,6 +172,68 @@ def test_a_code_workflow_runs_its_steps_as_step_rows_through_the_api(
     shown = io.StringIO()
     call_command("runs", "show", "--org", org.slug, str(run_id), stdout=shown)
     assert "charge" in shown.getvalue()
+
+
+def test_the_run_page_draws_the_steps_a_code_run_took_in_call_order(
+    org: Organisation, api: APIClient, provider_stub: ProviderStub, admin_client: Client
+) -> None:
+    connect(org, base_url=provider_stub.url)
+    publish_code_workflow(org=org, name="code-order", version=1)
+    run_input = {"items": [1], "url": provider_stub.url}
+    run_id = start_through_api(api, "code-order", run_input, key="g1")
+    drive()  # price recorded, cool_off waiting
+    html = admin_client.get(f"/admin/workflows/run/{run_id}/change/").content.decode()
+    assert node_states(html) == {"price": "done", "cool_off": "waiting"}
+
+    fire_timers_of(run_id)
+    drive()
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+    html = admin_client.get(f"/admin/workflows/run/{run_id}/change/").content.decode()
+    # Each step the code called, in call order, the decide turns between them left out.
+    assert list(node_states(html).items()) == [
+        ("price", "done"), ("cool_off", "done"), ("charge", "done"), ("receipt", "done"),
+    ]  # fmt: skip
+    assert html.count('class="edge edge-next taken"') == 3
+    layer = {sid: int(y) for sid, y in re.findall(r'data-step="([^"]+)"[^>]*>\s*<title>'
+                                                  r'[^<]*</title>\s*<rect x="\d+" y="(\d+)"',
+                                                  html)}  # fmt: skip
+    assert layer["price"] < layer["cool_off"] < layer["charge"] < layer["receipt"]
+
+
+def test_a_workflow_named_for_other_organisations_is_neither_published_nor_started(
+    org: Organisation, api: APIClient
+) -> None:
+    @workflow("code-scoped", version=1, organisations=[org.slug])
+    def scoped(ctx: Context, run_input: dict[str, Any]) -> str:
+        return "done"
+
+    try:
+        publish_code_workflow(org=org, name="code-scoped", version=1)
+        first = start_through_api(api, "code-scoped", {}, key="s1")
+        # A later deploy names only another organisation: no one publishes it here again,
+        # and no start writes a run, whether the start path read the version before or not.
+        unregister("code-scoped", 1)
+        workflow("code-scoped", version=1, organisations=["someone-else"])(scoped)
+        with pytest.raises(CodeWorkflowError) as refused:
+            publish_code_workflow(org=org, name="code-scoped", version=1)
+        assert refused.value.code == "workflow_not_allowed"
+        for key in ("s2", "s3"):
+            response = api.post("/api/v1/runs", {"automation": "code-scoped", "input": {},
+                                                 "start_key": key}, format="json")  # fmt: skip
+            assert response.status_code == 403, response.json()
+            assert response.json()["code"] == "workflow_not_allowed"
+            forget_last_seen(org.pk, "code-scoped")  # the next start looks the version up
+        assert list(Run.objects.filter(org=org).values_list("pk", flat=True)) == [first]
+        assert not RunEvent.objects.exclude(run_id=first).exists()
+    finally:
+        unregister("code-scoped", 1)
+
+
+def test_organisations_must_be_all_or_a_list_of_slugs() -> None:
+    for bad in ("acme", [], ["not a slug"], [7]):
+        with pytest.raises(CodeWorkflowError) as refused:
+            workflow("code-bad-orgs", version=1, organisations=bad)  # type: ignore[arg-type]
+        assert refused.value.code == "invalid_workflow"
 
 
 def test_the_same_start_key_returns_the_same_code_run(org: Organisation, api: APIClient) -> None:
@@ -269,6 +339,37 @@ def test_a_run_whose_version_is_not_registered_waits_and_goes_on_when_it_is(
     drive()  # fast-forwards the deferral
     run = Run.objects.get(pk=run_id)
     assert run.status == "failed" and "workflow_failed: out_of_stock" in run.error
+
+
+def test_the_doctor_names_a_run_waiting_for_a_missing_version_and_not_as_stranded(
+    org: Organisation, admin_client: Client
+) -> None:
+    publish_code_workflow(org=org, name="code-fails", version=1)
+    run_id = run_start(org=org, automation_slug="code-fails", run_input={}, start_key="d").run_id
+    code, report = doctor()
+    assert finding(report, "workflows.workflow_version_missing")["severity"] == "ok"
+    unregister("code-fails", 1)
+    try:
+        drive(fast_forward=False)  # its decide step is deferred: the version is missing
+        code, report = doctor()
+    finally:
+        workflow("code-fails", version=1)(fails)
+    assert code == EXIT_BROKEN
+    missing = broken_runs(report, "workflows.workflow_version_missing")
+    assert list(missing) == [run_id]
+    assert missing[run_id].startswith("workflow_version_missing: 'code-fails' version 1 ")
+    # The deferral is a durable way forward: the run is not stranded, nor late.
+    assert finding(report, "workflows.stranded_runs")["severity"] == "ok"
+    assert finding(report, "workflows.late_wakes")["severity"] == "ok"
+    assert report["broken"] == ["workflows.workflow_version_missing"]
+    # The run page says why it waits: the deferral's event, with its error.
+    html = admin_client.get(f"/admin/workflows/run/{run_id}/change/").content.decode()
+    assert "step.deferred" in html
+    assert "workflow_version_missing: &#x27;code-fails&#x27; version 1" in html
+
+    drive()  # deployed again: the run goes on, and nothing is reported any more
+    assert Run.objects.get(pk=run_id).status == "failed"
+    assert finding(doctor()[1], "workflows.workflow_version_missing")["severity"] == "ok"
 
 
 # --- a worker killed mid-run ----------------------------------------------------------------

@@ -11,6 +11,8 @@ class WorkflowsConfig(AppConfig):
 
     def ready(self) -> None:
         from .api import schema  # noqa: F401 (registers the OpenAPI auth extension)
+        from .code.health import CHECK as CODE_CHECK
+        from .code.health import missing_versions
         from .code.steptypes import register_code_step_types
         from .engine.absences import ENGINE_CHECKS
         from .engine.processes import begin_from_environment
@@ -32,6 +34,7 @@ class WorkflowsConfig(AppConfig):
         register_eraser("workflows", erase_engine_rows)
         for name, check in ENGINE_CHECKS.items():  # the doctor's and /readyz's own checks
             register_health_check(name, check)
+        register_health_check(CODE_CHECK, missing_versions)
         import_extra_step_modules(settings.WAYMARK.get("EXTRA_STEP_MODULES", ()))
         # A process runengine started (its role in the environment): tracing, if configured.
         begin_from_environment()

@@ -124,6 +124,15 @@ class StartKeyConflict(Conflict):
         return {**super().as_dict(), "run_id": self.extra["run_id"]}
 
 
+class WorkflowNotAllowed(WaymarkError):
+    """A start of a code workflow in an organisation its ``@workflow(organisations=...)``
+    does not name (docs/code-workflows.md)."""
+
+    code = "workflow_not_allowed"
+    status = 403
+    default_detail = 'Code workflow "{name}" version {version} may not run in organisation "{org}".'
+
+
 class InvalidInput(WaymarkError):
     code = "invalid_input"
     default_detail = "{reason}"

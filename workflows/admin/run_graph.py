@@ -12,6 +12,9 @@ No script and no outside service: the page's SVG is plain markup, so it is drawn
 every browser and refreshed by replacing it (run_live.py). A definition may hold thousands
 of steps; only the first ``MAX_NODES`` (by layer) are drawn, and the picture says how many
 were left out.
+
+A run whose steps are decided as it goes (a code workflow's: its definition holds one
+deciding step) is drawn from the steps it took instead, in the order it called them.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from urllib.parse import urlencode
 from django.db.models.fields.json import KeyTextTransform
 
 from ..definitions.registry import registry
+from ..engine.decided import deciding_step
 from ..models import Run, Step
 from ..states import StepStatus
 
 MAX_NODES = 200
+MAX_TAKEN_ROWS = 5_000  # a decided run's steps read for its picture (steps_taken)
 NODE_WIDTH, NODE_HEIGHT = 160, 42
 GAP_X, GAP_Y = 36, 58
 MARGIN = 24
@@ -251,6 +256,44 @@ def _barycenter(item: str, before: list[str], position: Mapping[str, int]) -> fl
     return sum(position[p] for p in before) / len(before)
 
 
+# --- the steps a decided run took ----------------------------------------------------------------
+
+
+def _decider(definition: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    steps = definition.get("steps")
+    if isinstance(steps, list) and len(steps) == 1 and isinstance(steps[0], Mapping):
+        step = steps[0]
+        if isinstance(step.get("id"), str) and isinstance(step.get("type"), str):
+            return deciding_step(definition)
+    return None
+
+
+def steps_taken(run: Run, decider_id: str) -> tuple[dict[str, Mapping[str, Any]], list[Link]]:
+    """A decided run's graph (engine/decided.py): the steps it entered, in the order it first
+    entered them, linked in the order it called them (a step called again closes a loop).
+    Its decider's turns, between every two of them, are left out: they say nothing the
+    order does not. The first ``MAX_TAKEN_ROWS`` rows are read (by the run's index)."""
+    rows = (
+        Step.objects.filter(run_id=run.pk)
+        .exclude(step_id=decider_id)
+        .exclude(step_id__startswith="~")
+        .order_by("id")
+        .values_list("step_id", "type")[:MAX_TAKEN_ROWS]
+    )
+    steps: dict[str, Mapping[str, Any]] = {}
+    found: dict[tuple[str, str], Link] = {}
+    leaving: dict[str, int] = {}
+    before: str | None = None
+    for step_id, step_type in rows:
+        steps.setdefault(step_id, {"id": step_id, "type": step_type})
+        if before is not None and (before, step_id) not in found:
+            order = leaving.get(before, 0)
+            leaving[before] = order + 1
+            found[(before, step_id)] = Link(before, step_id, "", "next", order)
+        before = step_id
+    return steps, list(found.values())
+
+
 # --- what the run did ---------------------------------------------------------------------------
 
 
@@ -292,11 +335,18 @@ def taken(link: Link, marks: Mapping[str, StepMark]) -> bool:
 
 
 def picture(run: Run, definition: Mapping[str, Any], *, on_page: Set[str] = frozenset()) -> Picture:
-    """The run's picture over ``definition`` (its version's). A step links to its row,
+    """The run's picture over ``definition`` (its version's), or, for a run whose steps are
+    decided as it goes (a code workflow's), over the steps it took. A step links to its row,
     ``#step-<id>``, on this page when ``on_page`` holds it, else on the page of its rows."""
-    steps = definition_steps(definition)
-    start = definition.get("start")
-    every_link = links(steps)
+    decider = _decider(definition)
+    took = steps_taken(run, str(decider["id"])) if decider is not None else None
+    if took is not None and took[0]:  # before its first step: the decider alone
+        steps, every_link = took
+        start: Any = next(iter(steps))
+    else:
+        steps = definition_steps(definition)
+        start = definition.get("start")
+        every_link = links(steps)
     layer = layers(start if isinstance(start, str) else None, list(steps), every_link)
     # The first MAX_NODES steps by layer (definition order within one): a top of the graph.
     drawn_ids = sorted(steps, key=layer.__getitem__)[:MAX_NODES]

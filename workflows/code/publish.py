@@ -24,9 +24,15 @@ def publish_code_workflow(
 ) -> AutomationVersion:
     """Make ``name`` at ``version`` the current version of ``org``'s automation ``name``
     (created if needed; the same version published again is returned as it is)."""
-    if registered(name, version) is None:
+    found = registered(name, version)
+    if found is None:
         raise CodeWorkflowError(
             "workflow_version_missing", f"{name!r} version {version} is not registered"
+        )
+    if not found.allows(org.slug):
+        raise CodeWorkflowError(
+            "workflow_not_allowed",
+            f"{name!r} version {version} is not registered for organisation {org.slug!r}",
         )
     with host_publishing():
         return automation_publish_definition(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -27,22 +27,34 @@ class CodeWorkflowError(Exception):
         self.detail = detail
 
 
+ALL = "all"  # organisations=: every organisation the host publishes it for
+
+
 @dataclass(frozen=True)
 class CodeWorkflow:
     name: str
     version: int
     function: WorkflowFunction
+    organisations: frozenset[str] | None = None  # the slugs it may run for; None: all
+
+    def allows(self, org_slug: str) -> bool:
+        return self.organisations is None or org_slug in self.organisations
 
 
 _workflows: dict[tuple[str, int], CodeWorkflow] = {}
 _lock = threading.Lock()
 
 
-def workflow(name: str, *, version: int) -> Callable[[F], F]:
+def workflow(
+    name: str, *, version: int, organisations: str | Iterable[str] = ALL
+) -> Callable[[F], F]:
     """Register the decorated function as the code workflow ``name`` at ``version``. It is
     called as ``function(ctx, input)`` with a ``Context`` and the run's input, and returns
-    the run's output (a JSON value)."""
+    the run's output (a JSON value). ``organisations``: ``"all"``, or the slugs of the
+    organisations it may be published for and started in (publish_code_workflow, and every
+    start of its runs, refuse the others: ``workflow_not_allowed``)."""
     _check_name(name, version)
+    allowed = _organisations(name, organisations)
 
     def register(function: F) -> F:
         if not callable(function):
@@ -55,7 +67,7 @@ def workflow(name: str, *, version: int) -> Callable[[F], F]:
                     f"{name!r} version {version} is already registered "
                     f"({_where(existing.function)}); give the new code another version",
                 )
-            _workflows[(name, version)] = CodeWorkflow(name, version, function)
+            _workflows[(name, version)] = CodeWorkflow(name, version, function, allowed)
         return function
 
     return register
@@ -102,6 +114,29 @@ def _check_name(name: object, version: object) -> None:
         ) from None
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise CodeWorkflowError("invalid_workflow", f"{name!r}: version must be an integer >= 1")
+
+
+def _organisations(name: str, organisations: object) -> frozenset[str] | None:
+    """The slugs a workflow may run for (None: all), from ``"all"`` or a list of slugs."""
+    if organisations == ALL:
+        return None
+    if isinstance(organisations, str) or not isinstance(organisations, Iterable):
+        raise CodeWorkflowError(
+            "invalid_workflow", f"{name!r}: organisations must be {ALL!r} or a list of slugs"
+        )
+    slugs = list(organisations)
+    for slug in slugs:
+        try:
+            if not isinstance(slug, str):
+                raise TypeError(slug)
+            validate_slug(slug)
+        except (ValidationError, TypeError):
+            raise CodeWorkflowError(
+                "invalid_workflow", f"{name!r}: organisation {slug!r} is not a slug"
+            ) from None
+    if not slugs:
+        raise CodeWorkflowError("invalid_workflow", f"{name!r}: organisations is empty")
+    return frozenset(slugs)
 
 
 def _where(function: WorkflowFunction) -> str:

@@ -12,6 +12,9 @@ from ..definitions.registry import StepReport, StepType, registry
 from ..engine.decided import deciding_step
 from ..engine.definition_cache import definition_for
 from ..engine.executors import StepContext, StepDeferred, StepFailure, StepResult
+from ..errors import WorkflowNotAllowed
+from ..models import Organisation
+from ..services.runs import register_start_guard
 from .context import RESULT_TYPE, CodeFailure, Context, Suspended, check_json
 from .history import ENDED, ended_before, run_history
 from .registry import publishing_as_host, registered
@@ -81,6 +84,18 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     return StepResult(output=output, finish="succeeded")
 
 
+def allowed_to_start(org: Organisation, definition: Mapping[str, Any]) -> None:
+    """Refuse a start of a code workflow in an organisation its ``@workflow`` does not name
+    (services/runs.py calls it before the run is written). A version not registered here
+    starts, and waits as every run of it does (decide)."""
+    decider = deciding_step(definition)
+    if decider is None or decider.get("type") != CODE.name:
+        return
+    found = registered(str(decider.get("workflow")), int(decider.get("version", 0)))
+    if found is not None and not found.allows(org.slug):
+        raise WorkflowNotAllowed(name=found.name, version=found.version, org=org.slug)
+
+
 def validate_code_result(step: Mapping[str, Any], report: StepReport) -> None:
     check_fields(step, report, ("output",))
 
@@ -106,3 +121,4 @@ CODE_RESULT = StepType(
 def register_code_step_types() -> None:
     registry.register(CODE)
     registry.register(CODE_RESULT)
+    register_start_guard(allowed_to_start)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -189,7 +190,7 @@ def _already_started(start: _Start) -> StartResult | None:
 
 def _start_looked_up(start: _Start) -> StartResult:
     """The start as the automation's current version, read now (and remembered)."""
-    target = _target(start.org, start.slug)
+    target = _guarded(start, _target(start.org, start.slug))
     _LAST_SEEN.remember(start.org.pk, start.slug, target)
     with connection.cursor() as cursor:
         inserted = query_prepared(cursor, sql.INSERT_RUN, start.row(target))
@@ -268,6 +269,24 @@ class _LastSeen:
 
 _LAST_SEEN = _LastSeen()
 
+# What a start's version must pass before its run is written: each guard is called with the
+# organisation and the version's definition, and raises a WaymarkError to refuse the start.
+# Code workflows register theirs (workflows/code: which organisations may run one), which
+# this module cannot import.
+StartGuard = Callable[[Organisation, Mapping[str, Any]], None]
+START_GUARDS: list[StartGuard] = []
+
+
+def register_start_guard(guard: StartGuard) -> None:
+    if guard not in START_GUARDS:
+        START_GUARDS.append(guard)
+
+
+def _guarded(start: _Start, target: _Target) -> _Target:
+    for guard in START_GUARDS:
+        guard(start.org, target.definition)
+    return target
+
 
 def _start_in_one_trip(start: _Start, admission: dict[str, Any]) -> StartResult | None:
     """The start as one statement (engine/starts.py), as the version this process last saw,
@@ -277,6 +296,7 @@ def _start_in_one_trip(start: _Start, admission: dict[str, Any]) -> StartResult 
     target = _LAST_SEEN.get(start.org.pk, start.slug)
     if target is None:
         return None
+    _guarded(start, target)
     rows = start_in_one_trip(
         {**start.row(target), "slug": start.slug}, org_id=start.org.pk,
         version_id=target.version_id, run_input=start.stored_input,
@@ -301,6 +321,7 @@ def _start_as_last_seen(start: _Start) -> StartResult | None:
     target = _LAST_SEEN.get(start.org.pk, start.slug)
     if target is None:
         return None
+    _guarded(start, target)
     with connection.cursor() as cursor:
         params = {**start.row(target), "slug": start.slug}
         rows = query_prepared(cursor, sql.INSERT_RUN_IF_CURRENT, params)
