@@ -1,11 +1,14 @@
-"""Decisions for the workflow test helper (workflows.plugins.testing, docs/code-workflows.md,
-"Testing a code workflow"). FOR TESTS ONLY: registered from ApprovalsConfig.ready(), called
-only by ``WorkflowTest.decide``, which refuses to run where WAYMARK_PRODUCTION is set."""
+"""Decisions and deadlines for the workflow test helper (workflows.plugins.testing,
+docs/code-workflows.md, "Testing a code workflow"). FOR TESTS ONLY: registered from
+ApprovalsConfig.ready(), called only by ``WorkflowTest.decide`` and ``skip_time``, which
+refuse to run where WAYMARK_PRODUCTION is set."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from django.db.models.functions import Now
 
 from workflows.plugins.testing import WorkflowTestError
 
@@ -43,3 +46,13 @@ def decide_as(
             f"{outcome.code}: {user.get_username()!r} may not {decision} the request at "
             f"step {step_id!r}: {outcome.message}"
         )
+
+
+def expire_run_requests(org_id: int, run_id: int) -> int:
+    """The run's pending requests expire now (by the database's clock): the engine's sweep,
+    which passes their steps' deadlines (moved by the helper), then finds them expired, as
+    it does in production. Fires nothing itself."""
+    pending = ApprovalRequest.objects.filter(org_id=org_id, run_id=run_id,
+                                             status=RequestStatus.PENDING)  # fmt: skip
+    pending.update(expires_at=Now())
+    return 0

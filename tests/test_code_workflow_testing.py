@@ -140,3 +140,12 @@ def test_the_helper_refuses_to_run_in_production(org: Organisation) -> None:
     with override_settings(PRODUCTION=True), pytest.raises(WorkflowTestError) as refused:
         WorkflowTest(org=org)
     assert "test_helper_in_production" in str(refused.value)
+
+
+def test_skipping_time_passes_an_approvals_deadline(org: Organisation) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-approved", version=1, input={"amount": 40})
+    t.run_until_waiting()
+    assert t.skip_time() == 1  # the 1-day deadline, passed by the engine's sweep
+    run = t.run_until_finished()
+    assert (run.status, run.output) == ("succeeded", {"outcome": "timed_out", "by": "deadline"})

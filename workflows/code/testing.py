@@ -37,10 +37,12 @@ from .publish import publish_code_workflow
 
 TESTER = "workflow-test"  # the worker and sweeper name the steps and events it drives show
 
-# What an app that keeps a kind of wait of its own (the timers app: a sleep's timer) does to
-# skip time for one run: make the run's pending waits of that kind due now and fire them
-# through its real firing path; returns how many it fired. Registered from the app's
-# AppConfig.ready() with register_time_skip; called only by this helper.
+# What an app that keeps a kind of wait of its own (the timers app: a sleep's timer; the
+# approvals app: a request's expiry) does to skip time for one run: make the run's pending
+# waits of that kind due now, by the database's clock, and fire those its app fires through
+# its real firing path; returns how many it fired (the deadlines kept on steps are fired
+# after, by the engine's sweep). Registered from the app's AppConfig.ready() with
+# register_time_skip; called only by this helper.
 TimeSkip = Callable[[int, int], int]  # (org_id, run_id) -> fired
 TIME_SKIPS: dict[str, TimeSkip] = {}
 
