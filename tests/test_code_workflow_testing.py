@@ -5,10 +5,12 @@ local stub runs to its end in seconds, on the real engine, timer rows and sweep.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.test import override_settings
+from django.utils import timezone
 
 from timers.models import Timer
 from workflows.models import Organisation, RunEvent
@@ -149,3 +151,17 @@ def test_skipping_time_passes_an_approvals_deadline(org: Organisation) -> None:
     assert t.skip_time() == 1  # the 1-day deadline, passed by the engine's sweep
     run = t.run_until_finished()
     assert (run.status, run.output) == ("succeeded", {"outcome": "timed_out", "by": "deadline"})
+
+
+def test_skipping_time_moves_only_its_own_runs_waits(org: Organisation) -> None:
+    first, second = WorkflowTest(org=org), WorkflowTest(org=org)
+    for t, key in ((first, "a"), (second, "b")):
+        t.start("code-tested", version=1, input={"order": key, "url": "http://127.0.0.1:9"},
+                start_key=key)  # fmt: skip
+        t.run_until_waiting()
+    assert first.skip_time() == 1
+    assert [s.step_id for s in first.run_until_waiting().waiting] == ["morning"]
+    assert [s.step_id for s in second.run_until_waiting().waiting] == ["cool_off"]
+    other = Timer.objects.get(run_id=second.run().id, step_id="cool_off")
+    assert other.fired_at is None
+    assert other.due_at > timezone.now() + timedelta(days=2)  # still 3 days out
