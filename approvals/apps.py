@@ -8,11 +8,13 @@ class ApprovalsConfig(AppConfig):
     def ready(self) -> None:
         from workflows.plugins import register_step_renamer, register_sweep_task
         from workflows.plugins.erasure import register_eraser
+        from workflows.plugins.testing import register_decider, register_time_skip
 
         from . import sweep, waits
         from .erasure import erase_approvals
         from .renames import rename_requests
         from .steptypes import register_step_types
+        from .testing import decide_as, expire_run_requests
 
         register_step_types()
         waits.register()  # what its parked steps wait on, in words (the run page, the API)
@@ -24,3 +26,5 @@ class ApprovalsConfig(AppConfig):
         register_sweep_task("approvals.slack_updates", sweep.update_slack)
         register_step_renamer("approvals", rename_requests)
         register_eraser("approvals", erase_approvals)
+        register_decider("approvals", decide_as)  # the test helper's decide only
+        register_time_skip("approvals", expire_run_requests)  # and its skip_time

@@ -13,6 +13,7 @@ class TimersConfig(AppConfig):
             register_sweep_task,
         )
         from workflows.plugins.erasure import register_eraser
+        from workflows.plugins.testing import register_time_skip
 
         from . import health, waits
         from .erasure import erase_timers
@@ -21,6 +22,7 @@ class TimersConfig(AppConfig):
         from .schedules import fire_due_schedules
         from .steptypes import register_step_types
         from .sweep import TimerFiring
+        from .testing import skip_run_timers
 
         register_step_types()
         waits.register()  # what its parked steps wait on, in words (the run page, the API)
@@ -30,3 +32,4 @@ class TimersConfig(AppConfig):
         register_sweep_task("timers.schedules", fire_due_schedules, each_tick=True)
         register_step_renamer("timers", rename_timer)
         register_eraser("timers", erase_timers)
+        register_time_skip("timers", skip_run_timers)  # the test helper's skip_time only

@@ -1,0 +1,167 @@
+"""The workflow test helper (workflows.plugins.testing, docs/code-workflows.md, "Testing a
+code workflow"), used exactly as a host's test uses it: a code workflow that sleeps 3 days,
+waits for a morning in a zone, waits for a signal with a timeout and calls http against a
+local stub runs to its end in seconds, on the real engine, timer rows and sweep."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from timers.models import Timer
+from workflows.models import Organisation, RunEvent
+from workflows.plugins.code import Context, workflow
+from workflows.plugins.testing import WorkflowTest, WorkflowTestError
+
+from .effect_setup import connect
+from .stubs import ProviderStub
+from .test_approvals_setup import person
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@workflow("code-tested", version=1)
+def fulfil(ctx: Context, order: dict[str, Any]) -> dict[str, Any]:
+    ctx.sleep("cool_off", "3d")
+    ctx.step("morning", "wait_until", rule={"time": "09:00"}, timezone="Europe/Berlin")
+    paid = ctx.wait_signal("paid", signal="paid", correlation=order["order"], timeout="2d")
+    if paid.timed_out:
+        return {"paid": False}
+    created = ctx.http("charge", connection="api", method="POST", url=f"{order['url']}/items",
+                       body={"amount": paid.payload["amount"]})  # fmt: skip
+    return {"paid": True, "charge": created["body"]["id"]}
+
+
+@workflow("code-approved", version=1)
+def refund(ctx: Context, request: dict[str, Any]) -> dict[str, Any]:
+    asked = ctx.step_result("approve", "approval", approvers=["group:finance"],
+                            message="Refund {{ input.amount }}?", deadline="1d")  # fmt: skip
+    return {"outcome": asked.outcome, "by": asked.output["by"]}
+
+
+def test_a_3_day_sleep_a_zoned_morning_a_signal_and_a_stub_call_run_in_seconds(
+    org: Organisation, provider_stub: ProviderStub
+) -> None:
+    connect(org, base_url=provider_stub.url)  # the "api" connection, at the local stub
+    t = WorkflowTest(org=org)
+    t.start("code-tested", version=1, input={"order": "o-1", "url": provider_stub.url},
+            start_key="t1")  # fmt: skip
+
+    run = t.run_until_waiting()
+    assert run.status == "running"
+    assert [(s.step_id, s.status) for s in run.waiting] == [("cool_off", "waiting")]
+    assert t.skip_time() == 1  # the 3-day sleep's timer, fired by the real firing
+    run = t.run_until_waiting()
+    assert [(s.step_id, s.type) for s in run.waiting] == [("morning", "wait_until")]
+    morning = Timer.objects.get(run_id=run.id, step_id="morning")
+    assert morning.zone == "Europe/Berlin" and morning.fired_at is None
+    assert t.skip_time() == 1
+    run = t.run_until_waiting()
+    assert [(s.step_id, s.type) for s in run.waiting] == [("paid", "wait_signal")]
+
+    t.signal("paid", correlation="o-1", payload={"amount": 12})
+    run = t.run_until_finished()
+    assert (run.status, run.error) == ("succeeded", "")
+    assert run.output == {"paid": True, "charge": "item_1"}
+    assert [(s.step_id, s.type, s.status) for s in run.steps] == [
+        ("cool_off", "wait", "done"),
+        ("morning", "wait_until", "done"),
+        ("paid", "wait_signal", "done"),
+        ("charge", "http", "done"),
+    ]
+    assert run.step("paid").output["payload"] == {"amount": 12}
+    assert [item["body"] for item in provider_stub.created] == [{"amount": 12}]
+    # Real timer rows, fired by the sweep's own batches: marked fired, their steps woken.
+    assert Timer.objects.filter(run_id=run.id, fired_at__isnull=False).count() == 2
+    fired = RunEvent.objects.filter(run_id=run.id, kind="step.timer_fired")
+    assert sorted(e.step_id for e in fired) == ["cool_off", "morning"]
+
+
+def test_skipping_time_past_a_signal_wait_times_it_out(org: Organisation) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-tested", version=1, input={"order": "o-2", "url": "http://127.0.0.1:9"})
+    t.run_until_waiting()
+    t.skip_time()  # the sleep
+    t.run_until_waiting()
+    t.skip_time()  # the morning
+    run = t.run_until_waiting()
+    assert [s.step_id for s in run.waiting] == ["paid"]
+    assert t.skip_time() == 1  # the signal's 2-day timeout, passed by the engine's sweep
+    run = t.run_until_finished()
+    assert (run.status, run.output) == ("succeeded", {"paid": False})
+    assert run.step("paid").status == "done"
+    assert "charge" not in [s.step_id for s in run.steps]
+
+
+def test_a_run_left_waiting_for_a_signal_raises_naming_the_step_instead_of_hanging(
+    org: Organisation,
+) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-tested", version=1, input={"order": "o-3", "url": "http://127.0.0.1:9"})
+    t.run_until_waiting()
+    t.skip_time()
+    t.run_until_waiting()
+    t.skip_time()
+    with pytest.raises(WorkflowTestError) as stuck:
+        t.run_until_finished()  # nobody sends "paid"
+    message = str(stuck.value)
+    assert "not finished" in message and "step 'paid' (wait_signal" in message
+    assert t.run().status == "running"  # left as it was, waiting
+
+
+def test_a_sleep_whose_time_is_not_skipped_is_not_passed(org: Organisation) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-tested", version=1, input={"order": "o-4", "url": "http://127.0.0.1:9"})
+    with pytest.raises(WorkflowTestError, match="step 'cool_off' \\(wait"):
+        t.run_until_finished()
+
+
+def test_a_decision_is_taken_as_a_named_user_with_the_services_permission_checks(
+    org: Organisation,
+) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-approved", version=1, input={"amount": 40})
+    run = t.run_until_waiting()
+    assert [(s.step_id, s.type) for s in run.waiting] == [("approve", "approval")]
+
+    outsider = person(org, "outsider", group="finance", may_decide=False)
+    with pytest.raises(WorkflowTestError, match="not_permitted"):
+        t.decide("approve", user=outsider, decision="approve")
+    assert t.run_until_waiting().waiting[0].step_id == "approve"  # still open
+
+    t.decide("approve", user=person(org, "maya"), decision="approve", comment="fine")
+    run = t.run_until_finished()
+    assert (run.status, run.output) == ("succeeded", {"outcome": "approved", "by": "maya"})
+
+
+def test_the_helper_refuses_to_run_in_production(org: Organisation) -> None:
+    with override_settings(PRODUCTION=True), pytest.raises(WorkflowTestError) as refused:
+        WorkflowTest(org=org)
+    assert "test_helper_in_production" in str(refused.value)
+
+
+def test_skipping_time_passes_an_approvals_deadline(org: Organisation) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-approved", version=1, input={"amount": 40})
+    t.run_until_waiting()
+    assert t.skip_time() == 1  # the 1-day deadline, passed by the engine's sweep
+    run = t.run_until_finished()
+    assert (run.status, run.output) == ("succeeded", {"outcome": "timed_out", "by": "deadline"})
+
+
+def test_skipping_time_moves_only_its_own_runs_waits(org: Organisation) -> None:
+    first, second = WorkflowTest(org=org), WorkflowTest(org=org)
+    for t, key in ((first, "a"), (second, "b")):
+        t.start("code-tested", version=1, input={"order": key, "url": "http://127.0.0.1:9"},
+                start_key=key)  # fmt: skip
+        t.run_until_waiting()
+    assert first.skip_time() == 1
+    assert [s.step_id for s in first.run_until_waiting().waiting] == ["morning"]
+    assert [s.step_id for s in second.run_until_waiting().waiting] == ["cool_off"]
+    other = Timer.objects.get(run_id=second.run().id, step_id="cool_off")
+    assert other.fired_at is None
+    assert other.due_at > timezone.now() + timedelta(days=2)  # still 3 days out
