@@ -1049,7 +1049,7 @@ SELECT id, automation_id, version_id, input_digest, status FROM workflows_run
 # are named org_<field>; its id is the key's org_id.
 API_KEY_WITH_ORG = """
 SELECT k.id, k.org_id, k.name, k.prefix, k.key_hash, k.created_at, k.revoked_at,
-       k.last_used_at, k.read_only, k.expires_at,
+       k.last_used_at, k.read_only, k.expires_at, k.scopes,
        -- On the database's clock, not the web process's: a key expires at the same instant
        -- for every process.
        COALESCE(k.expires_at <= now(), false) AS expired_now,
