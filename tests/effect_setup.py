@@ -3,16 +3,15 @@ effect step."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from django.db.models.functions import Now
 
 from effects.models import Connection, EgressAllow
 from effects.secrets import encrypt
+from workflows.code.testing import run_due_steps
 from workflows.engine.lanes import lane_policy
-from workflows.engine.steps import claim, promote_due_retries
-from workflows.engine.worker import Attempt, Worker
+from workflows.engine.worker import Worker
 from workflows.models import Organisation, RunEvent, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
@@ -77,16 +76,10 @@ def drive(*, lane: str = "io", rounds: int = 50, fast_forward: bool = True) -> i
     for _ in range(rounds):
         if fast_forward:
             Step.objects.filter(status="waiting", wait_kind="retry").update(wake_at=Now())
-        promote_due_retries(lane=lane, worker=worker.name)
-        claimed = claim(policy=worker.policy, worker=worker.name, limit=10)
-        if not claimed:
+        ran_now = run_due_steps(worker)
+        if not ran_now:
             break
-        for step in claimed:
-            attempt: Attempt | None = Attempt(step, deadline=time.monotonic() + 60,
-                                              extended=time.monotonic())  # fmt: skip
-            while attempt is not None:
-                attempt = worker._execute(attempt)
-                ran += 1
+        ran += ran_now
     return ran
 
 

@@ -255,15 +255,24 @@ class WorkflowTest:
             # A retry or a deferral of this run is time too: taken at once.
             Step.objects.filter(org_id=self.org.pk, run_id=self._id(), status=StepStatus.WAITING,
                                 wait_kind="retry").update(wake_at=Now())  # fmt: skip
-            promote_due_retries(lane=lane, worker=worker.name)
-            for step in claim(policy=worker.policy, worker=worker.name, limit=10):
-                attempt: Attempt | None = Attempt(step, deadline=time.monotonic() + 60,
-                                                  extended=time.monotonic())  # fmt: skip
-                while attempt is not None:
-                    attempt = worker._execute(attempt)
-                    ran += 1
+            ran += run_due_steps(worker)
         return ran
 
     @staticmethod
     def _describe(step: StepView) -> str:
         return f"step {step.step_id!r} ({step.type}, {step.wait_kind or 'waiting'})"
+
+
+def run_due_steps(worker: Worker, limit: int = 10) -> int:
+    """Promote the worker's lane's due retries, claim up to ``limit`` ready steps and run each
+    through the worker's own code path (execute, settle, and any next step the settle hands
+    it), in this process; return how many attempts ran (0: nothing was ready)."""
+    promote_due_retries(lane=worker.policy.name, worker=worker.name)
+    ran = 0
+    for step in claim(policy=worker.policy, worker=worker.name, limit=limit):
+        attempt: Attempt | None = Attempt(step, deadline=time.monotonic() + 60,
+                                          extended=time.monotonic())  # fmt: skip
+        while attempt is not None:
+            attempt = worker._execute(attempt)
+            ran += 1
+    return ran
