@@ -20,12 +20,16 @@ import uuid as _uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..definitions.fields import is_step_id
 from ..definitions.registry import StepReport, registry
 from ..definitions.storable import UNSTORABLE_REASON, unstorable_path
+from ..engine.decided import branch_decider_id
 from ..states import StepStatus
+
+if TYPE_CHECKING:
+    from .history import History as Forks
 
 DECIDER_ID = "decide"  # the step that runs the function (steptypes.CODE); no call may use it
 RESULT_TYPE = "code_result"  # the step that records what ctx.run's function returned
@@ -37,6 +41,13 @@ NOW_ID = "ctx.now"
 UUID_ID = "ctx.uuid"
 RANDOM_ID = "ctx.random"
 PATCH_ID = "ctx.patched"
+
+# ctx.parallel: the engine's own fork and join (engine/forks.py), its branches each decided
+# by a decider of their own (engine/decided.py). Its id leaves room, within a step id's 63
+# characters, for its branches' deciders' ids and its join's (``<id>.join``).
+PARALLEL_TYPE = "parallel"
+MAX_PARALLEL_ID = 56
+MAX_BRANCHES = 100
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,15 @@ class Suspended(Stop):
     def __init__(self, step: dict[str, Any]) -> None:
         super().__init__(step["id"])
         self.step = step
+
+
+class BranchReturned(Stop):
+    """A branch's function returned ``value``: its decider ends the branch (it arrives at
+    its join)."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__("returned")
+        self.value = value
 
 
 class CodeFailure(Stop):
@@ -98,11 +118,24 @@ class Context:
     call. Every method that enters a step takes the step's id first (unique per call site;
     calling the same id again enters its next iteration)."""
 
-    def __init__(self, *, run_id: int, history: Sequence[Recorded]) -> None:
+    def __init__(
+        self,
+        *,
+        run_id: int,
+        history: Sequence[Recorded],
+        forks: Forks | None = None,
+        deciding: tuple[str, int] | None = None,
+        branch: int | None = None,
+    ) -> None:
         self.run_id = run_id
         self._history = history
         self._position = 0
         self._patches: dict[str, bool] = {}  # each patch's answer, once asked in this replay
+        self._forks = forks  # every place's history (history.py), for ctx.parallel
+        # Set when this replay decides branch ``n`` of the live ctx.parallel ``id``: the top
+        # level then only replays up to it, and must not do new work of its own.
+        self._deciding = deciding
+        self._branch = branch  # this context is that branch's (ctx.parallel gives it)
 
     # --- values recorded once ------------------------------------------------------------------
 
@@ -135,6 +168,7 @@ class Context:
         if patch in self._patches:
             return self._patches[patch]
         if self._position >= len(self._history):  # new work: this run takes the patch
+            self._new_work(PATCH_ID)
             raise Suspended({"id": PATCH_ID, "type": RESULT_TYPE, "output": {"patch": patch}})
         recorded = self._history[self._position]
         marker = recorded.output if (recorded.step_id, recorded.type) == (
@@ -225,6 +259,66 @@ class Context:
             return SignalResult(timed_out=True)
         return SignalResult(False, output.get("payload"), output.get("identity"))
 
+    def parallel(
+        self, step_id: str, *branches: Callable[[Context], Any], complete: str | int = "all"
+    ) -> list[Any]:
+        """Run ``branches`` at the same time, each a function given a context of its own
+        (``branch(c)``) that calls steps on it, and go on once they have met: every one
+        (``complete="all"``), the first (``"first"``) or ``N`` of them. The list of what each
+        returned, in branch order; None for a branch its join did not wait for (cancelled
+        as a definition's branches are)."""
+        _check_parallel(step_id, branches, complete)
+        if self._branch is not None:
+            raise CodeFailure(
+                "invalid_code_step", f"ctx.parallel {step_id!r}: not inside a branch of another"
+            )
+        recorded = self._replayed(step_id, PARALLEL_TYPE)
+        if recorded is None:
+            ids = [branch_decider_id(step_id, number) for number in range(len(branches))]
+            raise Suspended(
+                {"id": step_id, "type": PARALLEL_TYPE, "branches": ids, "complete": complete}
+            )
+        output = recorded.output if isinstance(recorded.output, Mapping) else {}
+        join_row, names = output.get("join_row"), output.get("branches")
+        if not isinstance(names, list) or len(names) != len(branches):
+            raise CodeFailure(
+                "nondeterministic_workflow",
+                f"ctx.parallel {step_id!r} has {len(names or [])} branches in the history, "
+                f"but the code called it with {len(branches)}",
+            )
+        forks = self._forks
+        assert forks is not None and isinstance(join_row, int), "a replay reads its forks"
+        join = forks.joins.get(join_row)
+        if join is not None and join.status == StepStatus.DONE:
+            return [forks.returned.get((join_row, number)) for number in range(len(branches))]
+        if self._deciding is None or self._deciding[0] != step_id:
+            raise CodeFailure(
+                "nondeterministic_workflow",
+                f"the code went on past ctx.parallel {step_id!r} before its branches met",
+            )
+        self._decide_branch(branches, join_row, self._deciding[1])
+
+    def _decide_branch(
+        self, branches: Sequence[Callable[[Context], Any]], join_row: int, number: int
+    ) -> NoReturn:
+        """Replay branch ``number`` against its own history: the step it asks for next
+        (Suspended), or what it returned (BranchReturned)."""
+        assert self._forks is not None
+        if self._forks.deciding_at != (join_row, number):
+            raise CodeFailure(
+                "nondeterministic_workflow",
+                f"branch {number} is not a branch of the ctx.parallel the code reached",
+            )
+        branch = Context(run_id=self.run_id, history=self._forks.of((join_row, number)),
+                         forks=self._forks, branch=number)  # fmt: skip
+        try:
+            value = branches[number](branch)
+        except Exception as exc:  # kept from the top level's own `except Exception`
+            raise CodeFailure("workflow_failed", f"{type(exc).__name__}: {exc}") from None
+        branch.returned()
+        check_json("branch", value)
+        raise BranchReturned(value)
+
     def fail(self, reason: str) -> NoReturn:
         """End the run as failed, with ``reason`` in its error."""
         raise CodeFailure("workflow_failed", str(reason))
@@ -234,6 +328,7 @@ class Context:
     def _replayed(self, step_id: str, step_type: str) -> Recorded | None:
         """The recorded step this call replays, or None when the call is new work."""
         if self._position >= len(self._history):
+            self._new_work(step_id)
             return None
         recorded = self._history[self._position]
         if (recorded.step_id, recorded.type) != (step_id, step_type):
@@ -249,6 +344,16 @@ class Context:
             )
         self._position += 1
         return recorded
+
+    def _new_work(self, step_id: str) -> None:
+        """A call with nothing recorded: refused while deciding a branch (the top level's
+        history ends at the branch's ctx.parallel, so the code took another path)."""
+        if self._deciding is not None:
+            raise CodeFailure(
+                "nondeterministic_workflow",
+                f"the code called {step_id!r} before reaching ctx.parallel "
+                f"{self._deciding[0]!r}, whose branch this turn decides",
+            )
 
     def returned(self) -> None:
         """The function returned: every recorded step must have been called again."""
@@ -277,6 +382,29 @@ def _check_call(step_id: str, step_type: str) -> None:
         raise CodeFailure(
             "invalid_code_step", f"step {step_id!r}: a {step_type} step cannot be called from code"
         )
+
+
+def _check_parallel(step_id: str, branches: Sequence[Any], complete: Any) -> None:
+    if not is_step_id(step_id) or len(step_id) > MAX_PARALLEL_ID:
+        raise CodeFailure(
+            "invalid_code_step",
+            f"{step_id!r} is not a valid ctx.parallel id (a lowercase letter, then up to "
+            f"{MAX_PARALLEL_ID - 1} lowercase letters, digits or underscores)",
+        )
+    if step_id == DECIDER_ID:
+        raise CodeFailure("invalid_code_step", f"step id {DECIDER_ID!r} is reserved")
+    if not 1 <= len(branches) <= MAX_BRANCHES or not all(callable(b) for b in branches):
+        raise CodeFailure(
+            "invalid_code_step", f"ctx.parallel {step_id!r}: 1 to {MAX_BRANCHES} branch functions"
+        )
+    if isinstance(complete, bool) or not (
+        complete in ("all", "first") or (isinstance(complete, int) and complete >= 1)
+    ):
+        raise CodeFailure("invalid_code_step", f'ctx.parallel {step_id!r}: complete must be '
+                          '"all", "first" or a number of branches (1 or more)')  # fmt: skip
+    if isinstance(complete, int) and complete > len(branches):
+        raise CodeFailure("invalid_code_step", f"ctx.parallel {step_id!r}: complete is more "
+                          f"than its {len(branches)} branches")  # fmt: skip
 
 
 def _checked_step(step_id: str, step_type: str, fields: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,24 +1,28 @@
 """What a replay reads: the run's steps in the order they were entered, in one statement,
-each with the outcome it ended with (when its step type has outcomes)."""
+each with the outcome it ended with (when its step type has outcomes), sorted by where they
+were entered: the top level, or a branch of a ``ctx.parallel`` (engine/forks.py's fork_join
+and branch columns). Each branch replays against its own steps only."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.db import connection
 
+from ..definitions.registry import registry
 from ..engine.sql.rows import fetch_dicts
-from .context import DECIDER_ID, Recorded
+from .context import Recorded
 
 # Every step of the run but the engine's continuations ("~..."), in the order they were
-# entered (a code run enters one step at a time). The run's steps are found by the
-# (org_id, run_id, ...) index every step lookup of a run uses. The decider's own rows are
-# read for what they recorded of the step before them (ENDED), not replayed.
+# entered (one decider enters one step at a time, so within one place the order is the
+# call order). The run's steps are found by the (org_id, run_id, ...) index every step
+# lookup of a run uses. The deciders' own rows are read for what they recorded of the step
+# before them (ENDED) and for a branch's return value (RETURNED), not replayed.
 RUN_HISTORY = """
-SELECT step_id, iteration, type, status, output::text AS output
+SELECT id, step_id, iteration, type, status, output::text AS output, fork_join_id, branch
   FROM workflows_step
  WHERE org_id = %(org)s AND run_id = %(run)s AND step_id NOT LIKE '~%%'
  ORDER BY id
@@ -27,25 +31,68 @@ SELECT step_id, iteration, type, status, output::text AS output
 # In a decider turn's output: the outcome of the step that ended before the turn, as the
 # engine noted it among the run's outputs (engine/decided.py), recorded by the turn.
 ENDED = "ended"
+# In a branch decider's last output: what the branch's function returned.
+RETURNED = "returned"
+
+Where = tuple[int | None, int | None]  # (fork_join row id, branch); (None, None) on top
+TOP: Where = (None, None)
 
 
-def run_history(*, org_id: int, run_id: int, latest: Mapping[str, Any] | None) -> list[Recorded]:
-    """The run's recorded steps. ``latest``: the decider's output among the run's outputs
-    now, which notes the outcome of the step that has just ended (not yet recorded)."""
+@dataclass(frozen=True)
+class Join:
+    """A ``ctx.parallel``'s join row: whether its branches have met."""
+
+    status: str
+
+
+@dataclass
+class History:
+    """The run's recorded steps, by the place they were entered at."""
+
+    places: dict[Where, list[Recorded]] = field(default_factory=dict)
+    joins: dict[int, Join] = field(default_factory=dict)  # by the join row's id
+    returned: dict[Where, Any] = field(default_factory=dict)  # a branch's return value
+    deciding_at: Where = TOP  # where the deciding turn's own row was entered
+
+    def of(self, where: Where) -> list[Recorded]:
+        return self.places.get(where, [])
+
+
+def read_history(
+    *, org_id: int, run_id: int, decider_type: str, decider_id: str,
+    latest: Mapping[str, Any] | None,
+) -> History:  # fmt: skip
+    """The run's recorded steps. ``decider_id``: the deciding turn's step (the run's decider,
+    or a branch's); ``latest``: its output among the run's outputs now, which notes the
+    outcome of the step that has just ended where it decides (not yet recorded)."""
     with connection.cursor() as cursor:
         cursor.execute(RUN_HISTORY, {"org": org_id, "run": run_id})
         rows = fetch_dicts(cursor)
-    history: list[Recorded] = []
+    history = History()
+    joins = set(registry.joining())
     for row in rows:
         # As text, decoded here: Django's cursor hands jsonb back undecoded.
         output = None if row["output"] is None else json.loads(row["output"])
-        if row["step_id"] == DECIDER_ID:
-            if isinstance(output, Mapping) and "call" in output:  # a turn, not the run's end
-                _with_outcome(history, output.get(ENDED))
+        at: Where = (row["fork_join_id"], row["branch"])
+        place = history.places.setdefault(at, [])
+        if row["type"] == decider_type:
+            if row["step_id"] == decider_id:
+                history.deciding_at = at  # its newest row: the turn deciding now
+            if isinstance(output, Mapping) and ("call" in output or RETURNED in output):
+                _with_outcome(place, output.get(ENDED))  # a turn, not the run's end
+                if RETURNED in output and row["status"] == "done":
+                    history.returned[at] = output[RETURNED]
             continue
-        history.append(Recorded(**{**row, "output": output}))
+        if row["type"] in joins:
+            # Its ctx.parallel's row names it (output.join_row): replay reads it from there.
+            history.joins[row["id"]] = Join(status=row["status"])
+            continue
+        place.append(
+            Recorded(step_id=row["step_id"], iteration=row["iteration"], type=row["type"],
+                     status=row["status"], output=output)
+        )  # fmt: skip
     if latest is not None:
-        _with_outcome(history, ended_before(latest))
+        _with_outcome(history.places.setdefault(history.deciding_at, []), ended_before(latest))
     return history
 
 

@@ -15,8 +15,8 @@ from ..engine.executors import StepContext, StepDeferred, StepFailure, StepResul
 from ..errors import WorkflowNotAllowed
 from ..models import Organisation
 from ..services.runs import register_start_guard
-from .context import RESULT_TYPE, CodeFailure, Context, Suspended, check_json
-from .history import ENDED, ended_before, run_history
+from .context import RESULT_TYPE, BranchReturned, CodeFailure, Context, Suspended, check_json
+from .history import ENDED, RETURNED, TOP, ended_before, read_history
 from .registry import publishing_as_host, registered
 
 # A run whose workflow version is not registered in this worker's process (a deploy that
@@ -61,26 +61,42 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
         )
     # The decider's output among the run's outputs: the outcome of the step that just ended
     # is noted there (engine/decided.py), to be recorded by this turn.
-    latest = context["steps"].get(str(step["id"]), {}).get("output")
+    decider_id = str(step["id"])
+    latest = context["steps"].get(decider_id, {}).get("output")
     latest = latest if isinstance(latest, Mapping) else None
-    history = run_history(org_id=ctx.org_id, run_id=ctx.run_id, latest=latest)
-    replay = Context(run_id=ctx.run_id, history=history)
+    history = read_history(org_id=ctx.org_id, run_id=ctx.run_id, decider_type=CODE.name,
+                           decider_id=decider_id, latest=latest)  # fmt: skip
+    # A branch's decider (engine/decided.py) replays the top level up to its ctx.parallel,
+    # then its own branch: the step the branch asks for next, or what it returned.
+    parallel, branch = step.get("parallel"), step.get("branch")
+    deciding = (str(parallel), int(branch)) if parallel is not None and branch is not None else None
+    replay = Context(run_id=ctx.run_id, history=history.of(TOP), forks=history, deciding=deciding)
+    ended = ended_before(latest) if latest is not None else None
     try:
         output = found.function(replay, context["input"])
         replay.returned()
         check_json("output", output)
     except Suspended as suspended:
         asked: dict[str, Any] = {"call": suspended.step}
-        ended = ended_before(latest) if latest is not None else None
         if ended is not None:
             asked[ENDED] = ended  # read back by every later replay (history.py)
         return StepResult(output=asked)
+    except BranchReturned as returned:
+        ending: dict[str, Any] = {RETURNED: returned.value}
+        if ended is not None:
+            ending[ENDED] = ended
+        return StepResult(output=ending)  # no step asked: the branch arrives at its join
     except CodeFailure as failure:
         raise StepFailure(str(failure), retryable=False) from None
     except Exception as exc:  # the workflow's own code raised: it fails the run, no traceback
         raise StepFailure(
             f"workflow_failed: {type(exc).__name__}: {exc}", retryable=False
         ) from None
+    if deciding is not None:  # a branch's turn always ends in its branch (or fails)
+        raise StepFailure(
+            f"nondeterministic_workflow: the code returned before ctx.parallel {parallel!r}",
+            retryable=False,
+        )
     return StepResult(output=output, finish="succeeded")
 
 

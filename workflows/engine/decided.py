@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..definitions.registry import registry
+from .places import TOP, Place
 from .speculative import NeedsTransaction
 
 Steps = Mapping[str, Mapping[str, Any]]
@@ -48,10 +49,22 @@ def deciding_step(definition: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def step_of(
-    definition: Mapping[str, Any], step_id: str, outputs: Mapping[str, Any]
+    definition: Mapping[str, Any],
+    step_id: str,
+    outputs: Mapping[str, Any],
+    place: Place = TOP,
 ) -> Mapping[str, Any]:
-    """One step of the run (a worker's, for the step it claimed)."""
-    return steps_of(definition, outputs, speculative=False)[step_id]
+    """One step of the run (a worker's, for the step it claimed, entered at ``place``)."""
+    return step_at(steps_of(definition, outputs, speculative=False), step_id, place)
+
+
+def step_at(steps: Steps, step_id: str, place: Place) -> Mapping[str, Any]:
+    """The step ``step_id`` entered at ``place``: a decided run's branches may each ask a
+    step of the same id at once (decided by the branch's own decider); a definition's ids
+    are unique."""
+    if isinstance(steps, DecidedSteps):
+        return steps.at(step_id, place)
+    return steps[step_id]
 
 
 def asked_step(decider_output: Any) -> Mapping[str, Any] | None:
@@ -63,9 +76,27 @@ def asked_step(decider_output: Any) -> Mapping[str, Any] | None:
     return None
 
 
+def join_id(parallel_id: str) -> str:
+    """The id of the join a decider's `parallel` step's branches meet at (a dot: no id a
+    decider asks for itself can take it)."""
+    return f"{parallel_id}.join"
+
+
+def branch_decider_id(parallel_id: str, branch: int) -> str:
+    """The id of the decider of branch ``branch`` (from 0) of a decider's `parallel`."""
+    return f"{parallel_id}.{branch}"
+
+
 class DecidedSteps(Mapping[str, Mapping[str, Any]]):
-    """A deciding run's steps: the decider goes on to the step it asked for; that step, and
-    any other the run entered, goes back to the decider."""
+    """A deciding run's steps: the decider goes on to the step it asked for; that step goes
+    back to the decider. A `parallel` step it asked for forks into branches, each started
+    by a decider of its own (``branch_decider_id``) that asks its branch's steps the same
+    way and, once its branch has nothing more to ask, ends the branch (it arrives at the
+    join, ``join_id``); the join goes back to the decider that asked the `parallel`.
+
+    A step is found from where it is entered (``at``): at the top level, from the run's
+    decider; on branch ``n`` of the fork, from that branch's decider. So the live steps of
+    a run are exactly the ones its live deciders ask for, one per decider."""
 
     def __init__(self, decider: Mapping[str, Any], outputs: Mapping[str, Any], *,
                  speculative: bool) -> None:  # fmt: skip
@@ -74,29 +105,56 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         self.speculative = speculative
 
     def __getitem__(self, step_id: str) -> Mapping[str, Any]:
+        return self.at(step_id, TOP)
+
+    def at(self, step_id: str, place: Place) -> Mapping[str, Any]:
+        """The step ``step_id`` entered at ``place``."""
         if self.speculative:
             raise NeedsTransaction("a step of a decided run")
-        decider_id = self.decider["id"]
+        decider = self._decider_at(place)
+        decider_id = decider["id"]
         asked = asked_step(self.outputs.get(decider_id))
         if step_id == decider_id:
-            return {**self.decider, "next": asked["id"]} if asked else self.decider
+            return {**decider, "next": asked["id"]} if asked else decider
         if asked is not None and asked["id"] == step_id:
+            if _forks(asked):
+                return {**asked, "next": join_id(step_id)}
             return {**asked, "next": decider_id}
-        # Not the step the decider last asked for: only one step of such a run is live at a
-        # time, so this is a bug, and going back to the decider would decide twice (and
-        # enter its step twice). The walk fails loudly instead.
+        if asked is not None and _forks(asked) and step_id == join_id(asked["id"]):
+            return {"id": step_id, "type": JOIN_TYPE, "complete": asked.get("complete", "all"),
+                    "next": decider_id}  # fmt: skip
+        # Not the step this place's decider last asked for: one step per decider is live,
+        # so this is a bug, and going back to the decider would decide twice (and enter its
+        # step twice). The walk fails loudly instead.
         raise KeyError(step_id)
 
-    def outcome_noted(self, step_id: str, outcome: str | None) -> dict[str, Any] | None:
-        """The decider's output with the outcome of the step it asked for, which just ended,
-        noted as ``outcome`` (the step's row keeps only its output; the decider's next turn
-        reads the outcome here and records it); None when there is none to note."""
-        decider_output = self.outputs.get(self.decider["id"])
+    def _decider_at(self, place: Place) -> Mapping[str, Any]:
+        """The decider of ``place``: the run's at the top level; on a branch of the
+        `parallel` the run's decider asked for, that branch's."""
+        if place.fork_join is None:
+            return self.decider
+        fork = asked_step(self.outputs.get(self.decider["id"]))
+        branch = place.branch if place.branch is not None else -1
+        if fork is None or not _forks(fork) or not 0 <= branch < len(fork["branches"]):
+            raise KeyError(f"no branch {place.branch} of a parallel step live")
+        return {**self.decider, "id": fork["branches"][branch], "parallel": fork["id"], "branch": branch}
+
+    def outcome_noted(
+        self, step_id: str, outcome: str | None, place: Place = TOP
+    ) -> tuple[str, dict[str, Any]] | None:
+        """The decider that asked for ``step_id``, which just ended, and its output with
+        the step's outcome noted as ``outcome`` (the step's row keeps only its output; the
+        decider's next turn reads the outcome here and records it); None when there is
+        none to note."""
+        if outcome is None:
+            return None
+        decider_id = self._decider_at(place)["id"]
+        decider_output = self.outputs.get(decider_id)
         asked = asked_step(decider_output)
-        if outcome is None or asked is None or asked["id"] != step_id:
+        if asked is None or asked["id"] != step_id:
             return None
         assert isinstance(decider_output, Mapping)
-        return {**decider_output, "outcome": outcome}
+        return decider_id, {**decider_output, "outcome": outcome}
 
     def __iter__(self) -> Iterator[str]:
         asked = asked_step(self.outputs.get(self.decider["id"]))
@@ -104,3 +162,11 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
 
     def __len__(self) -> int:
         return len(list(iter(self)))
+
+
+JOIN_TYPE = "join"  # the step type a decider's `parallel` branches meet at (steptypes.JOIN)
+
+
+def _forks(step: Mapping[str, Any]) -> bool:
+    step_type = registry.get(str(step.get("type")))
+    return step_type is not None and step_type.forks

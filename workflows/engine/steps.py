@@ -220,7 +220,7 @@ def run_context(step: ClaimedStep) -> tuple[Mapping[str, Any], dict[str, Any]]:
         started_at=step.run_created_at,
         compensating=compensating,
     )
-    return step_of(definition, step.step_id, step.run_outputs), context
+    return step_of(definition, step.step_id, step.run_outputs, step.place), context
 
 
 @contextmanager

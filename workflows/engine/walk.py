@@ -26,7 +26,7 @@ from ..definitions.expressions import build_context
 from ..definitions.registry import registry
 from ..states import RunStatus, StepStatus, WaitKind
 from .compensation import Compensation
-from .decided import DecidedSteps, steps_of
+from .decided import DecidedSteps, step_at, steps_of
 from .executors import StepContext, StepFailure, StepResult, executor_for
 from .forks import Forks
 from .lanes import UNSHARED, FairShare, engine_setting, lane_policy
@@ -318,9 +318,9 @@ class Walk:
             raise NeedsTransaction("a step of a decided run")
         self.record_output(step_id, result)
         if isinstance(self.steps, DecidedSteps):
-            noted = self.steps.outcome_noted(step_id, result.outcome)
-            if noted is not None:  # for the decider's next turn to read and record
-                self.record_output(self.steps.decider["id"], StepResult(output=noted))
+            noted = self.steps.outcome_noted(step_id, result.outcome, place)
+            if noted is not None:  # for the deciding turn to read and record
+                self.record_output(noted[0], StepResult(output=noted[1]))
         if result.finish is not None:
             if result.finish == "failed":
                 error = f"ended by step {step_id!r} with status failed"
@@ -331,7 +331,7 @@ class Walk:
         if step_id in self.sagas.compensators:
             self.sagas.succeeded(step_id, result.outcome)
             return
-        self.go_on(next_step_ids(self.steps[step_id], result.outcome), place)
+        self.go_on(next_step_ids(step_at(self.steps, step_id, place), result.outcome), place)
 
     def go_on(self, targets: list[str], place: Place) -> None:
         """Enter ``targets`` from ``place``; a branch reaching its fork's join arrives there
@@ -349,7 +349,7 @@ class Walk:
         """A step failed for good: follow its declared failure path, or fail the run (which
         ends every sibling branch too)."""
         self.dirty = True
-        step = self.steps[step_id]
+        step = step_at(self.steps, step_id, place)
         target = step.get("on_failure")
         mapped = step.get("next")
         if self.run.expired and not self.sagas.exempt(step_id):
@@ -452,7 +452,7 @@ class Walk:
     def _enter_one(self, entry: Entry) -> None:
         self.dirty = True
         step_id, place = entry.step_id, entry.place
-        step = self.steps[step_id]
+        step = step_at(self.steps, step_id, place)
         iteration = self.next_iteration(step_id)
         self.run.steps_executed += 1
         step_type = registry.get(step["type"])
