@@ -41,3 +41,50 @@ def race(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
     met = ctx.parallel("fan", branch("a"), branch("b"))
     after = ctx.step("after", "probe")
     return {"met": met, "after": after["attempt"]}
+
+
+@workflow("code-par-waits", version=1)
+def waits(ctx: Context, run_input: dict[str, Any]) -> list[Any]:
+    """One branch sleeps then records, the other waits for a signal: both wait at once."""
+
+    def napper(c: Context) -> Any:
+        c.sleep("nap", "1h")
+        return c.run("woke", str, "rested")
+
+    def listener(c: Context) -> Any:
+        got = c.wait_signal("go", signal="go", correlation=run_input["order"])
+        return got.payload
+
+    return ctx.parallel("both", napper, listener)
+
+
+@workflow("code-par-first", version=1)
+def first(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    """The first branch to end wins; the other, waiting for a signal, is cancelled."""
+
+    def quick(c: Context) -> Any:
+        c.wait_signal("go", signal="go", correlation="first")
+        return c.run("fast", str, "quick")
+
+    def stuck(c: Context) -> Any:
+        c.wait_signal("never", signal="never", correlation="none")
+        return "slow"
+
+    met = ctx.parallel("race", quick, stuck, complete="first")
+    return {"met": met, "after": ctx.run("after", str, "after")}
+
+
+@workflow("code-par-loop", version=1)
+def loop(ctx: Context, run_input: dict[str, Any]) -> list[Any]:
+    """ctx.parallel in a loop: each pass forks anew, its steps the next iteration."""
+    seen = []
+    for turn in range(run_input["turns"]):
+
+        def double(c: Context, turn: int = turn) -> Any:
+            return c.run("double", lambda n: n * 2, turn)
+
+        def square(c: Context, turn: int = turn) -> Any:
+            return c.run("square", lambda n: n * n, turn)
+
+        seen.append(ctx.parallel("round", double, square))
+    return seen

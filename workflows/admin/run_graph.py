@@ -268,30 +268,65 @@ def _decider(definition: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def steps_taken(run: Run, decider_id: str) -> tuple[dict[str, Mapping[str, Any]], list[Link]]:
+def steps_taken(run: Run, decider_type: str) -> tuple[dict[str, Mapping[str, Any]], list[Link]]:
     """A decided run's graph (engine/decided.py): the steps it entered, in the order it first
     entered them, linked in the order it called them (a step called again closes a loop).
-    Its decider's turns, between every two of them, are left out: they say nothing the
-    order does not. The first ``MAX_TAKEN_ROWS`` rows are read (by the run's index)."""
+    Its deciders' turns, between every two of them, are left out: they say nothing the
+    order does not. A ``ctx.parallel`` is drawn as a definition's fork: the `parallel` step,
+    each branch's steps in their own order from it, and its join after them. The first
+    ``MAX_TAKEN_ROWS`` rows are read (by the run's index)."""
     rows = (
         Step.objects.filter(run_id=run.pk)
-        .exclude(step_id=decider_id)
+        .exclude(type=decider_type)
         .exclude(step_id__startswith="~")
         .order_by("id")
-        .values_list("step_id", "type")[:MAX_TAKEN_ROWS]
+        .values_list("id", "step_id", "type", "fork_join_id", "branch")[:MAX_TAKEN_ROWS]
     )
-    steps: dict[str, Mapping[str, Any]] = {}
-    found: dict[tuple[str, str], Link] = {}
-    leaving: dict[str, int] = {}
-    before: str | None = None
-    for step_id, step_type in rows:
-        steps.setdefault(step_id, {"id": step_id, "type": step_type})
-        if before is not None and (before, step_id) not in found:
-            order = leaving.get(before, 0)
-            leaving[before] = order + 1
-            found[(before, step_id)] = Link(before, step_id, "", "next", order)
-        before = step_id
-    return steps, list(found.values())
+    taken = _Taken()
+    joins, forks = set(registry.joining()), {t.name for t in registry if t.forks}
+    for row_id, step_id, step_type, fork_join_id, branch in rows:
+        fork_join: int | None = fork_join_id  # null at the top level
+        taken.steps.setdefault(step_id, {"id": step_id, "type": step_type})
+        if step_type in joins:  # its row is written as its fork is entered, just before it
+            taken.joins[row_id] = step_id
+            taken.opening = row_id
+        elif fork_join is None:
+            taken.link(taken.top, step_id, "next")
+            taken.top = step_id
+            if step_type in forks and taken.opening is not None:
+                taken.forks[taken.opening] = step_id
+                taken.top = taken.joins[taken.opening]  # the top level goes on after it
+        else:
+            before = taken.branch_last.get((fork_join, branch))
+            taken.link(before or taken.forks.get(fork_join), step_id,
+                       "next" if before else "branch")  # fmt: skip
+            taken.branch_last[(fork_join, branch)] = step_id
+    for (fork_join, _), last in taken.branch_last.items():
+        if fork_join in taken.joins:
+            taken.link(last, taken.joins[fork_join], "join")
+    return taken.steps, list(taken.found.values())
+
+
+class _Taken:
+    """The steps a decided run took and the links between them, followed at the top level
+    and on each branch of each fork (engine/places.py)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, Mapping[str, Any]] = {}
+        self.found: dict[tuple[str, str], Link] = {}
+        self.leaving: dict[str, int] = {}
+        self.top: str | None = None  # the top level's last step
+        self.branch_last: dict[tuple[int, int | None], str] = {}  # each branch's last step
+        self.joins: dict[int, str] = {}  # join row id -> its step id
+        self.forks: dict[int, str] = {}  # join row id -> the parallel step that opened it
+        self.opening: int | None = None  # the join row written last
+
+    def link(self, before: str | None, step_id: str, kind: str) -> None:
+        if before is None or (before, step_id) in self.found:
+            return
+        order = self.leaving.get(before, 0)
+        self.leaving[before] = order + 1
+        self.found[(before, step_id)] = Link(before, step_id, "", kind, order)
 
 
 # --- what the run did ---------------------------------------------------------------------------
@@ -339,7 +374,7 @@ def picture(run: Run, definition: Mapping[str, Any], *, on_page: Set[str] = froz
     decided as it goes (a code workflow's), over the steps it took. A step links to its row,
     ``#step-<id>``, on this page when ``on_page`` holds it, else on the page of its rows."""
     decider = _decider(definition)
-    took = steps_taken(run, str(decider["id"])) if decider is not None else None
+    took = steps_taken(run, str(decider["type"])) if decider is not None else None
     if took is not None and took[0]:  # before its first step: the decider alone
         steps, every_link = took
         start: Any = next(iter(steps))

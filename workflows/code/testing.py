@@ -32,8 +32,8 @@ from ..models import Organisation, Run, Step
 from ..services.runs import run_start
 from ..services.signals import signal_send
 from ..states import StepStatus
-from .context import DECIDER_ID
 from .publish import publish_code_workflow
+from .steptypes import CODE
 
 TESTER = "workflow-test"  # the worker and sweeper name the steps and events it drives show
 
@@ -84,7 +84,7 @@ class StepView:
 @dataclass(frozen=True)
 class RunView:
     """A run as the test reads it: its row's state and its steps, in the order entered (the
-    code workflow's own steps: neither the ``decide`` turns nor the engine's continuations)."""
+    code workflow's own steps: neither the deciders' turns nor the engine's continuations)."""
 
     id: int
     status: str
@@ -229,7 +229,7 @@ class WorkflowTest:
         row = Run.objects.get(org_id=self.org.pk, pk=self._id())
         steps = (
             Step.objects.filter(org_id=self.org.pk, run_id=row.pk)
-            .exclude(step_id=DECIDER_ID)
+            .exclude(type=CODE.name)  # the decider's turns, a branch's too
             .exclude(step_id__startswith="~")
             .order_by("id")
         )
