@@ -4,19 +4,68 @@ own against its branch's history, on the real engine and database."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
+from django.test import Client
 
-from workflows.models import Organisation, RunEvent, Step
-from workflows.plugins.code import Context, workflow
+from workflows.models import Organisation, Run, RunEvent, Step
+from workflows.plugins.code import Context, publish_code_workflow, workflow
 from workflows.plugins.testing import WorkflowTest
+from workflows.services.runs import run_start
 
 from . import code_parallel_workflows  # noqa: F401 (registers the workflows shared with processes)
 from .effect_setup import connect
+from .processes import running, spawn_relay, spawn_worker, wait_for
 from .stubs import ProviderStub
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+FLIPPED = {"branch": False}  # what the next replay of "code-par-flip"'s branch calls first
+
+
+@workflow("code-par-flip", version=1)
+def flip(ctx: Context, run_input: dict[str, Any]) -> list[Any]:
+    def changing(c: Context) -> str:
+        first = "b" if FLIPPED["branch"] else "a"
+        c.run(first, str, first)
+        c.sleep("nap", "1m")
+        return "done"
+
+    def steady(c: Context) -> str:
+        return str(c.run("same", str, "same"))
+
+    return ctx.parallel("pair", changing, steady)
+
+
+@workflow("code-par-raises", version=1)
+def raises(ctx: Context, run_input: dict[str, Any]) -> Any:
+    def broken(c: Context) -> None:
+        c.wait_signal("trigger", signal="trigger", correlation="raises")
+        raise ValueError("boom")
+
+    def waiting(c: Context) -> Any:
+        return c.wait_signal("go", signal="go", correlation="raises").payload
+
+    try:
+        return ctx.parallel("pair", broken, waiting)
+    except Exception:  # the workflow's own handler cannot keep the branch's failure
+        return "swallowed"
+
+
+@workflow("code-par-nested", version=1)
+def nested(ctx: Context, run_input: dict[str, Any]) -> Any:
+    def outer(c: Context) -> Any:
+        return c.parallel("inner", lambda d: 1, lambda d: 2)
+
+    return ctx.parallel("outer", outer, lambda c: 0)
+
+
+@workflow("code-par-too-many", version=1)
+def too_many(ctx: Context, run_input: dict[str, Any]) -> Any:
+    return ctx.parallel("pair", lambda c: 1, lambda c: 2, complete=3)
 
 
 def rows(run_id: int) -> list[tuple[str, int, str, str, int | None]]:
@@ -40,7 +89,8 @@ def test_a_pair_of_effects_runs_each_once_and_returns_both_in_branch_order(
     sends = Step.objects.filter(run_id=run.id, step_id="send").order_by("branch")
     assert [(s.branch, s.status) for s in sends] == [(0, "done"), (1, "done")]
     assert sorted(s.iteration for s in sends) == [1, 2]
-    assert RunEvent.objects.filter(run_id=run.id, kind="step.succeeded", step_id="pair.join").count() == 1
+    met = RunEvent.objects.filter(run_id=run.id, kind="step.succeeded", step_id="pair.join")
+    assert met.count() == 1
 
 
 def test_a_branch_sleeps_while_the_other_waits_for_a_signal_and_both_results_come_back(
@@ -98,3 +148,115 @@ def test_a_loop_around_parallel_forks_anew_each_pass_with_new_iterations(
     for join in joins:
         doubles = Step.objects.filter(run_id=run.id, step_id="double", fork_join_id=join.id)
         assert doubles.count() == 1
+
+
+def test_a_branch_that_calls_another_step_than_its_history_fails_the_run(
+    org: Organisation,
+) -> None:
+    FLIPPED["branch"] = False
+    t = WorkflowTest(org=org)
+    t.start("code-par-flip", version=1, input={}, start_key="n1")
+    run = t.run_until_waiting()
+    assert sorted(s.step_id for s in run.waiting) == ["nap", "pair.join"]
+    FLIPPED["branch"] = True  # a deploy that changed the branch's code under the run
+    try:
+        t.skip_time()
+        run = t.run_until_waiting()
+    finally:
+        FLIPPED["branch"] = False
+    assert run.status == "failed"
+    # Checked against the branch's own history (its call 1), not the top level's.
+    assert run.error.startswith(
+        "step 'pair.0' failed: nondeterministic_workflow: the history "
+        "has step 'a' (code_result) at call 1, but the code called 'b'"
+    )
+
+
+def test_a_branch_that_raises_fails_the_run_and_ends_the_other_branch(org: Organisation) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-par-raises", version=1, input={}, start_key="r1")
+    run = t.run_until_waiting()
+    assert sorted(s.step_id for s in run.waiting) == ["go", "pair.join", "trigger"]
+    t.signal("trigger", correlation="raises")
+    run = t.run_until_waiting()
+    assert run.status == "failed"
+    assert run.error == "step 'pair.0' failed: workflow_failed: ValueError: boom"
+    assert Step.objects.get(run_id=run.id, step_id="go").status == "cancelled"
+    assert run.output is None  # the top level's except did not get to return
+
+
+def test_parallel_inside_a_branch_and_a_complete_past_the_branches_are_refused(
+    org: Organisation,
+) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-par-nested", version=1, input={}, start_key="x1")
+    run = t.run_until_waiting()
+    assert run.status == "failed"
+    assert "invalid_code_step: ctx.parallel 'inner': not inside a branch of another" in run.error
+    t = WorkflowTest(org=org)
+    t.start("code-par-too-many", version=1, input={}, start_key="x2")
+    run = t.run_until_waiting()
+    assert run.status == "failed"
+    assert run.error.endswith("invalid_code_step: ctx.parallel 'pair': complete is more than "
+                              "its 2 branches")  # fmt: skip
+    assert not Step.objects.filter(run_id=run.id, type="parallel").exists()
+
+
+def test_the_run_page_draws_the_fork_from_the_parallel_step_to_its_join(
+    org: Organisation, admin_client: Client
+) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-par-waits", version=1, input={"order": "o-8"}, start_key="g1")
+    t.run_until_waiting()
+    html = admin_client.get(f"/admin/workflows/run/{t.run().id}/change/").content.decode()
+    states = dict(re.findall(r'data-step="([^"]+)" data-state="([^"]+)"', html))
+    assert states == {"both": "done", "nap": "waiting", "go": "waiting", "both.join": "waiting"}
+    assert "both.0" not in html.split("<svg")[1].split("</svg>")[0]  # deciders left out
+
+
+RACE_RUNS = 40
+PARALLEL_MODULES = "tests.probe_steps,tests.code_parallel_workflows"
+
+
+def test_two_workers_settling_both_branches_at_once_decide_each_turn_once(org, procs) -> None:
+    """Two worker processes take the two branches' steps of each run at the same time; the
+    settles meet under the run's lock. Every run must end with each branch's steps entered
+    once, each decider turn taken once, and the top level going on past the join once."""
+    publish_code_workflow(org=org, name="code-par-race", version=1)
+    run_ids = [
+        run_start(org=org, automation_slug="code-par-race", run_input={},
+                  start_key=f"race{i}").run_id
+        for i in range(RACE_RUNS)
+    ]  # fmt: skip
+    workers = [spawn_worker(concurrency=4, WAYMARK_EXTRA_STEP_MODULES=PARALLEL_MODULES)
+               for _ in range(2)]  # fmt: skip
+    with running(spawn_relay(), *workers):
+        wait_for(lambda: not Run.objects.filter(pk__in=run_ids, status="running").exists(),
+                 timeout=300, what="every run to finish")  # fmt: skip
+
+    runs = Run.objects.filter(pk__in=run_ids)
+    assert {(r.status, r.error) for r in runs} == {("succeeded", "")}
+    assert {str(r.output) for r in runs} == {str({"met": ["a", "b"], "after": 1})}
+    for run_id in run_ids:
+        entered = [(s.step_id, s.branch, s.status) for s in
+                   Step.objects.filter(run_id=run_id).exclude(step_id__startswith="~")]  # fmt: skip
+        counts: dict[tuple[str, int | None], int] = {}
+        for step_id, branch, status in entered:
+            assert status == "done", (run_id, step_id, status)
+            counts[(step_id, branch)] = counts.get((step_id, branch), 0) + 1
+        assert counts == {
+            ("decide", None): 3, ("fan", None): 1, ("fan.join", None): 1, ("after", None): 1,
+            ("fan.0", 0): 3, ("first", 0): 1, ("second", 0): 1,
+            ("fan.1", 1): 3, ("first", 1): 1, ("second", 1): 1,
+        }, run_id  # fmt: skip
+    events = RunEvent.objects.filter(run__in=runs)
+    assert events.filter(kind="step.succeeded", step_id="fan.join").count() == RACE_RUNS
+    assert events.filter(kind="run.succeeded").count() == RACE_RUNS
+    claimed = set(events.filter(kind="step.claimed").values_list("worker", flat=True))
+    assert len(claimed) == 2, "both workers must have taken part"
+    # The race happened: in some runs the two branches' first steps ran on two workers.
+    firsts = events.filter(kind="step.claimed", step_id="first").values_list("run_id", "worker")
+    by_run: dict[int, set[str]] = {}
+    for run_id, worker in firsts:
+        by_run.setdefault(run_id, set()).add(worker)
+    assert any(len(workers) == 2 for workers in by_run.values())

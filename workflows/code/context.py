@@ -20,16 +20,13 @@ import uuid as _uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from ..definitions.fields import is_step_id
 from ..definitions.registry import StepReport, registry
 from ..definitions.storable import UNSTORABLE_REASON, unstorable_path
 from ..engine.decided import branch_decider_id
 from ..states import StepStatus
-
-if TYPE_CHECKING:
-    from .history import History as Forks
 
 DECIDER_ID = "decide"  # the step that runs the function (steptypes.CODE); no call may use it
 RESULT_TYPE = "code_result"  # the step that records what ctx.run's function returned
@@ -60,6 +57,27 @@ class Recorded:
     status: str
     output: Any
     outcome: str | None = None  # what it ended with, when its step type has outcomes
+
+
+class JoinState(Protocol):
+    @property
+    def status(self) -> str: ...  # its join row's: done once the branches have met
+
+
+class Forks(Protocol):
+    """What a replay reads of every place of the run (history.History): the top level's
+    steps and each ``ctx.parallel`` branch's, by (join row id, branch)."""
+
+    @property
+    def joins(self) -> Mapping[int, JoinState]: ...  # by join row id
+
+    @property
+    def returned(self) -> Mapping[tuple[int | None, int | None], Any]: ...  # each branch's
+
+    @property
+    def deciding_at(self) -> tuple[int | None, int | None]: ...  # the deciding turn's place
+
+    def of(self, where: tuple[int | None, int | None]) -> list[Recorded]: ...
 
 
 class Stop(BaseException):

@@ -137,7 +137,8 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         branch = place.branch if place.branch is not None else -1
         if fork is None or not _forks(fork) or not 0 <= branch < len(fork["branches"]):
             raise KeyError(f"no branch {place.branch} of a parallel step live")
-        return {**self.decider, "id": fork["branches"][branch], "parallel": fork["id"], "branch": branch}
+        branch_id = fork["branches"][branch]
+        return {**self.decider, "id": branch_id, "parallel": fork["id"], "branch": branch}
 
     def outcome_noted(
         self, step_id: str, outcome: str | None, place: Place = TOP
