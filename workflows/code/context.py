@@ -314,10 +314,14 @@ class Context:
                 "nondeterministic_workflow",
                 f"the code went on past ctx.parallel {step_id!r} before its branches met",
             )
-        self._decide_branch(branches, join_row, self._deciding[1])
+        self._decide_branch(step_id, branches, join_row, self._deciding[1])
 
     def _decide_branch(
-        self, branches: Sequence[Callable[[Context], Any]], join_row: int, number: int
+        self,
+        step_id: str,
+        branches: Sequence[Callable[[Context], Any]],
+        join_row: int,
+        number: int,
     ) -> NoReturn:
         """Replay branch ``number`` against its own history: the step it asks for next
         (Suspended), or what it returned (BranchReturned)."""
@@ -334,7 +338,7 @@ class Context:
         except Exception as exc:  # kept from the top level's own `except Exception`
             raise CodeFailure("workflow_failed", f"{type(exc).__name__}: {exc}") from None
         branch.returned()
-        check_json("branch", value)
+        check_json(branch_decider_id(step_id, number), value)
         raise BranchReturned(value)
 
     def fail(self, reason: str) -> NoReturn:
