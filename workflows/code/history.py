@@ -18,7 +18,7 @@ from .context import DECIDER_ID, Recorded
 # (org_id, run_id, ...) index every step lookup of a run uses. The decider's own rows are
 # read for what they recorded of the step before them (ENDED), not replayed.
 RUN_HISTORY = """
-SELECT step_id, iteration, type, status, output::text AS output
+SELECT step_id, iteration, type, status, output::text AS output, error
   FROM workflows_step
  WHERE org_id = %(org)s AND run_id = %(run)s AND step_id NOT LIKE '~%%'
  ORDER BY id
