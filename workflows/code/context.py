@@ -92,8 +92,9 @@ class RetryCall(Stop):
 class StepFailed(Exception):
     """A step the function called failed for good (its attempts used up, or refused): raised
     at the call, on the turn after it failed and on every later replay. ``step_id`` and
-    ``iteration`` name it; ``error`` is the step's error as its row keeps it, ``code`` its
-    leading code (``http_status``, ``ValueError`` ...). Not caught, it fails the run with
+    ``iteration`` name it; ``error`` is the step's error as its row keeps it, ``code`` the
+    code it begins with (``max_age_exceeded: ...``, ``ValueError: ...``), or
+    ``step_failed`` when it begins with none. Not caught, it fails the run with
     ``step '<id>' failed: <error>`` (after compensating, docs/code-workflows.md)."""
 
     def __init__(self, step_id: str, iteration: int, error: str) -> None:
@@ -101,8 +102,8 @@ class StepFailed(Exception):
         self.step_id = step_id
         self.iteration = iteration
         self.error = error
-        head = error.split(":", 1)[0].strip()
-        self.code = head if head and " " not in head else "step_failed"
+        head = error.split(":", 1)[0].strip() if ":" in error else ""
+        self.code = head if head.isidentifier() else "step_failed"
 
 
 @dataclass(frozen=True)
