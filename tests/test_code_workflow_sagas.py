@@ -91,7 +91,8 @@ def test_a_charge_then_a_failure_is_refunded_once_and_the_run_ends_compensated(
     assert entered(run_id) == [("undo_charge", "charge", 1), ("undo_reserve", "reserve", 1)]
     # Each registration is a recorded step of the history, as replay reads it.
     records = Step.objects.filter(run_id=run_id, step_id="ctx.compensate").order_by("id")
-    assert [(r.output["compensates"], r.output["call"]["id"]) for r in records] == [
+    outputs: list[dict[str, Any]] = [r.output or {} for r in records]
+    assert [(o["compensates"], o["call"]["id"]) for o in outputs] == [
         ("reserve", "undo_reserve"), ("charge", "undo_charge")]  # fmt: skip
     drive()  # nothing moves any more
     assert len(provider_stub.created) == 2
@@ -178,7 +179,8 @@ def test_a_refused_http_step_is_caught_by_the_code_which_goes_on(
     drive()
     run = Run.objects.get(pk=run_id)
     assert run.status == "succeeded", run.error
-    caught = run.output["caught"]
+    output: dict[str, Any] = run.output or {}
+    caught = output["caught"]
     assert (caught["step"], caught["iteration"]) == ("ship", 1)
     ship = Step.objects.get(run_id=run_id, step_id="ship")
     assert ship.status == "failed" and caught["error"] == ship.error
@@ -187,7 +189,7 @@ def test_a_refused_http_step_is_caught_by_the_code_which_goes_on(
     assert provider_stub.count("POST", "/ship") == 1  # a 404 is not retried
     # Every later replay raised the same StepFailed at the same call: what the turn after
     # the failure recorded is what the last turn saw.
-    assert run.output["seen"] == {"caught": caught}
+    assert output["seen"] == {"caught": caught}
     assert [s.step_id for s in Step.objects.filter(run_id=run_id).order_by("id")] == [
         "decide", "ship", "decide", "after", "decide"]  # fmt: skip
 
