@@ -11,7 +11,10 @@ import signal
 from typing import Any
 
 import pytest
+from django.db.models.functions import Now
 
+from timers.models import Timer
+from timers.sweep import fire_due_timers
 from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.plugins.code import Context, StepFailed, publish_code_workflow, workflow
 from workflows.services.runs import run_start
@@ -47,6 +50,19 @@ def retried(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
 @workflow("code-early-compensation", version=1)
 def early(ctx: Context, run_input: dict[str, Any]) -> None:
     ctx.compensate_with("undo", "code_result", output=1)  # follows no step
+
+
+FLIPPED = {"later": False}  # what the next replay of "code-flip-saga" calls after its nap
+
+
+@workflow("code-flip-saga", version=1)
+def flips(ctx: Context, run_input: dict[str, Any]) -> str:
+    ctx.run("book", str, "booked")
+    ctx.compensate_with("unbook", "code_result", output="unbooked")
+    if FLIPPED["later"]:
+        ctx.run("other", str, "x")  # the deployed code no longer takes the nap here
+    ctx.sleep("nap", "1h")
+    return "done"
 
 
 def set_up(org: Organisation, stub: ProviderStub) -> None:
@@ -158,6 +174,27 @@ def test_a_compensation_that_fails_fails_the_run_with_what_is_left(
     assert "compensations left: undo_reserve (reserve #1)" in run.error
     assert run.error.endswith("compensating for: workflow_failed: out_of_stock")
     assert undone(provider_stub) == []
+
+
+def test_a_run_whose_code_changed_under_it_compensates_what_its_history_registered(
+    org: Organisation,
+) -> None:
+    FLIPPED["later"] = False
+    run_id = start(org, "code-flip-saga", {})
+    drive()
+    assert Step.objects.get(run_id=run_id, step_id="nap").status == "waiting"
+    FLIPPED["later"] = True
+    try:
+        Timer.objects.filter(run_id=run_id).update(due_at=Now())
+        assert fire_due_timers().fired == 1
+        drive()
+    finally:
+        FLIPPED["later"] = False
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "compensated"
+    assert run.error.startswith("nondeterministic_workflow: ")
+    unbook = Step.objects.get(run_id=run_id, step_id="unbook")
+    assert (unbook.status, unbook.output) == ("done", "unbooked")
 
 
 def test_compensate_with_must_follow_a_completed_step(org: Organisation) -> None:
