@@ -17,6 +17,7 @@ from timers.models import Timer
 from timers.sweep import fire_due_timers
 from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.plugins.code import Context, StepFailed, publish_code_workflow, workflow
+from workflows.services.control import run_act
 from workflows.services.runs import run_start
 
 from . import code_saga_steps  # noqa: F401 (registers the workflows here too)
@@ -161,7 +162,7 @@ def test_an_exception_of_the_code_compensates(
     assert undone(provider_stub) == [("undo_charge", 0), ("undo_reserve", None)]
 
 
-def test_a_compensation_that_fails_fails_the_run_with_what_is_left(
+def test_a_compensation_that_fails_fails_the_run_and_a_retry_goes_on(
     org: Organisation, provider_stub: ProviderStub
 ) -> None:
     set_up(org, provider_stub)
@@ -174,6 +175,16 @@ def test_a_compensation_that_fails_fails_the_run_with_what_is_left(
     assert "compensations left: undo_reserve (reserve #1)" in run.error
     assert run.error.endswith("compensating for: workflow_failed: out_of_stock")
     assert undone(provider_stub) == []
+
+    # An operator's retry goes on with the plan where it stopped, as for a definition.
+    turns = Step.objects.filter(run_id=run_id, step_id="decide").count()
+    run_act(org=org, run_id=run_id, action="retry", actor="sam")
+    drive()
+    run.refresh_from_db()
+    assert run.status == "compensated", run.error
+    assert undone(provider_stub) == [("undo_charge", 0), ("undo_reserve", None)]
+    assert provider_stub.count("POST", "/echo/charge") == 1  # nothing of the function again
+    assert Step.objects.filter(run_id=run_id, step_id="decide").count() == turns
 
 
 def test_a_run_whose_code_changed_under_it_compensates_what_its_history_registered(
