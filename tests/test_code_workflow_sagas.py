@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 
 from timers.models import Timer
 from timers.sweep import fire_due_timers
+from workflows.code.context import RetryCall, Suspended
 from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.plugins.code import Context, StepFailed, publish_code_workflow, workflow
 from workflows.services.control import run_act
@@ -297,6 +298,24 @@ def test_a_bad_retry_policy_fails_the_run_with_invalid_code_step(org: Organisati
     assert run.status == "failed" and run.error.startswith("invalid_code_step: step 'fetch'")
     assert "bad" not in CALLS
     assert not events(run_id, "run.compensating")  # nothing registered: failed as before
+
+
+def never_called() -> None:
+    raise AssertionError("called")
+
+
+def test_attempts_whose_worker_died_in_the_call_count_against_its_retries() -> None:
+    """The turn's attempt is the ctx.run's: past its max_attempts (or the lane's usual number,
+    when more) the call is recorded as failed without calling the function again; with
+    attempts left, a function that raises asks for the engine's retry."""
+    lost = Context(run_id=1, history=[], attempts_used=6, lost_claims_allowed=5)
+    with pytest.raises(Suspended) as stopped:
+        lost.run("fetch", never_called, retry={"max_attempts": 3})
+    assert stopped.value.step["failed"] == "attempts exhausted: 5 attempt(s) never settled"
+    more = Context(run_id=1, history=[], attempts_used=6, lost_claims_allowed=5)
+    with pytest.raises(RetryCall):  # its own policy allows more: the sixth attempt runs
+        more.run("fetch", flaky, "six", 99, retry={"max_attempts": 7})
+    assert CALLS["six"] == 1
 
 
 # --- a worker killed while compensating -------------------------------------------------------
