@@ -9,7 +9,8 @@ type's own validator, so a code workflow reaches the same step types, fields and
 guarantees as a definition.
 
 The exceptions that stop the function derive from BaseException: a workflow's own
-``except Exception`` cannot swallow them.
+``except Exception`` cannot swallow them. ``StepFailed``, a step that failed for good, is an
+ordinary exception: the function may catch it and go on.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, NoReturn, Protocol
 from ..definitions.fields import is_step_id
 from ..definitions.registry import StepReport, registry
 from ..definitions.storable import UNSTORABLE_REASON, unstorable_path
-from ..engine.decided import branch_decider_id
+from ..engine.decided import COMPENSATION_RECORD, branch_decider_id
 from ..states import StepStatus
 
 DECIDER_ID = "decide"  # the step that runs the function (steptypes.CODE); no call may use it
@@ -38,6 +39,11 @@ NOW_ID = "ctx.now"
 UUID_ID = "ctx.uuid"
 RANDOM_ID = "ctx.random"
 PATCH_ID = "ctx.patched"
+COMPENSATE_ID = COMPENSATION_RECORD  # what ctx.compensate_with records (engine/decided.py)
+
+# ctx.run's retry policy: the fields of a definition's ``retry``, and their bounds.
+RETRY_FIELDS = ("max_attempts",)
+MOST_ATTEMPTS = 100
 
 # ctx.parallel: the engine's own fork and join (engine/forks.py), its branches each decided
 # by a decider of their own (engine/decided.py). Its id leaves room, within a step id's 63
@@ -57,6 +63,7 @@ class Recorded:
     status: str
     output: Any
     outcome: str | None = None  # what it ended with, when its step type has outcomes
+    error: str = ""  # why it failed, when it failed for good
 
 
 class JoinState(Protocol):
@@ -111,6 +118,31 @@ class CodeFailure(Stop):
         self.detail = detail
 
 
+class RetryCall(Stop):
+    """A ``ctx.run`` function raised with attempts left: the turn fails retryably, and the
+    engine runs it again after its lane's backoff (the decider's own retry schedule)."""
+
+    def __init__(self, step_id: str, attempt: int, most: int, error: str) -> None:
+        super().__init__(f"step {step_id!r} attempt {attempt} of {most}: {error}")
+
+
+class StepFailed(Exception):
+    """A step the function called failed for good (its attempts used up, or refused): raised
+    at the call, on the turn after it failed and on every later replay. ``step_id`` and
+    ``iteration`` name it; ``error`` is the step's error as its row keeps it, ``code`` the
+    code it begins with (``max_age_exceeded: ...``, ``ValueError: ...``), or
+    ``step_failed`` when it begins with none. Not caught, it fails the run with
+    ``step '<id>' failed: <error>`` (after compensating, docs/code-workflows.md)."""
+
+    def __init__(self, step_id: str, iteration: int, error: str) -> None:
+        super().__init__(f"step {step_id!r} failed: {error}")
+        self.step_id = step_id
+        self.iteration = iteration
+        self.error = error
+        head = error.split(":", 1)[0].strip() if ":" in error else ""
+        self.code = head if head.isidentifier() else "step_failed"
+
+
 @dataclass(frozen=True)
 class StepOutcome:
     """What ``ctx.step_result`` gives back: the step's output and the outcome it ended with
@@ -144,6 +176,8 @@ class Context:
         forks: Forks | None = None,
         deciding: tuple[str, int] | None = None,
         branch: int | None = None,
+        attempts_used: int = 1,
+        lost_claims_allowed: int = 1,
     ) -> None:
         self.run_id = run_id
         self._history = history
@@ -154,6 +188,13 @@ class Context:
         # level then only replays up to it, and must not do new work of its own.
         self._deciding = deciding
         self._branch = branch  # this context is that branch's (ctx.parallel gives it)
+        # This turn's attempt (a ctx.run's retries are the turn's), and how many attempts a
+        # turn may take whose claims never settled (its worker died) before it gives up.
+        self._attempts_used = attempts_used
+        self._lost_claims_allowed = lost_claims_allowed
+        self.attempts_allowed = lost_claims_allowed  # the new call's (ctx.run's retry raises it)
+        self._last: Recorded | None = None  # the workflow's own call replayed last
+        self._compensated: set[tuple[str, int]] = set()  # executions given a compensation
 
     # --- values recorded once ------------------------------------------------------------------
 
@@ -218,17 +259,44 @@ class Context:
             return StepOutcome(recorded.output, recorded.outcome)
         raise Suspended(_checked_step(step_id, step_type, fields))
 
-    def run(self, step_id: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def run(
+        self,
+        step_id: str,
+        function: Callable[..., Any],
+        *args: Any,
+        retry: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """Call ``function(*args, **kwargs)`` as a step: on a worker, once its result is
         recorded never again for this run (at least once: a worker lost before the record
-        commits calls it again). The result must be a JSON value."""
+        commits calls it again). The result must be a JSON value. ``retry``
+        (``{"max_attempts": N}``, a definition's ``retry``): a function that raises is called
+        again after the engine's backoff, up to N times in all; then (and at once without
+        ``retry``) the call raises ``StepFailed``."""
         recorded = self._replayed(step_id, RESULT_TYPE)
         if recorded is not None:
             return recorded.output
         _check_call(step_id, RESULT_TYPE)
-        output = function(*args, **kwargs)
+        most = _max_attempts(step_id, retry)
+        attempt = self._attempts_used
+        self.attempts_allowed = max(most, self._lost_claims_allowed)
+        if attempt > self.attempts_allowed:  # its earlier attempts' workers died in the call
+            self.attempts_allowed = attempt  # recorded as failed, for the code to be told
+            self._failed(step_id, f"attempts exhausted: {attempt - 1} attempt(s) never settled")
+        try:
+            output = function(*args, **kwargs)
+        except Exception as exc:  # the function's own failure: retried, then told to the code
+            error = f"{type(exc).__name__}: {exc}"
+            if attempt < most:
+                raise RetryCall(step_id, attempt, most, error) from None
+            self._failed(step_id, f"{error} (attempt {attempt} of {most})")
         check_json(step_id, output)
         raise Suspended({"id": step_id, "type": RESULT_TYPE, "output": output})
+
+    @staticmethod
+    def _failed(step_id: str, error: str) -> NoReturn:
+        """Record ``step_id`` as failed for good: the next turn raises StepFailed here."""
+        raise Suspended({"id": step_id, "type": RESULT_TYPE, "failed": error[:2000]})
 
     def sleep(self, step_id: str, duration: str) -> None:
         """Wait ``duration`` ("90s", "15m", "2d", ...) without holding a worker: the wait
@@ -247,15 +315,52 @@ class Context:
     ) -> Any:
         """An http effect step (through the effect ledger, keyed run/step/iteration): its
         recorded output."""
-        request: dict[str, Any] = {"method": method, "url": url}
-        if headers is not None:
-            request["headers"] = dict(headers)
-        if body is not None:
-            request["body"] = body
-        fields: dict[str, Any] = {"request": request}
-        if connection is not None:
-            fields["connection"] = connection
+        fields = _http_fields(method, url, connection, headers, body)
         return self.step(step_id, "http", **fields)
+
+    # --- sagas -------------------------------------------------------------------------------
+
+    def compensate_with(self, step_id: str, step_type: str, **fields: Any) -> None:
+        """Register the step that undoes the call just before this one (its execution: a
+        call in a loop registers one per iteration). If the run fails afterwards, the engine
+        enters the registered steps, latest first, as a definition's compensations
+        (docs/definitions.md, "Sagas and compensation"); the run then ends ``compensated``.
+        Recorded as a step of its own (``ctx.compensate``), so every replay and every
+        worker after a crash finds it."""
+        target = self._last
+        if target is None or target.status != StepStatus.DONE:
+            what = "no step" if target is None else f"step {target.step_id!r}, which failed,"
+            raise CodeFailure(
+                "invalid_code_step",
+                f"compensate_with({step_id!r}) follows {what}: it must follow the completed "
+                "step it undoes",
+            )
+        execution = (target.step_id, target.iteration)
+        if execution in self._compensated:
+            raise CodeFailure(
+                "invalid_code_step",
+                f"step {target.step_id!r} #{target.iteration} has a compensation already",
+            )
+        self._compensated.add(execution)
+        if self._replayed(COMPENSATE_ID, RESULT_TYPE) is not None:
+            return
+        call = _checked_step(step_id, step_type, fields)
+        record = {"compensates": target.step_id, "iteration": target.iteration, "call": call}
+        raise Suspended({"id": COMPENSATE_ID, "type": RESULT_TYPE, "output": record})
+
+    def compensate_with_http(
+        self,
+        step_id: str,
+        *,
+        method: str,
+        url: str,
+        connection: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        body: Any = None,
+    ) -> None:
+        """``compensate_with`` an http effect step, with ``ctx.http``'s fields."""
+        fields = _http_fields(method, url, connection, headers, body)
+        self.compensate_with(step_id, "http", **fields)
 
     def wait_signal(
         self, step_id: str, *, signal: str, correlation: str = "", timeout: str | None = None
@@ -332,9 +437,14 @@ class Context:
                 f"branch {number} is not a branch of the ctx.parallel the code reached",
             )
         branch = Context(run_id=self.run_id, history=self._forks.of((join_row, number)),
-                         forks=self._forks, branch=number)  # fmt: skip
+                         forks=self._forks, branch=number, attempts_used=self._attempts_used,
+                         lost_claims_allowed=self._lost_claims_allowed)  # fmt: skip
         try:
             value = branches[number](branch)
+        except Suspended:
+            # The branch's new call sets the turn's attempts (a ctx.run's retry raises them).
+            self.attempts_allowed = branch.attempts_allowed
+            raise
         except Exception as exc:  # kept from the top level's own `except Exception`
             raise CodeFailure("workflow_failed", f"{type(exc).__name__}: {exc}") from None
         branch.returned()
@@ -359,12 +469,18 @@ class Context:
                 f"the history has step {recorded.step_id!r} ({recorded.type}) at call "
                 f"{self._position + 1}, but the code called {step_id!r} ({step_type})",
             )
+        if recorded.status == StepStatus.FAILED:
+            self._position += 1
+            self._last = recorded
+            raise StepFailed(recorded.step_id, recorded.iteration, recorded.error)
         if recorded.status != StepStatus.DONE:
             raise CodeFailure(
                 "nondeterministic_workflow",
                 f"step {step_id!r} is {recorded.status} in the history, and the code went on",
             )
         self._position += 1
+        if not step_id.startswith("ctx."):  # a value or a record, not a step it undoes
+            self._last = recorded
         return recorded
 
     def _new_work(self, step_id: str) -> None:
@@ -386,6 +502,41 @@ class Context:
                 f"the history has step {left.step_id!r} ({left.type}) at call "
                 f"{self._position + 1}, but the code returned before calling it",
             )
+
+
+def _http_fields(
+    method: str, url: str, connection: str | None, headers: Mapping[str, str] | None, body: Any
+) -> dict[str, Any]:
+    """An http step's fields (docs/definitions.md, "http") from ctx.http's arguments."""
+    request: dict[str, Any] = {"method": method, "url": url}
+    if headers is not None:
+        request["headers"] = dict(headers)
+    if body is not None:
+        request["body"] = body
+    fields: dict[str, Any] = {"request": request}
+    if connection is not None:
+        fields["connection"] = connection
+    return fields
+
+
+def _max_attempts(step_id: str, retry: Mapping[str, Any] | None) -> int:
+    """ctx.run's ``retry``, checked as a definition's ``retry`` is: its attempts in all."""
+    if retry is None:
+        return 1
+    most = retry.get("max_attempts") if isinstance(retry, Mapping) else None
+    unknown = sorted(set(retry) - set(RETRY_FIELDS)) if isinstance(retry, Mapping) else []
+    if (
+        unknown
+        or not isinstance(most, int)
+        or isinstance(most, bool)
+        or not (1 <= most <= MOST_ATTEMPTS)
+    ):
+        raise CodeFailure(
+            "invalid_code_step",
+            f'step {step_id!r}: retry must be {{"max_attempts": N}} with N from 1 to '
+            f"{MOST_ATTEMPTS}",
+        )
+    return most
 
 
 def _check_call(step_id: str, step_type: str) -> None:

@@ -22,7 +22,8 @@ from .context import Recorded
 # lookup of a run uses. The deciders' own rows are read for what they recorded of the step
 # before them (ENDED) and for a branch's return value (RETURNED), not replayed.
 RUN_HISTORY = """
-SELECT id, step_id, iteration, type, status, output::text AS output, fork_join_id, branch
+SELECT id, step_id, iteration, type, status, output::text AS output, error, fork_join_id,
+       branch
   FROM workflows_step
  WHERE org_id = %(org)s AND run_id = %(run)s AND step_id NOT LIKE '~%%'
  ORDER BY id
@@ -89,7 +90,7 @@ def read_history(
             continue
         place.append(
             Recorded(step_id=row["step_id"], iteration=row["iteration"], type=row["type"],
-                     status=row["status"], output=output)
+                     status=row["status"], output=output, error=row["error"])
         )  # fmt: skip
     if latest is not None:
         _with_outcome(history.places.setdefault(history.deciding_at, []), ended_before(latest))

@@ -8,14 +8,25 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..definitions.fields import check_fields
-from ..definitions.registry import StepReport, StepType, registry
+from ..definitions.registry import RetryPolicy, StepReport, StepType, registry
 from ..engine.decided import deciding_step
 from ..engine.definition_cache import definition_for
 from ..engine.executors import StepContext, StepDeferred, StepFailure, StepResult
+from ..engine.lanes import lane_policy
 from ..errors import WorkflowNotAllowed
 from ..models import Organisation
 from ..services.runs import register_start_guard
-from .context import RESULT_TYPE, BranchReturned, CodeFailure, Context, Suspended, check_json
+from .context import (
+    MOST_ATTEMPTS,
+    RESULT_TYPE,
+    BranchReturned,
+    CodeFailure,
+    Context,
+    RetryCall,
+    StepFailed,
+    Suspended,
+    check_json,
+)
 from .history import ENDED, RETURNED, TOP, ended_before, read_history
 from .registry import publishing_as_host, registered
 
@@ -70,13 +81,23 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     # then its own branch: the step the branch asks for next, or what it returned.
     parallel, branch = step.get("parallel"), step.get("branch")
     deciding = (str(parallel), int(branch)) if parallel is not None and branch is not None else None
-    replay = Context(run_id=ctx.run_id, history=history.of(TOP), forks=history, deciding=deciding)
+    # A turn's attempts are the decider's, under its type's policy (enough for the largest
+    # ctx.run retry); a turn whose call is no such retry gets the lane's usual number.
+    usual = lane_policy(CODE.lane).max_attempts
+    replay = Context(run_id=ctx.run_id, history=history.of(TOP), forks=history, deciding=deciding,
+                     attempts_used=ctx.attempts_used, lost_claims_allowed=usual)  # fmt: skip
     ended = ended_before(latest) if latest is not None else None
     try:
         output = found.function(replay, context["input"])
         replay.returned()
         check_json("output", output)
     except Suspended as suspended:
+        if ctx.attempts_used > replay.attempts_allowed:
+            raise StepFailure(
+                f"attempts exhausted: {ctx.attempts_used - 1} claim(s) never settled "
+                "(the step may kill its worker)",
+                retryable=False,
+            ) from None
         asked: dict[str, Any] = {"call": suspended.step}
         if ended is not None:
             asked[ENDED] = ended  # read back by every later replay (history.py)
@@ -86,8 +107,12 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
         if ended is not None:
             ending[ENDED] = ended
         return StepResult(output=ending)  # no step asked: the branch arrives at its join
+    except RetryCall as retry:  # the engine's backoff, then this turn again
+        raise StepFailure(str(retry), retryable=True) from None
     except CodeFailure as failure:
         raise StepFailure(str(failure), retryable=False) from None
+    except StepFailed as failed:  # not caught by the function: the run fails with it
+        raise StepFailure(str(failed), retryable=False) from None
     except Exception as exc:  # the workflow's own code raised: it fails the run, no traceback
         raise StepFailure(
             f"workflow_failed: {type(exc).__name__}: {exc}", retryable=False
@@ -113,19 +138,24 @@ def allowed_to_start(org: Organisation, definition: Mapping[str, Any]) -> None:
 
 
 def validate_code_result(step: Mapping[str, Any], report: StepReport) -> None:
-    check_fields(step, report, ("output",))
+    check_fields(step, report, ("output", "failed"))
 
 
 def record_result(
     step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
 ) -> StepResult:
-    """The function ran in the decider; this step only records its result."""
+    """The function ran in the decider; this step only records its result, or that it
+    failed for good (``failed``: the error), which the next turn raises as StepFailed."""
+    if "failed" in step:
+        raise StepFailure(str(step["failed"]), retryable=False)
     return StepResult(output=step.get("output"))
 
 
 CODE = StepType(
     name="code", lane="io", validate=validate_code, execute=decide, built=True, decides=True,
     app="workflows",
+    # Room for the largest ctx.run retry; decide holds other turns to the lane's number.
+    retry=RetryPolicy(max_attempts=MOST_ATTEMPTS),
 )  # fmt: skip
 
 CODE_RESULT = StepType(

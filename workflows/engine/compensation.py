@@ -16,6 +16,12 @@ which the budget already bounded), and cutting it short leaves a half-undone run
 outcome. Only a compensation that ends with a success outcome (StepType.success_outcomes)
 counts; anything else fails the run (``compensation_failed``), and an operator's retry goes on
 from the entry where the plan stopped (``resume_position``).
+
+A code run (decided.py) declares no ``compensate``: its function registers each compensation
+after the step it undoes (``ctx.compensate_with``), recorded as a step of its own. Its plan is
+read from those records, latest first, each entry carrying the whole compensation step; the
+entry entered is the step the decider's output asks for (decided.COMPENSATING), so the same
+plan, events, effect keys and retries apply.
 """
 
 from __future__ import annotations
@@ -28,13 +34,22 @@ from typing import Any, Protocol
 from ..definitions.registry import registry
 from ..definitions.sagas import compensation_targets
 from ..states import RunStatus, StepStatus
+from .decided import (
+    COMPENSATING,
+    COMPENSATION_RECORD,
+    DecidedSteps,
+    compensation_asked,
+    deciding_step,
+)
 from .definition_cache import definition_for
+from .executors import StepResult
 from .run_state import RunState
 from .sql import (
     CANCEL_FORWARD_STEPS,
     COMPENSATED_EXECUTION,
     COMPENSATION_PLAN,
     COMPLETED_STEPS,
+    RECORDED_COMPENSATIONS,
     STEP_OUTPUT,
 )
 from .sql.rows import NOW, NewStep, fetch_dict, fetch_dicts
@@ -84,9 +99,16 @@ def _compensation_steps(version_id: int) -> frozenset[str]:
     return frozenset(compensation_targets(definition_for(version_id)["steps"]))
 
 
-def is_compensation_step(version_id: int, step_id: str) -> bool:
-    """Whether ``step_id`` of the version is a compensation step (named by a ``compensate``)."""
-    return step_id in _compensation_steps(version_id)
+def is_compensation_step(version_id: int, step_id: str, outputs: Mapping[str, Any]) -> bool:
+    """Whether ``step_id`` of the version is a compensation step (named by a ``compensate``),
+    or, in a code run (its ``outputs``), the compensation its plan is in."""
+    if step_id in _compensation_steps(version_id):
+        return True
+    decider = deciding_step(definition_for(version_id))
+    if decider is None:
+        return False
+    asked = compensation_asked(outputs.get(decider["id"]))
+    return asked is not None and asked["id"] == step_id
 
 
 def compensated_execution(
@@ -137,6 +159,8 @@ class SagaWalk(Protocol):
 
     def enter(self, step_ids: Iterable[str]) -> None: ...
 
+    def record_output(self, step_id: str, result: StepResult) -> None: ...
+
     def finish_run(self, status: str, *, output: Any = None, error: str = "") -> None: ...
 
 
@@ -145,18 +169,31 @@ class Compensation:
 
     def __init__(self, walk: SagaWalk) -> None:
         self.walk = walk
-        self.compensators = compensation_targets(walk.definition["steps"])
+        # A code run's compensations are recorded as it goes, not declared (see the module).
+        self.decided = walk.steps if isinstance(walk.steps, DecidedSteps) else None
+        declared = () if self.decided else walk.definition["steps"]
+        self.declared = frozenset(compensation_targets(declared))
         self.plan: dict[str, Any] | None = None
         self.position = 0  # the entry entered last
         self.checked = False  # whether the run's events were read
 
+    @property
+    def compensators(self) -> frozenset[str]:
+        """The steps that compensate: a definition's declared ones, or the one a code run's
+        plan is in."""
+        return self.decided.compensators() if self.decided is not None else self.declared
+
+    def may_begin(self) -> bool:
+        """Whether a failure of this run may begin a plan (it may have something to undo)."""
+        return self.decided is not None or bool(self.declared)
+
     def active(self) -> bool:
         """Whether this run's compensation has begun: read once a walk, and only for a
-        definition that declares compensations."""
-        if not self.compensators:
-            return False
+        definition that declares compensations, or a code run in a compensation step."""
         if self.plan is not None:
             return True
+        if not self.compensators:
+            return False
         if self.checked:
             return False
         self.checked = True
@@ -182,15 +219,7 @@ class Compensation:
         completed first; cancel the live forward steps; enter the first. False (nothing
         done) when no completed step declares a compensation."""
         walk = self.walk
-        walk.cursor.execute(COMPLETED_STEPS, {"run": walk.run.id})
-        done = [(row["step_id"], row["iteration"]) for row in fetch_dicts(walk.cursor)]
-        done += [(row.step_id, row.iteration) for row in walk.new_steps
-                 if row.status == StepStatus.DONE]  # fmt: skip
-        plan = [
-            {"step": walk.steps[sid]["compensate"], "compensates": sid, "iteration": iteration}
-            for sid, iteration in reversed(still_done(done, walk.steps))
-            if walk.steps.get(sid, {}).get("compensate")
-        ]
+        plan = self._recorded_plan() if self.decided is not None else self._declared_plan()
         if not plan:
             return False
         self.plan, self.checked = {"failed_step": step_id, "error": error, "plan": plan}, True
@@ -198,6 +227,33 @@ class Compensation:
         self._cancel_forward()
         self.enter(0)
         return True
+
+    def _declared_plan(self) -> list[dict[str, Any]]:
+        """A definition's plan: one entry per completed execution of a step that declares
+        a compensation, latest completed first."""
+        walk = self.walk
+        walk.cursor.execute(COMPLETED_STEPS, {"run": walk.run.id})
+        done = [(row["step_id"], row["iteration"]) for row in fetch_dicts(walk.cursor)]
+        done += [(row.step_id, row.iteration) for row in walk.new_steps
+                 if row.status == StepStatus.DONE]  # fmt: skip
+        return [
+            {"step": walk.steps[sid]["compensate"], "compensates": sid, "iteration": iteration}
+            for sid, iteration in reversed(still_done(done, walk.steps))
+            if walk.steps.get(sid, {}).get("compensate")
+        ]
+
+    def _recorded_plan(self) -> list[dict[str, Any]]:
+        """A code run's plan: one entry per compensation its function registered, latest
+        registered first (each follows the execution it undoes), with the whole step."""
+        walk = self.walk
+        params = {"org": walk.run.org_id, "run": walk.run.id, "record": COMPENSATION_RECORD}
+        walk.cursor.execute(RECORDED_COMPENSATIONS, params)
+        recorded = [_plain(row["output"]) for row in fetch_dicts(walk.cursor)]
+        return [
+            {"step": r["call"]["id"], "compensates": r["compensates"],
+             "iteration": r["iteration"], "call": r["call"]}
+            for r in reversed(recorded)
+        ]  # fmt: skip
 
     def _cancel_forward(self) -> None:
         """End the run's live forward steps, written or still to write, like a cancel does
@@ -236,6 +292,9 @@ class Compensation:
         # entry at a time, so nothing else is entered as it in between.
         iteration = walk.run.entered.get(step_id, 0) + 1
         walk.event("compensation.entered", step_id, iteration=iteration, detail=detail)
+        if self.decided is not None:  # the step every lookup of a code run's step finds
+            asked = {"call": entry["call"], COMPENSATING: True}
+            walk.record_output(self.decided.decider["id"], StepResult(output=asked))
         walk.enter([step_id])
 
     def execution(self, step_id: str) -> dict[str, Any] | None:

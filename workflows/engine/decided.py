@@ -11,6 +11,13 @@ the decider when it ends, which decides again; the outcome it ended with (a mapp
 ``next``'s choice in a definition) is noted in the decider's output among the run's outputs,
 where the decider's next turn reads it.
 
+A step asked for that fails for good goes back to the decider too (its ``on_failure``): the
+function is told at the call (workflows/code, ``StepFailed``) and may go on. A run that fails
+compensates what its function registered (``ctx.compensate_with``, recorded as steps
+``COMPENSATION_RECORD``) through the engine's sagas (compensation.py): each compensation is
+entered as the step the decider's output asks for, marked ``COMPENSATING``, so every path
+that looks a step up finds it, and it never goes back to the decider.
+
 What a walk ahead of its transaction (speculative.py) would do with such a run is not
 asked: every lookup of a step hands it to the ordinary walk.
 """
@@ -25,6 +32,13 @@ from .places import TOP, Place
 from .speculative import NeedsTransaction
 
 Steps = Mapping[str, Mapping[str, Any]]
+
+# The id of the steps that record a code run's compensations (ctx.compensate_with): their
+# output names the execution undone and the whole compensation step (compensation.py). A dot
+# is not allowed in a step id a workflow calls, so it never meets a call's own id.
+COMPENSATION_RECORD = "ctx.compensate"
+# In the decider's output: the step it asks for is an entry of the run's compensation plan.
+COMPENSATING = "compensating"
 
 
 def steps_of(
@@ -76,6 +90,13 @@ def asked_step(decider_output: Any) -> Mapping[str, Any] | None:
     return None
 
 
+def compensation_asked(decider_output: Any) -> Mapping[str, Any] | None:
+    """The compensation step the decider's output names while the run compensates."""
+    if isinstance(decider_output, Mapping) and decider_output.get(COMPENSATING):
+        return asked_step(decider_output)
+    return None
+
+
 def join_id(parallel_id: str) -> str:
     """The id of the join a decider's `parallel` step's branches meet at (a dot: no id a
     decider asks for itself can take it)."""
@@ -119,7 +140,10 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         if asked is not None and asked["id"] == step_id:
             if _forks(asked):
                 return {**asked, "next": join_id(step_id)}
-            return {**asked, "next": decider_id}
+            if compensation_asked(self.outputs.get(decider_id)) is not None:
+                return asked  # the plan goes on from it (compensation.py), not the decider
+            # Failing for good, it goes back to the decider too: the function is told.
+            return {**asked, "next": decider_id, "on_failure": decider_id}
         if asked is not None and _forks(asked) and step_id == join_id(asked["id"]):
             return {"id": step_id, "type": JOIN_TYPE, "complete": asked.get("complete", "all"),
                     "next": decider_id}  # fmt: skip
@@ -156,6 +180,11 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
             return None
         assert isinstance(decider_output, Mapping)
         return decider_id, {**decider_output, "outcome": outcome}
+
+    def compensators(self) -> frozenset[str]:
+        """The compensation step the run is in, if it compensates (compensation.py)."""
+        asked = compensation_asked(self.outputs.get(self.decider["id"]))
+        return frozenset([asked["id"]]) if asked is not None else frozenset()
 
     def __iter__(self) -> Iterator[str]:
         asked = asked_step(self.outputs.get(self.decider["id"]))

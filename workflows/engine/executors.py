@@ -121,6 +121,9 @@ class StepContext:
     woken_with: Mapping[str, Any] | None = None
     # No attempt is left after this one: a retryable failure now fails the step for good.
     last_attempt: bool = False
+    # Which attempt of its series this is, counting those that ran or died running (not the
+    # fencing token: hand-backs and deferrals do not count). A code run's ``ctx.run`` retries.
+    attempts_used: int = 1
     # The version of the automation the run runs (what a trace names: engine/tracing.py).
     version_id: int | None = None
 

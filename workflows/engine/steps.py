@@ -198,6 +198,7 @@ def step_context(
         iteration=step.iteration, attempt=step.attempt, lane=step.lane, deadline=deadline,
         lease_lost=lost or threading.Event(), woken_with=step.woken_with,
         last_attempt=step.attempts_used >= step.max_attempts, version_id=step.version_id,
+        attempts_used=step.attempts_used,
     )  # fmt: skip
 
 
@@ -205,7 +206,7 @@ def run_context(step: ClaimedStep) -> tuple[Mapping[str, Any], dict[str, Any]]:
     """The step's definition and the run's template context, as returned by the claim."""
     definition = definition_for(step.version_id)
     compensating = None
-    if is_compensation_step(step.version_id, step.step_id):
+    if is_compensation_step(step.version_id, step.step_id, step.run_outputs):
         # What it undoes (a compensation is entered once per completed execution): read
         # with no transaction open, as the executor runs (one statement, sagas only).
         with connection.cursor() as cursor:

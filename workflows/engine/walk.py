@@ -359,6 +359,8 @@ class Walk:
         elif isinstance(mapped, dict) and mapped.get(FAILED_OUTCOME):
             # The step's outcomes include "failed" and its `next` maps it: a declared path.
             self.go_on([mapped[FAILED_OUTCOME]], place)
+        elif isinstance(self.steps, DecidedSteps) and step_id == self.steps.decider["id"]:
+            self.fail_run(step_id, error)  # the function's failure says which step, if any
         else:
             self.fail_run(step_id, f"step {step_id!r} failed: {error}")
 
@@ -374,7 +376,7 @@ class Walk:
             # (step.failed) and changes nothing more. A second plan would undo the same
             # steps again, at new effect keys: a second refund.
             return
-        elif not self.sagas.compensators or not self.sagas.begin(step_id, error):
+        elif not self.sagas.may_begin() or not self.sagas.begin(step_id, error):
             self.finish_run(RunStatus.FAILED, output=output, error=error)
 
     def finish_run(self, status: str, *, output: Any = None, error: str = "") -> None:

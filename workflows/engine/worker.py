@@ -505,7 +505,9 @@ class Worker:
                 "(the step may kill its worker)",
                 retryable=False,
             )
-        if step.run_expired and not is_compensation_step(step.version_id, step.step_id):
+        if step.run_expired and not is_compensation_step(
+            step.version_id, step.step_id, step.run_outputs
+        ):
             # No work for a run past its max age: the failed step makes the walk end the run.
             # (A compensation is not held by it: engine/compensation.py.)
             return StepFailure("max_age_exceeded: the run is past its max age", retryable=False)

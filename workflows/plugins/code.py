@@ -16,7 +16,7 @@ automation's (the API, ``run_start``)::
 
 from __future__ import annotations
 
-from ..code.context import Context, SignalResult, StepOutcome
+from ..code.context import Context, SignalResult, StepFailed, StepOutcome
 from ..code.publish import publish_code_workflow
 from ..code.registry import CodeWorkflowError, workflow
 
@@ -24,6 +24,7 @@ __all__ = [
     "CodeWorkflowError",
     "Context",
     "SignalResult",
+    "StepFailed",
     "StepOutcome",
     "publish_code_workflow",
     "workflow",

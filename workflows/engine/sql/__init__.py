@@ -563,6 +563,15 @@ SELECT step_id, iteration FROM workflows_step
  ORDER BY finished_at, id
 """
 
+# A code run's compensations, as its function registered them (ctx.compensate_with: steps of
+# their own, engine/decided.py), in the order registered; found by the (org_id, run_id, ...)
+# index every step lookup of a run uses.
+RECORDED_COMPENSATIONS = """
+SELECT output::text AS output FROM workflows_step
+ WHERE org_id = %(org)s AND run_id = %(run)s AND step_id = %(record)s AND status = 'done'
+ ORDER BY id
+"""
+
 # A re-run (services/rerun.py) ends whatever compensation went before it: a plan counts only
 # when it is newer than the run's last run.rerun event.
 COMPENSATION_PLAN = """
