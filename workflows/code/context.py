@@ -25,7 +25,10 @@ from typing import Any, NoReturn
 from ..definitions.fields import is_step_id
 from ..definitions.registry import StepReport, registry
 from ..definitions.storable import UNSTORABLE_REASON, unstorable_path
+from ..errors import InvalidInput, PayloadTooLarge
+from ..services.runs import check_json_value
 from ..states import StepStatus
+from .people_and_time import PeopleAndTime
 
 DECIDER_ID = "decide"  # the step that runs the function (steptypes.CODE); no call may use it
 RESULT_TYPE = "code_result"  # the step that records what ctx.run's function returned
@@ -93,16 +96,18 @@ class SignalResult:
     identity: Any = None
 
 
-class Context:
+class Context(PeopleAndTime):
     """What a code workflow's function is given: its run, its input, and the steps it may
     call. Every method that enters a step takes the step's id first (unique per call site;
-    calling the same id again enters its next iteration)."""
+    calling the same id again enters its next iteration). Approvals, tasks, sleeps and
+    waits until a moment are PeopleAndTime's (people_and_time.py)."""
 
     def __init__(self, *, run_id: int, history: Sequence[Recorded]) -> None:
         self.run_id = run_id
         self._history = history
         self._position = 0
         self._patches: dict[str, bool] = {}  # each patch's answer, once asked in this replay
+        self._types: dict[str, str] = {}  # each step id's type, as replayed (step_type_conflict)
 
     # --- values recorded once ------------------------------------------------------------------
 
@@ -176,12 +181,8 @@ class Context:
         _check_call(step_id, RESULT_TYPE)
         output = function(*args, **kwargs)
         check_json(step_id, output)
+        check_stored_size(step_id, output, "result_too_large", f"The result of step {step_id!r}")
         raise Suspended({"id": step_id, "type": RESULT_TYPE, "output": output})
-
-    def sleep(self, step_id: str, duration: str) -> None:
-        """Wait ``duration`` ("90s", "15m", "2d", ...) without holding a worker: the wait
-        step of definitions, woken by the timer sweep."""
-        self.step(step_id, "wait", duration=duration)
 
     def http(
         self,
@@ -234,6 +235,7 @@ class Context:
     def _replayed(self, step_id: str, step_type: str) -> Recorded | None:
         """The recorded step this call replays, or None when the call is new work."""
         if self._position >= len(self._history):
+            _check_type(step_id, step_type, self._types.get(step_id))
             return None
         recorded = self._history[self._position]
         if (recorded.step_id, recorded.type) != (step_id, step_type):
@@ -248,6 +250,7 @@ class Context:
                 f"step {step_id!r} is {recorded.status} in the history, and the code went on",
             )
         self._position += 1
+        self._types[step_id] = step_type
         return recorded
 
     def returned(self) -> None:
@@ -259,6 +262,22 @@ class Context:
                 f"the history has step {left.step_id!r} ({left.type}) at call "
                 f"{self._position + 1}, but the code returned before calling it",
             )
+
+
+def _check_type(step_id: str, step_type: str, entered_as: str | None) -> None:
+    """A step id names one step of one type in a run: its iterations are that step again
+    (effect keys, the run page's picture, the history). Another type under the same id is a
+    mistake in the code, not a path that changed (nondeterministic_workflow)."""
+    if entered_as is not None and entered_as != step_type:
+        raise CodeFailure(
+            "step_type_conflict",
+            f"step {step_id!r} was entered as {_call_of(entered_as)} in this run, and the "
+            f"code now calls it as {_call_of(step_type)}: give each step its own id",
+        )
+
+
+def _call_of(step_type: str) -> str:
+    return "ctx.run" if step_type == RESULT_TYPE else f"a {step_type} step"
 
 
 def _check_call(step_id: str, step_type: str) -> None:
@@ -306,3 +325,13 @@ def check_json(step_id: str, value: Any) -> None:
         raise CodeFailure("unserialisable_result", f"step {step_id!r}: not JSON: {exc}") from None
     if unstorable_path(value) is not None:
         raise CodeFailure("unserialisable_result", f"step {step_id!r}: {UNSTORABLE_REASON}")
+
+
+def check_stored_size(label: str, value: Any, code: str, what: str) -> None:
+    """``value`` within the limits a run's input is held to (WAYMARK_MAX_INPUT_BYTES, 32
+    levels of nesting): a ``ctx.run`` result and a workflow's output are stored in the
+    run's rows as its input is."""
+    try:
+        check_json_value(value, label, what)
+    except (PayloadTooLarge, InvalidInput) as exc:
+        raise CodeFailure(code, exc.detail) from None
