@@ -153,7 +153,7 @@ def test_a_zoned_sleep_across_a_dst_change_keeps_its_wall_clock_time(org: Organi
     assert (nap.kind, nap.zone) == ("wait", "Europe/Berlin")
     # The same wall-clock time, `days` calendar days later in Berlin...
     assert lands.replace(tzinfo=None) == entered.replace(tzinfo=None) + timedelta(days=days)
-    # ...which is an hour more or less than days × 24 hours: the change was crossed.
+    # ...which is an hour more or less than days of 24 hours: the change was crossed.
     shift = entered.utcoffset() - lands.utcoffset()  # type: ignore[operator]
     assert abs(shift) == timedelta(hours=1)
     assert nap.due_at - nap.created_at == timedelta(days=days) + shift

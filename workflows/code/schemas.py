@@ -53,24 +53,36 @@ def hinted_schemas(
     function: Callable[..., Any], *, of_input: bool, of_output: bool
 ) -> tuple[Schema | None, Schema | None]:
     """The input and output schemas the function's TypedDict hints give, of those asked
-    (None where the hint is not a TypedDict, or the hints cannot be read at registration:
-    a name imported only for type checkers)."""
-    if not (of_input or of_output):
-        return None, None
-    try:
-        hints = typing.get_type_hints(function, include_extras=True)
-    except (NameError, TypeError):
-        return None, None
+    (None where the hint is not a TypedDict)."""
     try:
         parameters = list(inspect.signature(function).parameters)
     except (TypeError, ValueError):  # a callable whose signature Python cannot tell
         parameters = []
-    input_hint = hints.get(parameters[1]) if len(parameters) > 1 else None  # (ctx, input)
-    output_hint = hints.get("return")
+    input_hint = _hint(function, parameters[1]) if of_input and len(parameters) > 1 else None
+    output_hint = _hint(function, "return") if of_output else None
     return (
-        schema_of_type(input_hint, "input") if of_input and is_typeddict(input_hint) else None,
-        schema_of_type(output_hint, "output") if of_output and is_typeddict(output_hint) else None,
+        schema_of_type(input_hint, "input") if is_typeddict(input_hint) else None,
+        schema_of_type(output_hint, "output") if is_typeddict(output_hint) else None,
     )
+
+
+def _hint(function: Callable[..., Any], name: str) -> Any:
+    """One annotation of the function, resolved in its module (the others are not read: the
+    ``ctx`` hint may name a class imported for type checkers only). One that cannot be
+    resolved is an error, not a schema silently left out."""
+    annotations = getattr(function, "__annotations__", None) or {}
+    if name not in annotations:
+        return None
+    one = types.SimpleNamespace(__annotations__={name: annotations[name]})
+    try:
+        return typing.get_type_hints(one, globalns=getattr(function, "__globals__", {}),
+                                     include_extras=True)[name]  # fmt: skip
+    except (NameError, TypeError, SyntaxError) as exc:
+        where = "the return value" if name == "return" else f"the input ({name})"
+        raise SchemaProblem(
+            f"the hint of {where}, {annotations[name]!r}, cannot be read at registration "
+            f"({exc}): define it at module level, or give input_schema=/output_schema="
+        ) from None
 
 
 def schema_of_type(hint: Any, where: str) -> dict[str, Any]:
@@ -81,9 +93,10 @@ def schema_of_type(hint: Any, where: str) -> dict[str, Any]:
         return {}
     if hint is None or hint is type(None):
         return {"type": "null"}
-    simple = {str: "string", int: "integer", float: "number", bool: "boolean"}
-    if hint in simple:
-        return {"type": simple[hint]}
+    for python, json_type in ((str, "string"), (bool, "boolean"), (int, "integer"),
+                              (float, "number")):  # fmt: skip
+        if hint is python:
+            return {"type": json_type}
     if is_typeddict(hint):
         return _typeddict_schema(hint, where)
     origin, args = get_origin(hint), get_args(hint)
@@ -110,7 +123,7 @@ def schema_of_type(hint: Any, where: str) -> dict[str, Any]:
 def _typeddict_schema(hint: Any, where: str) -> dict[str, Any]:
     fields = typing.get_type_hints(hint, include_extras=True)
     properties = {name: schema_of_type(field, f"{where}.{name}") for name, field in fields.items()}
-    required = sorted(getattr(hint, "__required_keys__", fields.keys()))
+    required = sorted(name for name, field in fields.items() if _required(hint, name, field))
     return {"type": "object", "properties": properties, "required": required}
 
 
@@ -150,3 +163,15 @@ def check_output(schema: Schema | None, output: Any) -> None:
     if found:
         detail = "; ".join(f"{place}: {', '.join(messages)}" for place, messages in found.items())
         raise CodeFailure("invalid_output", f"the output does not match its schema: {detail}")
+
+
+def _required(typed_dict: Any, name: str, field: Any) -> bool:
+    """Whether a TypedDict's key is required. Its ``__required_keys__`` misses a
+    ``NotRequired[...]`` written as a string (``from __future__ import annotations``), so
+    the resolved hint says it first."""
+    marker = get_origin(field)
+    if marker is typing.NotRequired:
+        return False
+    if marker is typing.Required:
+        return True
+    return name in getattr(typed_dict, "__required_keys__", {name})
