@@ -36,7 +36,8 @@ def refund(ctx: Context, request: dict[str, Any]) -> dict[str, Any]:
         content={"amount": request["amount"]}, deadline="1d", **slack,
     )  # fmt: skip
     return {"approved": decided.approved, "outcome": decided.outcome, "by": decided.by,
-            "via": decided.via, "comment": decided.comment}  # fmt: skip
+            "via": decided.via, "comment": decided.comment,
+            "decision": decided.decision}  # fmt: skip
 
 
 @workflow("code-invoice", version=1)
@@ -73,7 +74,7 @@ def test_an_approval_decided_in_slack_resumes_the_code(
     run = t.run_until_finished()
     assert (run.status, run.error) == ("succeeded", "")
     assert run.output == {"approved": True, "outcome": "approved", "by": "alice",
-                          "via": "slack", "comment": ""}  # fmt: skip
+                          "via": "slack", "comment": "", "decision": "approved"}  # fmt: skip
     assert run.step("ask").output["decision"] == "approved"
 
 
@@ -94,6 +95,7 @@ def test_an_approval_rejected_through_the_api_resumes_the_code_with_its_comment(
     assert (run.output["outcome"], run.output["via"], run.output["comment"]) == (
         "rejected", "api", "too much",
     )  # fmt: skip
+    assert run.output["decision"] == "rejected"
     assert run.output["by"].startswith("api_key:")
 
 
@@ -104,7 +106,7 @@ def test_an_approval_whose_deadline_passes_gives_back_timed_out(org: Organisatio
     assert t.skip_time() == 1
     run = t.run_until_finished()
     assert run.output == {"approved": False, "outcome": "timed_out", "by": "deadline",
-                          "via": "deadline", "comment": ""}  # fmt: skip
+                          "via": "deadline", "comment": "", "decision": None}  # fmt: skip
 
 
 def test_a_task_answered_through_the_api_gives_its_answer_back(
@@ -192,3 +194,17 @@ def test_a_wait_of_days_in_a_zone_lands_on_the_same_local_time(
     assert plain.due_at - now == timedelta(days=days)
     in_hours = plan({**step, "duration": f"{24 * days}h"}, {}, run_id=1, now=now)
     assert in_hours.due_at - now == timedelta(days=days)
+
+
+@workflow("code-nowhere", version=1)
+def nowhere(ctx: Context, run_input: dict[str, Any]) -> None:
+    ctx.sleep("nap", "1d", zone="Mars/Olympus")
+
+
+def test_a_zone_that_is_not_one_fails_the_run_naming_the_field(org: Organisation) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-nowhere", version=1, input={})
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert "invalid_code_step: step 'nap': timezone must be an IANA time zone name" in run.error
+    assert run.steps == []

@@ -30,12 +30,15 @@ class ApprovalResult:
     """What ``ctx.approval`` gives back once the request is settled. ``outcome``: the step's
     outcome (``approved``, ``rejected`` or ``timed_out``); ``approved`` is true for
     ``approved`` only (a deadline's ``on_timeout: "approve"`` included, then ``by`` is
-    ``"deadline"`` and ``timed_out`` true). ``by``: who decided (a username, an API key,
-    ``"deadline"``); ``via``: ``slack``, ``admin``, ``api`` or ``deadline``. ``output``: the
-    step's whole output, as a definition's next step reads it."""
+    ``"deadline"`` and ``timed_out`` true). ``decision``: the output's, what the request
+    ended as (``approved``, ``rejected``; None when a deadline ended it undecided).
+    ``by``: who decided (a username, an API key, ``"deadline"``); ``via``: ``slack``,
+    ``admin``, ``api`` or ``deadline``. ``output``: the step's whole output, as a
+    definition's next step reads it."""
 
     outcome: str
     approved: bool
+    decision: str | None
     comment: str
     by: str | None
     via: str | None
@@ -93,7 +96,7 @@ class PeopleAndTime:
         output = ended.output if isinstance(ended.output, Mapping) else {}
         outcome = ended.outcome or str(output.get("decision") or "timed_out")
         return ApprovalResult(
-            outcome=outcome, approved=outcome == "approved",
+            outcome=outcome, approved=outcome == "approved", decision=output.get("decision"),
             comment=str(output.get("comment") or ""),
             by=output.get("by"), via=output.get("via"), decided_at=output.get("decided_at"),
             timed_out=bool(output.get("timed_out")) or outcome == "timed_out", output=output,
