@@ -44,6 +44,11 @@ class Odd(TypedDict):
     when: complex  # no JSON type
 
 
+class Tree(TypedDict):
+    name: str
+    children: list[Tree]  # holds itself: no schema from it
+
+
 class Receipt(TypedDict):
     order: str
     count: int
@@ -155,6 +160,14 @@ def test_a_schema_or_hint_that_cannot_be_used_is_refused_at_registration() -> No
 
     assert unreadable.value.code == "invalid_workflow"
     assert "the input (run_input), 'Local', cannot be read" in unreadable.value.detail
+
+    with pytest.raises(CodeWorkflowError) as recursive:
+
+        @workflow("code-bad-hint", version=1)
+        def tree(ctx: Context, run_input: Tree) -> None:
+            return None
+
+    assert "input.children[]: Tree holds itself" in recursive.value.detail
     assert registered("code-bad-schema", 1) is None and registered("code-bad-hint", 1) is None
 
     # A schema given explicitly wins over a hint that has none.

@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
 
-from .schemas import SchemaProblem, checked_schema, hinted_schemas
+from .schemas import SchemaProblem, checked_schema
+from .type_hints import hinted_schemas
 
 MAX_NAME = 63  # an automation's slug: a code workflow is published under its name
 
