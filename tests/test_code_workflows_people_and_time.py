@@ -16,6 +16,7 @@ from rest_framework.test import APIClient
 from approvals.models import ApprovalRequest
 from tests.stubs.slack import SlackStub
 from timers.models import Timer
+from timers.recompute import recompute_pending
 from timers.timing import plan
 from workflows.models import Organisation
 from workflows.plugins.code import Context, workflow
@@ -159,6 +160,9 @@ def test_a_zoned_sleep_across_a_dst_change_keeps_its_wall_clock_time(org: Organi
     shift = entered.utcoffset() - lands.utcoffset()  # type: ignore[operator]
     assert abs(shift) == timedelta(hours=1)
     assert nap.due_at - nap.created_at == timedelta(days=days) + shift
+    # Computed again from what it keeps (after a tz database update), it lands the same.
+    assert nap.intent == {"at": lands.replace(tzinfo=None).isoformat()}
+    assert recompute_pending().moved == 0
 
     assert t.skip_time() == 1
     run = t.run_until_waiting()
