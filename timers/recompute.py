@@ -65,7 +65,7 @@ def move(cursor: Any, timer: Mapping[str, Any], new: Recomputed, *, why: str, by
 
 def _current_zone(cursor: Any, timer: Mapping[str, Any]) -> str:
     template = timer["intent"].get("zone_template")
-    if not template or timer["kind"] != "wait_until":
+    if not template:  # the zone as written: nothing of the run's data to read again
         return str(timer["zone"])
     cursor.execute(sql.RUN_DATA, {"run_id": timer["run_id"]})
     run = fetch_dict(cursor)

@@ -51,8 +51,9 @@ def _is_iso_datetime(text: str) -> bool:
 
 
 def validate_wait(step: Mapping[str, Any], report: StepReport) -> None:
-    check_fields(step, report, ("duration",))
+    check_fields(step, report, ("duration", "timezone"))
     check_duration(step, "duration", report)
+    _check_zone(step, report)
 
 
 WAIT = StepType(
@@ -101,6 +102,12 @@ def validate_wait_until(step: Mapping[str, Any], report: StepReport) -> None:
         rule = check_object(step, "rule", report)
         if rule is not None:
             _validate_rule(rule, report)
+    _check_zone(step, report)
+    if step.get("spread") not in NO_SPREAD:  # "0s": no spread, as the top-level timer_spread
+        check_duration(step, "spread", report, required=False)
+
+
+def _check_zone(step: Mapping[str, Any], report: StepReport) -> None:
     zone = step.get("timezone")
     if isinstance(zone, str) and is_template(zone):
         check_template_field(step, "timezone", report)  # read from the run's data
@@ -109,8 +116,6 @@ def validate_wait_until(step: Mapping[str, Any], report: StepReport) -> None:
             "timezone",
             'must be an IANA time zone name such as "Europe/Berlin", or a template',
         )
-    if step.get("spread") not in NO_SPREAD:  # "0s": no spread, as the top-level timer_spread
-        check_duration(step, "spread", report, required=False)
 
 
 WAIT_UNTIL = StepType(

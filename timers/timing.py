@@ -49,6 +49,8 @@ def plan(
     """The timer of a `wait` or `wait_until` step entered at ``now``."""
     if step["type"] == "wait":
         duration = _duration(step["duration"], "duration")
+        if "timezone" in step and _whole_days(step["duration"]):
+            return _days_in_zone(step, context, duration.days, now=now)
         return Planned("wait", {"duration": duration.total_seconds()}, "", 0.0, 0.0,
                        now + duration)  # fmt: skip
     zone_text, intent = _zone(step, context)
@@ -73,6 +75,24 @@ def instant(intent: Mapping[str, Any], zone: ZoneInfo | None, *, after: datetime
         return instant_at(str(intent["at"]), zone)
     except ValueError as exc:
         raise StepFailure(f"wait_until: {exc}", retryable=False) from exc
+
+
+def _whole_days(text: object) -> bool:
+    return isinstance(text, str) and text.strip().endswith("d")
+
+
+def _days_in_zone(
+    step: Mapping[str, Any], context: Mapping[str, Any], days: int, *, now: datetime
+) -> Planned:
+    """A `wait` of whole days in a zone: the same wall-clock time, ``days`` calendar days
+    later in that zone (23 or 25 hours for a day that has a daylight-saving change, not 24).
+    Kept as the local moment it names ("at", no offset), so a tz database update or a zone
+    template's new value computes it again as that wall-clock time (recompute.py)."""
+    zone_text, intent = _zone(step, context)
+    zone = _zone_info(zone_text)
+    local = now.astimezone(zone).replace(tzinfo=None) + timedelta(days=days)
+    intent["at"] = local.isoformat()
+    return Planned("wait", intent, zone_text, 0.0, 0.0, instant(intent, zone, after=now))
 
 
 def _zone(step: Mapping[str, Any], context: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -138,6 +138,17 @@ class InvalidInput(WaymarkError):
     default_detail = "{reason}"
 
 
+class InputDoesNotMatchSchema(InvalidInput):
+    """A start of a code workflow whose input fails the workflow's input schema
+    (``@workflow(input_schema=...)`` or its TypedDict): refused before anything is written.
+    ``errors`` maps each failing place of the input (``input.items.0``) to its messages."""
+
+    default_detail = "The input does not match the workflow's input schema: {reason}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "errors": self.extra["errors"]}
+
+
 class PayloadTooLarge(WaymarkError):
     code = "payload_too_large"
     status = 413

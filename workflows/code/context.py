@@ -27,7 +27,10 @@ from ..definitions.fields import is_step_id
 from ..definitions.registry import StepReport, registry
 from ..definitions.storable import UNSTORABLE_REASON, unstorable_path
 from ..engine.decided import COMPENSATION_RECORD, branch_decider_id
+from ..errors import InvalidInput, PayloadTooLarge
+from ..services.runs import check_json_value
 from ..states import StepStatus
+from .people_and_time import PeopleAndTime
 
 DECIDER_ID = "decide"  # the step that runs the function (steptypes.CODE); no call may use it
 RESULT_TYPE = "code_result"  # the step that records what ctx.run's function returned
@@ -163,10 +166,11 @@ class SignalResult:
     identity: Any = None
 
 
-class Context:
+class Context(PeopleAndTime):
     """What a code workflow's function is given: its run, its input, and the steps it may
     call. Every method that enters a step takes the step's id first (unique per call site;
-    calling the same id again enters its next iteration)."""
+    calling the same id again enters its next iteration). Approvals, tasks, sleeps and
+    waits until a moment are PeopleAndTime's (people_and_time.py)."""
 
     def __init__(
         self,
@@ -195,6 +199,7 @@ class Context:
         self.attempts_allowed = lost_claims_allowed  # the new call's (ctx.run's retry raises it)
         self._last: Recorded | None = None  # the workflow's own call replayed last
         self._compensated: set[tuple[str, int]] = set()  # executions given a compensation
+        self._types: dict[str, str] = {}  # each step id's type, as replayed (step_type_conflict)
 
     # --- values recorded once ------------------------------------------------------------------
 
@@ -291,17 +296,13 @@ class Context:
                 raise RetryCall(step_id, attempt, most, error) from None
             self._failed(step_id, f"{error} (attempt {attempt} of {most})")
         check_json(step_id, output)
+        check_stored_size(step_id, output, "result_too_large", f"The result of step {step_id!r}")
         raise Suspended({"id": step_id, "type": RESULT_TYPE, "output": output})
 
     @staticmethod
     def _failed(step_id: str, error: str) -> NoReturn:
         """Record ``step_id`` as failed for good: the next turn raises StepFailed here."""
         raise Suspended({"id": step_id, "type": RESULT_TYPE, "failed": error[:2000]})
-
-    def sleep(self, step_id: str, duration: str) -> None:
-        """Wait ``duration`` ("90s", "15m", "2d", ...) without holding a worker: the wait
-        step of definitions, woken by the timer sweep."""
-        self.step(step_id, "wait", duration=duration)
 
     def http(
         self,
@@ -460,6 +461,7 @@ class Context:
     def _replayed(self, step_id: str, step_type: str) -> Recorded | None:
         """The recorded step this call replays, or None when the call is new work."""
         if self._position >= len(self._history):
+            _check_type(step_id, step_type, self._types.get(step_id))
             self._new_work(step_id)
             return None
         recorded = self._history[self._position]
@@ -471,6 +473,7 @@ class Context:
             )
         if recorded.status == StepStatus.FAILED:
             self._position += 1
+            self._types[step_id] = step_type
             self._last = recorded
             raise StepFailed(recorded.step_id, recorded.iteration, recorded.error)
         if recorded.status != StepStatus.DONE:
@@ -479,6 +482,7 @@ class Context:
                 f"step {step_id!r} is {recorded.status} in the history, and the code went on",
             )
         self._position += 1
+        self._types[step_id] = step_type
         if not step_id.startswith("ctx."):  # a value or a record, not a step it undoes
             self._last = recorded
         return recorded
@@ -537,6 +541,22 @@ def _max_attempts(step_id: str, retry: Mapping[str, Any] | None) -> int:
             f"{MOST_ATTEMPTS}",
         )
     return most
+
+
+def _check_type(step_id: str, step_type: str, entered_as: str | None) -> None:
+    """A step id names one step of one type in a run: its iterations are that step again
+    (effect keys, the run page's picture, the history). Another type under the same id is a
+    mistake in the code, not a path that changed (nondeterministic_workflow)."""
+    if entered_as is not None and entered_as != step_type:
+        raise CodeFailure(
+            "step_type_conflict",
+            f"step {step_id!r} was entered as {_call_of(entered_as)} in this run, and the "
+            f"code now calls it as {_call_of(step_type)}: give each step its own id",
+        )
+
+
+def _call_of(step_type: str) -> str:
+    return "ctx.run" if step_type == RESULT_TYPE else f"a {step_type} step"
 
 
 def _check_call(step_id: str, step_type: str) -> None:
@@ -607,3 +627,13 @@ def check_json(step_id: str, value: Any) -> None:
         raise CodeFailure("unserialisable_result", f"step {step_id!r}: not JSON: {exc}") from None
     if unstorable_path(value) is not None:
         raise CodeFailure("unserialisable_result", f"step {step_id!r}: {UNSTORABLE_REASON}")
+
+
+def check_stored_size(label: str, value: Any, code: str, what: str) -> None:
+    """``value`` within the limits a run's input is held to (WAYMARK_MAX_INPUT_BYTES, 32
+    levels of nesting): a ``ctx.run`` result and a workflow's output are stored in the
+    run's rows as its input is."""
+    try:
+        check_json_value(value, label, what)
+    except (PayloadTooLarge, InvalidInput) as exc:
+        raise CodeFailure(code, exc.detail) from None

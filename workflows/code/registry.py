@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -11,6 +11,9 @@ from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
+
+from .schemas import SchemaProblem, checked_schema
+from .type_hints import hinted_schemas
 
 MAX_NAME = 63  # an automation's slug: a code workflow is published under its name
 
@@ -36,6 +39,8 @@ class CodeWorkflow:
     version: int
     function: WorkflowFunction
     organisations: frozenset[str] | None = None  # the slugs it may run for; None: all
+    input_schema: Mapping[str, Any] | None = None  # JSON Schemas (schemas.py); None: none
+    output_schema: Mapping[str, Any] | None = None
 
     def allows(self, org_slug: str) -> bool:
         return self.organisations is None or org_slug in self.organisations
@@ -46,19 +51,27 @@ _lock = threading.Lock()
 
 
 def workflow(
-    name: str, *, version: int, organisations: str | Iterable[str] = ALL
+    name: str,
+    *,
+    version: int,
+    organisations: str | Iterable[str] = ALL,
+    input_schema: Mapping[str, Any] | None = None,
+    output_schema: Mapping[str, Any] | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as the code workflow ``name`` at ``version``. It is
     called as ``function(ctx, input)`` with a ``Context`` and the run's input, and returns
     the run's output (a JSON value). ``organisations``: ``"all"``, or the slugs of the
     organisations it may be published for and started in (publish_code_workflow, and every
-    start of its runs, refuse the others: ``workflow_not_allowed``)."""
+    start of its runs, refuse the others: ``workflow_not_allowed``). ``input_schema`` and
+    ``output_schema``: JSON Schemas the input and output must match; without one, a
+    TypedDict hint of the input or the return value gives it (schemas.py)."""
     _check_name(name, version)
     allowed = _organisations(name, organisations)
 
     def register(function: F) -> F:
         if not callable(function):
             raise CodeWorkflowError("invalid_workflow", f"{name!r}: not a function")
+        given_in, given_out = _schemas(name, function, input_schema, output_schema)
         with _lock:
             existing = _workflows.get((name, version))
             if existing is not None:
@@ -67,7 +80,9 @@ def workflow(
                     f"{name!r} version {version} is already registered "
                     f"({_where(existing.function)}); give the new code another version",
                 )
-            _workflows[(name, version)] = CodeWorkflow(name, version, function, allowed)
+            _workflows[(name, version)] = CodeWorkflow(
+                name, version, function, allowed, given_in, given_out
+            )
         return function
 
     return register
@@ -137,6 +152,22 @@ def _organisations(name: str, organisations: object) -> frozenset[str] | None:
     if not slugs:
         raise CodeWorkflowError("invalid_workflow", f"{name!r}: organisations is empty")
     return frozenset(slugs)
+
+
+def _schemas(
+    name: str, function: WorkflowFunction, given_in: object, given_out: object
+) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+    """The input and output schemas: as given, else from the function's TypedDict hints."""
+    try:
+        hinted_in, hinted_out = hinted_schemas(
+            function, of_input=given_in is None, of_output=given_out is None
+        )
+        return (
+            checked_schema(given_in, "input_schema") if given_in is not None else hinted_in,
+            checked_schema(given_out, "output_schema") if given_out is not None else hinted_out,
+        )
+    except SchemaProblem as problem:
+        raise CodeWorkflowError("invalid_workflow", f"{name!r}: {problem.detail}") from None
 
 
 def _where(function: WorkflowFunction) -> str:

@@ -25,10 +25,10 @@ from .context import (
     RetryCall,
     StepFailed,
     Suspended,
-    check_json,
 )
 from .history import ENDED, RETURNED, TOP, ended_before, read_history
 from .registry import publishing_as_host, registered
+from .schemas import check_output, check_start_input
 
 # A run whose workflow version is not registered in this worker's process (a deploy that
 # dropped it, or one that has not reached every worker yet) looks again this often, its
@@ -90,7 +90,7 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     try:
         output = found.function(replay, context["input"])
         replay.returned()
-        check_json("output", output)
+        check_output(found.output_schema, output)
     except Suspended as suspended:
         if ctx.attempts_used > replay.attempts_allowed:
             raise StepFailure(
@@ -125,16 +125,20 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     return StepResult(output=output, finish="succeeded")
 
 
-def allowed_to_start(org: Organisation, definition: Mapping[str, Any]) -> None:
-    """Refuse a start of a code workflow in an organisation its ``@workflow`` does not name
-    (services/runs.py calls it before the run is written). A version not registered here
-    starts, and waits as every run of it does (decide)."""
+def allowed_to_start(org: Organisation, definition: Mapping[str, Any], run_input: Any) -> None:
+    """Refuse a start of a code workflow in an organisation its ``@workflow`` does not name,
+    or with an input its input schema refuses (services/runs.py calls it before the run is
+    written). A version not registered here starts, and waits as every run of it does
+    (decide)."""
     decider = deciding_step(definition)
     if decider is None or decider.get("type") != CODE.name:
         return
     found = registered(str(decider.get("workflow")), int(decider.get("version", 0)))
-    if found is not None and not found.allows(org.slug):
+    if found is None:
+        return
+    if not found.allows(org.slug):
         raise WorkflowNotAllowed(name=found.name, version=found.version, org=org.slug)
+    check_start_input(found.input_schema, run_input)
 
 
 def validate_code_result(step: Mapping[str, Any], report: StepReport) -> None:

@@ -17,15 +17,18 @@ automation's (the API, ``run_start``)::
 from __future__ import annotations
 
 from ..code.context import Context, SignalResult, StepFailed, StepOutcome
+from ..code.people_and_time import ApprovalResult, TaskResult
 from ..code.publish import publish_code_workflow
 from ..code.registry import CodeWorkflowError, workflow
 
 __all__ = [
+    "ApprovalResult",
     "CodeWorkflowError",
     "Context",
     "SignalResult",
     "StepFailed",
     "StepOutcome",
+    "TaskResult",
     "publish_code_workflow",
     "workflow",
 ]

@@ -270,10 +270,10 @@ class _LastSeen:
 _LAST_SEEN = _LastSeen()
 
 # What a start's version must pass before its run is written: each guard is called with the
-# organisation and the version's definition, and raises a WaymarkError to refuse the start.
-# Code workflows register theirs (workflows/code: which organisations may run one), which
-# this module cannot import.
-StartGuard = Callable[[Organisation, Mapping[str, Any]], None]
+# organisation, the version's definition and the run's input, and raises a WaymarkError to
+# refuse the start. Code workflows register theirs (workflows/code: which organisations may
+# run one, and the input its schema allows), which this module cannot import.
+StartGuard = Callable[[Organisation, Mapping[str, Any], Any], None]
 START_GUARDS: list[StartGuard] = []
 
 
@@ -284,7 +284,7 @@ def register_start_guard(guard: StartGuard) -> None:
 
 def _guarded(start: _Start, target: _Target) -> _Target:
     for guard in START_GUARDS:
-        guard(start.org, target.definition)
+        guard(start.org, target.definition, start.run_input)
     return target
 
 

@@ -1,0 +1,296 @@
+"""What a code workflow refuses (docs/code-workflows.md, "Input and output", "Mistakes a
+workflow's code can make"): an input its schema (given, or its TypedDict hint) refuses is
+refused at the start before anything is written; an output that fails its schema, a
+ctx.run result or an output past the size limits, and one step id used as two step types
+fail the run with their own codes; and on a real worker process, none of these leaves a
+traceback in the worker's log."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Literal, NotRequired, TypedDict
+
+import pytest
+from rest_framework.test import APIClient
+
+from workflows.code.registry import registered, unregister
+from workflows.models import Organisation, Run, RunEvent
+from workflows.plugins.code import CodeWorkflowError, Context, publish_code_workflow, workflow
+from workflows.plugins.testing import WorkflowTest
+
+from .code_workflow_bad_input import BAD_INPUT
+from .processes import ROOT, engine_env, running, stop, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DECIDE_FAILED = "step 'decide' failed: "  # how a run's error names the step that failed it
+
+
+class Line(TypedDict):
+    sku: str
+    quantity: int
+
+
+class Order(TypedDict):
+    order: str
+    lines: list[Line]
+    channel: Literal["web", "shop"]
+    note: NotRequired[str | None]
+
+
+class Odd(TypedDict):
+    when: complex  # no JSON type
+
+
+class Tree(TypedDict):
+    name: str
+    children: list[Tree]  # holds itself: no schema from it
+
+
+class Receipt(TypedDict):
+    order: str
+    count: int
+
+
+@workflow("code-typed", version=1)
+def typed(ctx: Context, order: Order) -> Receipt:
+    count = sum(line["quantity"] for line in order["lines"])
+    if order.get("note") == "wrong":
+        return {"order": order["order"], "count": "many"}  # type: ignore[typeddict-item]
+    return {"order": order["order"], "count": count}
+
+
+@workflow(
+    "code-schema", version=1,
+    input_schema={"type": "object", "required": ["email"],
+                  "properties": {"email": {"type": "string", "minLength": 3}}},
+)  # fmt: skip
+def with_schema(ctx: Context, run_input: dict[str, Any]) -> str:
+    return str(run_input["email"])
+
+
+def start(api: APIClient, slug: str, run_input: Any, key: str = "k") -> Any:
+    return api.post("/api/v1/runs", {"automation": slug, "input": run_input, "start_key": key},
+                    format="json")  # fmt: skip
+
+
+def test_an_input_its_typeddict_refuses_is_refused_before_anything_is_written(
+    org: Organisation, api: APIClient
+) -> None:
+    publish_code_workflow(org=org, name="code-typed", version=1)
+    bad = {"order": "o-1", "lines": [{"sku": "a", "quantity": "2"}], "channel": "fax"}
+    refused = start(api, "code-typed", bad)
+    assert refused.status_code == 400
+    body = refused.json()
+    assert body["code"] == "invalid_input"
+    assert body["errors"] == {
+        "input.channel": ["'fax' is not one of ['web', 'shop']"],
+        "input.lines.0.quantity": ["'2' is not of type 'integer'"],
+    }
+    assert "input.channel" in body["detail"]
+    assert not Run.objects.filter(org=org).exists()
+    assert not RunEvent.objects.filter(org_id=org.pk).exists()
+
+    missing = start(api, "code-typed", {"order": "o-1", "lines": []}, key="k2")
+    assert missing.json()["errors"] == {"input": ["'channel' is a required property"]}
+
+    good = {"order": "o-1", "lines": [{"sku": "a", "quantity": 2}], "channel": "web"}
+    started = start(api, "code-typed", good, key="k3")
+    assert started.status_code == 201, started.json()
+
+
+def test_every_start_path_checks_the_input_again_the_one_trip_start_included(
+    org: Organisation, api: APIClient
+) -> None:
+    publish_code_workflow(org=org, name="code-schema", version=1)
+    assert start(api, "code-schema", {"email": "a@b.c"}, key="1").status_code == 201
+    # The version is now remembered: the next start goes the one-statement way.
+    refused = start(api, "code-schema", {"email": "x"}, key="2")
+    assert (refused.status_code, refused.json()["code"]) == (400, "invalid_input")
+    assert refused.json()["errors"] == {"input.email": ["'x' is too short"]}
+    assert Run.objects.filter(org=org).count() == 1
+
+
+def test_an_output_its_schema_refuses_fails_the_run_with_invalid_output(
+    org: Organisation,
+) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-typed", version=1,
+            input={"order": "o-2", "lines": [], "channel": "web", "note": "wrong"})  # fmt: skip
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert run.error.startswith(f"{DECIDE_FAILED}invalid_output: the output does not match its")
+    assert "output.count: 'many' is not of type 'integer'" in run.error
+
+    fine = WorkflowTest(org=org)
+    fine.start("code-typed", version=1, input={"order": "o-3", "lines": [], "channel": "shop"},
+               start_key="fine")  # fmt: skip
+    assert fine.run_until_finished().output == {"order": "o-3", "count": 0}
+
+
+def test_a_schema_or_hint_that_cannot_be_used_is_refused_at_registration() -> None:
+    with pytest.raises(CodeWorkflowError) as bad_schema:
+
+        @workflow("code-bad-schema", version=1, input_schema={"type": "thing"})
+        def bad(ctx: Context, run_input: dict[str, Any]) -> None:
+            return None
+
+    assert bad_schema.value.code == "invalid_workflow"
+    assert "input_schema is not a valid JSON Schema" in bad_schema.value.detail
+
+    with pytest.raises(CodeWorkflowError) as bad_hint:
+
+        @workflow("code-bad-hint", version=1)
+        def odd(ctx: Context, run_input: Odd) -> None:
+            return None
+
+    assert bad_hint.value.code == "invalid_workflow"
+    assert "input.when" in bad_hint.value.detail and "input_schema=" in bad_hint.value.detail
+
+    class Local(TypedDict):  # not found in the module when the hint is read
+        when: str
+
+    with pytest.raises(CodeWorkflowError) as unreadable:
+
+        @workflow("code-bad-hint", version=1)
+        def local(ctx: Context, run_input: Local) -> None:
+            return None
+
+    assert unreadable.value.code == "invalid_workflow"
+    assert "the input (run_input), 'Local', cannot be read" in unreadable.value.detail
+
+    with pytest.raises(CodeWorkflowError) as recursive:
+
+        @workflow("code-bad-hint", version=1)
+        def tree(ctx: Context, run_input: Tree) -> None:
+            return None
+
+    assert "input.children[]: Tree holds itself" in recursive.value.detail
+    assert registered("code-bad-schema", 1) is None and registered("code-bad-hint", 1) is None
+
+    # A schema given explicitly wins over a hint that has none.
+    @workflow("code-given", version=1, input_schema={"type": "object"})
+    def given(ctx: Context, run_input: Odd) -> None:
+        return None
+
+    try:
+        found = registered("code-given", 1)
+        assert found is not None and found.input_schema == {"type": "object"}
+    finally:
+        unregister("code-given", 1)
+
+
+@pytest.mark.parametrize(("name", "code"), sorted(BAD_INPUT.items()))
+def test_a_mistake_in_the_code_fails_the_run_at_its_step_with_its_code(
+    org: Organisation, settings: Any, name: str, code: str
+) -> None:
+    t = WorkflowTest(org=org)
+    t.start(name, version=1, input={"size": 70_000})
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert run.error.startswith(f"{DECIDE_FAILED}{code}: "), run.error
+    if code == "step_type_conflict":
+        assert run.error == DECIDE_FAILED + (
+            "step_type_conflict: step 'a' was entered as ctx.run in this run, and the code "
+            "now calls it as a wait step: give each step its own id"
+        )
+        assert [(s.step_id, s.type) for s in run.steps] == [("a", "code_result")]
+    if code == "result_too_large":
+        assert "The result of step 'big' is 70002 bytes; the limit is 65536." in run.error
+        assert [s.step_id for s in run.steps] == []  # nothing of it was stored
+
+
+@workflow("code-big-output", version=1)
+def big_output(ctx: Context, run_input: dict[str, Any]) -> str:
+    return "x" * int(run_input["size"])
+
+
+def test_an_output_past_the_size_limit_fails_the_run_and_so_does_a_too_large_input(
+    org: Organisation, api: APIClient, settings: Any
+) -> None:
+    settings.WAYMARK = {**settings.WAYMARK, "MAX_INPUT_BYTES": 1000}
+    t = WorkflowTest(org=org)
+    t.start("code-big-output", version=1, input={"size": 2000})
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert run.error == DECIDE_FAILED + (
+        "output_too_large: The workflow's output is 2002 bytes; the limit is 1000."
+    )
+    refused = start(api, "code-big-output", {"size": "x" * 1000}, key="big")
+    assert (refused.status_code, refused.json()["code"]) == (413, "payload_too_large")
+
+
+def test_calling_one_id_again_as_the_same_type_is_its_next_iteration(org: Organisation) -> None:
+    # Not a conflict: the check is per step type, not per id.
+    @workflow("code-again", version=1)
+    def again(ctx: Context, run_input: dict[str, Any]) -> int:
+        return int(ctx.run("n", int, 1)) + int(ctx.run("n", int, 2))
+
+    try:
+        t = WorkflowTest(org=org)
+        t.start("code-again", version=1, input={})
+        run = t.run_until_finished()
+        assert (run.status, run.output) == ("succeeded", 3)
+        assert [(s.step_id, s.iteration) for s in run.steps] == [("n", 1), ("n", 2)]
+    finally:
+        unregister("code-again", 1)
+
+
+# --- on a real worker process --------------------------------------------------------------
+
+
+def io_worker_logged_to(log: Path) -> subprocess.Popen[bytes]:
+    """An io worker process (the lane a code workflow's function runs on) that registers
+    the bad workflows as a host's ready() would, everything it says written to ``log``."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "manage.py", "worker", "--lane", "io", "--concurrency", "2",
+             "--grace", "2"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+            env=engine_env(WAYMARK_EXTRA_STEP_MODULES="tests.code_workflow_bad_input"),
+        )  # fmt: skip
+
+
+def test_no_mistake_of_the_code_leaves_a_traceback_in_a_worker_s_log(
+    org: Organisation, api: APIClient, tmp_path: Path
+) -> None:
+    """Each bad workflow's run is started through the API and run by a worker process; a
+    version that process does not register waits. Each run ends (or waits) with its code,
+    and the worker's log holds no traceback."""
+
+    @workflow("code-only-here", version=1)  # registered in this process, not the worker's
+    def only_here(ctx: Context, run_input: dict[str, Any]) -> str:
+        return "never run by the worker"
+
+    try:
+        runs = {}
+        for name in [*BAD_INPUT, "code-only-here"]:
+            publish_code_workflow(org=org, name=name, version=1)
+            answer = start(api, name, {"size": 70_000}, key=name)
+            assert answer.status_code == 201, answer.json()
+            runs[name] = int(answer.json()["id"])
+    finally:
+        unregister("code-only-here", 1)
+
+    def ended() -> bool:
+        failed = Run.objects.filter(pk__in=[runs[n] for n in BAD_INPUT], status="failed")
+        waits = RunEvent.objects.filter(run_id=runs["code-only-here"], kind="step.deferred")
+        return failed.count() == len(BAD_INPUT) and waits.exists()
+
+    log = tmp_path / "worker.log"
+    worker = io_worker_logged_to(log)
+    with running(worker):
+        wait_for(ended, what="every bad run to fail and the missing version to wait")
+        assert stop(worker) == 0
+    said = log.read_text()
+    assert "Traceback" not in said and "engine_error" not in said, said
+    for name, code in BAD_INPUT.items():
+        run = Run.objects.get(pk=runs[name])
+        assert run.error.startswith(f"{DECIDE_FAILED}{code}: "), (name, run.error)
+    waiting = Run.objects.get(pk=runs["code-only-here"])
+    assert waiting.status == "running"
+    deferred = RunEvent.objects.get(run_id=waiting.pk, kind="step.deferred")
+    assert deferred.detail is not None
+    assert "workflow_version_missing" in deferred.detail["error"]
