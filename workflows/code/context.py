@@ -98,9 +98,12 @@ class Context:
     call. Every method that enters a step takes the step's id first (unique per call site;
     calling the same id again enters its next iteration)."""
 
-    def __init__(self, *, run_id: int, history: Sequence[Recorded]) -> None:
+    def __init__(self, *, run_id: int, history: Sequence[Recorded], dry: bool = False) -> None:
         self.run_id = run_id
         self._history = history
+        # A dry replay (a migration's check of another version's code against the history)
+        # stops at the first new work without calling a ctx.run function.
+        self._dry = dry
         self._position = 0
         self._patches: dict[str, bool] = {}  # each patch's answer, once asked in this replay
 
@@ -174,6 +177,8 @@ class Context:
         if recorded is not None:
             return recorded.output
         _check_call(step_id, RESULT_TYPE)
+        if self._dry:
+            raise Suspended({"id": step_id, "type": RESULT_TYPE})
         output = function(*args, **kwargs)
         check_json(step_id, output)
         raise Suspended({"id": step_id, "type": RESULT_TYPE, "output": output})

@@ -14,10 +14,12 @@ from ..engine.definition_cache import definition_for
 from ..engine.executors import StepContext, StepDeferred, StepFailure, StepResult
 from ..errors import WorkflowNotAllowed
 from ..models import Organisation
+from ..services.replays import register_replays
 from ..services.runs import register_start_guard
 from .context import RESULT_TYPE, CodeFailure, Context, Suspended, check_json
-from .history import ENDED, ended_before, run_history
+from .history import ENDED, REPLAY_CUTS, ended_before, run_history
 from .registry import publishing_as_host, registered
+from .replays import CODE_REPLAYS
 
 # A run whose workflow version is not registered in this worker's process (a deploy that
 # dropped it, or one that has not reached every worker yet) looks again this often, its
@@ -63,7 +65,8 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     # is noted there (engine/decided.py), to be recorded by this turn.
     latest = context["steps"].get(str(step["id"]), {}).get("output")
     latest = latest if isinstance(latest, Mapping) else None
-    history = run_history(org_id=ctx.org_id, run_id=ctx.run_id, latest=latest)
+    cuts = context["steps"].get(REPLAY_CUTS, {}).get("output")  # a re-run's (history.py)
+    history = run_history(org_id=ctx.org_id, run_id=ctx.run_id, latest=latest, cuts=cuts)
     replay = Context(run_id=ctx.run_id, history=history)
     try:
         output = found.function(replay, context["input"])
@@ -122,3 +125,4 @@ def register_code_step_types() -> None:
     registry.register(CODE)
     registry.register(CODE_RESULT)
     register_start_guard(allowed_to_start)
+    register_replays(CODE.name, CODE_REPLAYS)

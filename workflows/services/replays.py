@@ -1,0 +1,44 @@
+"""What run control asks of a run whose steps are decided as it goes (engine/decided.py): the
+app of its deciding step type (workflows/code, for ``code``) says how the run replays, here,
+so the services that change a run (a re-run from a step, a migration between versions) reach
+it without importing that app (which imports them).
+
+- ``history``: the steps the run's next replay reads, in order, as (step id, iteration).
+- ``restart``: the run's outputs that make its next replay keep only the first ``kept`` of
+  them (a re-run from the step after them), as the walk records them.
+- ``misfit``: why the code of another version does not fit the run's history (a replay that
+  calls nothing and makes no effect), or None when it does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine.decided import deciding_step
+from ..engine.walk import RunState
+
+
+@dataclass(frozen=True)
+class Replays:
+    history: Callable[[RunState], list[tuple[str, int]]]
+    restart: Callable[[Any, RunState, int], dict[str, Any]]
+    misfit: Callable[[RunState, Mapping[str, Any]], str | None]
+
+
+REPLAYS: dict[str, Replays] = {}
+
+
+def register_replays(step_type: str, replays: Replays) -> None:
+    """``step_type``: the deciding step type whose runs replay so (WorkflowsConfig.ready())."""
+    REPLAYS[step_type] = replays
+
+
+def replays_of(definition: Mapping[str, Any]) -> tuple[Mapping[str, Any], Replays] | None:
+    """The definition's decider and how its runs replay; None for a definition's run."""
+    decider = deciding_step(definition)
+    if decider is None:
+        return None
+    replays = REPLAYS.get(str(decider["type"]))
+    return None if replays is None else (decider, replays)
