@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.urls import reverse
 from rest_framework.test import APIClient
 
 from timers.sweep import fire_due_timers
-from workflows.errors import NothingToRetry, UnknownStep
+from workflows.code.registry import unregister
+from workflows.errors import NothingToRetry, UnknownStep, WorkflowNotAllowed
 from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.plugins.code import Context, publish_code_workflow, workflow
 from workflows.services.control import run_act
@@ -302,3 +304,61 @@ def test_pause_resume_and_cancel_act_on_a_code_run_and_a_rerun_goes_on_after_can
     assert json.dumps(taken(other)) == json.dumps(
         [["before", 1, "done"], ["nap", 1, "cancelled"], ["nap", 2, "done"], ["after", 1, "done"]]
     )
+
+
+def test_narrowing_organisations_lets_runs_in_flight_go_on_and_refuses_their_reruns(
+    org: Organisation, api: APIClient
+) -> None:
+    def napping(ctx: Context, run_input: dict[str, Any]) -> str:
+        ctx.sleep("nap", "1h")
+        return "rested"
+
+    workflow("code-narrowed", version=1, organisations=[org.slug])(napping)
+    try:
+        run_id = start(org, "code-narrowed", {}, "n1")
+        drive()
+        # A later deploy names only another organisation: the run already started goes on
+        # (its replays are not refused), and ends as its code says.
+        unregister("code-narrowed", 1)
+        workflow("code-narrowed", version=1, organisations=["someone-else"])(napping)
+        make_due(run_id=run_id)
+        assert fire_due_timers().fired == 1
+        drive()
+        run = Run.objects.get(pk=run_id)
+        assert (run.status, run.output) == ("succeeded", "rested")
+        # A re-run makes new work, as a start does: refused as a start is, nothing changed.
+        refused = api.post(f"/api/v1/runs/{run_id}/rerun", {"from_step": "nap"}, format="json")
+        assert refused.status_code == 403, refused.json()
+        assert refused.json()["code"] == "workflow_not_allowed"
+        with pytest.raises(WorkflowNotAllowed):
+            rerun(org=org, run_id=run_id, from_step="nap", actor="ops", dry_run=False)
+        run.refresh_from_db()
+        assert run.status == "succeeded"
+        assert not RunEvent.objects.filter(run_id=run_id, kind="run.rerun").exists()
+    finally:
+        unregister("code-narrowed", 1)
+
+
+def test_the_admin_offers_each_entry_of_the_steps_a_code_run_took(
+    org: Organisation, provider_stub: ProviderStub, admin_client: Any
+) -> None:
+    run_id = finished(org, provider_stub.url, "a1", polls=2)
+    rerun_url = reverse("admin:workflows_run_rerun", args=[run_id])
+    form = admin_client.get(rerun_url).content.decode()
+    assert '<option value="poll:2">poll (iteration 2)</option>' in form
+    assert 'value="decide' not in form  # the decider is not a step to re-run from
+
+    shown = admin_client.post(rerun_url, {"from_step": "poll:2", "input": ""})
+    text = shown.content.decode()
+    assert "from step “poll” (iteration 2)?" in text
+    assert 'name="iteration" value="2"' in text
+    assert Run.objects.get(pk=run_id).status == "succeeded"  # nothing yet
+
+    done = admin_client.post(rerun_url, {"from_step": "poll", "iteration": "2", "input": "",
+                                         "confirmed": "yes"})  # fmt: skip
+    assert done.status_code == 302
+    (event,) = RunEvent.objects.filter(run_id=run_id, kind="run.rerun")
+    assert event.detail is not None and event.detail["iteration"] == 2
+    drive()
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+    assert CALLS[-2:] == ["poll 1", "receipt"]  # the second poll, then what follows it

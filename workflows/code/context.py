@@ -248,6 +248,8 @@ class Context:
                 f"{self._position + 1}, but the code called {step_id!r} ({step_type})",
             )
         if recorded.status != StepStatus.DONE:
+            if self._dry:  # the step the run is at, not ended yet: the history fits up to it
+                raise Suspended({"id": step_id, "type": step_type})
             raise CodeFailure(
                 "nondeterministic_workflow",
                 f"step {step_id!r} is {recorded.status} in the history, and the code went on",

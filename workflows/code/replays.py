@@ -9,21 +9,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..engine.decided import deciding_step
-from ..engine.walk import RunState
-from ..services.replays import Replays
+from ..services.replays import Replays, RunData
 from .context import DECIDER_ID, CodeFailure, Context, Suspended
 from .history import REPLAY_CUTS, newest_row, replay_cuts, run_history
 from .registry import registered
 
 
-def replay_history(run: RunState) -> list[tuple[str, int]]:
+def replay_history(run: RunData) -> list[tuple[str, int]]:
     """The steps the run's next replay reads, in order: (step id, iteration)."""
     history = run_history(org_id=run.org_id, run_id=run.id, latest=None,
                           cuts=run.outputs.get(REPLAY_CUTS))  # fmt: skip
     return [(step.step_id, step.iteration) for step in history]
 
 
-def restart_outputs(cursor: Any, run: RunState, kept: int) -> dict[str, Any]:
+def restart_outputs(cursor: Any, run: RunData, kept: int) -> dict[str, Any]:
     """The run's outputs that make its next replay keep only the first ``kept`` steps it
     reads now: one more cut, after the run's newest row; and no outcome noted for the
     decider's next turn to record (the step it noted one for is not the step before it)."""
@@ -33,7 +32,7 @@ def restart_outputs(cursor: Any, run: RunState, kept: int) -> dict[str, Any]:
     return {REPLAY_CUTS: cuts, DECIDER_ID: None}
 
 
-def replay_misfit(run: RunState, definition: Mapping[str, Any]) -> str | None:
+def replay_misfit(run: RunData, definition: Mapping[str, Any]) -> str | None:
     """Why the code of ``definition`` (another version's) does not fit the run's history:
     its replay, up to its first new work, calls another step than the history has, or fails
     (``workflow_version_missing`` when that version is not registered here). None when it
@@ -64,4 +63,16 @@ def replay_misfit(run: RunState, definition: Mapping[str, Any]) -> str | None:
     return None
 
 
-CODE_REPLAYS = Replays(history=replay_history, restart=restart_outputs, misfit=replay_misfit)
+def missing_here(definition: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The name and version of the code ``definition`` runs, when this process does not
+    register it."""
+    decider = deciding_step(definition)
+    if decider is None:
+        return None
+    name, version = str(decider.get("workflow")), int(decider.get("version", 0))
+    return None if registered(name, version) is not None else (name, version)
+
+
+CODE_REPLAYS = Replays(
+    history=replay_history, restart=restart_outputs, misfit=replay_misfit, missing=missing_here
+)

@@ -8,23 +8,38 @@ it without importing that app (which imports them).
   them (a re-run from the step after them), as the walk records them.
 - ``misfit``: why the code of another version does not fit the run's history (a replay that
   calls nothing and makes no effect), or None when it does.
+- ``missing``: the (name, version) of a version's code when this process does not have it
+  (nothing here can replay it), else None.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..engine.decided import deciding_step
-from ..engine.walk import RunState
+
+
+class RunData(Protocol):
+    """What a replay reads of a run: a locked RunState (engine/walk.py) or a Run row."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def org_id(self) -> int: ...
+    @property
+    def input(self) -> Any: ...
+    @property
+    def outputs(self) -> Any: ...
 
 
 @dataclass(frozen=True)
 class Replays:
-    history: Callable[[RunState], list[tuple[str, int]]]
-    restart: Callable[[Any, RunState, int], dict[str, Any]]
-    misfit: Callable[[RunState, Mapping[str, Any]], str | None]
+    history: Callable[[RunData], list[tuple[str, int]]]
+    restart: Callable[[Any, RunData, int], dict[str, Any]]
+    misfit: Callable[[RunData, Mapping[str, Any]], str | None]
+    missing: Callable[[Mapping[str, Any]], tuple[str, int] | None]
 
 
 REPLAYS: dict[str, Replays] = {}

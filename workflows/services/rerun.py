@@ -24,7 +24,9 @@ its next replay reads the kept steps only), and its decider is entered anew, whi
 the code up to the chosen step, meets it as new work and goes on. The settled effects of the
 steps set aside are reused or repeated as a definition's are, by step and new entry.
 
-A re-run is a start for the organisation's limits: it is admitted under the start quotas
+A re-run is a start for the organisation's limits, and refused where a start of its version
+would be (``check_start_guards``: a code workflow whose ``organisations`` no longer name the
+run's, ``workflow_not_allowed``): it is admitted under the start quotas
 (running runs, starts per minute: ``quotas.admit_start``, in its transaction, as a start is;
 refused, 429 ``quota_exceeded`` and nothing changes), and its budgets (max steps) and max
 age are counted afresh from the re-run. A preview admits nothing.
@@ -59,7 +61,7 @@ from ..states import RUN_FINISHED, RunStatus, run_sources
 from . import quotas
 from .audit import Actor, as_actor, record_audit
 from .replays import Replays, replays_of
-from .runs import check_input, check_json_value, run_limits
+from .runs import check_input, check_json_value, check_start_guards, run_limits
 
 # A finished run may run again: the declared sources of `running` that are finished states.
 RERUN_SOURCES = [s for s in run_sources(RunStatus.RUNNING) if s in RUN_FINISHED]
@@ -133,8 +135,8 @@ def rerun(
     default) changes nothing and says what the re-run would do. Raises UnknownRun,
     RunStateConflict (a run not finished; recorded in its history when not a dry run),
     UnknownStep, RerunStepNotTopLevel, RerunStepIsCompensation, InvalidInput (and
-    PayloadTooLarge) or a StartQuota (RunningRunsQuota, StartsPerMinuteQuota; not for a dry
-    run): each before anything changed."""
+    PayloadTooLarge), WorkflowNotAllowed or a StartQuota (RunningRunsQuota,
+    StartsPerMinuteQuota; not for a dry run): each before anything changed."""
     if run_input is not None:
         check_input(run_input)
     if variables is not None:
@@ -151,6 +153,9 @@ def rerun(
             if run.status not in RERUN_SOURCES:
                 raise _conflict(run.status)
             definition = definition_for(run.version_id)
+            # Makes new work as a start does: refused where a start of it would be (a code
+            # workflow whose organisations no longer name this one: workflow_not_allowed).
+            check_start_guards(org, definition)
             cut = _checked_start(definition, run, from_step, iteration)
             plan = _Plan(run, definition, from_step, run_input, variables, repeat_effects, cut)
             plan.effects = _effect_choices(cursor, plan)
