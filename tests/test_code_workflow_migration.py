@@ -173,3 +173,34 @@ def test_a_migration_to_a_version_not_registered_here_is_refused(
     finally:
         workflow("code-move", version=4)(fourth)
     assert Run.objects.get(pk=run_id).version.number == numbers[1]
+
+
+def test_a_run_waiting_for_a_version_no_longer_deployed_moves_without_its_code_being_run(
+    org: Organisation,
+) -> None:
+    numbers = {2: publish_code_workflow(org=org, name="code-move", version=2).number}
+
+    @workflow("code-move", version=5)
+    def dropped(ctx: Context, run_input: dict[str, Any]) -> str:
+        return str(ctx.run("a", called, "a"))
+
+    numbers[5] = publish_code_workflow(org=org, name="code-move", version=5).number
+    unregister("code-move", 5)  # a later deploy dropped it
+    run_id = run_start(org=org, automation_slug="code-move", run_input={},
+                       start_key="gone").run_id  # fmt: skip
+    drive(fast_forward=False)  # its decider is deferred: workflow_version_missing
+    decide = Step.objects.get(run_id=run_id, step_id="decide")
+    assert (decide.status, decide.wait_kind) == ("waiting", "retry")
+
+    plan = migration_plan(org=org, automation_slug="code-move", from_version=numbers[5],
+                          to_version=numbers[2])  # fmt: skip
+    assert dry_run(plan).would_move == 1
+    assert migration_start(plan=plan, actor="ops").moved_now == 1
+    # The dry replays met new work at once (the run's history is empty) and stopped there:
+    # the new code's first ctx.run function was not called by either.
+    assert CALLS == []
+    drive()
+    assert CALLS == ["a"]
+    run = Run.objects.get(pk=run_id)
+    assert run.version.number == numbers[2] and run.status == "running"
+    assert Step.objects.get(run_id=run_id, step_id="nap").status == "waiting"
