@@ -327,7 +327,7 @@ def test_the_api_previews_by_default_acts_when_told_and_answers_errors_with_code
     assert preview.status_code == 200, preview.json()
     assert preview.json() == {
         "id": run_id, "from_step": "first", "was": "failed", "status": "failed",
-        "dry_run": True, "repeat_effects": False, "input_changes": [],
+        "dry_run": True, "iteration": None, "repeat_effects": False, "input_changes": [],
         "vars_changes": [{"key": "a", "before": "1", "after": 2}], "effects": [],
     }  # fmt: skip
     answers = {
@@ -335,7 +335,11 @@ def test_the_api_previews_by_default_acts_when_told_and_answers_errors_with_code
         "invalid_input": api.post(url, {"from_step": "first", "input": [1]}, format="json"),
         "unknown_run": other_api.post(url, {"from_step": "first"}, format="json"),
         "missing": api.post(url, {}, format="json"),
+        # An iteration chooses among a code run's steps only.
+        "iteration": api.post(url, {"from_step": "first", "iteration": 1}, format="json"),
     }
+    assert answers["iteration"].status_code == 400
+    assert answers["iteration"].json()["code"] == "invalid_input"
     assert answers["unknown_step"].status_code == 400
     assert answers["unknown_step"].json()["code"] == "unknown_step"
     assert answers["invalid_input"].status_code == 400

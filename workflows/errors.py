@@ -280,6 +280,17 @@ class UnknownStep(WaymarkError):
         return {**super().as_dict(), "step": self.extra["step"], "version": self.extra["version"]}
 
 
+class WorkflowVersionMissing(WaymarkError):
+    """A migration of code runs to a version whose code is not registered in this process:
+    nothing can check the runs' histories against it (docs/code-workflows.md)."""
+
+    code = "workflow_version_missing"
+    default_detail = (
+        "Code workflow {name!r} version {version} is not registered here: deploy it (or "
+        "migrate from a process that has it) first."
+    )
+
+
 class IncompatibleStepType(WaymarkError):
     """A mapping sends a step to one of another type: a run parked on a ``wait`` can only
     carry its timer over to a ``wait``, an approval's request to an ``approval``..."""

@@ -21,6 +21,7 @@ from django.urls import reverse
 from ..engine.definition_cache import definition_for
 from ..errors import WaymarkError
 from ..models import Run
+from ..services.replays import replays_of
 from ..services.rerun import RERUN_SOURCES, rerun
 from .run_control import actor_for
 
@@ -45,7 +46,8 @@ def rerun_page(request: HttpRequest, run: Run, admin_context: dict[str, Any]) ->
         asked = {"org": run.org, "run_id": run.pk, "actor": actor_for(request),
                  "from_step": given["from_step"], "run_input": _json(given["input"], "Input"),
                  "variables": _json(given["vars"], "Vars"),
-                 "repeat_effects": given["repeat_effects"]}  # fmt: skip
+                 "repeat_effects": given["repeat_effects"],
+                 "iteration": _iteration(given["iteration"])}  # fmt: skip
         confirmed = request.POST.get("confirmed") == "yes"
         outcome = rerun(**asked, dry_run=not confirmed)
     except BadJson as bad:
@@ -64,15 +66,29 @@ def _given(request: HttpRequest, run: Run) -> dict[str, Any]:
     """What the form holds: as posted, or (first shown) the run's input and vars."""
     posted = request.POST
     if request.method == "POST":
+        # A code run's step choice is "step:iteration" (no step id has a colon); the
+        # confirmation posts them apart.
+        from_step, _, iteration = posted.get("from_step", "").partition(":")
         return {
-            "from_step": posted.get("from_step", ""), "input": posted.get("input", ""),
-            "vars": posted.get("vars", ""),
+            "from_step": from_step, "input": posted.get("input", ""),
+            "vars": posted.get("vars", ""), "iteration": iteration or posted.get("iteration", ""),
             "repeat_effects": posted.get("repeat_effects") in ("on", "yes", "true"),
         }  # fmt: skip
     return {
-        "from_step": "", "input": json.dumps(run.input, indent=2, sort_keys=True),
+        "from_step": "", "iteration": "",
+        "input": json.dumps(run.input, indent=2, sort_keys=True),
         "vars": json.dumps(run.vars, indent=2, sort_keys=True), "repeat_effects": False,
     }  # fmt: skip
+
+
+def _iteration(text: str) -> int | None:
+    """A code run's step entry (its form's step choice carries it); blank: none."""
+    if not text.strip():
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise BadJson(f"Iteration {text!r} is not a number") from None
 
 
 def _json(text: str, what: str) -> Any:
@@ -95,10 +111,18 @@ def _page(
     error: str = "",
     preview: Any = None,
 ) -> TemplateResponse:
-    steps = [step["id"] for step in definition_for(run.version_id)["steps"]]
+    definition = definition_for(run.version_id)
+    decided = replays_of(definition)
+    if decided is None:
+        steps = [(step["id"], step["id"]) for step in definition["steps"]]
+    else:  # a code run: the steps its history has, each entry of each (services/rerun.py)
+        steps = [(f"{step_id}:{iteration}", f"{step_id} (iteration {iteration})")
+                 for step_id, iteration in decided[1].history(run)]  # fmt: skip
+    chosen = given["from_step"] + (f":{given['iteration']}" if given["iteration"] else "")
     context = {
         **admin_context, "title": f"Re-run {run} from a step", "run": run, "steps": steps,
         "given": given, "error": error, "preview": preview, "back_url": run_url,
+        "chosen": chosen,
         "finished": may_rerun(run), "sources": RERUN_SOURCES,
     }  # fmt: skip
     return TemplateResponse(request, TEMPLATE, context)

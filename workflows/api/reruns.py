@@ -19,6 +19,11 @@ from .serializers import ErrorOut, StrictInput
 
 class RerunIn(StrictInput):
     from_step = serializers.CharField(max_length=63, help_text="The step to run again from.")
+    iteration = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, help_text="A code run's: which entry "
+        "of the step (its iteration) to run again from; left out: its first. Not for a "
+        "definition's run.",
+    )  # fmt: skip
     input = serializers.JSONField(
         required=False, allow_null=True, help_text="The run's new input (a JSON object); "
         "left out or null: unchanged.",
@@ -59,6 +64,10 @@ class RerunOut(serializers.Serializer):
     was = serializers.ChoiceField(choices=RunStatus.choices, help_text="The status before.")
     status = serializers.ChoiceField(choices=RunStatus.choices, help_text="The status now.")
     dry_run = serializers.BooleanField()
+    iteration = serializers.IntegerField(
+        allow_null=True, help_text="A code run's: the iteration of the step it runs again "
+        "from; null for a definition's run.",
+    )  # fmt: skip
     repeat_effects = serializers.BooleanField()
     input_changes = ChangeOut(many=True)
     vars_changes = ChangeOut(many=True)
@@ -95,6 +104,6 @@ class RunRerunView(APIView):
             org=request_key(request).org, run_id=run_id, actor=request_actor(request),
             from_step=given["from_step"], run_input=given.get("input"),
             variables=given.get("vars"), repeat_effects=given["repeat_effects"],
-            dry_run=given["dry_run"],
+            dry_run=given["dry_run"], iteration=given.get("iteration"),
         )  # fmt: skip
         return Response(RerunOut(outcome).data)

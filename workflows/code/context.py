@@ -33,6 +33,7 @@ from ..states import StepStatus
 from .people_and_time import PeopleAndTime
 
 DECIDER_ID = "decide"  # the step that runs the function (steptypes.CODE); no call may use it
+CODE_TYPE = "code"  # its type's name
 RESULT_TYPE = "code_result"  # the step that records what ctx.run's function returned
 
 # The ids of the steps that record what ctx.now(), ctx.uuid(), ctx.random() and
@@ -182,9 +183,13 @@ class Context(PeopleAndTime):
         branch: int | None = None,
         attempts_used: int = 1,
         lost_claims_allowed: int = 1,
+        dry: bool = False,
     ) -> None:
         self.run_id = run_id
         self._history = history
+        # A dry replay (a migration's check of another version's code against the history)
+        # stops at the first new work without calling a ctx.run function.
+        self._dry = dry
         self._position = 0
         self._patches: dict[str, bool] = {}  # each patch's answer, once asked in this replay
         self._forks = forks  # every place's history (history.py), for ctx.parallel
@@ -283,6 +288,8 @@ class Context(PeopleAndTime):
             return recorded.output
         _check_call(step_id, RESULT_TYPE)
         most = _max_attempts(step_id, retry)
+        if self._dry:
+            raise Suspended({"id": step_id, "type": RESULT_TYPE})
         attempt = self._attempts_used
         self.attempts_allowed = max(most, self._lost_claims_allowed)
         if attempt > self.attempts_allowed:  # its earlier attempts' workers died in the call
@@ -415,6 +422,8 @@ class Context(PeopleAndTime):
         join = forks.joins.get(join_row)
         if join is not None and join.status == StepStatus.DONE:
             return [forks.returned.get((join_row, number)) for number in range(len(branches))]
+        if self._dry:  # the branches have not met: the history fits up to here
+            raise Suspended({"id": step_id, "type": PARALLEL_TYPE})
         if self._deciding is None or self._deciding[0] != step_id:
             raise CodeFailure(
                 "nondeterministic_workflow",
@@ -477,6 +486,8 @@ class Context(PeopleAndTime):
             self._last = recorded
             raise StepFailed(recorded.step_id, recorded.iteration, recorded.error)
         if recorded.status != StepStatus.DONE:
+            if self._dry:  # the step the run is at, not ended yet: the history fits up to it
+                raise Suspended({"id": step_id, "type": step_type})
             raise CodeFailure(
                 "nondeterministic_workflow",
                 f"step {step_id!r} is {recorded.status} in the history, and the code went on",

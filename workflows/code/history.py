@@ -1,7 +1,17 @@
 """What a replay reads: the run's steps in the order they were entered, in one statement,
 each with the outcome it ended with (when its step type has outcomes), sorted by where they
 were entered: the top level, or a branch of a ``ctx.parallel`` (engine/forks.py's fork_join
-and branch columns). Each branch replays against its own steps only."""
+and branch columns). Each branch replays against its own steps only; the top level's steps
+are less those a re-run from a step set aside.
+
+A re-run from a step (services/rerun.py, ``rerun_code``) keeps the run's rows and notes a
+cut among the run's outputs (under ``REPLAY_CUTS``, an id no step can take): the newest row
+the run had then, and how many of the top level's steps read so far its replay keeps.
+Reading the rows in order, each cut is applied once the rows read pass its row: the steps
+after the kept ones are set aside (their rows stay, for the run page and the history), and
+the rows the re-run entered follow the kept ones. Cuts add up: a re-run of a re-run reads the
+same way. A branch's rows need no cut: a re-run from a step before its ``ctx.parallel`` sets
+the parallel aside, and its replay forks anew (another join row, so other places)."""
 
 from __future__ import annotations
 
@@ -28,6 +38,14 @@ SELECT id, step_id, iteration, type, status, output::text AS output, error, fork
  WHERE org_id = %(org)s AND run_id = %(run)s AND step_id NOT LIKE '~%%'
  ORDER BY id
 """
+
+# The run's newest step row, where a re-run notes its cut.
+NEWEST_ROW = """
+SELECT max(id) AS newest FROM workflows_step WHERE org_id = %(org)s AND run_id = %(run)s
+"""
+
+# Among the run's outputs: the re-runs' cuts, oldest first ({"after_row", "kept"} each).
+REPLAY_CUTS = "~replay"
 
 # In a decider turn's output: the outcome of the step that ended before the turn, as the
 # engine noted it among the run's outputs (engine/decided.py), recorded by the turn.
@@ -61,17 +79,22 @@ class History:
 
 def read_history(
     *, org_id: int, run_id: int, decider_type: str, decider_id: str,
-    latest: Mapping[str, Any] | None,
+    latest: Mapping[str, Any] | None, cuts: Any = None,
 ) -> History:  # fmt: skip
     """The run's recorded steps. ``decider_id``: the deciding turn's step (the run's decider,
     or a branch's); ``latest``: its output among the run's outputs now, which notes the
-    outcome of the step that has just ended where it decides (not yet recorded)."""
+    outcome of the step that has just ended where it decides (not yet recorded); ``cuts``:
+    the re-runs' cuts among the run's outputs (``REPLAY_CUTS``)."""
     with connection.cursor() as cursor:
         cursor.execute(RUN_HISTORY, {"org": org_id, "run": run_id})
         rows = fetch_dicts(cursor)
     history = History()
     joins = set(registry.joining())
+    pending = replay_cuts(cuts)
+    top = history.places.setdefault(TOP, [])
     for row in rows:
+        while pending and pending[0][0] < row["id"]:
+            del top[pending.pop(0)[1] :]
         # As text, decoded here: Django's cursor hands jsonb back undecoded.
         output = None if row["output"] is None else json.loads(row["output"])
         at: Where = (row["fork_join_id"], row["branch"])
@@ -92,6 +115,8 @@ def read_history(
             Recorded(step_id=row["step_id"], iteration=row["iteration"], type=row["type"],
                      status=row["status"], output=output, error=row["error"])
         )  # fmt: skip
+    for _, kept in pending:
+        del top[kept:]
     if latest is not None:
         _with_outcome(history.places.setdefault(history.deciding_at, []), ended_before(latest))
     return history
@@ -113,3 +138,21 @@ def _with_outcome(history: list[Recorded], ended: Any) -> None:
     last = history[-1]
     if last.step_id == ended.get("step") and isinstance(ended.get("outcome"), str):
         history[-1] = replace(last, outcome=ended["outcome"])
+
+
+def replay_cuts(cuts: Any) -> list[tuple[int, int]]:
+    """The re-runs' cuts as (after_row, kept), in the order they were made."""
+    if not isinstance(cuts, list):
+        return []
+    return [
+        (int(cut["after_row"]), int(cut["kept"]))
+        for cut in cuts
+        if isinstance(cut, Mapping) and {"after_row", "kept"} <= set(cut)
+    ]
+
+
+def newest_row(cursor: Any, *, org_id: int, run_id: int) -> int:
+    """The run's newest step row (a re-run's cut is after it)."""
+    cursor.execute(NEWEST_ROW, {"org": org_id, "run": run_id})
+    row = cursor.fetchone()
+    return int(row[0] or 0)

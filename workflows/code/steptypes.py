@@ -15,8 +15,10 @@ from ..engine.executors import StepContext, StepDeferred, StepFailure, StepResul
 from ..engine.lanes import lane_policy
 from ..errors import WorkflowNotAllowed
 from ..models import Organisation
+from ..services.replays import register_replays
 from ..services.runs import register_start_guard
 from .context import (
+    CODE_TYPE,
     MOST_ATTEMPTS,
     RESULT_TYPE,
     BranchReturned,
@@ -26,8 +28,9 @@ from .context import (
     StepFailed,
     Suspended,
 )
-from .history import ENDED, RETURNED, TOP, ended_before, read_history
+from .history import ENDED, REPLAY_CUTS, RETURNED, TOP, ended_before, read_history
 from .registry import publishing_as_host, registered
+from .replays import CODE_REPLAYS
 from .schemas import check_output, check_start_input
 
 # A run whose workflow version is not registered in this worker's process (a deploy that
@@ -75,8 +78,9 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     decider_id = str(step["id"])
     latest = context["steps"].get(decider_id, {}).get("output")
     latest = latest if isinstance(latest, Mapping) else None
+    cuts = context["steps"].get(REPLAY_CUTS, {}).get("output")  # a re-run's (history.py)
     history = read_history(org_id=ctx.org_id, run_id=ctx.run_id, decider_type=CODE.name,
-                           decider_id=decider_id, latest=latest)  # fmt: skip
+                           decider_id=decider_id, latest=latest, cuts=cuts)  # fmt: skip
     # A branch's decider (engine/decided.py) replays the top level up to its ctx.parallel,
     # then its own branch: the step the branch asks for next, or what it returned.
     parallel, branch = step.get("parallel"), step.get("branch")
@@ -156,7 +160,7 @@ def record_result(
 
 
 CODE = StepType(
-    name="code", lane="io", validate=validate_code, execute=decide, built=True, decides=True,
+    name=CODE_TYPE, lane="io", validate=validate_code, execute=decide, built=True, decides=True,
     app="workflows",
     # Room for the largest ctx.run retry; decide holds other turns to the lane's number.
     retry=RetryPolicy(max_attempts=MOST_ATTEMPTS),
@@ -172,3 +176,4 @@ def register_code_step_types() -> None:
     registry.register(CODE)
     registry.register(CODE_RESULT)
     register_start_guard(allowed_to_start)
+    register_replays(CODE.name, CODE_REPLAYS)

@@ -245,12 +245,14 @@ def to_json(value: Any) -> str:
 def rerun_lines(outcome: Any) -> list[str]:
     """A re-run (services/rerun.RerunOutcome) in words: what changes, what each settled
     effect after the step becomes, and (a preview) how to confirm."""
+    step = repr(outcome.from_step)
+    if outcome.iteration is not None:  # a code run's step: which entry of it
+        step += f" (iteration {outcome.iteration})"
     if outcome.dry_run:
-        lines = [f"Run {outcome.run_id} ({outcome.was}) would be re-run from step "
-                 f"{outcome.from_step!r}"
+        lines = [f"Run {outcome.run_id} ({outcome.was}) would be re-run from step {step}"
                  f"{', repeating settled effects' if outcome.repeat_effects else ''}."]  # fmt: skip
     else:
-        lines = [f"Run {outcome.run_id} re-run from step {outcome.from_step!r} "
+        lines = [f"Run {outcome.run_id} re-run from step {step} "
                  f"(was {outcome.was}, now {outcome.status})."]  # fmt: skip
     for part, changes in (("input", outcome.input_changes), ("vars", outcome.vars_changes)):
         for change in changes:

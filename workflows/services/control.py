@@ -26,6 +26,7 @@ from django.db import connection, transaction
 
 from ..engine import sql
 from ..engine.compensation import compensation_state
+from ..engine.decided import steps_of
 from ..engine.definition_cache import definition_for
 from ..engine.places import Entry, Place
 from ..engine.sql.rows import (
@@ -172,7 +173,9 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
     compensation = compensation_state(cursor, run.id)
     if compensation is not None:
         return _retry_compensation(cursor, run, actor, definition, compensation[1])
-    steps = {step["id"]: step for step in definition["steps"]}
+    # The definition's steps, or a code run's: its decider and the step it asked for last,
+    # the one that failed it when a step did (engine/decided.py).
+    steps = steps_of(definition, run.outputs, speculative=False)
     cursor.execute(sql.FAILED_STEPS, {"run": run.id})
     # The steps that failed the run: failed, with no failure path of their own to follow in
     # the version the run is on. A run migrated between versions is on the new one: a step

@@ -17,7 +17,16 @@ effect (the run's ``rerun_reuse``, read by the app that keeps the effects), reco
 only says what a re-run would do: the step, the input and vars that change, and each
 settled effect downstream, reused or repeated, with its new key.
 
-A re-run is a start for the organisation's limits: it is admitted under the start quotas
+A code run (its steps decided as it goes: engine/decided.py, workflows/code) re-runs from a
+step it entered, chosen by id and iteration (the first by default): its history keeps the
+steps before that one, its rows kept, the steps from it on set aside (``Replays.restart``:
+its next replay reads the kept steps only), and its decider is entered anew, which replays
+the code up to the chosen step, meets it as new work and goes on. The settled effects of the
+steps set aside are reused or repeated as a definition's are, by step and new entry.
+
+A re-run is a start for the organisation's limits, and refused where a start of its version
+would be (``check_start_guards``: a code workflow whose ``organisations`` no longer name the
+run's, ``workflow_not_allowed``): it is admitted under the start quotas
 (running runs, starts per minute: ``quotas.admit_start``, in its transaction, as a start is;
 refused, 429 ``quota_exceeded`` and nothing changes), and its budgets (max steps) and max
 age are counted afresh from the re-run. A preview admits nothing.
@@ -34,6 +43,7 @@ from psycopg.types.json import Jsonb
 from ..definitions.reach import enclosing_fork, reached, successors
 from ..engine import sql
 from ..engine.definition_cache import definition_for
+from ..engine.executors import StepResult
 from ..engine.settled import SettledEffect, settled_effects
 from ..engine.sql.rows import event_row, fetch_dicts, insert_events
 from ..engine.walk import RunState, Walk, lock_run
@@ -50,7 +60,8 @@ from ..models import AutomationVersion, Organisation
 from ..states import RUN_FINISHED, RunStatus, run_sources
 from . import quotas
 from .audit import Actor, as_actor, record_audit
-from .runs import check_input, check_json_value, run_limits
+from .replays import Replays, replays_of
+from .runs import check_input, check_json_value, check_start_guards, run_limits
 
 # A finished run may run again: the declared sources of `running` that are finished states.
 RERUN_SOURCES = [s for s in run_sources(RunStatus.RUNNING) if s in RUN_FINISHED]
@@ -73,6 +84,22 @@ class EffectChoice:
 
 
 @dataclass(frozen=True)
+class CodeCut:
+    """Where a code run's re-run cuts its history: the chosen step's iteration, how many
+    steps before it the replay keeps, and the steps from it on that it sets aside."""
+
+    decider: str
+    replays: Replays
+    iteration: int
+    kept: int
+    history: list[tuple[str, int]]  # what the run's replay read before the re-run
+
+    @property
+    def set_aside(self) -> list[tuple[str, int]]:
+        return self.history[self.kept :]
+
+
+@dataclass(frozen=True)
 class RerunOutcome:
     run_id: int
     from_step: str
@@ -83,6 +110,7 @@ class RerunOutcome:
     input_changes: list[dict[str, Any]] = field(default_factory=list)
     vars_changes: list[dict[str, Any]] = field(default_factory=list)
     effects: list[EffectChoice] = field(default_factory=list)
+    iteration: int | None = None  # a code run's: the iteration of the step it re-runs from
 
     @property
     def reused(self) -> list[EffectChoice]:
@@ -99,14 +127,16 @@ def rerun(
     variables: Any = None,
     repeat_effects: bool = False,
     dry_run: bool = True,
+    iteration: int | None = None,
 ) -> RerunOutcome:
     """Re-run run ``run_id`` of ``org`` from ``from_step`` as ``actor``; ``run_input`` and
-    ``variables`` (JSON objects) replace the run's input and vars when given. A dry run (the
+    ``variables`` (JSON objects) replace the run's input and vars when given; ``iteration``
+    chooses which entry of a code run's step (the first by default). A dry run (the
     default) changes nothing and says what the re-run would do. Raises UnknownRun,
     RunStateConflict (a run not finished; recorded in its history when not a dry run),
     UnknownStep, RerunStepNotTopLevel, RerunStepIsCompensation, InvalidInput (and
-    PayloadTooLarge) or a StartQuota (RunningRunsQuota, StartsPerMinuteQuota; not for a dry
-    run): each before anything changed."""
+    PayloadTooLarge), WorkflowNotAllowed or a StartQuota (RunningRunsQuota,
+    StartsPerMinuteQuota; not for a dry run): each before anything changed."""
     if run_input is not None:
         check_input(run_input)
     if variables is not None:
@@ -123,8 +153,11 @@ def rerun(
             if run.status not in RERUN_SOURCES:
                 raise _conflict(run.status)
             definition = definition_for(run.version_id)
-            _check_step(definition, from_step, run.version_id)
-            plan = _Plan(run, definition, from_step, run_input, variables, repeat_effects)
+            # Makes new work as a start does: refused where a start of it would be (a code
+            # workflow whose organisations no longer name this one: workflow_not_allowed).
+            check_start_guards(org, definition, run.input if run_input is None else run_input)
+            cut = _checked_start(definition, run, from_step, iteration)
+            plan = _Plan(run, definition, from_step, run_input, variables, repeat_effects, cut)
             plan.effects = _effect_choices(cursor, plan)
             if dry_run:
                 return plan.outcome(status=run.status, dry_run=True)
@@ -158,6 +191,7 @@ class _Plan:
     new_input: Any
     new_vars: Any
     repeat_effects: bool
+    cut: CodeCut | None = None  # a code run's
     effects: list[EffectChoice] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -185,8 +219,40 @@ class _Plan:
             run_id=self.run.id, from_step=self.from_step, was=self.was, status=status,
             dry_run=dry_run, repeat_effects=self.repeat_effects,
             input_changes=self.input_changes, vars_changes=self.vars_changes,
-            effects=self.effects,
+            effects=self.effects, iteration=None if self.cut is None else self.cut.iteration,
         )  # fmt: skip
+
+
+def _checked_start(
+    definition: dict[str, Any], run: RunState, step_id: str, iteration: int | None
+) -> CodeCut | None:
+    """The step the re-run starts from, checked: a definition's (``_check_step``), or a
+    step a code run's history has (its cut)."""
+    decided = replays_of(definition)
+    if decided is None:
+        if iteration is not None:
+            raise InvalidInput(reason="iteration chooses among a code run's steps only")
+        _check_step(definition, step_id, run.version_id)
+        return None
+    if iteration is not None and (
+        isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 1
+    ):
+        raise InvalidInput(reason="iteration must be an integer from 1")
+    decider, replays = decided
+    history = replays.history(run)
+    entries = [n for n, (sid, it) in enumerate(history)
+               if sid == step_id and (iteration is None or it == iteration)]  # fmt: skip
+    if not entries:
+        which = step_id if iteration is None else f"{step_id} (iteration {iteration})"
+        raise UnknownStep(
+            detail=f"The run's history has no step {which!r} to re-run from: a code run "
+            "re-runs from a step it entered.",
+            step=step_id,
+            version=AutomationVersion.objects.values_list("number", flat=True).get(
+                pk=run.version_id),
+        )  # fmt: skip
+    kept = entries[0]
+    return CodeCut(str(decider["id"]), replays, history[kept][1], kept, history)
 
 
 def _check_step(definition: dict[str, Any], step_id: str, version_id: int) -> None:
@@ -230,12 +296,18 @@ def _effect_choices(cursor: Any, plan: _Plan) -> list[EffectChoice]:
     plan enters them), in definition order, then iteration: the step's k-th new entry
     reuses its k-th effect, unless repeat_effects or a compensation undid that one."""
     run, definition = plan.run, plan.definition
-    compensators = {s["compensate"] for s in definition["steps"] if "compensate" in s}
-    downstream = reached([plan.from_step], successors(definition)) - compensators
-    order = [s["id"] for s in definition["steps"] if s["id"] in downstream]
+    if plan.cut is None:
+        compensators = {s["compensate"] for s in definition["steps"] if "compensate" in s}
+        downstream = reached([plan.from_step], successors(definition)) - compensators
+        order = [s["id"] for s in definition["steps"] if s["id"] in downstream]
+    else:  # a code run: the steps its history sets aside, whatever the code does next
+        order = list(dict.fromkeys(step_id for step_id, _ in plan.cut.set_aside))
+    # A code run's steps kept before the cut keep their effects: they are not entered again.
+    kept = set() if plan.cut is None else set(plan.cut.history[: plan.cut.kept])
     by_step: dict[str, list[SettledEffect]] = {}
     for effect in settled_effects(cursor, run.org_id, run.id):
-        by_step.setdefault(effect.step_id, []).append(effect)
+        if (effect.step_id, effect.iteration) not in kept:
+            by_step.setdefault(effect.step_id, []).append(effect)
     undone = _undone(cursor, run.id, definition)
     choices = []
     for step_id in order:
@@ -294,13 +366,20 @@ def _apply(cursor: Any, plan: _Plan, actor: str) -> str:
     events.append(event_row(run.org_id, run.id, "run.rerun", plan.from_step, worker=actor, detail={
         "by": actor, "from_step": plan.from_step, "was": plan.was,
         "repeat_effects": plan.repeat_effects, "edited": plan.edited(),
+        **({} if plan.cut is None else {"iteration": plan.cut.iteration,
+                                        "kept": plan.cut.kept}),
         "reused": [{"step": e.step_id, "key": e.key, "new_key": e.new_key}
                    for e in plan.effects if e.action == REUSE],
         "repeated": [e.key for e in plan.effects if e.action == REPEAT],
     }))  # fmt: skip
     insert_events(cursor, events)
     walk = Walk(cursor, run, plan.definition, worker=actor)
-    walk.enter([plan.from_step])
+    if plan.cut is None:
+        walk.enter([plan.from_step])
+    else:  # the decider replays the kept steps and meets the chosen one as new work
+        for key, value in plan.cut.replays.restart(cursor, run, plan.cut.kept).items():
+            walk.record_output(key, StepResult(output=value))
+        walk.enter([plan.cut.decider])
     walk.flush()
     return walk.finish[0] if walk.finish is not None else RunStatus.RUNNING.value
 

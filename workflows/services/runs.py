@@ -282,9 +282,15 @@ def register_start_guard(guard: StartGuard) -> None:
         START_GUARDS.append(guard)
 
 
-def _guarded(start: _Start, target: _Target) -> _Target:
+def check_start_guards(org: Organisation, definition: Mapping[str, Any], run_input: Any) -> None:
+    """Refuse (raise) what the start guards refuse: a start, or a re-run (a start for the
+    organisation's limits too: services/rerun.py)."""
     for guard in START_GUARDS:
-        guard(start.org, target.definition, start.run_input)
+        guard(org, definition, run_input)
+
+
+def _guarded(start: _Start, target: _Target) -> _Target:
+    check_start_guards(start.org, target.definition, start.run_input)
     return target
 
 

@@ -12,10 +12,11 @@ again in Python (services/run_migration/move.py) on the rows as they are then.
 Shared parameters: %(org)s, %(automation)s, %(from)s (the old version's id), %(statuses)s
 (run statuses), %(steps)s (the current-step filter; empty: any), %(targets)s (JSON: old step
 id -> new step id), %(unmapped)s (JSON: old step id -> why it has no new one), %(move_to)s
-(the removed-step rule's step, or NULL: stay), %(continuation)s (the walk's continuation
-row's step id), %(join_wait)s (a fork's join row's wait_kind), %(sagas)s (whether the old
-version declares compensations: only then can a run of it be compensating), %(after)s (only
-runs with a greater id).
+(the removed-step rule's step, or NULL: stay), %(decided)s (code runs between versions of
+their code: every live step keeps its id, the one its code asked for), %(continuation)s (the
+walk's continuation row's step id), %(join_wait)s (a fork's join row's wait_kind),
+%(sagas)s (whether the old version declares compensations: only then can a run of it be
+compensating), %(after)s (only runs with a greater id).
 """
 
 from __future__ import annotations
@@ -47,18 +48,22 @@ WITH runs AS (
 live AS (
     SELECT s.run_id, s.step_id,
            CASE WHEN s.step_id = %(continuation)s THEN NULL
-                WHEN %(targets)s::jsonb ? s.step_id THEN 'mapped'
+                WHEN %(targets)s::jsonb ? s.step_id OR %(decided)s THEN 'mapped'
                 WHEN %(move_to)s::text IS NOT NULL THEN 'move_to' END AS how,
            CASE WHEN s.step_id = %(continuation)s THEN NULL
-                ELSE coalesce(%(targets)s::jsonb ->> s.step_id, %(move_to)s::text) END AS target,
+                ELSE coalesce(%(targets)s::jsonb ->> s.step_id,
+                              CASE WHEN %(decided)s THEN s.step_id END,
+                              %(move_to)s::text) END AS target,
            -- A run is never moved mid-step: a running step (claimed by a worker) or the
            -- walk's continuation (its next steps not entered yet) puts it off.
            CASE WHEN s.step_id = %(continuation)s THEN 'mid_walk'
                 -- A fork's join row, removed: its branches would arrive nowhere.
-                WHEN s.wait_kind = %(join_wait)s AND NOT %(targets)s::jsonb ? s.step_id
+                WHEN s.wait_kind = %(join_wait)s
+                     AND NOT (%(targets)s::jsonb ? s.step_id OR %(decided)s)
                     THEN 'join_removed'
                 WHEN s.status = 'running' THEN 'step_running'
-                WHEN %(targets)s::jsonb ? s.step_id OR %(move_to)s::text IS NOT NULL THEN NULL
+                WHEN %(targets)s::jsonb ? s.step_id OR %(decided)s
+                     OR %(move_to)s::text IS NOT NULL THEN NULL
                 ELSE coalesce(%(unmapped)s::jsonb ->> s.step_id, 'step_removed') END AS reason
       FROM runs JOIN workflows_step s ON s.run_id = runs.id
      WHERE s.status IN ('ready', 'running', 'waiting')

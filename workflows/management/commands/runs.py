@@ -5,8 +5,8 @@
                         [--until WHEN] [--limit N] [--after ID] [--json]
     manage.py runs show --org SLUG RUN_ID [--json]
     manage.py runs tail --org SLUG RUN_ID [--timeout SECONDS] [--json]
-    manage.py runs rerun --org SLUG RUN_ID --from STEP [--input-file F] [--vars-file F]
-                         [--repeat-effects] [--yes] [--json]
+    manage.py runs rerun --org SLUG RUN_ID --from STEP [--iteration N] [--input-file F]
+                         [--vars-file F] [--repeat-effects] [--yes] [--json]
 
 Every read is scoped to the organisation (workflows/selectors.py): another organisation's run
 id is ``unknown_run``, as in the API. The list filters through the API's own FilterSet
@@ -105,6 +105,8 @@ class Command(MigratedCommand):
         self._common(again)
         again.add_argument("run", type=run_id, metavar="RUN_ID")
         again.add_argument("--from", dest="from_step", required=True, metavar="STEP")
+        again.add_argument("--iteration", type=int, metavar="N",
+                           help="a code run's step: which entry (default: its first)")  # fmt: skip
         again.add_argument("--input-file", metavar="F", help="the new input (a JSON object)")
         again.add_argument("--vars-file", metavar="F", help="the new vars (a JSON object)")
         again.add_argument("--repeat-effects", action="store_true",
@@ -147,6 +149,7 @@ class Command(MigratedCommand):
             actor=Actor.command(), run_input=_json_file(options["input_file"], "--input-file"),
             variables=_json_file(options["vars_file"], "--vars-file"),
             repeat_effects=options["repeat_effects"], dry_run=not options["yes"],
+            iteration=options["iteration"],
         )  # fmt: skip
         if options["json"]:
             self.stdout.write(json.dumps(asdict(outcome), default=str))

@@ -108,6 +108,7 @@ def _apply(job: RunMigration, plan: MigrationPlan, actor: Actor, limit: int | No
     moved = 0
     tried = 0
     put_off: list[int] = []
+    misfits: dict[str, list[int]] = {}  # code runs the new code does not fit, by reason
     after = 0
     while batch := _candidates(plan, after):
         for run_id in batch:
@@ -119,6 +120,8 @@ def _apply(job: RunMigration, plan: MigrationPlan, actor: Actor, limit: int | No
             moved += result.outcome == MOVED
             if result.outcome == BUSY:
                 put_off.append(run_id)
+            if result.misfit:
+                misfits.setdefault(str(result.reason), []).append(run_id)
         after = batch[-1]
     for pause in BUSY_PAUSES:
         if not put_off:
@@ -130,8 +133,10 @@ def _apply(job: RunMigration, plan: MigrationPlan, actor: Actor, limit: int | No
             moved += result.outcome == MOVED
             if result.outcome == BUSY:
                 still.append(run_id)
+            if result.misfit:
+                misfits.setdefault(str(result.reason), []).append(run_id)
         put_off = still
-    _finish(job, plan)
+    _finish(job, plan, misfits)
     return JobProgress(job, moved, more=False)
 
 
@@ -141,8 +146,10 @@ def _candidates(plan: MigrationPlan, after: int) -> list[int]:
         return [row["run_id"] for row in fetch_dicts(cursor)]
 
 
-def _finish(job: RunMigration, plan: MigrationPlan) -> None:
-    report = dry_run(plan).as_json()
+def _finish(job: RunMigration, plan: MigrationPlan, misfits: dict[str, list[int]]) -> None:
+    # The runs its moves refused on a dry replay, as the report says (they are not replayed
+    # again for it).
+    report = dry_run(plan, misfits=misfits).as_json()
     RunMigration.objects.filter(pk=job.pk).update(
         status=MigrationStatus.FINISHED, report=report, finished_at=Now(), updated_at=Now()
     )

@@ -13,6 +13,11 @@ a worker holds is left as it is (``busy`` ones are tried again by the job). Then
   new version's ids), each with an iteration no row of that id keeps (its own when free),
   and every app renames its rows kept for that step execution (its timer, its request, its
   effects: ``engine/renames.py``): a waiting step's wait is carried over as it was made;
+- a code run (``plan.decided``) keeps its live step, the one its code asked for, once the new
+  version's code is checked against its history: a dry replay up to its first new work,
+  calling no ctx.run function and entering nothing. A history it does not fit leaves the run
+  where it is (``nondeterministic_workflow``, or the code's own failure), the refusal noted
+  in the run's history (``run.migration_refused``);
 - each live step on a removed step, under ``move_to``, is cancelled (its timer with it) and
   the walk enters the rule's step in its place, on the new version: the wait is re-made;
 - the run takes the new version, its outputs under the new ids, and its loop counts (entered)
@@ -47,6 +52,7 @@ from ...engine.sql.rows import event_row, fetch_dicts, insert_events
 from ...engine.walk import CONTINUATION_STEP, RunState, Walk, lock_run
 from ...states import RUN_FINISHED, STEP_LIVE
 from ..audit import Actor, as_actor, record_audit
+from ..replays import replays_of
 from .plan import MigrationPlan
 
 MOVED = "moved"
@@ -64,6 +70,7 @@ TEMPORARY_ID = "~{pk}"
 class MoveResult:
     outcome: str
     reason: str | None = None
+    misfit: bool = False  # a code run whose history the new code does not fit (CANNOT)
 
 
 @dataclass(frozen=True)
@@ -149,6 +156,10 @@ def _move_locked(
     if reasons:
         busy = reasons[0] in sql.BUSY_REASONS
         return MoveResult(BUSY if busy else CANNOT, reasons[0])
+    if plan.decided:
+        refused = _misfit(cursor, plan, run, migration_id, actor)
+        if refused is not None:
+            return refused
     renames, entered = _renames(cursor, plan, run)
     outputs = _renamed_outputs(run, plan.targets)
     cursor.execute(sql.FAILED_STEP_IDS, {"run": run.id})
@@ -190,6 +201,31 @@ def _moved_by_jobs(cursor: Any, run: RunState, migration_id: int, actor: str) ->
     return MoveResult(SKIPPED, MOVED_BY_ANOTHER)
 
 
+def _misfit(
+    cursor: Any, plan: MigrationPlan, run: RunState, migration_id: int | None, actor: str
+) -> MoveResult | None:
+    """A code run whose history the new version's code does not fit stays (CANNOT, with the
+    refusal's code), the refusal recorded in its history for its run page."""
+    definition = definition_for(plan.to_version.pk)
+    decided = replays_of(definition)
+    assert decided is not None  # the plan checked both versions (plan._decided)
+    misfit = decided[1].misfit(run, definition)
+    if misfit is None:
+        return None
+    code = misfit.partition(":")[0]
+    detail = {
+        "migration": migration_id,
+        "by": actor,
+        "code": code,
+        "detail": misfit,
+        "from_version": plan.from_version.number,
+        "to_version": plan.to_version.number,
+    }
+    insert_events(cursor, [event_row(run.org_id, run.id, "run.migration_refused", worker=actor,
+                                     detail=detail)])  # fmt: skip
+    return MoveResult(CANNOT, code, misfit=True)
+
+
 def _compensating(cursor: Any, run_id: int) -> bool:
     cursor.execute(sql.RUN_COMPENSATING, {"run": run_id})
     return cursor.fetchone() is not None
@@ -203,6 +239,8 @@ def _classified(plan: MigrationPlan, row: Mapping[str, Any]) -> LiveStep:
     reason: str | None = None
     if step_id in plan.targets:
         how, target = "mapped", plan.targets[step_id]
+    elif plan.decided:  # the step the run's code asked for: its id in the new code too
+        how, target = "mapped", step_id
     elif plan.removed.move_to is not None:
         how, target = "move_to", plan.removed.move_to
     if step_id == CONTINUATION_STEP:

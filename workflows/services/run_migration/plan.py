@@ -31,10 +31,12 @@ from ...errors import (
     UnknownStep,
     VersionNotPublished,
     VersionOfAnotherAutomation,
+    WorkflowVersionMissing,
 )
 from ...models import Automation, AutomationVersion, Organisation
 from ...selectors import automation_get, version_get
 from ...states import RUN_FINISHED, RUN_LIVE, RunStatus
+from ..replays import replays_of
 
 STAY = "stay"
 MOVE_TO = "move_to"
@@ -86,6 +88,10 @@ class MigrationPlan:
     # Whether the old version declares compensations (a saga): only then can one of its runs
     # be compensating, which the dry run then asks each run's history.
     sagas: bool = False
+    # Whether both versions decide their steps as they go (code workflows): a run's live step
+    # is one its code asked for, kept as it is, and the new version's code is checked against
+    # each run's history before it moves (move.py).
+    decided: bool = False
 
     def as_json(self) -> dict[str, Any]:
         """The plan as asked (what a job stores; ``from_json`` rebuilds it)."""
@@ -111,6 +117,7 @@ class MigrationPlan:
             "targets": Jsonb(self.targets), "unmapped": Jsonb(self.unmapped),
             "move_to": self.removed.move_to, "continuation": CONTINUATION_STEP,
             "join_wait": JOIN_WAIT, "sagas": self.sagas, "after": after, "sample": SAMPLE,
+            "decided": self.decided,
         }  # fmt: skip
 
 
@@ -181,7 +188,22 @@ def _checked(plan: MigrationPlan) -> MigrationPlan:
         else:
             unmapped[old_id] = "step_type_changed" if old_id in new_steps else "step_removed"
     sagas = any("compensate" in step for step in plan.from_version.definition["steps"])
-    return replace(plan, targets=targets, unmapped=unmapped, sagas=sagas)
+    return replace(plan, targets=targets, unmapped=unmapped, sagas=sagas,
+                   decided=_decided(plan))  # fmt: skip
+
+
+def _decided(plan: MigrationPlan) -> bool:
+    """Whether the plan moves code runs between two versions of their code: then the new
+    version's code must be here, to check each run's history against (workflow_version_
+    missing otherwise)."""
+    old = replays_of(plan.from_version.definition)
+    new = replays_of(plan.to_version.definition)
+    if old is None or new is None:
+        return False
+    missing = new[1].missing(plan.to_version.definition)
+    if missing is not None:
+        raise WorkflowVersionMissing(name=missing[0], version=missing[1])
+    return True
 
 
 def _types(version: AutomationVersion) -> dict[str, str]:

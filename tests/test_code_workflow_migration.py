@@ -1,0 +1,206 @@
+"""Migrating code runs between versions of their code (docs/code-workflows.md, "Moving runs
+to another version"): the new version's code is replayed, dry, against each run's history
+before it moves; a history it does not fit keeps the run where it is, with the reason; a
+version this process does not register is refused. On the real engine and database."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from rest_framework.test import APIClient
+
+from timers.sweep import fire_due_timers
+from workflows.code.registry import unregister
+from workflows.errors import WorkflowVersionMissing
+from workflows.models import Organisation, Run, RunEvent, Step
+from workflows.plugins.code import Context, publish_code_workflow, workflow
+from workflows.services.run_migration import dry_run, migration_plan, migration_start
+from workflows.services.runs import run_start
+
+from .effect_setup import drive
+from .test_timers import make_due
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CALLS: list[str] = []  # each ctx.run function called, in order
+
+
+def called(name: str) -> str:
+    CALLS.append(name)
+    return name
+
+
+@workflow("code-move", version=1)
+def first(ctx: Context, run_input: dict[str, Any]) -> str:
+    ctx.run("a", called, "a")
+    ctx.sleep("nap", "1h")
+    return str(ctx.run("b", called, "b"))
+
+
+@workflow("code-move", version=2)
+def second(ctx: Context, run_input: dict[str, Any]) -> str:
+    """Fits a history of the first: the same steps up to the sleep, another after it."""
+    ctx.run("a", called, "a")
+    ctx.sleep("nap", "1h")
+    return str(ctx.run("c", called, "c"))
+
+
+@workflow("code-move", version=3)
+def third(ctx: Context, run_input: dict[str, Any]) -> str:
+    """Does not fit: it calls another step where the history has "a"."""
+    ctx.run("z", called, "z")
+    ctx.sleep("nap", "1h")
+    return "z"
+
+
+@workflow("code-move", version=4)
+def fourth(ctx: Context, run_input: dict[str, Any]) -> str:
+    ctx.run("a", called, "a")
+    raise RuntimeError("broken on every history")
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    CALLS.clear()
+
+
+def sleeping_run(org: Organisation) -> tuple[int, dict[int, int]]:
+    """A run of version 1 asleep after "a", and the automation's version numbers by code
+    version (all published, version 1 first)."""
+    numbers = {1: publish_code_workflow(org=org, name="code-move", version=1).number}
+    run_id = run_start(org=org, automation_slug="code-move", run_input={},
+                       start_key="m1").run_id  # fmt: skip
+    drive()
+    assert Step.objects.get(run_id=run_id, step_id="nap").status == "waiting"
+    for version in (2, 3, 4):
+        numbers[version] = publish_code_workflow(org=org, name="code-move", version=version).number
+    CALLS.clear()
+    return run_id, numbers
+
+
+def plan_to(org: Organisation, numbers: dict[int, int], version: int) -> Any:
+    return migration_plan(org=org, automation_slug="code-move", from_version=numbers[1],
+                          to_version=numbers[version])  # fmt: skip
+
+
+def test_a_code_run_moves_to_a_version_whose_code_fits_its_history(
+    org: Organisation, api: APIClient
+) -> None:
+    run_id, numbers = sleeping_run(org)
+    url = "/api/v1/automations/code-move/migrations"
+    body = {"from_version": numbers[1], "to_version": numbers[2]}
+    preview = api.post(url, {**body, "dry_run": True}, format="json")
+    assert preview.status_code == 200, preview.json()
+    report = preview.json()["report"]
+    assert (report["would_move"], report["cannot"]) == (1, {})
+    assert [(s["step_id"], s["to"], s["how"]) for s in report["steps"]] == [
+        ("nap", "nap", "mapped")
+    ]
+    assert CALLS == []  # the dry replay called no ctx.run function
+
+    done = api.post(url, {**body, "dry_run": False}, format="json")
+    assert done.status_code == 200, done.json()
+    assert done.json()["moved_now"] == 1
+    run = Run.objects.get(pk=run_id)
+    assert run.version.number == numbers[2]
+    assert Step.objects.get(run_id=run_id, step_id="nap").status == "waiting"  # kept as it was
+    assert CALLS == []
+
+    make_due(run_id=run_id)
+    assert fire_due_timers().fired == 1
+    drive()
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("succeeded", "c")
+    assert CALLS == ["c"]  # "a" replayed from the history; the new code's own step after it
+
+
+def test_a_code_run_whose_history_the_new_code_does_not_fit_stays_with_the_reason(
+    org: Organisation,
+) -> None:
+    run_id, numbers = sleeping_run(org)
+    for version, reason in ((3, "nondeterministic_workflow"), (4, "workflow_failed")):
+        plan = plan_to(org, numbers, version)
+        report = dry_run(plan)
+        assert report.would_move == 0
+        assert report.cannot[reason]["runs"] == 1
+        assert report.cannot[reason]["sample"] == [run_id]
+
+        progress = migration_start(plan=plan, actor="ops")
+        assert progress.moved_now == 0
+        job_report = progress.job.report
+        assert job_report is not None
+        assert job_report["would_move"] == 0
+        assert job_report["cannot"][reason]["sample"] == [run_id]
+        refused = RunEvent.objects.filter(run_id=run_id, kind="run.migration_refused")
+        event = refused.order_by("id").last()
+        assert event is not None and event.detail is not None
+        assert event.detail["code"] == reason
+        assert event.detail["to_version"] == numbers[version]
+    assert CALLS == []
+    run = Run.objects.get(pk=run_id)
+    assert run.version.number == numbers[1] and run.status == "running"
+    assert not RunEvent.objects.filter(run_id=run_id, kind="run.migrated").exists()
+
+    # The run goes on, on its own version.
+    make_due(run_id=run_id)
+    fire_due_timers()
+    drive()
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("succeeded", "b")
+
+
+def test_a_migration_to_a_version_not_registered_here_is_refused(
+    org: Organisation, api: APIClient
+) -> None:
+    run_id, numbers = sleeping_run(org)
+    unregister("code-move", 4)
+    try:
+        with pytest.raises(WorkflowVersionMissing):
+            plan_to(org, numbers, 4)
+        refused = api.post("/api/v1/automations/code-move/migrations",
+                           {"from_version": numbers[1], "to_version": numbers[4]},
+                           format="json")  # fmt: skip
+        assert refused.status_code == 400, refused.json()
+        assert refused.json()["code"] == "workflow_version_missing"
+        out = io.StringIO()
+        with pytest.raises(Exception, match="workflow_version_missing"):
+            call_command("migrate_runs", "--org", org.slug, "--automation", "code-move",
+                         "--from", str(numbers[1]), "--to", str(numbers[4]), "--dry-run",
+                         stdout=out)  # fmt: skip
+    finally:
+        workflow("code-move", version=4)(fourth)
+    assert Run.objects.get(pk=run_id).version.number == numbers[1]
+
+
+def test_a_run_waiting_for_a_version_no_longer_deployed_moves_without_its_code_being_run(
+    org: Organisation,
+) -> None:
+    numbers = {2: publish_code_workflow(org=org, name="code-move", version=2).number}
+
+    @workflow("code-move", version=5)
+    def dropped(ctx: Context, run_input: dict[str, Any]) -> str:
+        return str(ctx.run("a", called, "a"))
+
+    numbers[5] = publish_code_workflow(org=org, name="code-move", version=5).number
+    unregister("code-move", 5)  # a later deploy dropped it
+    run_id = run_start(org=org, automation_slug="code-move", run_input={},
+                       start_key="gone").run_id  # fmt: skip
+    drive(fast_forward=False)  # its decider is deferred: workflow_version_missing
+    decide = Step.objects.get(run_id=run_id, step_id="decide")
+    assert (decide.status, decide.wait_kind) == ("waiting", "retry")
+
+    plan = migration_plan(org=org, automation_slug="code-move", from_version=numbers[5],
+                          to_version=numbers[2])  # fmt: skip
+    assert dry_run(plan).would_move == 1
+    assert migration_start(plan=plan, actor="ops").moved_now == 1
+    # The dry replays met new work at once (the run's history is empty) and stopped there:
+    # the new code's first ctx.run function was not called by either.
+    assert CALLS == []
+    drive()
+    assert CALLS == ["a"]
+    run = Run.objects.get(pk=run_id)
+    assert run.version.number == numbers[2] and run.status == "running"
+    assert Step.objects.get(run_id=run_id, step_id="nap").status == "waiting"

@@ -1,0 +1,364 @@
+"""Run control of a code run (docs/code-workflows.md, "Re-running, retrying and controlling a
+code run"): a re-run from a step it entered keeps the steps before it and replays the code
+into new work; retry runs the failed step (or the decider) again; cancel, pause and resume
+act as on a definition's run. On the real engine and database, driven in this process
+through a real Worker's code path."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.urls import reverse
+from rest_framework.test import APIClient
+
+from timers.sweep import fire_due_timers
+from workflows.code.registry import unregister
+from workflows.errors import NothingToRetry, UnknownStep, WorkflowNotAllowed
+from workflows.models import Organisation, Run, RunEvent, Step
+from workflows.plugins.code import Context, publish_code_workflow, workflow
+from workflows.services.control import run_act
+from workflows.services.rerun import rerun
+from workflows.services.runs import run_start
+
+from .effect_setup import connect, drive
+from .stubs import ProviderStub
+from .test_timers import make_due
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CALLS: list[str] = []  # each ctx.run function called, in order, by any run of this module
+BROKEN = {"receipt": False}  # whether the next "receipt" raises (a bug fixed by a deploy)
+
+
+def priced(items: list[int]) -> int:
+    CALLS.append("price")
+    return sum(items)
+
+
+def polled(n: int) -> int:
+    CALLS.append(f"poll {n}")
+    return n
+
+
+def receipt_for(item_id: str, total: int) -> dict[str, Any]:
+    CALLS.append("receipt")
+    if BROKEN["receipt"]:
+        raise LookupError("no receipt printer")
+    return {"charge": item_id, "total": total}
+
+
+@workflow("code-rerun", version=1)
+def charge_order(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    total = ctx.run("price", priced, run_input["items"])
+    for n in range(run_input.get("polls", 1)):
+        ctx.run("poll", polled, n)
+    created = ctx.http(
+        "charge", connection="api", method="POST", url=f"{run_input['url']}/items",
+        body={"total": total},
+    )  # fmt: skip
+    return ctx.run("receipt", receipt_for, created["body"]["id"], total)  # type: ignore[no-any-return]
+
+
+@workflow("code-rerun-nap", version=1)
+def nap_between(ctx: Context, run_input: dict[str, Any]) -> str:
+    ctx.run("before", polled, 0)
+    ctx.sleep("nap", "1h")
+    ctx.run("after", polled, 1)
+    return "rested"
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    CALLS.clear()
+    BROKEN["receipt"] = False
+
+
+def start(org: Organisation, name: str, run_input: dict[str, Any], key: str = "k") -> int:
+    publish_code_workflow(org=org, name=name, version=1)
+    return run_start(org=org, automation_slug=name, run_input=run_input,
+                     start_key=key).run_id  # fmt: skip
+
+
+def taken(run_id: int) -> list[tuple[str, int, str]]:
+    """The run's steps in the order entered (the decider's turns left out)."""
+    rows = Step.objects.filter(run_id=run_id).exclude(step_id="decide").order_by("id")
+    return [(s.step_id, s.iteration, s.status) for s in rows]
+
+
+def finished(org: Organisation, url: str, key: str, **extra: Any) -> int:
+    connect(org, base_url=url)
+    run_id = start(org, "code-rerun", {"items": [2, 3], "url": url, **extra}, key)
+    drive()
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+    return run_id
+
+
+def test_a_rerun_from_a_step_keeps_the_steps_before_it_and_replays_into_new_work(
+    org: Organisation, api: APIClient, provider_stub: ProviderStub
+) -> None:
+    run_id = finished(org, provider_stub.url, "r1")
+    assert CALLS == ["price", "poll 0", "receipt"]
+    assert len(provider_stub.created) == 1
+    CALLS.clear()
+
+    # A preview changes nothing and says what becomes of the settled effect set aside.
+    url = f"/api/v1/runs/{run_id}/rerun"
+    preview = api.post(url, {"from_step": "charge"}, format="json")
+    assert preview.status_code == 200, preview.json()
+    body = preview.json()
+    assert (body["dry_run"], body["status"], body["iteration"]) == (True, "succeeded", 1)
+    assert [(e["key"], e["action"], e["new_key"]) for e in body["effects"]] == [
+        (f"{run_id}/charge/1", "reuse", f"{run_id}/charge/2")
+    ]
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+
+    done = api.post(url, {"from_step": "charge", "dry_run": False}, format="json")
+    assert done.status_code == 200, done.json()
+    assert done.json()["status"] == "running"
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    # price and poll were replayed from the history (not called again); charge was entered
+    # anew under a new key and took its settled answer (not sent again); receipt ran again.
+    assert CALLS == ["receipt"]
+    assert len(provider_stub.created) == 1
+    assert taken(run_id) == [
+        ("price", 1, "done"), ("poll", 1, "done"), ("charge", 1, "done"),
+        ("receipt", 1, "done"), ("charge", 2, "done"), ("receipt", 2, "done"),
+    ]  # fmt: skip
+    (event,) = RunEvent.objects.filter(run_id=run_id, kind="run.rerun")
+    assert event.detail is not None
+    assert (event.step_id, event.detail["iteration"], event.detail["kept"]) == ("charge", 1, 2)
+    assert RunEvent.objects.filter(run_id=run_id, kind="effect.reused").count() == 1
+
+    # A re-run of the re-run, from the first step, with a new input and every effect made
+    # again: the cuts add up, so the replay reads only the steps of the newest walk.
+    CALLS.clear()
+    new_input = {"items": [10], "url": provider_stub.url}
+    again = rerun(org=org, run_id=run_id, from_step="price", actor="ops", run_input=new_input,
+                  repeat_effects=True, dry_run=False)  # fmt: skip
+    assert [(e.key, e.action, e.new_key) for e in again.effects] == [
+        (f"{run_id}/charge/1", "repeat", f"{run_id}/charge/3")
+    ]
+    drive()
+    run.refresh_from_db()
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    assert CALLS == ["price", "poll 0", "receipt"]
+    assert [item["body"] for item in provider_stub.created] == [{"total": 5}, {"total": 10}]
+    assert str(provider_stub.created[1]["key"]).startswith(f"{run_id}/charge/3")
+    assert run.output == {"charge": provider_stub.created[1]["id"], "total": 10}
+    assert taken(run_id)[6:] == [
+        ("price", 2, "done"),
+        ("poll", 2, "done"),
+        ("charge", 3, "done"),
+        ("receipt", 3, "done"),
+    ]
+
+
+def test_a_rerun_chooses_the_iteration_of_a_step_called_again(
+    org: Organisation, provider_stub: ProviderStub
+) -> None:
+    run_id = finished(org, provider_stub.url, "r2", polls=3)
+    assert CALLS == ["price", "poll 0", "poll 1", "poll 2", "receipt"]
+    CALLS.clear()
+    shown = io.StringIO()
+    call_command("runs", "rerun", "--org", org.slug, str(run_id), "--from", "poll",
+                 "--iteration", "2", "--yes", stdout=shown)  # fmt: skip
+    assert "from step 'poll' (iteration 2)" in shown.getvalue()
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    # The history kept price and the first poll; the code met the second poll as new work.
+    assert CALLS == ["poll 1", "poll 2", "receipt"]
+    assert [row for row in taken(run_id) if row[0] == "poll"] == [
+        ("poll", 1, "done"), ("poll", 2, "done"), ("poll", 3, "done"),
+        ("poll", 4, "done"), ("poll", 5, "done"),
+    ]  # fmt: skip
+    # Without an iteration, the step's first entry.
+    preview = rerun(org=org, run_id=run_id, from_step="poll", actor="ops")
+    assert preview.iteration == 1
+
+
+def test_a_rerun_from_a_step_the_run_never_entered_is_refused(
+    org: Organisation, api: APIClient, provider_stub: ProviderStub
+) -> None:
+    run_id = finished(org, provider_stub.url, "r3", polls=2)
+    url = f"/api/v1/runs/{run_id}/rerun"
+    for asked in ({"from_step": "refund"}, {"from_step": "poll", "iteration": 3},
+                  {"from_step": "decide"}):  # fmt: skip
+        refused = api.post(url, {**asked, "dry_run": False}, format="json")
+        assert refused.status_code == 400, asked
+        assert refused.json()["code"] == "unknown_step", refused.json()
+    bad = api.post(url, {"from_step": "poll", "iteration": 0}, format="json")
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_input"
+    with pytest.raises(UnknownStep):
+        rerun(org=org, run_id=run_id, from_step="poll", iteration=7, actor="ops")
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "succeeded"
+    assert not RunEvent.objects.filter(run_id=run_id, kind="run.rerun").exists()
+    # A step set aside by a re-run is no longer in the history a re-run chooses from.
+    rerun(org=org, run_id=run_id, from_step="poll", actor="ops", dry_run=False)
+    with pytest.raises(UnknownStep):  # (poll, 2) is set aside: the re-run took (poll, 3)
+        Run.objects.filter(pk=run_id).update(status="failed")
+        rerun(org=org, run_id=run_id, from_step="poll", iteration=2, actor="ops")
+
+
+def test_retry_runs_the_step_that_failed_the_code_run_then_the_code_goes_on(
+    org: Organisation, api: APIClient, provider_stub: ProviderStub
+) -> None:
+    connect(org, base_url=provider_stub.url)
+    provider_stub.fail_next(1, status=400)  # a refused request: not retried, the run fails
+    run_id = start(org, "code-rerun", {"items": [1], "url": provider_stub.url}, "f1")
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed" and run.error.startswith("step 'charge' failed: ")
+
+    retried = api.post(f"/api/v1/runs/{run_id}/retry", format="json")
+    assert retried.status_code == 200, retried.json()
+    drive()
+    run.refresh_from_db()
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    # The same row of the failed step, a new series of attempts (its effect key unchanged),
+    # then the decider replayed into the rest.
+    assert taken(run_id) == [
+        ("price", 1, "done"),
+        ("poll", 1, "done"),
+        ("charge", 1, "done"),
+        ("receipt", 1, "done"),
+    ]
+    (created,) = provider_stub.created
+    assert str(created["key"]).startswith(f"{run_id}/charge/1:")
+    (event,) = RunEvent.objects.filter(run_id=run_id, kind="run.retried")
+    assert event.detail is not None and event.detail["steps"] == ["charge"]
+
+
+def test_retry_of_a_run_its_code_failed_replays_the_code_deployed_since(
+    org: Organisation, provider_stub: ProviderStub
+) -> None:
+    BROKEN["receipt"] = True
+    connect(org, base_url=provider_stub.url)
+    run_id = start(org, "code-rerun", {"items": [1], "url": provider_stub.url}, "f2")
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed"
+    assert run.error.endswith("workflow_failed: LookupError: no receipt printer"), run.error
+
+    BROKEN["receipt"] = False  # the fix, deployed
+    run_act(org=org, run_id=run_id, action="retry", actor="ops")
+    drive()
+    run.refresh_from_db()
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    assert len(provider_stub.created) == 1  # the charge was replayed, not sent again
+    with pytest.raises(NothingToRetry):  # nothing failed any more
+        Run.objects.filter(pk=run_id).update(status="failed")
+        run_act(org=org, run_id=run_id, action="retry", actor="ops")
+
+
+def test_pause_resume_and_cancel_act_on_a_code_run_and_a_rerun_goes_on_after_cancel(
+    org: Organisation, api: APIClient
+) -> None:
+    run_id = start(org, "code-rerun-nap", {}, "p1")
+    paused = api.post(f"/api/v1/runs/{run_id}/pause", format="json")
+    assert paused.status_code == 200, paused.json()
+    assert drive() == 0  # the decider's turn is parked: nothing runs
+    api.post(f"/api/v1/runs/{run_id}/resume", format="json")
+    drive()
+    assert taken(run_id) == [("before", 1, "done"), ("nap", 1, "waiting")]
+
+    # Paused while it sleeps: the timer fires, and what it would enter waits for the resume.
+    run_act(org=org, run_id=run_id, action="pause", actor="ops")
+    make_due(run_id=run_id)
+    assert fire_due_timers().fired == 1
+    assert drive() == 0
+    assert Run.objects.get(pk=run_id).status == "paused"
+    run_act(org=org, run_id=run_id, action="resume", actor="ops")
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == ("succeeded", "rested")
+    assert CALLS == ["poll 0", "poll 1"]
+
+    # Cancelled while it sleeps: the wait ends, nothing more runs.
+    other = start(org, "code-rerun-nap", {}, "p2")
+    drive()
+    cancelled = api.post(f"/api/v1/runs/{other}/cancel", format="json")
+    assert cancelled.status_code == 200, cancelled.json()
+    assert taken(other) == [("before", 1, "done"), ("nap", 1, "cancelled")]
+    make_due(run_id=other)
+    fire_due_timers()
+    assert drive() == 0
+    assert Run.objects.get(pk=other).status == "cancelled"
+
+    # Re-run from the cancelled sleep: it sleeps again, then the code goes on.
+    rerun(org=org, run_id=other, from_step="nap", actor="ops", dry_run=False)
+    drive()
+    assert taken(other)[-1] == ("nap", 2, "waiting")
+    make_due(run_id=other, fired_at__isnull=True)
+    assert fire_due_timers().fired == 1
+    drive()
+    run = Run.objects.get(pk=other)
+    assert (run.status, run.output) == ("succeeded", "rested")
+    assert json.dumps(taken(other)) == json.dumps(
+        [["before", 1, "done"], ["nap", 1, "cancelled"], ["nap", 2, "done"], ["after", 1, "done"]]
+    )
+
+
+def test_narrowing_organisations_lets_runs_in_flight_go_on_and_refuses_their_reruns(
+    org: Organisation, api: APIClient
+) -> None:
+    def napping(ctx: Context, run_input: dict[str, Any]) -> str:
+        ctx.sleep("nap", "1h")
+        return "rested"
+
+    workflow("code-narrowed", version=1, organisations=[org.slug])(napping)
+    try:
+        run_id = start(org, "code-narrowed", {}, "n1")
+        drive()
+        # A later deploy names only another organisation: the run already started goes on
+        # (its replays are not refused), and ends as its code says.
+        unregister("code-narrowed", 1)
+        workflow("code-narrowed", version=1, organisations=["someone-else"])(napping)
+        make_due(run_id=run_id)
+        assert fire_due_timers().fired == 1
+        drive()
+        run = Run.objects.get(pk=run_id)
+        assert (run.status, run.output) == ("succeeded", "rested")
+        # A re-run makes new work, as a start does: refused as a start is, nothing changed.
+        refused = api.post(f"/api/v1/runs/{run_id}/rerun", {"from_step": "nap"}, format="json")
+        assert refused.status_code == 403, refused.json()
+        assert refused.json()["code"] == "workflow_not_allowed"
+        with pytest.raises(WorkflowNotAllowed):
+            rerun(org=org, run_id=run_id, from_step="nap", actor="ops", dry_run=False)
+        run.refresh_from_db()
+        assert run.status == "succeeded"
+        assert not RunEvent.objects.filter(run_id=run_id, kind="run.rerun").exists()
+    finally:
+        unregister("code-narrowed", 1)
+
+
+def test_the_admin_offers_each_entry_of_the_steps_a_code_run_took(
+    org: Organisation, provider_stub: ProviderStub, admin_client: Any
+) -> None:
+    run_id = finished(org, provider_stub.url, "a1", polls=2)
+    rerun_url = reverse("admin:workflows_run_rerun", args=[run_id])
+    form = admin_client.get(rerun_url).content.decode()
+    assert '<option value="poll:2">poll (iteration 2)</option>' in form
+    assert 'value="decide' not in form  # the decider is not a step to re-run from
+
+    shown = admin_client.post(rerun_url, {"from_step": "poll:2", "input": ""})
+    text = shown.content.decode()
+    assert "from step “poll” (iteration 2)?" in text
+    assert 'name="iteration" value="2"' in text
+    assert Run.objects.get(pk=run_id).status == "succeeded"  # nothing yet
+
+    done = admin_client.post(rerun_url, {"from_step": "poll", "iteration": "2", "input": "",
+                                         "confirmed": "yes"})  # fmt: skip
+    assert done.status_code == 302
+    (event,) = RunEvent.objects.filter(run_id=run_id, kind="run.rerun")
+    assert event.detail is not None and event.detail["iteration"] == 2
+    drive()
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+    assert CALLS[-2:] == ["poll 1", "receipt"]  # the second poll, then what follows it

@@ -1,0 +1,80 @@
+"""How a code run replays, for the services that change a run (services/replays.py): which
+steps its next replay reads (a re-run from a step chooses among them), the outputs that make
+it keep only the first of them (the re-run's cut, history.py), and whether another version's
+code fits its history (a migration's check: a dry replay)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..engine.decided import deciding_step
+from ..services.replays import Replays, RunData
+from .context import CODE_TYPE, DECIDER_ID, CodeFailure, Context, Suspended
+from .history import REPLAY_CUTS, TOP, newest_row, read_history, replay_cuts
+from .registry import registered
+
+
+def replay_history(run: RunData) -> list[tuple[str, int]]:
+    """The steps the run's next replay reads, in order: (step id, iteration)."""
+    history = read_history(org_id=run.org_id, run_id=run.id, decider_type=CODE_TYPE,
+                           decider_id=DECIDER_ID, latest=None,
+                           cuts=run.outputs.get(REPLAY_CUTS))  # fmt: skip
+    # The top level's: a step inside a ctx.parallel's branch is not one to re-run from.
+    return [(step.step_id, step.iteration) for step in history.of(TOP)]
+
+
+def restart_outputs(cursor: Any, run: RunData, kept: int) -> dict[str, Any]:
+    """The run's outputs that make its next replay keep only the first ``kept`` steps it
+    reads now: one more cut, after the run's newest row; and no outcome noted for the
+    decider's next turn to record (the step it noted one for is not the step before it)."""
+    cuts = [{"after_row": after, "kept": n} for after, n in replay_cuts(
+        run.outputs.get(REPLAY_CUTS))]  # fmt: skip
+    cuts.append({"after_row": newest_row(cursor, org_id=run.org_id, run_id=run.id), "kept": kept})
+    return {REPLAY_CUTS: cuts, DECIDER_ID: None}
+
+
+def replay_misfit(run: RunData, definition: Mapping[str, Any]) -> str | None:
+    """Why the code of ``definition`` (another version's) does not fit the run's history:
+    its replay, up to its first new work, calls another step than the history has, or fails
+    (``workflow_version_missing`` when that version is not registered here). None when it
+    fits. The replay is dry: it stops at the first new work, calls no ctx.run function and
+    enters nothing."""
+    decider = deciding_step(definition)
+    if decider is None:
+        return "nondeterministic_workflow: the version is not a code workflow's"
+    name, version = str(decider.get("workflow")), int(decider.get("version", 0))
+    found = registered(name, version)
+    if found is None:
+        return f"workflow_version_missing: {name!r} version {version} is not registered here"
+    latest = run.outputs.get(str(decider["id"]))
+    history = read_history(
+        org_id=run.org_id, run_id=run.id, decider_type=CODE_TYPE, decider_id=DECIDER_ID,
+        cuts=run.outputs.get(REPLAY_CUTS), latest=latest if isinstance(latest, Mapping) else None,
+    )  # fmt: skip
+    replay = Context(run_id=run.id, history=history.of(TOP), forks=history, dry=True)
+    try:
+        found.function(replay, run.input)
+        replay.returned()
+    except Suspended:
+        return None  # new work: the history fits up to it
+    except CodeFailure as failure:
+        return str(failure)
+    except Exception as exc:  # the code raises on the run's history
+        return f"workflow_failed: {type(exc).__name__}: {exc}"
+    return None
+
+
+def missing_here(definition: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The name and version of the code ``definition`` runs, when this process does not
+    register it."""
+    decider = deciding_step(definition)
+    if decider is None:
+        return None
+    name, version = str(decider.get("workflow")), int(decider.get("version", 0))
+    return None if registered(name, version) is not None else (name, version)
+
+
+CODE_REPLAYS = Replays(
+    history=replay_history, restart=restart_outputs, misfit=replay_misfit, missing=missing_here
+)

@@ -1,0 +1,59 @@
+"""What run control asks of a run whose steps are decided as it goes (engine/decided.py): the
+app of its deciding step type (workflows/code, for ``code``) says how the run replays, here,
+so the services that change a run (a re-run from a step, a migration between versions) reach
+it without importing that app (which imports them).
+
+- ``history``: the steps the run's next replay reads, in order, as (step id, iteration).
+- ``restart``: the run's outputs that make its next replay keep only the first ``kept`` of
+  them (a re-run from the step after them), as the walk records them.
+- ``misfit``: why the code of another version does not fit the run's history (a replay that
+  calls nothing and makes no effect), or None when it does.
+- ``missing``: the (name, version) of a version's code when this process does not have it
+  (nothing here can replay it), else None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..engine.decided import deciding_step
+
+
+class RunData(Protocol):
+    """What a replay reads of a run: a locked RunState (engine/walk.py) or a Run row."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def org_id(self) -> int: ...
+    @property
+    def input(self) -> Any: ...
+    @property
+    def outputs(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Replays:
+    history: Callable[[RunData], list[tuple[str, int]]]
+    restart: Callable[[Any, RunData, int], dict[str, Any]]
+    misfit: Callable[[RunData, Mapping[str, Any]], str | None]
+    missing: Callable[[Mapping[str, Any]], tuple[str, int] | None]
+
+
+REPLAYS: dict[str, Replays] = {}
+
+
+def register_replays(step_type: str, replays: Replays) -> None:
+    """``step_type``: the deciding step type whose runs replay so (WorkflowsConfig.ready())."""
+    REPLAYS[step_type] = replays
+
+
+def replays_of(definition: Mapping[str, Any]) -> tuple[Mapping[str, Any], Replays] | None:
+    """The definition's decider and how its runs replay; None for a definition's run."""
+    decider = deciding_step(definition)
+    if decider is None:
+        return None
+    replays = REPLAYS.get(str(decider["type"]))
+    return None if replays is None else (decider, replays)
