@@ -26,8 +26,9 @@ from django.db import connection, transaction
 
 from ..engine import sql
 from ..engine.compensation import compensation_state
-from ..engine.decided import steps_of
+from ..engine.decided import DecidedSteps, steps_of
 from ..engine.definition_cache import definition_for
+from ..engine.executors import StepResult
 from ..engine.places import Entry, Place
 from ..engine.sql.rows import (
     EventRow,
@@ -42,6 +43,7 @@ from ..errors import NothingToRetry, RunStateConflict, UnknownRun
 from ..models import Organisation, Run
 from ..states import RunStatus, run_sources
 from .audit import Actor, as_actor, record_audit
+from .replays import replays_of
 
 ACTIONS = ("cancel", "pause", "resume", "retry")
 BULK_LIMIT = 1_000  # runs changed by one bulk call; the answer says when more match
@@ -182,10 +184,16 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
     # that failed after the move failed there, and the new version's on_failure is the one
     # that applies; the steps that had failed before it are not listed (sql.FAILED_STEPS),
     # and a step id the run's version does not have is never entered again.
-    failed = [
-        s for s in fetch_dicts(cursor)
-        if s["step_id"] in steps and not steps[s["step_id"]].get("on_failure")
-    ]  # fmt: skip
+    rows = fetch_dicts(cursor)
+    if isinstance(steps, DecidedSteps):
+        failed = _code_run_failed(cursor, run.id, steps, rows)
+        called = [row for row in failed if _is_call_on_top(row, steps)]
+        if called:
+            return _retry_call(cursor, run, actor, definition, called[0])
+    else:
+        failed = [
+            s for s in rows if s["step_id"] in steps and not steps[s["step_id"]].get("on_failure")
+        ]  # fmt: skip
     if not failed:
         raise NothingToRetry(run_id=run.id)
     _set_status(cursor, run, "retry")
@@ -212,6 +220,59 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
         )
         walk.flush()
     return Outcome(run.id, "retry", RunStatus.RUNNING, len(failed))
+
+
+def _code_run_failed(
+    cursor: Any, run_id: int, steps: DecidedSteps, rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The steps that failed a code run. A step a decider asked for last that failed for
+    good, the code not catching it (its ``StepFailed`` failed the decider), is retried
+    itself, as a definition's failed step is: once it succeeds, the code replays past it.
+    When there is none (the code itself raised), the deciders whose newest turn failed are,
+    and replay against the code deployed now."""
+    decider_type = steps.decider["type"]
+    asked, deciders = [], []
+    for row in rows:
+        if row["type"] == decider_type:
+            cursor.execute(sql.LATEST_ROW_OF, {"run": run_id, "step_id": row["step_id"]})
+            if fetch_dict(cursor)["id"] == row["id"]:  # a turn after it went on: not this one
+                deciders.append(row)
+            continue
+        try:
+            step = steps.at(row["step_id"], Place(row["fork_join_id"], row["branch"]))
+        except KeyError:  # not the step its decider asked for last: the code went on
+            continue
+        if step.get("on_failure"):
+            asked.append(row)
+    return asked or deciders
+
+
+def _is_call_on_top(row: dict[str, Any], steps: DecidedSteps) -> bool:
+    """A ctx.run call (a code_result step) of the top level that failed for good: its
+    function ran in the decider, so retrying it is calling it again there."""
+    return row["fork_join_id"] is None and row["type"] != steps.decider["type"] and (
+        steps.at(row["step_id"], Place(None, None)).get("failed") is not None)  # fmt: skip
+
+
+def _retry_call(
+    cursor: Any, run: RunState, actor: str, definition: dict[str, Any], row: dict[str, Any]
+) -> Outcome:
+    """A ctx.run function that failed for good is called again: the decider replays the
+    steps before it and meets it as new work, its failed row set aside as a re-run from it
+    sets it aside (history.py's cut; services/rerun.py)."""
+    decided = replays_of(definition)
+    assert decided is not None, "a code run's definition replays"
+    decider, replays = decided
+    kept = replays.history(run).index((row["step_id"], row["iteration"]))
+    _set_status(cursor, run, "retry")
+    run.status = RunStatus.RUNNING
+    insert_events(cursor, [_run_event(run, "run.retried", actor, steps=[row["step_id"]])])
+    walk = Walk(cursor, run, definition, worker=actor)
+    for key, value in replays.restart(cursor, run, kept).items():
+        walk.record_output(key, StepResult(output=value))
+    walk.enter([str(decider["id"])])
+    walk.flush()
+    return Outcome(run.id, "retry", RunStatus.RUNNING, 1)
 
 
 def _retry_compensation(

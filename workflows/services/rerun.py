@@ -300,14 +300,21 @@ def _effect_choices(cursor: Any, plan: _Plan) -> list[EffectChoice]:
         compensators = {s["compensate"] for s in definition["steps"] if "compensate" in s}
         downstream = reached([plan.from_step], successors(definition)) - compensators
         order = [s["id"] for s in definition["steps"] if s["id"] in downstream]
-    else:  # a code run: the steps its history sets aside, whatever the code does next
-        order = list(dict.fromkeys(step_id for step_id, _ in plan.cut.set_aside))
-    # A code run's steps kept before the cut keep their effects: they are not entered again.
-    kept = set() if plan.cut is None else set(plan.cut.history[: plan.cut.kept])
+    # A code run's steps entered before the cut keep their effects: they are not entered
+    # again (a ctx.parallel's branches that met before it included).
+    kept: set[tuple[str, int]] = set()
+    if plan.cut is not None:
+        chosen, iteration = plan.cut.set_aside[0]
+        cursor.execute(sql.STEPS_ENTERED_BEFORE,
+                       {"run": run.id, "step": chosen, "iteration": iteration})  # fmt: skip
+        kept = {(row["step_id"], row["iteration"]) for row in fetch_dicts(cursor)}
     by_step: dict[str, list[SettledEffect]] = {}
     for effect in settled_effects(cursor, run.org_id, run.id):
         if (effect.step_id, effect.iteration) not in kept:
             by_step.setdefault(effect.step_id, []).append(effect)
+    if plan.cut is not None:  # a code run: the steps set aside, whatever the code does next
+        # (its top level's, then a branch's of a ctx.parallel from the cut on)
+        order = list(dict.fromkeys([*(step_id for step_id, _ in plan.cut.set_aside), *by_step]))
     undone = _undone(cursor, run.id, definition)
     choices = []
     for step_id in order:

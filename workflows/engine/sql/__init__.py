@@ -609,6 +609,16 @@ SELECT output FROM workflows_step
 """
 
 # The newest row of a step (a retry of a compensating run resumes the plan from it).
+# A code run's re-run (services/rerun.py): the steps entered before the step it re-runs from
+# (its first row of that iteration), in whatever place: the top level's and the branches'
+# of a ctx.parallel that met before it. Their effects are kept, not chosen among.
+STEPS_ENTERED_BEFORE = """
+SELECT step_id, iteration FROM workflows_step
+ WHERE run_id = %(run)s
+   AND id < (SELECT min(id) FROM workflows_step
+              WHERE run_id = %(run)s AND step_id = %(step)s AND iteration = %(iteration)s)
+"""
+
 LATEST_ROW_OF = """
 SELECT id, step_id, iteration, status, lane, fork_join_id, branch FROM workflows_step
  WHERE run_id = %(run)s AND step_id = %(step_id)s

@@ -1,0 +1,189 @@
+"""Code workflows' features together (docs/code-workflows.md): what each of "Parallel
+branches", "Sagas", "When a step fails", "Retries of `ctx.run`" and "Re-running" promises
+holds inside a ``ctx.parallel`` branch too, on the real engine and database. Each feature has
+its own file; this one holds them where they meet, as users combine them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from workflows.errors import NothingToRetry
+from workflows.models import Organisation, Run, Step
+from workflows.plugins.code import Context, StepFailed, publish_code_workflow, workflow
+from workflows.services.control import run_act
+from workflows.services.rerun import rerun
+from workflows.services.runs import run_start
+
+from .effect_setup import connect, drive
+from .stubs import ProviderStub
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FLAKY_CALLS: dict[str, int] = {}
+
+
+def flaky_once(name: str) -> str:
+    """Raises the first time it is called for ``name``, then answers."""
+    FLAKY_CALLS[name] = FLAKY_CALLS.get(name, 0) + 1
+    if FLAKY_CALLS[name] == 1:
+        raise ConnectionError(f"{name} unavailable")
+    return f"{name} ok"
+
+
+def _item(ctx: Context, step_id: str, url: str, **body: Any) -> Any:
+    """An effect the stub records (POST /items, keyed by the effect key)."""
+    made = ctx.http(step_id, connection="api", method="POST", url=f"{url}/items", body=body)
+    return made["body"]["id"]
+
+
+@workflow("code-compose-saga", version=1)
+def saga_in_branches(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """Each branch charges and registers its refund; after the join the run fails."""
+    url = run_input["url"]
+
+    def charge(side: str) -> Any:
+        def branch(c: Context) -> Any:
+            made = _item(c, "charge", url, op="charge", side=side)
+            c.compensate_with_http("refund", connection="api", method="POST",
+                                   url=f"{url}/items", body={"op": "refund", "side": side})  # fmt: skip
+            return made
+
+        return branch
+
+    ctx.parallel("pay", charge("left"), charge("right"))
+    if run_input.get("fail"):
+        ctx.fail("out_of_stock")
+    return "kept"
+
+
+@workflow("code-compose-failures", version=1)
+def failures_in_branches(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """One branch retries a flaky function, the other catches a refused call."""
+    url, name = run_input["url"], run_input["name"]
+
+    def retried(c: Context) -> Any:
+        return c.run("fetch", flaky_once, name, retry={"max_attempts": 3})
+
+    def caught(c: Context) -> Any:
+        try:
+            c.http("ship", connection="api", method="POST", url=f"{url}/nowhere")
+        except StepFailed as failed:
+            return {"caught": failed.step_id}
+        return {"caught": None}
+
+    return ctx.parallel("both", retried, caught)
+
+
+@workflow("code-compose-rerun", version=1)
+def rerun_around_branches(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """Two effects at once, then one after the join."""
+    url = run_input["url"]
+    pair = ctx.parallel("pair", lambda c: _item(c, "left", url, op="left"),
+                        lambda c: _item(c, "right", url, op="right"))  # fmt: skip
+    after = _item(ctx, "after", url, op="after")
+    return {"pair": pair, "after": after}
+
+
+def start(org: Organisation, name: str, run_input: dict[str, Any]) -> int:
+    publish_code_workflow(org=org, name=name, version=1)
+    return run_start(org=org, automation_slug=name, run_input=run_input, start_key="k").run_id
+
+
+def made(stub: ProviderStub) -> list[tuple[str, str | None]]:
+    return sorted((item["body"]["op"], item["body"].get("side")) for item in stub.created)
+
+
+@pytest.fixture
+def stub(org: Organisation, provider_stub: ProviderStub) -> ProviderStub:
+    provider_stub.idempotent = True
+    connect(org, base_url=provider_stub.url, options={"idempotency_keys": True})
+    return provider_stub
+
+
+def test_compensations_registered_in_branches_each_run_once_when_the_run_fails_after_the_join(
+    org: Organisation, stub: ProviderStub
+) -> None:
+    run_id = start(org, "code-compose-saga", {"url": stub.url, "fail": True})
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.error) == ("compensated", "workflow_failed: out_of_stock")
+    assert made(stub) == [("charge", "left"), ("charge", "right"),
+                          ("refund", "left"), ("refund", "right")]  # fmt: skip
+    drive()  # nothing moves any more, nothing is made twice
+    assert len(stub.created) == 4
+
+
+def test_branch_compensations_are_not_run_when_the_run_succeeds(
+    org: Organisation, stub: ProviderStub
+) -> None:
+    run_id = start(org, "code-compose-saga", {"url": stub.url})
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == ("succeeded", "kept")
+    assert made(stub) == [("charge", "left"), ("charge", "right")]
+
+
+def test_a_branch_retries_its_function_while_the_other_catches_a_failed_step(
+    org: Organisation, stub: ProviderStub
+) -> None:
+    run_id = start(org, "code-compose-failures", {"url": stub.url, "name": "compose"})
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "succeeded", run.error
+    assert run.output == ["compose ok", {"caught": "ship"}]
+    assert FLAKY_CALLS["compose"] == 2  # failed once, retried once
+    ship = Step.objects.get(run_id=run_id, step_id="ship")
+    assert ship.status == "failed" and ship.branch == 1
+
+
+def test_a_rerun_from_the_parallel_runs_its_branches_again_and_reuses_their_effects(
+    org: Organisation, stub: ProviderStub
+) -> None:
+    run_id = start(org, "code-compose-rerun", {"url": stub.url})
+    drive()
+    first = Run.objects.get(pk=run_id)
+    assert first.status == "succeeded", first.error
+    assert len(stub.created) == 3
+    rerun(org=org, run_id=run_id, from_step="pair", actor="ops", dry_run=False)
+    drive()
+    again = Run.objects.get(pk=run_id)
+    assert again.status == "succeeded", again.error
+    # Effects of the steps set aside are reused, as a definition's re-run reuses them.
+    assert again.output == first.output
+    assert len(stub.created) == 3
+    # The branches were entered again: each branch step has a second row.
+    for step_id in ("left", "right", "after"):
+        assert Step.objects.filter(run_id=run_id, step_id=step_id).count() == 2, step_id
+
+
+BROKEN = {"code": True}  # whether "code-compose-raises" raises after its effect
+
+
+@workflow("code-compose-raises", version=1)
+def raises_after_effect(ctx: Context, run_input: dict[str, Any]) -> Any:
+    made = _item(ctx, "charge", run_input["url"], op="charge")
+    if BROKEN["code"]:
+        raise LookupError("no receipt printer")
+    return made
+
+
+def test_retry_of_a_run_its_own_code_failed_replays_the_code_deployed_since(
+    org: Organisation, stub: ProviderStub
+) -> None:
+    BROKEN["code"] = True
+    run_id = start(org, "code-compose-raises", {"url": stub.url})
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.error) == ("failed", "workflow_failed: LookupError: no receipt printer")
+    BROKEN["code"] = False  # the fix, deployed
+    run_act(org=org, run_id=run_id, action="retry", actor="ops")
+    drive()
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("succeeded", "item_1")
+    assert len(stub.created) == 1  # the charge was replayed, not sent again
+    with pytest.raises(NothingToRetry):  # the failed turn is behind the one that succeeded
+        Run.objects.filter(pk=run_id).update(status="failed")
+        run_act(org=org, run_id=run_id, action="retry", actor="ops")
+
