@@ -46,8 +46,10 @@ def saga_in_branches(ctx: Context, run_input: dict[str, Any]) -> Any:
     def charge(side: str) -> Any:
         def branch(c: Context) -> Any:
             made = _item(c, "charge", url, op="charge", side=side)
-            c.compensate_with_http("refund", connection="api", method="POST",
-                                   url=f"{url}/items", body={"op": "refund", "side": side})  # fmt: skip
+            refund = {"op": "refund", "side": side}
+            c.compensate_with_http(
+                "refund", connection="api", method="POST", url=f"{url}/items", body=refund
+            )
             return made
 
         return branch
@@ -186,4 +188,3 @@ def test_retry_of_a_run_its_own_code_failed_replays_the_code_deployed_since(
     with pytest.raises(NothingToRetry):  # the failed turn is behind the one that succeeded
         Run.objects.filter(pk=run_id).update(status="failed")
         run_act(org=org, run_id=run_id, action="retry", actor="ops")
-
