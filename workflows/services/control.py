@@ -235,7 +235,8 @@ def _code_run_failed(
     for row in rows:
         if row["type"] == decider_type:
             cursor.execute(sql.LATEST_ROW_OF, {"run": run_id, "step_id": row["step_id"]})
-            if fetch_dict(cursor)["id"] == row["id"]:  # a turn after it went on: not this one
+            newest = fetch_dict(cursor)
+            if newest is not None and newest["id"] == row["id"]:  # else a later turn went on
                 deciders.append(row)
             continue
         try:
