@@ -25,8 +25,6 @@ from .processes import ROOT, engine_env, running, stop, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-DECIDE_FAILED = "step 'decide' failed: "  # how a run's error names the step that failed it
-
 
 class Line(TypedDict):
     sku: str
@@ -121,7 +119,7 @@ def test_an_output_its_schema_refuses_fails_the_run_with_invalid_output(
             input={"order": "o-2", "lines": [], "channel": "web", "note": "wrong"})  # fmt: skip
     run = t.run_until_finished()
     assert run.status == "failed"
-    assert run.error.startswith(f"{DECIDE_FAILED}invalid_output: the output does not match its")
+    assert run.error.startswith("invalid_output: the output does not match its")
     assert "output.count: 'many' is not of type 'integer'" in run.error
 
     fine = WorkflowTest(org=org)
@@ -190,9 +188,9 @@ def test_a_mistake_in_the_code_fails_the_run_at_its_step_with_its_code(
     t.start(name, version=1, input={"size": 70_000})
     run = t.run_until_finished()
     assert run.status == "failed"
-    assert run.error.startswith(f"{DECIDE_FAILED}{code}: "), run.error
+    assert run.error.startswith(f"{code}: "), run.error
     if code == "step_type_conflict":
-        assert run.error == DECIDE_FAILED + (
+        assert run.error == (
             "step_type_conflict: step 'a' was entered as ctx.run in this run, and the code "
             "now calls it as a wait step: give each step its own id"
         )
@@ -215,7 +213,7 @@ def test_an_output_past_the_size_limit_fails_the_run_and_so_does_a_too_large_inp
     t.start("code-big-output", version=1, input={"size": 2000})
     run = t.run_until_finished()
     assert run.status == "failed"
-    assert run.error == DECIDE_FAILED + (
+    assert run.error == (
         "output_too_large: The workflow's output is 2002 bytes; the limit is 1000."
     )
     refused = start(api, "code-big-output", {"size": "x" * 1000}, key="big")
@@ -288,7 +286,7 @@ def test_no_mistake_of_the_code_leaves_a_traceback_in_a_worker_s_log(
     assert "Traceback" not in said and "engine_error" not in said, said
     for name, code in BAD_INPUT.items():
         run = Run.objects.get(pk=runs[name])
-        assert run.error.startswith(f"{DECIDE_FAILED}{code}: "), (name, run.error)
+        assert run.error.startswith(f"{code}: "), (name, run.error)
     waiting = Run.objects.get(pk=runs["code-only-here"])
     assert waiting.status == "running"
     deferred = RunEvent.objects.get(run_id=waiting.pk, kind="step.deferred")
