@@ -188,3 +188,20 @@ def test_retry_of_a_run_its_own_code_failed_replays_the_code_deployed_since(
     with pytest.raises(NothingToRetry):  # the failed turn is behind the one that succeeded
         Run.objects.filter(pk=run_id).update(status="failed")
         run_act(org=org, run_id=run_id, action="retry", actor="ops")
+
+
+def test_retry_of_a_branch_step_that_failed_the_run_runs_it_and_its_sibling_again(
+    org: Organisation, stub: ProviderStub
+) -> None:
+    stub.fail_next(1, status=400)  # the first call is refused: its step fails for good
+    run_id = start(org, "code-compose-rerun", {"url": stub.url})
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed", run.error
+    run_act(org=org, run_id=run_id, action="retry", actor="ops")
+    drive()
+    run.refresh_from_db()
+    assert run.status == "succeeded", run.error
+    # Each effect made once: the refused call made nothing, the sibling's was settled.
+    assert sorted(item["body"]["op"] for item in stub.created) == ["after", "left", "right"]
+    assert Step.objects.filter(run_id=run_id, step_id="pair.join", status="done").count() == 1

@@ -15,6 +15,7 @@ from workflows.engine.lanes import lane_policy
 from workflows.engine.steps import ClaimedStep, claim, settle_failure, settle_success
 from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.services.automations import automation_publish_definition
+from workflows.services.control import run_act
 from workflows.services.runs import run_start
 
 pytestmark = pytest.mark.django_db
@@ -127,6 +128,28 @@ def test_a_failing_branch_fails_the_run_and_ends_its_sibling(org) -> None:
     statuses = dict(Step.objects.filter(run=run).values_list("step_id", "status"))
     assert statuses["b1"] == "cancelled" and statuses["meet"] == "cancelled"
     assert settle(claimed["b1"]) is False
+    assert claim_io() == {}
+
+
+def test_a_retry_of_a_run_a_branch_failed_runs_it_and_its_sibling_again_and_joins_once(
+    org,
+) -> None:
+    run = start(org, fork())
+    claimed = claim_io()
+    failure = StepFailure("no", retryable=False)
+    assert settle_failure(claimed["b0"], failure, worker="w", policy=lane_policy("io"))
+    run.refresh_from_db()
+    assert run.status == "failed"
+
+    run_act(org=org, run_id=run.pk, action="retry", actor="ops")
+    # The failed step, a new series of its row; the sibling the failure cancelled, entered
+    # again where it was; the join waits again for both.
+    again = claim_io()
+    assert sorted((s.step_id, s.iteration) for s in again.values()) == [("b0", 1), ("b1", 2)]
+    assert settle(again["b1"]) and settle(again["b0"])
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("succeeded", "1,0")
+    assert Step.objects.filter(run=run, step_id="after").count() == 1  # joined once
     assert claim_io() == {}
 
 

@@ -203,3 +203,33 @@ class Forks:
             frontier = [row["id"] for row in fetch_dicts(self.walk.cursor)]
             tree.update(frontier)
         return tree
+
+
+def revive_forks(walk: ForkWalk, place: Place) -> None:
+    """A run that failed inside a parallel is retried at ``place`` (services/control.py).
+    The failure cancelled the join that branch meets at and the other branches still live
+    (the rule every run's end follows): the join waits again, with the arrivals it had, and
+    each other branch the failure cancelled is entered again at the step it was at, so the
+    join can complete. Outward, joins around it the same. A branch that was at a parallel of
+    its own (a nested fork) is not entered again: its join stays cancelled."""
+    joins = set(registry.joining())
+    while place.fork_join is not None:
+        walk.cursor.execute(
+            sql.REVIVE_JOIN, {"run": walk.run.id, "id": place.fork_join, "join_wait": JOIN_WAIT}
+        )
+        join = fetch_dict(walk.cursor)
+        if join is None:  # not cancelled: its other branches were not ended
+            return
+        detail = {"arrived": join["wait_detail"]["arrived"], "reason": "the run is retried"}
+        walk.event("join.waiting", join["step_id"], iteration=join["iteration"], detail=detail)
+        arrived = set(join["wait_detail"]["arrived"])
+        walk.cursor.execute(sql.BRANCH_HEADS, {"run": walk.run.id, "join": place.fork_join})
+        walk.enter_entries(
+            Entry(row["step_id"], Place(place.fork_join, row["branch"]))
+            for row in fetch_dicts(walk.cursor)
+            if row["status"] == StepStatus.CANCELLED
+            and row["branch"] not in arrived
+            and row["branch"] != place.branch
+            and row["type"] not in joins
+        )
+        place = Place(join["fork_join_id"], join["branch"])

@@ -29,6 +29,7 @@ from ..engine.compensation import compensation_state
 from ..engine.decided import DecidedSteps, steps_of
 from ..engine.definition_cache import definition_for
 from ..engine.executors import StepResult
+from ..engine.forks import revive_forks
 from ..engine.places import Entry, Place
 from ..engine.sql.rows import (
     EventRow,
@@ -211,10 +212,14 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
     insert_events(cursor, events)
     insert_wakes(cursor, [(run.org_id, run.id, lane) for lane in {s["lane"] for s in retried}])
     inline = [s for s in failed if s["lane"] == "inline"]
-    if inline:
+    forked = [s for s in failed if s["fork_join_id"] is not None]
+    if inline or forked:
+        walk = Walk(cursor, run, definition, worker=actor)
+        # The failure ended the other branches of its parallel: they go on again.
+        for s in forked:
+            revive_forks(walk, Place(s["fork_join_id"], s["branch"]))
         # A quick step has no worker to claim it: the walk enters it again, inline, in the
         # branch it failed on.
-        walk = Walk(cursor, run, definition, worker=actor)
         walk.enter_entries(
             Entry(s["step_id"], Place(s["fork_join_id"], s["branch"])) for s in inline
         )

@@ -843,6 +843,23 @@ class CancelledStepRow(TypedDict):
     attempt: int
 
 
+# A failed run retried inside a parallel (services/control.py, forks.revive_forks): its join,
+# cancelled when the run failed, waits again with the arrivals it had.
+REVIVE_JOIN = """
+UPDATE workflows_step
+   SET status = 'waiting', wait_kind = %(join_wait)s, finished_at = NULL
+ WHERE run_id = %(run)s AND id = %(id)s AND status = 'cancelled'
+RETURNING step_id, iteration, fork_join_id, branch, wait_detail::json AS wait_detail
+"""
+
+# Each branch's newest step in the fork of join row %(join)s: where the branch was.
+BRANCH_HEADS = """
+SELECT DISTINCT ON (branch) step_id, iteration, type, status, branch
+  FROM workflows_step
+ WHERE run_id = %(run)s AND fork_join_id = %(join)s
+ ORDER BY branch, id DESC
+"""
+
 JOIN_ROWS_UNDER = """
 SELECT id FROM workflows_step
  WHERE run_id = %(run)s AND type = ANY(%(joins)s::text[]) AND fork_join_id = ANY(%(ids)s)
