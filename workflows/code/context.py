@@ -26,6 +26,7 @@ from ..definitions.fields import is_step_id
 from ..definitions.registry import StepReport, registry
 from ..definitions.storable import UNSTORABLE_REASON, unstorable_path
 from ..states import StepStatus
+from .budget import outside_budget
 
 DECIDER_ID = "decide"  # the step that runs the function (steptypes.CODE); no call may use it
 RESULT_TYPE = "code_result"  # the step that records what ctx.run's function returned
@@ -63,6 +64,12 @@ class Suspended(Stop):
         self.step = step
 
 
+class RunsOnWorker(Stop):
+    """The function called ``ctx.run`` with no recorded result in a turn that runs inline in
+    a settle (``Context(calls_functions=False)``): the host's function is not called under
+    the run's lock; a worker's turn calls it (steptypes.decide)."""
+
+
 class CodeFailure(Stop):
     """The run fails: ``code`` and ``detail`` say why (nondeterministic_workflow, an
     invalid step call, ctx.fail)."""
@@ -98,9 +105,12 @@ class Context:
     call. Every method that enters a step takes the step's id first (unique per call site;
     calling the same id again enters its next iteration)."""
 
-    def __init__(self, *, run_id: int, history: Sequence[Recorded]) -> None:
+    def __init__(
+        self, *, run_id: int, history: Sequence[Recorded], calls_functions: bool = True
+    ) -> None:
         self.run_id = run_id
         self._history = history
+        self._calls_functions = calls_functions  # False: a turn inline in a settle
         self._position = 0
         self._patches: dict[str, bool] = {}  # each patch's answer, once asked in this replay
 
@@ -174,7 +184,10 @@ class Context:
         if recorded is not None:
             return recorded.output
         _check_call(step_id, RESULT_TYPE)
-        output = function(*args, **kwargs)
+        if not self._calls_functions:
+            raise RunsOnWorker(step_id)
+        with outside_budget():  # the function's time is the lane's step timeout's
+            output = function(*args, **kwargs)
         check_json(step_id, output)
         raise Suspended({"id": step_id, "type": RESULT_TYPE, "output": output})
 

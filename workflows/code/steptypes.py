@@ -11,12 +11,13 @@ from ..definitions.fields import check_fields
 from ..definitions.registry import StepReport, StepType, registry
 from ..engine.decided import deciding_step
 from ..engine.definition_cache import definition_for
-from ..engine.executors import StepContext, StepDeferred, StepFailure, StepResult
+from ..engine.executors import NotInline, StepContext, StepDeferred, StepFailure, StepResult
 from ..errors import WorkflowNotAllowed
 from ..models import Organisation
 from ..services.runs import register_start_guard
-from .context import RESULT_TYPE, CodeFailure, Context, Suspended, check_json
-from .history import ENDED, ended_before, run_history
+from .budget import TurnOverBudget, turn_budget_seconds, within
+from .context import RESULT_TYPE, CodeFailure, Context, RunsOnWorker, Suspended, check_json
+from .history import ENDED, Turn, ended_before, history_after, run_history
 from .registry import publishing_as_host, registered
 
 # A run whose workflow version is not registered in this worker's process (a deploy that
@@ -44,7 +45,14 @@ def validate_code(step: Mapping[str, Any], report: StepReport) -> None:
 
 def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
     """Run the workflow's function from the top against the run's history: the step it
-    asks for next (``{"call": step}``), or the run's end."""
+    asks for next (``{"call": step}``), or the run's end.
+
+    On a worker, or inline in a worker's settle (``ctx.lane == "inline"``: the walk offered
+    it, engine/walk.py Walk.decide_inline), under the run's lock. Inline, what must not run
+    under that lock is handed back to a worker (NotInline): a ``ctx.run`` function, which is
+    the host's own work (outside calls, slow computations), and a turn past its budget
+    (budget.py; a ``ctx.run`` function's own time is not counted)."""
+    inline = ctx.lane == "inline"
     if ctx.version_id is not None and deciding_step(definition_for(ctx.version_id)) is None:
         # A definition naming a code step beside others: its steps are the definition's,
         # so nothing would enter what the function asks for.
@@ -55,6 +63,8 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     name, version = str(step["workflow"]), int(step["version"])
     found = registered(name, version)
     if found is None:
+        if inline:  # a worker defers it, durably
+            raise NotInline(f"{name!r} version {version} is not registered")
         raise StepDeferred(
             MISSING_VERSION_RETRY_SECONDS,
             f"workflow_version_missing: {name!r} version {version} is not registered here",
@@ -63,18 +73,29 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     # is noted there (engine/decided.py), to be recorded by this turn.
     latest = context["steps"].get(str(step["id"]), {}).get("output")
     latest = latest if isinstance(latest, Mapping) else None
-    history = run_history(org_id=ctx.org_id, run_id=ctx.run_id, latest=latest)
-    replay = Context(run_id=ctx.run_id, history=history)
+    # The turn before this one, in the same walk, knew the history: no query then.
+    history = history_after(ctx.carried, latest=latest, outputs=context["steps"])
+    if history is None:
+        history = run_history(org_id=ctx.org_id, run_id=ctx.run_id, latest=latest)
+    replay = Context(run_id=ctx.run_id, history=history, calls_functions=not inline)
     try:
-        output = found.function(replay, context["input"])
-        replay.returned()
-        check_json("output", output)
+        with within(turn_budget_seconds()):
+            output = found.function(replay, context["input"])
+            replay.returned()
+            check_json("output", output)
+    except RunsOnWorker:
+        raise NotInline("a ctx.run function runs on a worker, never under the run's lock") from None
     except Suspended as suspended:
-        asked: dict[str, Any] = {"call": suspended.step}
+        asked = suspended.step
+        answer: dict[str, Any] = {"call": asked}
         ended = ended_before(latest) if latest is not None else None
         if ended is not None:
-            asked[ENDED] = ended  # read back by every later replay (history.py)
-        return StepResult(output=asked)
+            answer[ENDED] = ended  # read back by every later replay (history.py)
+        return StepResult(output=answer, carried=Turn(tuple(history), asked))
+    except TurnOverBudget as over:
+        if inline:  # a worker's turn has a budget of its own, and the lane's attempts
+            raise NotInline(str(over)) from None
+        raise StepFailure(str(over)) from None
     except CodeFailure as failure:
         raise StepFailure(str(failure), retryable=False) from None
     except Exception as exc:  # the workflow's own code raised: it fails the run, no traceback

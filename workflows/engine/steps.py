@@ -245,7 +245,9 @@ def _settling(
         if not changed:
             yield None
             return
-        yield Walk(cursor, run, definition_for(run.version_id), worker=worker, take_next=take)
+        # A worker's settle: a code run's decider may run its turn inline (walk.py).
+        yield Walk(cursor, run, definition_for(run.version_id), worker=worker, take_next=take,
+                   decide_inline=True)  # fmt: skip
 
 
 @dataclass(frozen=True)
