@@ -19,6 +19,7 @@ from rest_framework.test import APIClient
 
 from timers.sweep import fire_due_timers
 from workflows.code.history import RUN_HISTORY
+from workflows.engine import group_settle, hops
 from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.plugins.code import Context, publish_code_workflow, workflow
 from workflows.services.runs import run_start
@@ -108,8 +109,19 @@ def test_a_run_of_100_steps_resumed_100_times_reads_its_history_100_times(
 
 
 def test_the_decider_runs_inline_in_a_workers_settle_and_queues_no_turn(
-    org: Organisation,
+    org: Organisation, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    hopped: list[str] = []  # the steps whose settle was planned as a hop (engine/hops.py)
+    real = hops.plan_hop
+
+    def spied(step: Any, *args: Any, **kwargs: Any) -> Any:
+        planned = real(step, *args, **kwargs)
+        if planned is not None:
+            hopped.append(step.step_id)
+        return planned
+
+    for module in (hops, group_settle):
+        monkeypatch.setattr(module, "plan_hop", spied)
     publish_code_workflow(org=org, name="inline-steps", version=1)
     run_id = run_start(org=org, automation_slug="inline-steps", run_input={},
                        start_key="s").run_id  # fmt: skip
@@ -125,10 +137,30 @@ def test_the_decider_runs_inline_in_a_workers_settle_and_queues_no_turn(
         ("decide", 1, "io"), ("s1", 1, "io"), ("decide", 2, "inline"), ("s2", 1, "io"),
         ("decide", 3, "inline"), ("s3", 1, "io"), ("decide", 4, "inline"),
     ]  # fmt: skip
-    # Only the first turn was claimed; each later one ran in its step's settle, which read
-    # the history once, in its transaction.
+    # Only the first turn was claimed; each later one ran in its step's settle, a hop (one
+    # statement) whose walk replayed from what the turn before knew: the history was read
+    # once, by the first turn.
     claimed = RunEvent.objects.filter(run_id=run_id, kind="step.claimed", step_id="decide")
     assert claimed.count() == 1
+    assert history_reads(queries) == 1
+    assert hopped == ["decide", "s1", "s2", "s3"]
+
+
+def test_a_settle_that_cannot_hop_runs_the_turn_under_the_run_lock_from_the_history(
+    org: Organisation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in (hops, group_settle):  # every settle the slow way
+        monkeypatch.setattr(module, "plan_hop", lambda *args, **kwargs: None)
+    publish_code_workflow(org=org, name="inline-steps", version=1)
+    run_id = run_start(org=org, automation_slug="inline-steps", run_input={},
+                       start_key="slow").run_id  # fmt: skip
+    with CaptureQueriesContext(connection) as queries:
+        drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == ("succeeded", "done"), run.error
+    lanes = [s.lane for s in Step.objects.filter(run_id=run_id, step_id="decide").order_by("id")]
+    assert lanes == ["io", "inline", "inline", "inline"]
+    # The first turn's read, then one per settle (s1, s2, s3), in its transaction.
     assert history_reads(queries) == 4
 
 

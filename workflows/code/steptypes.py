@@ -12,6 +12,7 @@ from ..definitions.registry import StepReport, StepType, registry
 from ..engine.decided import deciding_step
 from ..engine.definition_cache import definition_for
 from ..engine.executors import NotInline, StepContext, StepDeferred, StepFailure, StepResult
+from ..engine.speculative import NeedsTransaction
 from ..errors import WorkflowNotAllowed
 from ..models import Organisation
 from ..services.runs import register_start_guard
@@ -75,6 +76,8 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     latest = latest if isinstance(latest, Mapping) else None
     # The turn before this one, in the same walk, knew the history: no query then.
     history = history_after(ctx.carried, latest=latest, outputs=context["steps"])
+    if history is None and ctx.ahead:  # a hop's walk reads nothing: the ordinary walk does
+        raise NeedsTransaction("a turn that reads the run's history")
     if history is None:
         history = run_history(org_id=ctx.org_id, run_id=ctx.run_id, latest=latest)
     replay = Context(run_id=ctx.run_id, history=history, calls_functions=not inline)

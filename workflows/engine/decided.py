@@ -11,8 +11,11 @@ the decider when it ends, which decides again; the outcome it ended with (a mapp
 ``next``'s choice in a definition) is noted in the decider's output among the run's outputs,
 where the decider's next turn reads it.
 
-What a walk ahead of its transaction (speculative.py) would do with such a run is not
-asked: every lookup of a step hands it to the ordinary walk.
+A walk ahead of its transaction (a hop's, speculative.py) looks such a run's steps up as
+the ordinary walk does: they are read from the run's row, whose version the hop checks.
+Only the decider's turn reads more (the run's history): the walk runs it ahead only from
+the history the run's previous turn knew (Walk.carried), and hands it to the ordinary walk
+otherwise.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..definitions.registry import registry
-from .speculative import NeedsTransaction
 
 Steps = Mapping[str, Mapping[str, Any]]
 
@@ -74,8 +76,6 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         self.speculative = speculative
 
     def __getitem__(self, step_id: str) -> Mapping[str, Any]:
-        if self.speculative:
-            raise NeedsTransaction("a step of a decided run")
         decider_id = self.decider["id"]
         asked = asked_step(self.outputs.get(decider_id))
         if step_id == decider_id:

@@ -136,6 +136,9 @@ class StepContext:
     # A decider's turn run inline: what the run's previous turn, in the same walk, knew
     # (StepResult.carried), or None.
     carried: Any = field(default=None, compare=False)
+    # Run inline in a walk ahead of its transaction (a hop's): the executor reads nothing,
+    # and raises speculative.NeedsTransaction for what it would have to read.
+    ahead: bool = False
 
     @property
     def effect_key(self) -> str:

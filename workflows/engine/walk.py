@@ -318,9 +318,6 @@ class Walk:
 
     def step_succeeded(self, step_id: str, result: StepResult, place: Place = TOP) -> None:
         """A step (inline or from a worker) finished: record it and move on."""
-        if self.speculative and isinstance(self.steps, DecidedSteps):
-            # A decided run (a code workflow's) is walked the ordinary way only, its end too.
-            raise NeedsTransaction("a step of a decided run")
         self.record_output(step_id, result)
         if result.carried is not None:  # a decider's turn: for its next one in this walk
             self.carried = result.carried
@@ -542,14 +539,19 @@ class Walk:
 
         The turn holds the run's lock while it replays, bounded by its budget
         (workflows/code/budget.py) and counted as an inline step of the walk's budget."""
-        if not self.decide_inline or self.speculative or not isinstance(self.steps, DecidedSteps):
+        if not self.decide_inline or not isinstance(self.steps, DecidedSteps):
             return False
+        if self.speculative and self.carried is None:
+            # Ahead of the transaction, a turn runs only from what the previous one knew:
+            # reading the history is the ordinary walk's, under the run's lock.
+            raise NeedsTransaction("a decider's turn without the run's history")
         if self.carried is None and self.new_steps:
             self.insert_new_steps()  # the turn reads the run's steps: this walk's among them
         step_id, place, type_name = entry.step_id, entry.place, str(step["type"])
         ctx = StepContext(
             org_id=self.run.org_id, run_id=self.run.id, step_id=step_id, iteration=iteration,
             attempt=1, lane="inline", version_id=self.run.version_id, carried=self.carried,
+            ahead=self.speculative,
         )  # fmt: skip
         self.carried = None
         try:
