@@ -27,7 +27,14 @@ from ..definitions.registry import registry
 from ..states import RunStatus, StepStatus, WaitKind
 from .compensation import Compensation
 from .decided import DecidedSteps, steps_of
-from .executors import NotInline, StepContext, StepFailure, StepResult, executor_for
+from .executors import (
+    NotInline,
+    StepContext,
+    StepDeferred,
+    StepFailure,
+    StepResult,
+    executor_for,
+)
 from .forks import Forks
 from .lanes import UNSHARED, FairShare, engine_setting, lane_policy
 from .places import TOP, Entry, Place
@@ -556,7 +563,7 @@ class Walk:
         self.carried = None
         try:
             result = executor_for(type_name)(step, self.context(), ctx)
-        except NotInline:
+        except (NotInline, StepDeferred):  # a worker's turn defers durably
             return False
         except StepFailure as exc:
             if exc.retryable:  # a worker's turn has the lane's attempts
