@@ -409,10 +409,13 @@ def test_a_worker_killed_mid_run_repeats_no_effect(
 # --- the fast paths -------------------------------------------------------------------------
 
 
-def test_fast_paths_hand_every_transition_of_a_code_run_to_the_ordinary_walk() -> None:
+def test_fast_paths_walk_a_code_run_ahead_only_from_what_its_last_turn_knew() -> None:
     """A hop, a group of hops and the one-statement start walk ahead of their transaction
-    (engine/speculative.py); a code run's transitions are walked the ordinary way only: its
-    start, a step it asked for ending, and its decider ending the run."""
+    (engine/speculative.py), from the run's row alone. A code run's start and its decider's
+    end are walked ahead; a step it asked for ending runs the next turn, which reads the
+    run's history: ahead only from the history the turn that asked for the step knew
+    (Walk.carried), else the ordinary walk reads it under the run's lock. What each path
+    writes is held equal in tests/test_code_decided_inline.py."""
     definition = code_definition("code-order", 1)
     charge = {"id": "charge", "type": "http", "request": {"method": "POST", "url": "http://x/"}}
     state = RunState(
@@ -422,15 +425,18 @@ def test_fast_paths_hand_every_transition_of_a_code_run_to_the_ordinary_walk() -
     )  # fmt: skip
 
     def ahead(transition: Callable[[Walk], None], run: RunState = state) -> bool:
-        walk = Walk(NoDatabase(), run, definition, speculative=True)
+        # As a hop's walk: a worker's settle, where a turn may run inline.
+        walk = Walk(NoDatabase(), run, definition, speculative=True, decide_inline=True)
         return walked_ahead(lambda: transition(walk), run_id=1)
 
     fresh = replace(state, outputs={}, entered={}, steps_executed=0)
-    assert not ahead(lambda walk: walk.start(), fresh)
+    start = Walk(NoDatabase(), fresh, definition, speculative=True)  # a start runs no turn
+    assert walked_ahead(start.start, run_id=1)
+    assert [row.status for row in start.new_steps] == ["ready"]
     succeeded = StepResult(output={"status": 200, "body": {}})
     assert not ahead(lambda walk: walk.worker_step_succeeded("charge", 1, 1, succeeded, TOP))
     ended = StepResult(output={"total": 9}, finish="succeeded")
-    assert not ahead(lambda walk: walk.worker_step_succeeded("decide", 2, 1, ended, TOP))
+    assert ahead(lambda walk: walk.worker_step_succeeded("decide", 2, 1, ended, TOP))
 
 
 def test_a_tenant_cannot_write_a_code_step_in_a_definition(api: APIClient) -> None:

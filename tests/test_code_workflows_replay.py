@@ -112,10 +112,12 @@ def test_every_decide_turn_sees_the_same_recorded_values(org: Organisation) -> N
     drive()
     assert Run.objects.get(pk=run_id).status == "succeeded"
     recorded = {s.step_id: s.output for s in Step.objects.filter(run_id=run_id)}
-    # The turns once both were recorded (entering "one", "two", then the end) each saw
-    # exactly the recorded values.
+    # The turns once both were recorded (entering "one", "two", then the end; and the
+    # turns inline in a settle that handed a ctx.run call to a worker) each saw exactly the
+    # recorded values.
     seen = list(SEEN_IN_TURNS)
-    assert seen == [(recorded["ctx.uuid"], recorded["ctx.random"])] * 3
+    assert len(seen) >= 3
+    assert set(seen) == {(recorded["ctx.uuid"], recorded["ctx.random"])}
 
 
 # --- ctx.patched() ---------------------------------------------------------------------------

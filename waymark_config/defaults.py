@@ -223,6 +223,14 @@ WAYMARK = {
     # continues from a continuation row on the io lane.
     "WALK_INLINE_STEPS": env.int("WAYMARK_WALK_INLINE_STEPS", default=100),
     "WALK_INLINE_MS": env.float("WAYMARK_WALK_INLINE_MS", default=50.0),
+    # How long a code workflow's own code may run in one decide turn (its replay up to the
+    # next step; a ctx.run function's run is not counted): past it the turn is interrupted,
+    # with code_turn_budget_exceeded (workflows/code/budget.py).
+    "CODE_TURN_MS": env.float("WAYMARK_CODE_TURN_MS", default=1_000.0),
+    # A worker's settle that walks into a code run's decider runs its turn inline, in the
+    # settle's transaction (docs/architecture.md, "Runs decided as they go"); off: every
+    # turn is a step of the io lane of its own.
+    "CODE_DECIDE_INLINE": env.bool("WAYMARK_CODE_DECIDE_INLINE", default=True),
     # Finished runs (with their steps and history) are deleted this many days after they
     # finished, in batches, by the sweep. 0 keeps them forever.
     "RETENTION_DAYS": env.float("WAYMARK_RETENTION_DAYS", default=90.0),

@@ -14,6 +14,7 @@ WAYMARK = {**WAYMARK, "EXTRA_STEP_MODULES": [*_extra, PROBE_STEPS]}
 # A walk's time budget is tested on its own (tests/test_bounded_work.py); elsewhere a loaded
 # machine must not turn an inline walk into a continuation in the middle of a test.
 WAYMARK["WALK_INLINE_MS"] = 60_000.0
+WAYMARK["CODE_TURN_MS"] = 60_000.0  # a loaded test machine; the budget's tests set their own
 
 # Rate limits and quotas are tested on their own (tests/test_limits.py), with small values;
 # elsewhere hundreds of requests and failed keys from 127.0.0.1 must not trip them.

@@ -97,7 +97,33 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--serial", type=int, default=200)
     parser.add_argument("--sleepers", type=int, default=1000)
+    parser.add_argument(
+        "--works", default="", help="the works to measure, comma-separated, in order (all: empty)"
+    )
     return parser.parse_args()
+
+
+# Every work, in the order measure() runs them; the code ones only on a side that has them
+# (Waymark's: the chain-3 work as a code workflow; the peer's chain-3 is code already).
+WORKS = (
+    "chain-3 drain", "chain-3 e2e", "chain-10 drain", "chain-10 e2e", "code-3 drain",
+    "code-run-3 drain", "serial chain-3", "sleep 2s", "starts, 10% duplicate keys",
+)  # fmt: skip
+
+
+def one_work(side: Any, work: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    """Measure ``work`` on ``side``; None when the side has no such work."""
+    if work.startswith("chain-"):
+        steps, mode = work.removeprefix("chain-").split()
+        return side.chain(int(steps), mode, args.runs)  # type: ignore[no-any-return]
+    if work.startswith("code-"):
+        code = getattr(side, "code", None)
+        return None if code is None else code(work.split()[0], args.runs)  # type: ignore[no-any-return]
+    if work == "serial chain-3":
+        return side.serial(args.serial)  # type: ignore[no-any-return]
+    if work == "sleep 2s":
+        return side.sleep(args.sleepers)  # type: ignore[no-any-return]
+    return side.starts(args.runs)  # type: ignore[no-any-return]
 
 
 def measure(
@@ -113,12 +139,15 @@ def measure(
     try:
         out["commit_limit_1"] = round(commit_limit(side.uri, 1))
         out["commit_limit_8"] = round(commit_limit(side.uri, 8))
-        for steps in (3, 10):
-            for mode in ("drain", "e2e"):
-                out["rows"].append(side.chain(steps, mode, args.runs))
-        out["rows"].append(side.serial(args.serial))
-        out["rows"].append(side.sleep(args.sleepers))
-        out["rows"].append(side.starts(args.runs))
+        works = [w.strip() for w in args.works.split(",") if w.strip()] or list(WORKS)
+        unknown = set(works) - set(WORKS)
+        if unknown:
+            raise SystemExit(f"no such work: {sorted(unknown)} (the works: {WORKS})")
+        for work in works:
+            load = load_average()
+            row = one_work(side, work, args)
+            if row is not None:
+                out["rows"].append({**row, "load_before": load})
     finally:
         close()
     print(json.dumps(out))

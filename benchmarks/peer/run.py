@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/peer/run.py                 # 2 rounds, 1,000 runs per work
     .venv/bin/python benchmarks/peer/run.py --rounds 3 --runs 300 --sleepers 300
+    .venv/bin/python benchmarks/peer/run.py --rounds 4 --works "chain-3 drain,code-3 drain"
 
 The first call creates the peer's virtual environment (.data/peerbench/venv, or
 $PEERBENCH_VENV) and installs requirements.txt into it from PyPI (DBOS, pinned; again only
@@ -13,6 +14,12 @@ time; durable sleeps of 2 s (lateness); starts with 10 % duplicate keys. Both si
 measure the server's commit limit (single-row UPDATE commits per second, 1 and 8
 connections) and their commits per step, so a ratio can be read against what the machine
 allows.
+
+``--works`` measures only the works named (machine.WORKS), in that order on Waymark's side
+in odd rounds and in the reverse order in even ones. ``code-3 drain`` and ``code-run-3
+drain`` are the chain-3 work as a code workflow (peer_code.py), on Waymark's side only:
+their ratios are printed against Waymark's ``chain-3 drain`` (the same work as a
+definition, measured in the same rounds) and against the peer's.
 
 Prints, per work, the median of the rounds on each side and the ratio (how many times
 Waymark's rate, or the peer's latency over Waymark's), with the load average before each
@@ -49,6 +56,7 @@ FIGURES = {
     "sleep 2s": ("late_p99_ms", False),
     "starts, 10% duplicate keys": ("starts_per_s", True),
 }
+CODE_WORKS = ("code-3 drain", "code-run-3 drain")  # Waymark's side only (peer_code.py)
 
 
 def peer_python() -> Path:
@@ -68,7 +76,9 @@ def peer_python() -> Path:
     return python
 
 
-def side(python: Path, script: str, data: Path, args: argparse.Namespace) -> dict[str, Any]:
+def side(
+    python: Path, script: str, data: Path, args: argparse.Namespace, works: list[str]
+) -> dict[str, Any]:
     command = [
         str(python),
         str(HERE / script),
@@ -80,6 +90,8 @@ def side(python: Path, script: str, data: Path, args: argparse.Namespace) -> dic
         str(args.serial),
         "--sleepers",
         str(args.sleepers),
+        "--works",
+        ",".join(works),
     ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)  # noqa: S603
     if done.returncode != 0:
@@ -90,21 +102,61 @@ def side(python: Path, script: str, data: Path, args: argparse.Namespace) -> dic
 
 def median(rounds: list[dict[str, Any]], work: str, figure: str) -> float:
     values = [row[figure] for result in rounds for row in result["rows"] if row["work"] == work]
-    return round(statistics.median(values), 2)
+    return round(statistics.median(values), 2) if values else float("nan")
+
+
+def measured(rounds: list[dict[str, Any]], work: str) -> bool:
+    return any(row["work"] == work for result in rounds for row in result["rows"])
+
+
+def report_code(waymark: list[dict[str, Any]], dbos: list[dict[str, Any]]) -> None:
+    """The code works against the same work as a definition, round by round (each pair
+    measured one after the other on one server, under the load shown), and their medians
+    against the peer's chain-3."""
+    for work in CODE_WORKS:
+        if not measured(waymark, work):
+            continue
+        print(f"\n{work} against chain-3 drain (Waymark), per round:")
+        for number, result in enumerate(waymark, 1):
+            rows = {row["work"]: row for row in result["rows"]}
+            code, chain = rows.get(work), rows.get("chain-3 drain")
+            if code is None or chain is None:
+                continue
+            print(
+                f"  round {number}: code {code['steps_per_s']} steps/s (load "
+                f"{code['load_before']}), definition {chain['steps_per_s']} (load "
+                f"{chain['load_before']}): {code['steps_per_s'] / chain['steps_per_s']:.2f}x"
+            )
+        ours, chain = (
+            median(waymark, work, "steps_per_s"),
+            median(waymark, "chain-3 drain", "steps_per_s"),
+        )
+        theirs = median(dbos, "chain-3 drain", "steps_per_s") if dbos else float("nan")
+        print(
+            f"  median: {ours} steps/s; {ours / chain:.2f}x the definition ({chain}); "
+            f"{ours / theirs:.1f}x DBOS chain-3 drain ({theirs})"
+        )
 
 
 def report(results: dict[str, list[dict[str, Any]]]) -> int:
     waymark, dbos = results["waymark"], results["dbos"]
     print(f"\n{'work':28} {'figure':14} {'Waymark':>10} {'DBOS':>10} {'ratio':>7}")
     for work, (figure, higher_better) in FIGURES.items():
+        if not measured(waymark, work) or not measured(dbos, work):
+            continue
         ours, theirs = median(waymark, work, figure), median(dbos, work, figure)
         ratio = ours / theirs if higher_better else theirs / max(ours, 0.01)
         print(f"{work:28} {figure:14} {ours:>10} {theirs:>10} {ratio:>6.1f}x")
-    for work in ("chain-3 drain", "chain-10 drain"):
+    report_code(waymark, dbos)
+    for work in ("chain-3 drain", "chain-10 drain", *CODE_WORKS):
+        if not measured(waymark, work):
+            continue
         print(
             f"{work:28} {'commits/step':14} {median(waymark, work, 'commits_per_step'):>10}"
             f" {median(dbos, work, 'commits_per_step'):>10}"
         )
+    if not dbos:
+        return _failures(waymark)
     for name in ("commit_limit_1", "commit_limit_8"):
         ours = statistics.median(r[name] for r in waymark)
         theirs = statistics.median(r[name] for r in dbos)
@@ -113,16 +165,20 @@ def report(results: dict[str, list[dict[str, Any]]]) -> int:
         )
     loads = [(w["load_before"], d["load_before"]) for w, d in zip(waymark, dbos, strict=True)]
     print(f"load average before each side (Waymark, DBOS) per round: {loads}")
+    return _failures([*waymark, *dbos])
+
+
+def _failures(results: list[dict[str, Any]]) -> int:
     failed = [
         (r["engine"], row["work"])
-        for result in (*waymark, *dbos)
+        for result in results
         for r in [result]
         for row in result["rows"]
         if row.get("not_succeeded")
     ]
     duplicates = [
         r["engine"]
-        for r in (*waymark, *dbos)
+        for r in results
         for row in r["rows"]
         if "runs_made" in row and row["runs_made"] != row["distinct_ids"]
     ]
@@ -140,14 +196,24 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1000, help="runs per chain work and starts")
     parser.add_argument("--serial", type=int, default=200, help="runs one at a time")
     parser.add_argument("--sleepers", type=int, default=1000, help="runs of one 2 s sleep")
+    parser.add_argument("--works", default="", help="only these works, comma-separated")
+    parser.add_argument("--no-peer", action="store_true", help="Waymark's side only")
     args = parser.parse_args()
-    python = peer_python()
+    works = [w.strip() for w in args.works.split(",") if w.strip()]
+    python = Path(sys.executable) if args.no_peer else peer_python()
     results: dict[str, list[dict[str, Any]]] = {"waymark": [], "dbos": []}
     for number in range(1, args.rounds + 1):
         for engine, interpreter in (("waymark", Path(sys.executable)), ("dbos", python)):
             print(f"round {number}: {engine} …", file=sys.stderr, flush=True)
+            ordered = works if number % 2 or engine == "dbos" else works[::-1]
+            if engine == "dbos":
+                if args.no_peer:
+                    continue
+                ordered = [w for w in works if w not in CODE_WORKS]
+                if works and not ordered:
+                    continue
             results[engine].append(
-                side(interpreter, f"{engine}_side.py", WORK / f"pg_{engine}", args)
+                side(interpreter, f"{engine}_side.py", WORK / f"pg_{engine}", args, ordered)
             )
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"],  # noqa: S607

@@ -7,6 +7,9 @@ and measures:
   step claimed and settled by a worker. drain: every run started with no engine, then the
   engine starts; rate from the first claim to the last finish (database clock). e2e: the
   engine running while one thread starts the runs; first start to last finish.
+- code-3 / code-run-3 (drain only): the chain-3 work as a code workflow (peer_code.py):
+  three `ctx.step(id, "noop")` calls (the same noop io steps), or three `ctx.run` calls of
+  a no-op function; steps/s counts its three steps, as chain-3's.
 - serial: one 3-step run at a time, started, then awaited (client clock, polled every 2 ms).
 - sleep: runs of one durable `wait` of 2 s, all started together; lateness = the run's
   finish minus the timer's due time (database clock).
@@ -47,6 +50,8 @@ def chain_definition(steps: int) -> dict[str, Any]:
     }
 
 
+CODE_WORKS = ("code-3", "code-run-3")  # peer_code.py's workflows, three steps each
+
 SLEEP = {
     "start": "nap",
     "steps": [
@@ -63,6 +68,9 @@ class Side:
             "WAYMARK_DATA_DIR": str(data),
             "WAYMARK_DB_NAME": DATABASE,
             "WAYMARK_LOG_LEVEL": "WARNING",
+            # The code workflows (peer_code.py), registered by every process of the side.
+            "WAYMARK_EXTRA_STEP_MODULES": "peer_code",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
             "DJANGO_SETTINGS_MODULE": "waymark_config.settings",
         }
         os.environ.update(self.env)
@@ -79,6 +87,7 @@ class Side:
         from django.db import connection
 
         from workflows.models import Organisation
+        from workflows.plugins.code import publish_code_workflow
         from workflows.services.automations import automation_publish_definition
 
         self.org, _ = Organisation.objects.get_or_create(slug="peer", defaults={"name": "peer"})
@@ -88,6 +97,8 @@ class Side:
             ("sleep", SLEEP),
         ):
             automation_publish_definition(org=self.org, slug=name, definition=definition)
+        for name in CODE_WORKS:
+            publish_code_workflow(org=self.org, name=name, version=1)
         connection.ensure_connection()
         self.uri = connection.connection.info.dsn
         self.engine: subprocess.Popen[bytes] | None = None
@@ -159,8 +170,8 @@ class Side:
 
     # --- the work -----------------------------------------------------------------------------
 
-    def chain(self, steps: int, mode: str, n: int) -> dict[str, Any]:
-        slug = f"chain-{steps}"
+    def chain(self, steps: int, mode: str, n: int, *, slug: str = "") -> dict[str, Any]:
+        slug = slug or f"chain-{steps}"
         if mode == "e2e":
             self.start_engine()
             self.wait_engine_ready()
@@ -197,6 +208,10 @@ class Side:
             row["commits_per_step"] = round(used / (steps * n), 2)
         self.empty()
         return row
+
+    def code(self, slug: str, n: int) -> dict[str, Any]:
+        """The chain-3 work as a code workflow (peer_code.py), drained."""
+        return self.chain(3, "drain", n, slug=slug)
 
     def serial(self, n: int) -> dict[str, Any]:
         self.start_engine()

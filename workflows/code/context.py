@@ -30,6 +30,7 @@ from ..engine.decided import COMPENSATION_RECORD, branch_decider_id
 from ..errors import InvalidInput, PayloadTooLarge
 from ..services.runs import check_json_value
 from ..states import StepStatus
+from .budget import outside_budget
 from .people_and_time import PeopleAndTime
 
 DECIDER_ID = "decide"  # the step that runs the function (steptypes.CODE); no call may use it
@@ -112,6 +113,12 @@ class BranchReturned(Stop):
         self.value = value
 
 
+class RunsOnWorker(Stop):
+    """The function called ``ctx.run`` with no recorded result in a turn that runs inline in
+    a settle (``Context(calls_functions=False)``): the host's function is not called under
+    the run's lock; a worker's turn calls it (steptypes.decide)."""
+
+
 class CodeFailure(Stop):
     """The run fails: ``code`` and ``detail`` say why (nondeterministic_workflow, an
     invalid step call, ctx.fail)."""
@@ -184,12 +191,14 @@ class Context(PeopleAndTime):
         attempts_used: int = 1,
         lost_claims_allowed: int = 1,
         dry: bool = False,
+        calls_functions: bool = True,
     ) -> None:
         self.run_id = run_id
         self._history = history
         # A dry replay (a migration's check of another version's code against the history)
         # stops at the first new work without calling a ctx.run function.
         self._dry = dry
+        self._calls_functions = calls_functions  # False: a turn inline in a settle
         self._position = 0
         self._patches: dict[str, bool] = {}  # each patch's answer, once asked in this replay
         self._forks = forks  # every place's history (history.py), for ctx.parallel
@@ -290,13 +299,16 @@ class Context(PeopleAndTime):
         most = _max_attempts(step_id, retry)
         if self._dry:
             raise Suspended({"id": step_id, "type": RESULT_TYPE})
+        if not self._calls_functions:
+            raise RunsOnWorker(step_id)
         attempt = self._attempts_used
         self.attempts_allowed = max(most, self._lost_claims_allowed)
         if attempt > self.attempts_allowed:  # its earlier attempts' workers died in the call
             self.attempts_allowed = attempt  # recorded as failed, for the code to be told
             self._failed(step_id, f"attempts exhausted: {attempt - 1} attempt(s) never settled")
         try:
-            output = function(*args, **kwargs)
+            with outside_budget():  # the function's time is the lane's step timeout's
+                output = function(*args, **kwargs)
         except Exception as exc:  # the function's own failure: retried, then told to the code
             error = f"{type(exc).__name__}: {exc}"
             if attempt < most:
@@ -448,7 +460,8 @@ class Context(PeopleAndTime):
             )
         branch = Context(run_id=self.run_id, history=self._forks.of((join_row, number)),
                          forks=self._forks, branch=number, attempts_used=self._attempts_used,
-                         lost_claims_allowed=self._lost_claims_allowed)  # fmt: skip
+                         lost_claims_allowed=self._lost_claims_allowed,
+                         calls_functions=self._calls_functions)  # fmt: skip
         try:
             value = branches[number](branch)
         except Suspended:

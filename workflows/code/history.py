@@ -24,6 +24,7 @@ from django.db import connection
 
 from ..definitions.registry import registry
 from ..engine.sql.rows import fetch_dicts
+from ..states import StepStatus
 from .context import Recorded
 
 # Every step of the run but the engine's continuations ("~..."), in the order they were
@@ -156,3 +157,36 @@ def newest_row(cursor: Any, *, org_id: int, run_id: int) -> int:
     cursor.execute(NEWEST_ROW, {"org": org_id, "run": run_id})
     row = cursor.fetchone()
     return int(row[0] or 0)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a turn knew when it asked for its step (StepResult.carried): the history it
+    replayed, and the step it asked for."""
+
+    history: tuple[Recorded, ...]
+    asked: Mapping[str, Any]
+
+
+def history_after(
+    turn: Any, *, latest: Mapping[str, Any] | None, outputs: Mapping[str, Any]
+) -> list[Recorded] | None:
+    """The run's history for the turn after ``turn``, without a query: the history ``turn``
+    replayed and the step it asked for, ended with the output the run now holds for it.
+    None when ``turn`` is not the run's previous turn (``latest``, the decider's output among
+    the run's outputs, asks for another step) or its step has no output yet."""
+    if not isinstance(turn, Turn) or latest is None:
+        return None
+    call, asked = latest.get("call"), turn.asked
+    if not isinstance(call, Mapping) or (call.get("id"), call.get("type")) != (
+        asked.get("id"), asked.get("type")):  # fmt: skip
+        return None
+    ended = outputs.get(str(asked["id"]))
+    if not isinstance(ended, Mapping) or "output" not in ended:
+        return None
+    # One live step at a time: the asked step's iteration follows its earlier ones.
+    iteration = 1 + sum(1 for r in turn.history if r.step_id == asked["id"])
+    history = [*turn.history, Recorded(str(asked["id"]), iteration, str(asked["type"]),
+                                       StepStatus.DONE, ended["output"])]  # fmt: skip
+    _with_outcome(history, ended_before(latest))
+    return history

@@ -11,12 +11,14 @@ from ..definitions.fields import check_fields
 from ..definitions.registry import RetryPolicy, StepReport, StepType, registry
 from ..engine.decided import deciding_step
 from ..engine.definition_cache import definition_for
-from ..engine.executors import StepContext, StepDeferred, StepFailure, StepResult
+from ..engine.executors import NotInline, StepContext, StepDeferred, StepFailure, StepResult
 from ..engine.lanes import lane_policy
+from ..engine.speculative import NeedsTransaction
 from ..errors import WorkflowNotAllowed
 from ..models import Organisation
 from ..services.replays import register_replays
 from ..services.runs import register_start_guard
+from .budget import TurnOverBudget, turn_budget_seconds, within
 from .context import (
     CODE_TYPE,
     MOST_ATTEMPTS,
@@ -25,10 +27,21 @@ from .context import (
     CodeFailure,
     Context,
     RetryCall,
+    RunsOnWorker,
     StepFailed,
     Suspended,
 )
-from .history import ENDED, REPLAY_CUTS, RETURNED, TOP, ended_before, read_history
+from .history import (
+    ENDED,
+    REPLAY_CUTS,
+    RETURNED,
+    TOP,
+    History,
+    Turn,
+    ended_before,
+    history_after,
+    read_history,
+)
 from .registry import publishing_as_host, registered
 from .replays import CODE_REPLAYS
 from .schemas import check_output, check_start_input
@@ -58,7 +71,14 @@ def validate_code(step: Mapping[str, Any], report: StepReport) -> None:
 
 def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext) -> StepResult:
     """Run the workflow's function from the top against the run's history: the step it
-    asks for next (``{"call": step}``), or the run's end."""
+    asks for next (``{"call": step}``), or the run's end.
+
+    On a worker, or inline in a worker's settle (``ctx.lane == "inline"``: the walk offered
+    it, engine/walk.py Walk.decide_inline), under the run's lock. Inline, what must not run
+    under that lock is handed back to a worker (NotInline): a ``ctx.run`` function, which is
+    the host's own work (outside calls, slow computations), and a turn past its budget
+    (budget.py; a ``ctx.run`` function's own time is not counted)."""
+    inline = ctx.lane == "inline"
     if ctx.version_id is not None and deciding_step(definition_for(ctx.version_id)) is None:
         # A definition naming a code step beside others: its steps are the definition's,
         # so nothing would enter what the function asks for.
@@ -69,6 +89,8 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     name, version = str(step["workflow"]), int(step["version"])
     found = registered(name, version)
     if found is None:
+        if inline:  # a worker defers it, durably
+            raise NotInline(f"{name!r} version {version} is not registered")
         raise StepDeferred(
             MISSING_VERSION_RETRY_SECONDS,
             f"workflow_version_missing: {name!r} version {version} is not registered here",
@@ -78,9 +100,7 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     decider_id = str(step["id"])
     latest = context["steps"].get(decider_id, {}).get("output")
     latest = latest if isinstance(latest, Mapping) else None
-    cuts = context["steps"].get(REPLAY_CUTS, {}).get("output")  # a re-run's (history.py)
-    history = read_history(org_id=ctx.org_id, run_id=ctx.run_id, decider_type=CODE.name,
-                           decider_id=decider_id, latest=latest, cuts=cuts)  # fmt: skip
+    history = _turn_history(step, context, ctx, decider_id, latest)
     # A branch's decider (engine/decided.py) replays the top level up to its ctx.parallel,
     # then its own branch: the step the branch asks for next, or what it returned.
     parallel, branch = step.get("parallel"), step.get("branch")
@@ -89,12 +109,16 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     # ctx.run retry); a turn whose call is no such retry gets the lane's usual number.
     usual = lane_policy(CODE.lane).max_attempts
     replay = Context(run_id=ctx.run_id, history=history.of(TOP), forks=history, deciding=deciding,
-                     attempts_used=ctx.attempts_used, lost_claims_allowed=usual)  # fmt: skip
+                     attempts_used=ctx.attempts_used, lost_claims_allowed=usual,
+                     calls_functions=not inline)  # fmt: skip
     ended = ended_before(latest) if latest is not None else None
     try:
-        output = found.function(replay, context["input"])
-        replay.returned()
-        check_output(found.output_schema, output)
+        with within(turn_budget_seconds()):
+            output = found.function(replay, context["input"])
+            replay.returned()
+            check_output(found.output_schema, output)
+    except RunsOnWorker:
+        raise NotInline("a ctx.run function runs on a worker, never under the run's lock") from None
     except Suspended as suspended:
         if ctx.attempts_used > replay.attempts_allowed:
             raise StepFailure(
@@ -105,7 +129,7 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
         asked: dict[str, Any] = {"call": suspended.step}
         if ended is not None:
             asked[ENDED] = ended  # read back by every later replay (history.py)
-        return StepResult(output=asked)
+        return StepResult(output=asked, carried=_carried(step, history, suspended.step))
     except BranchReturned as returned:
         ending: dict[str, Any] = {RETURNED: returned.value}
         if ended is not None:
@@ -113,6 +137,10 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
         return StepResult(output=ending)  # no step asked: the branch arrives at its join
     except RetryCall as retry:  # the engine's backoff, then this turn again
         raise StepFailure(str(retry), retryable=True) from None
+    except TurnOverBudget as over:
+        if inline:  # a worker's turn has a budget of its own, and the lane's attempts
+            raise NotInline(str(over)) from None
+        raise StepFailure(str(over)) from None
     except CodeFailure as failure:
         raise StepFailure(str(failure), retryable=False) from None
     except StepFailed as failed:  # not caught by the function: the run fails with it
@@ -127,6 +155,37 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
             retryable=False,
         )
     return StepResult(output=output, finish="succeeded")
+
+
+def _turn_history(
+    step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext, decider_id: str,
+    latest: Mapping[str, Any] | None,
+) -> History:  # fmt: skip
+    """What this turn replays: the history the run's previous turn in the same walk knew,
+    with the step it asked for ended (no query; the top level's turns of a run with no
+    ctx.parallel only, see _carried), or the run's history read in one statement."""
+    carried = None
+    # A re-run's cut sets steps aside: their rows still count in the iterations of the steps
+    # entered after it, which only the rows tell.
+    cut = context["steps"].get(REPLAY_CUTS, {}).get("output")
+    if step.get("parallel") is None and not cut:
+        carried = history_after(ctx.carried, latest=latest, outputs=context["steps"])
+    if carried is not None:
+        return History(places={TOP: carried})
+    if ctx.ahead:  # a hop's walk reads nothing: the ordinary walk does
+        raise NeedsTransaction("a turn that reads the run's history")
+    return read_history(org_id=ctx.org_id, run_id=ctx.run_id, decider_type=CODE.name,
+                        decider_id=decider_id, latest=latest, cuts=cut)  # fmt: skip
+
+
+def _carried(step: Mapping[str, Any], history: History, asked: Mapping[str, Any]) -> Turn | None:
+    """What the next turn may replay without a query: the top level's history and the step
+    asked, when the run has no ctx.parallel (its forks' rows and joins are read, not
+    carried) and the step asked is not one either."""
+    plain = step.get("parallel") is None and not history.joins and set(history.places) <= {TOP}
+    if not plain or asked.get("type") == "parallel":
+        return None
+    return Turn(tuple(history.of(TOP)), asked)
 
 
 def allowed_to_start(org: Organisation, definition: Mapping[str, Any], run_input: Any) -> None:

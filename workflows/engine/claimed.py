@@ -46,6 +46,10 @@ class ClaimedStep:
     # The span that started the run (W3C traceparent; None: untraced): this attempt's span
     # is its child (engine/tracing.py).
     trace_context: str | None = field(default=None, repr=False)
+    # A step a settle's walk took for its worker after a code run's turn asked for it: what
+    # that turn knew (StepResult.carried), for the next turn when this step's settle hops
+    # (hops.py); never from a claim.
+    carried: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_row(cls, row: ClaimedRow) -> ClaimedStep:

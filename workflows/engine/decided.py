@@ -18,8 +18,12 @@ compensates what its function registered (``ctx.compensate_with``, recorded as s
 entered as the step the decider's output asks for, marked ``COMPENSATING``, so every path
 that looks a step up finds it, and it never goes back to the decider.
 
-What a walk ahead of its transaction (speculative.py) would do with such a run is not
-asked: every lookup of a step hands it to the ordinary walk.
+A walk ahead of its transaction (a hop's, speculative.py) looks such a run's top-level steps
+up as the ordinary walk does: they are read from the run's row, whose version the hop
+checks. Only the decider's turn reads more (the run's history): the walk runs it ahead only
+from the history the run's previous turn knew (Walk.carried), and hands it to the ordinary
+walk otherwise. A ``ctx.parallel``'s fork, its branches and a compensation are walked the
+ordinary way only.
 """
 
 from __future__ import annotations
@@ -130,11 +134,17 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
 
     def at(self, step_id: str, place: Place) -> Mapping[str, Any]:
         """The step ``step_id`` entered at ``place``."""
-        if self.speculative:
-            raise NeedsTransaction("a step of a decided run")
+        if self.speculative and place.fork_join is not None:
+            raise NeedsTransaction("a branch of a decided run's parallel")
         decider = self._decider_at(place)
         decider_id = decider["id"]
         asked = asked_step(self.outputs.get(decider_id))
+        if (
+            self.speculative
+            and asked is not None
+            and (_forks(asked) or compensation_asked(self.outputs.get(decider_id)) is not None)
+        ):
+            raise NeedsTransaction("a decided run's parallel or compensation")
         if step_id == decider_id:
             return {**decider, "next": asked["id"]} if asked else decider
         if asked is not None and asked["id"] == step_id:

@@ -62,6 +62,10 @@ class StepResult:
     vars: dict[str, Any] = field(default_factory=dict)  # merged into the run's vars
     finish: str | None = None  # "succeeded" / "failed": this step ends the run
     park: Park | None = None  # the step waits instead of finishing (see Park)
+    # What a decider's turn knew of its run when it asked for its step (the history it
+    # replayed), handed to the run's next turn when that runs inline in the same walk
+    # (Walk.carried); never stored.
+    carried: Any = field(default=None, compare=False)
 
 
 class StepFailure(Exception):
@@ -83,6 +87,12 @@ class StepFailure(Exception):
         self.retryable = retryable
         self.retry_after = retry_after
         self.error_class = error_class
+
+
+class NotInline(Exception):
+    """Raised by the executor of a worker type that a walk offered to run inline (a
+    decider's turn, Walk.decide_inline): not here after all. The walk enters the step for a
+    worker of its lane instead, as it would have without the offer; nothing it did counts."""
 
 
 class StepDeferred(Exception):
@@ -126,6 +136,12 @@ class StepContext:
     attempts_used: int = 1
     # The version of the automation the run runs (what a trace names: engine/tracing.py).
     version_id: int | None = None
+    # A decider's turn run inline: what the run's previous turn, in the same walk, knew
+    # (StepResult.carried), or None.
+    carried: Any = field(default=None, compare=False)
+    # Run inline in a walk ahead of its transaction (a hop's): the executor reads nothing,
+    # and raises speculative.NeedsTransaction for what it would have to read.
+    ahead: bool = False
 
     @property
     def effect_key(self) -> str:

@@ -200,7 +200,10 @@ def _speculative_walk(
         created_at=step.run_created_at,
     )  # fmt: skip
     walk = Walk(NoDatabase(), run, definition_for(run.version_id), worker=worker,
-                take_next=take, speculative=True)  # fmt: skip
+                take_next=take, speculative=True, decide_inline=True)  # fmt: skip
+    # What the code run's turn that asked for this step knew: its next turn may run ahead
+    # from it, the run's row (whose version the hop checks) unchanged since.
+    walk.carried = step.carried
 
     def succeeded() -> None:
         walk.worker_step_succeeded(step.step_id, step.iteration, step.attempt, result, step.place)

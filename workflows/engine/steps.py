@@ -246,7 +246,9 @@ def _settling(
         if not changed:
             yield None
             return
-        yield Walk(cursor, run, definition_for(run.version_id), worker=worker, take_next=take)
+        # A worker's settle: a code run's decider may run its turn inline (walk.py).
+        yield Walk(cursor, run, definition_for(run.version_id), worker=worker, take_next=take,
+                   decide_inline=True)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -333,7 +335,7 @@ def _taken_step(walk: Walk, step_pk: int | None, *, seen: str | None = None) -> 
         run_created_at=run.created_at, run_expired=run.expired,
         fork_join_id=taken.place.fork_join, branch=taken.place.branch,
         run_entered=run.entered, run_steps_executed=run.steps_executed,
-        run_max_steps=run.max_steps, run_seen=seen,
+        run_max_steps=run.max_steps, run_seen=seen, carried=walk.carried,
     )  # fmt: skip
 
 

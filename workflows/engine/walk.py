@@ -27,7 +27,14 @@ from ..definitions.registry import registry
 from ..states import RunStatus, StepStatus, WaitKind
 from .compensation import Compensation
 from .decided import DecidedSteps, step_at, steps_of
-from .executors import StepContext, StepFailure, StepResult, executor_for
+from .executors import (
+    NotInline,
+    StepContext,
+    StepDeferred,
+    StepFailure,
+    StepResult,
+    executor_for,
+)
 from .forks import Forks
 from .lanes import UNSHARED, FairShare, engine_setting, lane_policy
 from .places import TOP, Entry, Place
@@ -175,6 +182,7 @@ class Walk:
         worker: str = "",
         take_next: TakeNext | None = None,
         speculative: bool = False,
+        decide_inline: bool = False,
     ) -> None:
         self.cursor = cursor
         self.take_next = take_next
@@ -200,6 +208,10 @@ class Walk:
         self.draining = False
         self.speculative = speculative
         self.continuation: ContinuationAttempt | None = None  # set by settle_continuation
+        # A worker's settle (steps._settling), never a web request's walk nor a sweep's: a
+        # code run's decider may run its turn right here (_decided_inline).
+        self.decide_inline = decide_inline and bool(engine_setting("CODE_DECIDE_INLINE"))
+        self.carried: Any = None  # what the run's last turn knew (StepResult.carried)
         # Inline work is bounded per transaction: past either limit, the rest is continued
         # by a worker from a continuation row, so no definition can make a start request or
         # a settle hold the run's lock for long.
@@ -313,10 +325,9 @@ class Walk:
 
     def step_succeeded(self, step_id: str, result: StepResult, place: Place = TOP) -> None:
         """A step (inline or from a worker) finished: record it and move on."""
-        if self.speculative and isinstance(self.steps, DecidedSteps):
-            # A decided run (a code workflow's) is walked the ordinary way only, its end too.
-            raise NeedsTransaction("a step of a decided run")
         self.record_output(step_id, result)
+        if result.carried is not None:  # a decider's turn: for its next one in this walk
+            self.carried = result.carried
         if isinstance(self.steps, DecidedSteps):
             noted = self.steps.outcome_noted(step_id, result.outcome, place)
             if noted is not None:  # for the deciding turn to read and record
@@ -348,6 +359,7 @@ class Walk:
     def step_failed(self, step_id: str, error: str, place: Place = TOP) -> None:
         """A step failed for good: follow its declared failure path, or fail the run (which
         ends every sibling branch too)."""
+        self.carried = None  # a turn after a failure reads the history (its rows tell)
         self.dirty = True
         step = step_at(self.steps, step_id, place)
         target = step.get("on_failure")
@@ -468,6 +480,8 @@ class Walk:
             self.inline_left -= 1
             self.forks.fork(step, iteration, place)
             return
+        if step_type.decides and self._decided_inline(entry, step, iteration):
+            return
         if step_type.lane != "inline":
             type_policy = step_type.retry.max_attempts if step_type.retry else None
             max_attempts = (
@@ -525,6 +539,53 @@ class Walk:
         )  # fmt: skip
         self.event("step.succeeded", step_id, iteration=iteration, attempt=1)
         self.step_succeeded(step_id, result, place)
+
+    def _decided_inline(self, entry: Entry, step: Mapping[str, Any], iteration: int) -> bool:
+        """Run a code run's decider turn here, in a worker's settle, as an inline step: the
+        step it asks for is entered in this same transaction, instead of the turn waiting
+        for a worker of its lane (a claim, a replay, a settle of its own). False: not here
+        (not a worker's settle, or the turn said NotInline: a ``ctx.run`` function or a turn
+        past its budget): the walk enters it for a worker, as it always did.
+
+        The turn holds the run's lock while it replays, bounded by its budget
+        (workflows/code/budget.py) and counted as an inline step of the walk's budget."""
+        if not self.decide_inline or not isinstance(self.steps, DecidedSteps):
+            return False
+        if self.speculative and (self.carried is None or "parallel" in step):
+            # Ahead of the transaction, a turn runs only from what the previous one knew:
+            # reading the history is the ordinary walk's, under the run's lock.
+            raise NeedsTransaction("a decider's turn without the run's history")
+        if self.carried is None and self.new_steps:
+            self.insert_new_steps()  # the turn reads the run's steps: this walk's among them
+        step_id, place, type_name = entry.step_id, entry.place, str(step["type"])
+        ctx = StepContext(
+            org_id=self.run.org_id, run_id=self.run.id, step_id=step_id, iteration=iteration,
+            attempt=1, lane="inline", version_id=self.run.version_id, carried=self.carried,
+            ahead=self.speculative,
+        )  # fmt: skip
+        self.carried = None
+        try:
+            result = executor_for(type_name)(step, self.context(), ctx)
+        except (NotInline, StepDeferred):  # a worker's turn defers durably
+            return False
+        except StepFailure as exc:
+            if exc.retryable:  # a worker's turn has the lane's attempts
+                return False
+            if self.speculative:  # the run fails (and may compensate): under the lock
+                raise NeedsTransaction("a decider's turn that fails the run") from None
+            self.inline_left -= 1
+            self.add_step(step_id, iteration, type_name, "inline", StepStatus.FAILED,
+                          attempt=1, error=str(exc), place=place)  # fmt: skip
+            self.event("step.failed", step_id, iteration=iteration, attempt=1,
+                       detail={"error": str(exc)})  # fmt: skip
+            self.step_failed(step_id, str(exc), place)
+            return True
+        self.inline_left -= 1
+        self.add_step(step_id, iteration, type_name, "inline", StepStatus.DONE, attempt=1,
+                      output=result.output, place=place)  # fmt: skip
+        self.event("step.succeeded", step_id, iteration=iteration, attempt=1)
+        self.step_succeeded(step_id, result, place)
+        return True
 
     def _retry_later(self, entry: Entry, iteration: int, failure: StepFailure) -> bool:
         """A quick step failed, but not for good (no template renderer was free in time:

@@ -1,0 +1,305 @@
+"""A code run's decide turns run inline in a worker's settle (engine/walk.py
+Walk._decided_inline, docs/architecture.md "Runs decided as they go"): the step the function
+asks for next is entered in the settle's transaction, without another queue hop. Held here:
+the rows are those of a run whose every turn waits for a worker (the ordinary way), a run
+reads its history once per resume, never in a web request, a ``ctx.run`` function never
+under the run's lock, and a turn that runs too long is interrupted with a clear code."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import LazySettings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from timers.sweep import fire_due_timers
+from workflows.code.history import RUN_HISTORY
+from workflows.engine import group_settle, hops
+from workflows.models import Organisation, Run, RunEvent, Step
+from workflows.plugins.code import Context, publish_code_workflow, workflow
+from workflows.services.runs import run_start
+from workflows.services.signals import signal_send
+
+from .effect_setup import drive
+from .test_timers import make_due
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def nothing(n: int) -> int:
+    return n
+
+
+@workflow("inline-hundred", version=1)
+def hundred(ctx: Context, run_input: dict[str, Any]) -> int:
+    return sum(ctx.run(f"s{n}", nothing, n) for n in range(100))
+
+
+@workflow("inline-steps", version=1)
+def three_steps(ctx: Context, run_input: dict[str, Any]) -> str:
+    for n in (1, 2, 3):
+        ctx.step(f"s{n}", "noop")
+    return "done"
+
+
+@workflow("inline-mixed", version=1)
+def mixed(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    """Every kind of call: values recorded inline, a function, worker steps, a timer, a
+    signal's outcome, a patch, a loop of one id."""
+    started = ctx.now().isoformat()
+    first = ctx.run("price", nothing, 7)
+    ctx.step("check", "noop", output="{{ input.k }}")
+    token = str(ctx.uuid())
+    ctx.sleep("nap", "1s")
+    got = ctx.wait_signal("paid", signal="paid", correlation=run_input["k"], timeout="1h")
+    seen = ctx.step_result("again", "noop")
+    if ctx.patched("fix-x"):
+        ctx.run("fixed", nothing, 1)
+    for n in range(3):
+        ctx.step("loop", "noop", output=n)
+    return {"started": started, "first": first, "token": token, "paid": got.payload,
+            "outcome": seen.outcome}  # fmt: skip
+
+
+SPIN = {"count": 0}
+
+
+@workflow("inline-spins", version=1)
+def spins(ctx: Context, run_input: dict[str, Any]) -> None:
+    ctx.step("a", "noop")
+    SPIN["count"] += 1
+    while True:  # the workflow's own code never returns
+        pass
+
+
+# --- one read of the history per resume ----------------------------------------------------
+
+
+def history_reads(queries: CaptureQueriesContext) -> int:
+    """How many times history.RUN_HISTORY was sent."""
+    statement = RUN_HISTORY.split("%(org)s")[0]
+    return sum(
+        1 for q in queries.captured_queries if q["sql"].strip().startswith(statement.strip())
+    )
+
+
+def test_a_run_of_100_steps_resumed_100_times_reads_its_history_100_times(
+    org: Organisation,
+) -> None:
+    publish_code_workflow(org=org, name="inline-hundred", version=1)
+    run_id = run_start(org=org, automation_slug="inline-hundred", run_input={},
+                       start_key="h").run_id  # fmt: skip
+    with CaptureQueriesContext(connection) as queries:
+        drive(rounds=300)
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == ("succeeded", sum(range(100))), run.error
+    # Each ctx.run function runs in a worker's turn (100 resumes), each reading the history
+    # once; the turn that returns runs inline in the last one's settle, from what it knew.
+    resumed = RunEvent.objects.filter(run_id=run_id, kind="step.claimed", step_id="decide")
+    assert resumed.count() == 100
+    assert history_reads(queries) == 100
+    decided = Step.objects.filter(run_id=run_id, step_id="decide")
+    assert decided.count() == 101
+    assert decided.filter(lane="inline").count() == 1
+
+
+def test_the_decider_runs_inline_in_a_workers_settle_and_queues_no_turn(
+    org: Organisation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hopped: list[str] = []  # the steps whose settle was planned as a hop (engine/hops.py)
+    real = hops.plan_hop
+
+    def spied(step: Any, *args: Any, **kwargs: Any) -> Any:
+        planned = real(step, *args, **kwargs)
+        if planned is not None:
+            hopped.append(step.step_id)
+        return planned
+
+    for module in (hops, group_settle):
+        monkeypatch.setattr(module, "plan_hop", spied)
+    publish_code_workflow(org=org, name="inline-steps", version=1)
+    run_id = run_start(org=org, automation_slug="inline-steps", run_input={},
+                       start_key="s").run_id  # fmt: skip
+    first = Step.objects.get(run_id=run_id, step_id="decide")
+    assert (first.status, first.lane) == ("ready", "io")  # the start ran no workflow code
+    with CaptureQueriesContext(connection) as queries:
+        drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == ("succeeded", "done"), run.error
+    path = [(s.step_id, s.iteration, s.lane) for s in Step.objects.filter(run_id=run_id)
+            .order_by("id")]  # fmt: skip
+    assert path == [
+        ("decide", 1, "io"), ("s1", 1, "io"), ("decide", 2, "inline"), ("s2", 1, "io"),
+        ("decide", 3, "inline"), ("s3", 1, "io"), ("decide", 4, "inline"),
+    ]  # fmt: skip
+    # Only the first turn was claimed; each later one ran in its step's settle, a hop (one
+    # statement) whose walk replayed from what the turn before knew: the history was read
+    # once, by the first turn.
+    claimed = RunEvent.objects.filter(run_id=run_id, kind="step.claimed", step_id="decide")
+    assert claimed.count() == 1
+    assert history_reads(queries) == 1
+    assert hopped == ["decide", "s1", "s2", "s3"]
+
+
+def test_a_settle_that_cannot_hop_runs_the_turn_under_the_run_lock_from_the_history(
+    org: Organisation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in (hops, group_settle):  # every settle the slow way
+        monkeypatch.setattr(module, "plan_hop", lambda *args, **kwargs: None)
+    publish_code_workflow(org=org, name="inline-steps", version=1)
+    run_id = run_start(org=org, automation_slug="inline-steps", run_input={},
+                       start_key="slow").run_id  # fmt: skip
+    with CaptureQueriesContext(connection) as queries:
+        drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == ("succeeded", "done"), run.error
+    lanes = [s.lane for s in Step.objects.filter(run_id=run_id, step_id="decide").order_by("id")]
+    assert lanes == ["io", "inline", "inline", "inline"]
+    # The first turn's read, then one per settle (s1, s2, s3), in its transaction.
+    assert history_reads(queries) == 4
+
+
+# --- never in a web request, never a function under the run's lock -------------------------
+
+
+@workflow("inline-signal", version=1)
+def after_a_signal(ctx: Context, run_input: dict[str, Any]) -> Any:
+    got = ctx.wait_signal("paid", signal="paid", correlation=run_input["k"], timeout="1h")
+    CALLED.append("after")
+    return ctx.run("after", nothing, got.payload)
+
+
+CALLED: list[str] = []
+
+
+def test_a_signal_through_the_api_queues_the_turn_and_a_function_runs_on_a_worker(
+    org: Organisation, api: APIClient
+) -> None:
+    publish_code_workflow(org=org, name="inline-signal", version=1)
+    response = api.post("/api/v1/runs", {"automation": "inline-signal", "input": {"k": "o-1"},
+                                         "start_key": "w"}, format="json")  # fmt: skip
+    run_id = response.json()["id"]
+    drive()
+    CALLED.clear()
+    sent = api.post("/api/v1/signals", {"name": "paid", "correlation": "o-1", "payload": 5},
+                    format="json")  # fmt: skip
+    assert sent.status_code in (200, 201, 202), sent.json()
+    assert CALLED == []  # the request ran no workflow code
+    turn = Step.objects.filter(run_id=run_id, step_id="decide").order_by("-id").first()
+    assert turn is not None and (turn.status, turn.lane) == ("ready", "io")
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == ("succeeded", 5), run.error
+    # The function was called by a worker's turn (claimed), not by a turn inline in a settle.
+    after = Step.objects.get(run_id=run_id, step_id="after")
+    turns = list(Step.objects.filter(run_id=run_id, step_id="decide").order_by("id"))
+    asked = [t for t in turns if isinstance(t.output, dict) and t.output["call"]["id"] == "after"]
+    assert len(asked) == 1 and asked[0].lane == "io" and after.output == 5
+
+
+# --- the budget of a turn --------------------------------------------------------------------
+
+
+@pytest.fixture
+def short_turns(settings: LazySettings) -> Iterator[None]:
+    settings.WAYMARK = {**settings.WAYMARK, "CODE_TURN_MS": 200.0}
+    yield
+
+
+def test_a_turn_that_never_returns_is_interrupted_and_fails_the_run_with_its_code(
+    org: Organisation, short_turns: None
+) -> None:
+    publish_code_workflow(org=org, name="inline-spins", version=1)
+    run_id = run_start(org=org, automation_slug="inline-spins", run_input={},
+                       start_key="x").run_id  # fmt: skip
+    SPIN["count"] = 0
+    drive()  # returns: no worker thread is left spinning
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed"
+    assert "code_turn_budget_exceeded" in run.error
+    # Interrupted inline in a's settle first, then on a worker, attempt after attempt.
+    failed = Step.objects.get(run_id=run_id, step_id="decide", iteration=2)
+    assert (failed.lane, failed.status) == ("io", "failed")
+    assert "code_turn_budget_exceeded" in failed.error
+    assert SPIN["count"] == 1 + failed.attempt
+
+
+# --- the same rows as a run whose every turn waits for a worker ---------------------------
+
+
+def rows_of(run_id: int) -> dict[str, Any]:
+    """What a run wrote, but for how its turns were run (the decide rows' lane, attempt,
+    owner and claim events) and what differs between two runs (ids, times, the values
+    ctx.now() and ctx.uuid() made)."""
+    run = Run.objects.get(pk=run_id)
+    steps = [
+        (s.step_id, s.iteration, s.type, s.status, s.error,
+         None if s.step_id in ("ctx.now", "ctx.uuid") else _plain(s.output))
+        for s in Step.objects.filter(run_id=run_id).order_by("id")
+    ]  # fmt: skip
+    events = [
+        (e.kind, e.step_id, e.iteration)
+        for e in RunEvent.objects.filter(run_id=run_id).order_by("id")
+        if e.step_id != "decide" and e.kind not in ("step.ready", "step.claimed")
+    ]
+    output = dict(run.output or {})
+    for made in ("started", "token"):
+        output.pop(made, None)
+    return {"status": run.status, "error": run.error, "output": output, "steps": steps,
+            "events": events, "entered": run.entered}  # fmt: skip
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict) and isinstance(value.get("call"), dict):
+        call = value["call"]
+        if call.get("id") in ("ctx.now", "ctx.uuid"):
+            return {**value, "call": {**call, "output": "<made>"}}
+    return value
+
+
+def _timeless(text: str) -> str:
+    """A wait's due time, a signal's identity and the uuid made (each run's own) set aside."""
+    return re.sub(r"\d{4}-\d\d-\d\dT[\d:.+]+|sha256:[0-9a-f]+|[0-9a-f]{8}-[0-9a-f-]{27}",
+                  "<own>", text)  # fmt: skip
+
+
+def run_mixed(org: Organisation, key: str) -> int:
+    run_id = run_start(org=org, automation_slug="inline-mixed", run_input={"k": key},
+                       start_key=key).run_id  # fmt: skip
+    drive()
+    make_due(run_id=run_id)
+    assert fire_due_timers().fired == 1
+    drive()
+    signal_send(org=org, name="paid", correlation=key, payload={"amount": 3})
+    drive()
+    return run_id
+
+
+def test_deciding_inline_writes_what_deciding_on_a_worker_writes(
+    org: Organisation, settings: LazySettings
+) -> None:
+    publish_code_workflow(org=org, name="inline-mixed", version=1)
+    settings.WAYMARK = {**settings.WAYMARK, "CODE_DECIDE_INLINE": False}
+    ordinary = run_mixed(org, "k")
+    settings.WAYMARK = {**settings.WAYMARK, "CODE_DECIDE_INLINE": True}
+    inline = run_mixed(org, "k2")
+    reference, rows = rows_of(ordinary), rows_of(inline)
+    assert reference["status"] == "succeeded", reference["error"]
+    assert reference["output"] == {"first": 7, "paid": {"amount": 3}, "outcome": "ok"}
+    for name in reference:
+        if name == "steps":
+            continue
+        assert rows[name] == reference[name], name
+    # Step by step, with the correlation key of each run's input set aside.
+    assert [r[:5] for r in rows["steps"]] == [r[:5] for r in reference["steps"]]
+    mine = [_timeless(str(r[5]).replace("k2", "k")) for r in rows["steps"]]
+    assert mine == [_timeless(str(r[5])) for r in reference["steps"]]
+    # The fast path was taken: turns ran inline, and fewer waited for a worker.
+    lanes = Step.objects.filter(run_id=inline, step_id="decide", lane="inline").count()
+    assert lanes > 0
+    assert not Step.objects.filter(run_id=ordinary, step_id="decide", lane="inline").exists()
