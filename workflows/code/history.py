@@ -80,12 +80,13 @@ class History:
 
 def read_history(
     *, org_id: int, run_id: int, decider_type: str, decider_id: str,
-    latest: Mapping[str, Any] | None, cuts: Any = None,
+    latest: Mapping[str, Any] | None, cuts: Any = None, deciding_at: Where | None = None,
 ) -> History:  # fmt: skip
     """The run's recorded steps. ``decider_id``: the deciding turn's step (the run's decider,
     or a branch's); ``latest``: its output among the run's outputs now, which notes the
     outcome of the step that has just ended where it decides (not yet recorded); ``cuts``:
-    the re-runs' cuts among the run's outputs (``REPLAY_CUTS``)."""
+    the re-runs' cuts among the run's outputs (``REPLAY_CUTS``); ``deciding_at``: where the
+    deciding turn is entered, when known (otherwise its newest row's place)."""
     with connection.cursor() as cursor:
         cursor.execute(RUN_HISTORY, {"org": org_id, "run": run_id})
         rows = fetch_dicts(cursor)
@@ -108,6 +109,11 @@ def read_history(
                 if RETURNED in output and row["status"] == "done":
                     history.returned[at] = output[RETURNED]
             continue
+        if row["status"] == StepStatus.CANCELLED:
+            # Ended by the run's end (a failure, a cancel) or by a join that completed
+            # without its branch: no call returned from it. A retry enters it again as a row
+            # of its own, which the replay reads instead.
+            continue
         if row["type"] in joins:
             # Its ctx.parallel's row names it (output.join_row): replay reads it from there.
             history.joins[row["id"]] = Join(status=row["status"])
@@ -118,6 +124,8 @@ def read_history(
         )  # fmt: skip
     for _, kept in pending:
         del top[kept:]
+    if deciding_at is not None:  # a turn run inline: its own row is written after it
+        history.deciding_at = deciding_at
     if latest is not None:
         _with_outcome(history.places.setdefault(history.deciding_at, []), ended_before(latest))
     return history

@@ -140,7 +140,8 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     except TurnOverBudget as over:
         if inline:  # a worker's turn has a budget of its own, and the lane's attempts
             raise NotInline(str(over)) from None
-        raise StepFailure(str(over)) from None
+        # The lane's usual attempts (the code type allows more, for ctx.run's retries only).
+        raise StepFailure(str(over), retryable=ctx.attempts_used < usual) from None
     except CodeFailure as failure:
         raise StepFailure(str(failure), retryable=False) from None
     except StepFailed as failed:  # not caught by the function: the run fails with it
@@ -174,8 +175,10 @@ def _turn_history(
         return History(places={TOP: carried})
     if ctx.ahead:  # a hop's walk reads nothing: the ordinary walk does
         raise NeedsTransaction("a turn that reads the run's history")
+    # Inline, the turn's own row is written after it: its place is the walk's.
+    at = (ctx.fork_join, ctx.branch) if ctx.lane == "inline" else None
     return read_history(org_id=ctx.org_id, run_id=ctx.run_id, decider_type=CODE.name,
-                        decider_id=decider_id, latest=latest, cuts=cut)  # fmt: skip
+                        decider_id=decider_id, latest=latest, cuts=cut, deciding_at=at)  # fmt: skip
 
 
 def _carried(step: Mapping[str, Any], history: History, asked: Mapping[str, Any]) -> Turn | None:

@@ -163,6 +163,8 @@ class SagaWalk(Protocol):
 
     def finish_run(self, status: str, *, output: Any = None, error: str = "") -> None: ...
 
+    def insert_new_steps(self) -> None: ...
+
 
 class Compensation:
     """One walk's view of its run's compensation (``walk.sagas``)."""
@@ -246,6 +248,8 @@ class Compensation:
         """A code run's plan: one entry per compensation its function registered, latest
         registered first (each follows the execution it undoes), with the whole step."""
         walk = self.walk
+        # A record this walk made (a turn decided inline) is read with the others.
+        walk.insert_new_steps()
         params = {"org": walk.run.org_id, "run": walk.run.id, "record": COMPENSATION_RECORD}
         walk.cursor.execute(RECORDED_COMPENSATIONS, params)
         recorded = [_plain(row["output"]) for row in fetch_dicts(walk.cursor)]

@@ -142,6 +142,11 @@ class StepContext:
     # Run inline in a walk ahead of its transaction (a hop's): the executor reads nothing,
     # and raises speculative.NeedsTransaction for what it would have to read.
     ahead: bool = False
+    # Where a step run inline in the walk is entered (its join row and branch, inside a
+    # parallel): its row is written after it ran, so a decider's turn (workflows/code) that
+    # reads the run's rows learns its own place here.
+    fork_join: int | None = None
+    branch: int | None = None
 
     @property
     def effect_key(self) -> str:

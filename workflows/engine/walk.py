@@ -561,7 +561,7 @@ class Walk:
         ctx = StepContext(
             org_id=self.run.org_id, run_id=self.run.id, step_id=step_id, iteration=iteration,
             attempt=1, lane="inline", version_id=self.run.version_id, carried=self.carried,
-            ahead=self.speculative,
+            ahead=self.speculative, fork_join=place.fork_join, branch=place.branch,
         )  # fmt: skip
         self.carried = None
         try:
