@@ -56,10 +56,10 @@ def twin_automations() -> st.SearchStrategy[Automation]:
 def module_source(workflows: dict[str, Automation], *, doc: str = "") -> str:
     """A module registering each automation as the code workflow of its name, version 1."""
     lines = [f'"""{doc or "Code workflows written from drawn automations."}"""', "",
-             "from typing import Any", "", "from workflows.plugins.code import Context, workflow",
-             ""]  # fmt: skip
+             "from typing import Any", "", "from workflows.plugins.code import Context, workflow"
+             ]  # fmt: skip
     for n, (name, automation) in enumerate(workflows.items()):
-        lines += ["", *function_source(name, f"twin_{n}", automation)]
+        lines += ["", "", *function_source(name, f"twin_{n}", automation)]
     return "\n".join(lines) + "\n"
 
 
