@@ -290,12 +290,15 @@ def singles() -> st.SearchStrategy[Block]:
     )
 
 
-def blocks(depth: int = 2, *, parallel: bool = True) -> st.SearchStrategy[Block]:
-    """Mostly single steps (so every type meets every other often), sometimes a shape;
-    ``parallel=False`` leaves parallel branches out (a code workflow's twin without them)."""
+def blocks(
+    depth: int = 2, *, parallel: bool = True, nested_parallel: bool = True
+) -> st.SearchStrategy[Block]:
+    """Mostly single steps (so every type meets every other often), sometimes a shape.
+    ``parallel=False`` leaves parallel branches out; ``nested_parallel=False`` keeps them out
+    of a parallel's own branches (what a code workflow's twin can express)."""
     if depth == 0:
         return singles()
-    inner = sequences(depth - 1, max_size=3, parallel=parallel)
+    inner = sequences(depth - 1, max_size=3, parallel=parallel, nested_parallel=nested_parallel)
     shapes = [
         singles(),
         singles(),
@@ -304,16 +307,16 @@ def blocks(depth: int = 2, *, parallel: bool = True) -> st.SearchStrategy[Block]
         st.builds(Loop, inner, st.integers(1, 2)),
     ]
     if parallel:
-        shapes.insert(4, st.builds(Parallel, st.lists(inner, min_size=2, max_size=3).map(tuple)))
+        branch = inner if nested_parallel else sequences(depth - 1, max_size=3, parallel=False)
+        shapes.insert(4, st.builds(Parallel, st.lists(branch, min_size=2, max_size=3).map(tuple)))
     return st.one_of(*shapes)
 
 
 def sequences(
-    depth: int = 2, *, max_size: int = 6, parallel: bool = True
+    depth: int = 2, *, max_size: int = 6, parallel: bool = True, nested_parallel: bool = True
 ) -> st.SearchStrategy[Sequence]:
-    return st.lists(blocks(depth, parallel=parallel), min_size=1, max_size=max_size).map(
-        lambda items: Sequence(tuple(items))
-    )
+    drawn = blocks(depth, parallel=parallel, nested_parallel=nested_parallel)
+    return st.lists(drawn, min_size=1, max_size=max_size).map(lambda items: Sequence(tuple(items)))
 
 
 @dataclass

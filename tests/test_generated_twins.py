@@ -62,10 +62,10 @@ EXAMPLES = int(os.environ.get("WAYMARK_GENERATED_EXAMPLES", "8"))
 # Automations per engine: the engine's processes register the twins when they start.
 BATCH = min(EXAMPLES, 8)
 BATCHES = math.ceil(EXAMPLES / BATCH)
-LEFT_OUT_OF_CODE = ("decide", "~continue")  # the decider's turns; a definition's own rows
-# Rows of ctx.parallel's own fork and meeting, whatever ids they take: the definition's
-# parallel and join steps are left out as control flow too (generated_twins.structural_ids).
-CONTROL_TYPES = ("parallel", "join")
+# The code run's own rows: its deciders' turns (``decide``, and a parallel branch's
+# ``<id>.<n>``), and ctx.parallel's fork and meeting (the definition's parallel and join
+# steps are left out as control flow too: generated_twins.structural_ids).
+CODE_OWN_TYPES = ("code", "parallel", "join")
 Row = tuple[str, int, str, str]  # step id, iteration, type, status
 
 
@@ -230,8 +230,8 @@ def compare(harness: Harness, pair: Twins, finished: dict[int, Run], at_stubs: C
              f"{json.dumps(automation.definition)}\nand its twin:\n{source}")  # fmt: skip
     left_out = structural_ids(automation)
     by_definition = entered(defined.pk, leave_out=left_out)
-    by_code = [row for row in entered(coded.pk, leave_out=left_out | set(LEFT_OUT_OF_CODE))
-               if not row[0].startswith("ctx.") and row[2] not in CONTROL_TYPES]  # fmt: skip
+    by_code = [row for row in entered(coded.pk, leave_out=left_out)
+               if not row[0].startswith("ctx.") and row[2] not in CODE_OWN_TYPES]  # fmt: skip
     if has_parallel(automation):  # branches interleave as their steps end: order is theirs
         assert Counter(by_code) == Counter(by_definition), f"{where}: steps differ"
     else:
@@ -252,7 +252,8 @@ def compare(harness: Harness, pair: Twins, finished: dict[int, Run], at_stubs: C
 
 def entered(run_id: int, *, leave_out: set[str]) -> list[Row]:
     """The run's step rows in the order entered, but those left out."""
-    rows = Step.objects.filter(run_id=run_id).exclude(step_id__in=leave_out).order_by("id")
+    rows = Step.objects.filter(run_id=run_id).exclude(step_id__in={*leave_out, "~continue"})
+    rows = rows.order_by("id")
     return [(s.step_id, s.iteration, s.type, s.status) for s in rows]
 
 
