@@ -13,15 +13,17 @@ scripted person and sender, and the two runs must have:
 
 - made the same effects: the same (step, iteration) pairs at the stubs, each as often;
 - entered the same steps: the same (step id, iteration, type, status) rows in the same
-  order, leaving out the code run's ``decide`` turns and ``ctx.*`` records and the
-  definition's control flow (branches, the loop's branch back, the end), which the twin
-  writes as Python;
+  order (as multisets where parallel branches interleave), leaving out the code run's own
+  rows (its deciders' turns, ``ctx.*`` records, ctx.parallel's fork and join) and the
+  definition's control flow (branches, the loop's branch back, parallel and join, the end),
+  which the twin writes as Python;
 - ended the same (status and output); and both entered what the input predicts.
 
-A difference fails, and Hypothesis shrinks it to a small automation (its definition and its
-twin's source are in the message). The engine's processes import the modules at start, so
-each Hypothesis example is a batch of automations, on an engine started for it.
-``WAYMARK_GENERATED_EXAMPLES`` sets about how many automations one test run draws (8 here),
+A difference fails, naming the pair's definition and its twin's source, and Hypothesis
+shrinks the batch's automations (for up to its five minutes of shrinking). The engine's
+processes import the modules at start, so each Hypothesis example is a batch of up to 8
+automations, on an engine started for it. ``WAYMARK_GENERATED_EXAMPLES`` sets about how
+many automations one test run draws (8 here, in batches of 8),
 ``WAYMARK_GENERATED_REPORT`` a file where it appends what it checked (one JSON line);
 ``benchmarks/generated_automations.py --twin`` runs the long form.
 """
