@@ -23,6 +23,7 @@ import signal as signals
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from rest_framework.test import APIClient
 from approvals.models import ApprovalRequest, DecisionAttempt
 from timers.models import Timer
 from workflows.models import Organisation, Run, RunEvent, Signal, Step
-from workflows.plugins.code import publish_code_workflow
+from workflows.plugins.code import Context, publish_code_workflow
 
 from . import code_crash_workflow
 from .effect_setup import connect
@@ -50,6 +51,7 @@ from .test_approvals_setup import (
     click_decided,
     click_payload,
     last_click,
+    pass_deadline,
     slack_connection,
     slack_post,
 )
@@ -75,9 +77,9 @@ POINTS = {
 }
 # Not reached by a run of this workflow: schedules.before_advance (a scheduled start;
 # tests/test_schedules.py kills it).
+# The suite's subset: one point in each part of the workflow (the effect, the zoned sleep's
+# timer, the signal, the approval), each in the process that reaches it.
 SUITE_POINTS = [
-    "run_start.after_commit",
-    "worker.after_claim",
     "effect.after_answer",
     "timers.before_batch_commit",
     "signal.after_consume",
@@ -110,9 +112,13 @@ class Engine:
     def __init__(self, log: Path, **env: str) -> None:
         with log.open("ab") as out:
             self.processes = [
-                subprocess.Popen([sys.executable, "manage.py", *role], cwd=ROOT,
-                                 env=engine_env(**ENV, **env), stdout=out,
-                                 stderr=subprocess.STDOUT)  # fmt: skip
+                subprocess.Popen(
+                    [sys.executable, "manage.py", *role],
+                    cwd=ROOT,
+                    env=engine_env(**ENV, **env),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
                 for role in ROLES
             ]
 
@@ -140,8 +146,8 @@ class Engine:
 @dataclass
 class World:
     """What the runs wait for, each done once: the morning comes, the signal is sent (before
-    the receiving run waits: an engine process consumes it), the late run's hour passes, the
-    approver clicks in Slack."""
+    the receiving run waits: an engine process consumes it) and the approver approves in
+    Slack; for the late run, the signal's hour passes and so does the approval's day."""
 
     org: Organisation
     api: APIClient
@@ -157,8 +163,9 @@ class World:
     def act(self) -> None:
         for run_id in self.runs():
             self._morning(run_id)
-            self._click(run_id, "waymark_approve" if run_id == self.receiving else "waymark_reject")
         self._hour_passes(self.late)
+        self._click(self.receiving)
+        self._day_passes(self.late)
 
     def once(self, what: str, run_id: int) -> bool:
         if (what, run_id) in self.done:
@@ -191,7 +198,7 @@ class World:
             cursor.execute("UPDATE workflows_step SET wake_at = now() - interval '1 second' "
                            "WHERE id = %s AND status = 'waiting'", [waiting.pk])  # fmt: skip
 
-    def _click(self, run_id: int, action: str) -> None:
+    def _click(self, run_id: int) -> None:
         """Once the approval's message is in Slack, and its request knows it, its approver
         presses a button: signed as Slack signs it, to the real interactions endpoint. (A
         click before the worker recorded the post is refused as wrong_workspace: the
@@ -202,9 +209,18 @@ class World:
         if message is None or not recorded.exists() or not self.once("click", run_id):
             return
         after = last_click()
-        answer = slack_post(Client(), click_payload(message, action=action))
+        answer = slack_post(Client(), click_payload(message))
         assert (answer.status_code, answer.json()["code"]) == (200, "received"), answer.json()
         assert click_decided(after)["code"] == "accepted", click_decided(after)
+
+    def _day_passes(self, run_id: int) -> None:
+        """The late run's approval is never answered: once its message is posted, its day
+        passes (the database's clock)."""
+        posted = ApprovalRequest.objects.filter(run_id=run_id, status="pending").exclude(
+            slack_team_id="").first()  # fmt: skip
+        if posted is None or not self.once("day", run_id):
+            return
+        pass_deadline(posted)
 
 
 def _effect_key(message: dict[str, Any]) -> str:
@@ -320,24 +336,28 @@ def assert_ended_as_the_code_says(world: World) -> None:
     receiving = Run.objects.get(pk=world.receiving)
     assert (receiving.status, receiving.error) == ("succeeded", ""), stuck(world.runs())
     (item,) = [i for i in world.provider.created if i["key"].startswith(f"{world.receiving}/")]
+    pair = ["left", "right"] if hasattr(Context, "parallel") else []
     assert receiving.output == {"charge": item["id"], "paid": {"amount": 12},
-                                "approved_by": "alice", "pair": []}  # fmt: skip
+                                "approved_by": "alice", "pair": pair}  # fmt: skip
     late = Run.objects.get(pk=world.late)
     assert late.status == "failed"
-    assert late.error.endswith(
-        "workflow_failed: not approved (rejected), payment timed out"
-    ), late.error
+    assert late.error.endswith("workflow_failed: not approved (timed_out), payment timed out"), (
+        late.error
+    )
 
 
 # What a step's events say on its way, not at its end.
 ON_THE_WAY = ("step.ready", "step.claimed", "step.released", "step.deferred", "step.waiting",
-              "step.retry_scheduled", "step.retry_later")  # fmt: skip
+              "step.retry_scheduled", "step.retry_later", "step.retry_due")  # fmt: skip
 
 
-def ends_of(run_id: int, step_id: str) -> int:
-    """How many events ended the step (step.succeeded, step.timer_fired, step.approval, ...)."""
+def ended_once(run_id: int, step_id: str) -> bool:
+    """Whether the step's events say it moved on once: each of its other events
+    (step.succeeded, step.timer_fired, step.approval, step.deadline_passed, ...) at most
+    once, and at least one of them."""
     rows = RunEvent.objects.filter(run_id=run_id, step_id=step_id, kind__startswith="step.")
-    return rows.exclude(kind__in=ON_THE_WAY).count()
+    kinds = Counter(rows.exclude(kind__in=ON_THE_WAY).values_list("kind", flat=True))
+    return bool(kinds) and set(kinds.values()) == {1}
 
 
 def events_of(run_id: int) -> str:
@@ -350,21 +370,31 @@ def assert_each_effect_once(world: World) -> None:
         # The charge made once, whatever attempts reached the stub under its key.
         made = [i for i in world.provider.created if i["key"].startswith(f"{run_id}/charge/1")]
         assert len(made) == 1, world.provider.created
-        # One Slack message, one request, one accepted decision.
+        # One Slack message and one request, decided once: approved in Slack, or expired.
         posted = [m for m in world.slack.messages if _effect_key(m).startswith(f"{run_id}/ask/1")]
         assert len(posted) == 1, [_effect_key(m) for m in world.slack.messages]
         (request,) = ApprovalRequest.objects.filter(run_id=run_id)
         accepted = DecisionAttempt.objects.filter(approval=request, accepted=True)
-        assert accepted.count() == 1
+        approved = run_id == world.receiving
+        assert (request.status, accepted.count()) == (
+            ("approved", 1) if approved else ("expired", 0)
+        )
         # Each step the code called entered once, and ended once.
         steps = Step.objects.filter(run_id=run_id).exclude(step_id="decide")
-        assert sorted(s.step_id for s in steps) == ["ask", "charge", "morning", "paid"]
+        entered = [s.step_id for s in steps]
+        assert {"ask", "charge", "morning", "paid"} <= set(entered), entered
+        assert len(entered) == len(set(entered)), entered  # none entered twice
         assert {s.status for s in steps} == {"done"}, stuck([run_id])
         for step_id in ("charge", "morning", "paid", "ask"):
-            assert ends_of(run_id, step_id) == 1, events_of(run_id)
+            assert ended_once(run_id, step_id), events_of(run_id)
         settled = RunEvent.objects.filter(run_id=run_id, kind="effect.settled")
         assert sorted(settled.values_list("step_id", flat=True)) == ["ask", "charge"]
         assert Timer.objects.filter(run_id=run_id, fired_at__isnull=False).count() == 1
+    if hasattr(Context, "compensate_with"):  # the late run failed: its charge undone, once
+        refunds = [i["body"] for i in world.provider.created if "refund" in (i["body"] or {})]
+        (late_charge,) = [i["id"] for i in world.provider.created
+                          if i["key"].startswith(f"{world.late}/charge/1")]  # fmt: skip
+        assert refunds == [{"refund": late_charge}], refunds
     assert Signal.objects.get(org=world.org, identity="pay-1").consumed_by == (
         f"{world.receiving}/paid/1"
     )
