@@ -39,6 +39,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest, DecisionAttempt
+from effects.models import Effect
 from timers.models import Timer
 from workflows.models import Organisation, Run, RunEvent, Signal, Step
 from workflows.plugins.code import Context, publish_code_workflow
@@ -214,13 +215,14 @@ class World:
         assert click_decided(after)["code"] == "accepted", click_decided(after)
 
     def _day_passes(self, run_id: int) -> None:
-        """The late run's approval is never answered: once its message is posted, its day
-        passes (the database's clock)."""
-        posted = ApprovalRequest.objects.filter(run_id=run_id, status="pending").exclude(
-            slack_team_id="").first()  # fmt: skip
-        if posted is None or not self.once("day", run_id):
+        """The late run's approval is never answered: once its step waits on it (its message
+        posted), its day passes (the database's clock). Not before it waits: the step would
+        park with its deadline a day away."""
+        parked = Step.objects.filter(run_id=run_id, step_id="ask", status="waiting").exists()
+        pending = ApprovalRequest.objects.filter(run_id=run_id, status="pending").first()
+        if not parked or pending is None or not self.once("day", run_id):
             return
-        pass_deadline(posted)
+        pass_deadline(pending)
 
 
 def _effect_key(message: dict[str, Any]) -> str:
@@ -233,7 +235,10 @@ def world(org: Organisation, api: APIClient) -> Iterator[World]:
     with ExitStack() as stack:
         provider = stack.enter_context(ProviderStub(idempotent=True))
         slack = stack.enter_context(SlackStub())
-        connect(org, base_url=provider.url, options={"idempotency_keys": True})
+        # A call's lease is its timeout and a margin: one left in flight by a dead worker is
+        # reconciled once that lapses (30 s by default).
+        connect(org, base_url=provider.url, options={"idempotency_keys": True},
+                timeout_seconds=5)  # fmt: skip
         slack_connection(org, slack.url)
         publish_code_workflow(org=org, name=code_crash_workflow.NAME, version=1)
         yield World(org=org, api=api, provider=provider, slack=slack)
@@ -292,7 +297,11 @@ def drive(world: World, engine: Engine, *, until_crash: bool) -> None:
 
 def stuck(run_ids: list[int]) -> str:
     rows = Step.objects.filter(run_id__in=run_ids).exclude(status="done").order_by("id")
-    return str([(s.run_id, s.step_id, s.status, s.wait_kind, s.error[:200]) for s in rows])
+    steps = [(s.run_id, s.step_id, s.status, s.wait_kind, s.error[:200]) for s in rows]
+    effects = Effect.objects.filter(run_id__in=run_ids).values_list("run_id", "step_id", "state")
+    return f"steps not done {steps}, effects {list(effects)}\n" + "\n".join(
+        events_of(run_id) for run_id in run_ids
+    )
 
 
 # --- the matrix -----------------------------------------------------------------------------
