@@ -4,16 +4,16 @@ approval answered in Slack (tests/code_crash_workflow.py).
 
 For each crash point, the engine's processes (relay, sweep, an io and a human worker) start
 with WAYMARK_CRASH_AT set to it; the test plays the outside world (the zoned sleep's morning
-comes, the signal, the Slack click) until one of them dies at that point; the others are
-stopped, fresh ones without the crash take over, and the runs are driven to their end. Then:
-each effect reached its stub once, one Slack message and one decision per run, every step of
-the code entered once, each run ended as its code says, and no process logged a traceback or
-an engine_error.
+comes, the signal, the Slack click, the late run's deadlines pass) until one of them dies at
+that point; the others are stopped, fresh ones without the crash take over, and the runs are
+driven to their end. Then: each effect reached its stub once, one Slack message per run
+decided once (approved, or expired), every step of the code entered and ended once, each run
+ended as its code says, and no process logged a traceback or an engine_error.
 
-The whole matrix takes minutes on a loaded machine: the suite runs SUITE_POINTS (one point per
-kind of process that can die mid-run: worker, effect ledger, sweep's timers, signal
-consumption, approval decision, the start); `benchmarks/code_workflow_crashes.sh` runs every
-point (WAYMARK_CRASH_MATRIX=all)."""
+The whole matrix (ten points) takes one and a half to seven minutes on the shared 2-core
+machine, by its load; the suite runs SUITE_POINTS, one point in each part of the workflow
+(about 45 s to four minutes), and `benchmarks/code_workflow_crashes.py` runs every point
+(WAYMARK_CRASH_MATRIX=all)."""
 
 from __future__ import annotations
 
