@@ -290,25 +290,33 @@ def singles() -> st.SearchStrategy[Block]:
     )
 
 
-def blocks(depth: int = 2) -> st.SearchStrategy[Block]:
-    """Mostly single steps (so every type meets every other often), sometimes a shape."""
+def blocks(
+    depth: int = 2, *, parallel: bool = True, nested_parallel: bool = True
+) -> st.SearchStrategy[Block]:
+    """Mostly single steps (so every type meets every other often), sometimes a shape.
+    ``parallel=False`` leaves parallel branches out; ``nested_parallel=False`` keeps them out
+    of a parallel's own branches (what a code workflow's twin can express)."""
     if depth == 0:
         return singles()
-    inner = sequences(depth - 1, max_size=3)
-    return st.one_of(
+    inner = sequences(depth - 1, max_size=3, parallel=parallel, nested_parallel=nested_parallel)
+    shapes = [
         singles(),
         singles(),
         singles(),
         st.builds(Branch, st.sampled_from(FLAGS), inner, inner),
-        st.builds(Parallel, st.lists(inner, min_size=2, max_size=3).map(tuple)),
         st.builds(Loop, inner, st.integers(1, 2)),
-    )
+    ]
+    if parallel:
+        branch = inner if nested_parallel else sequences(depth - 1, max_size=3, parallel=False)
+        shapes.insert(4, st.builds(Parallel, st.lists(branch, min_size=2, max_size=3).map(tuple)))
+    return st.one_of(*shapes)
 
 
-def sequences(depth: int = 2, *, max_size: int = 6) -> st.SearchStrategy[Sequence]:
-    return st.lists(blocks(depth), min_size=1, max_size=max_size).map(
-        lambda items: Sequence(tuple(items))
-    )
+def sequences(
+    depth: int = 2, *, max_size: int = 6, parallel: bool = True, nested_parallel: bool = True
+) -> st.SearchStrategy[Sequence]:
+    drawn = blocks(depth, parallel=parallel, nested_parallel=nested_parallel)
+    return st.lists(drawn, min_size=1, max_size=max_size).map(lambda items: Sequence(tuple(items)))
 
 
 @dataclass
@@ -338,7 +346,7 @@ class Automation:
 
     def decision_for(self, step_id: str) -> str:
         """What the scripted person answers at ``step_id`` (an approval or a task)."""
-        for block in _walk(self.body):
+        for block in walk(self.body):
             if isinstance(block, Person) and block.ids[0] == step_id:
                 return block.decision
         raise KeyError(step_id)
@@ -346,10 +354,10 @@ class Automation:
     def signal_sent(self, step_id: str) -> bool:
         """Whether the signal of the signal wait ``step_id`` is sent (else it times out)."""
         return any(isinstance(b, SignalWait) and b.sent and b.ids[0] == step_id
-                   for b in _walk(self.body))  # fmt: skip
+                   for b in walk(self.body))  # fmt: skip
 
 
-def _walk(block: Block) -> Iterator[Block]:
+def walk(block: Block) -> Iterator[Block]:
     yield block
     children: tuple[Block, ...] = ()
     if isinstance(block, Sequence):
@@ -361,7 +369,7 @@ def _walk(block: Block) -> Iterator[Block]:
     elif isinstance(block, Loop):
         children = (block.body,)
     for child in children:
-        yield from _walk(child)
+        yield from walk(child)
 
 
 def _fresh(block: Block) -> Any:
