@@ -109,11 +109,6 @@ def read_history(
                 if RETURNED in output and row["status"] == "done":
                     history.returned[at] = output[RETURNED]
             continue
-        if row["status"] == StepStatus.CANCELLED:
-            # Ended by the run's end (a failure, a cancel) or by a join that completed
-            # without its branch: no call returned from it. A retry enters it again as a row
-            # of its own, which the replay reads instead.
-            continue
         if row["type"] in joins:
             # Its ctx.parallel's row names it (output.join_row): replay reads it from there.
             history.joins[row["id"]] = Join(status=row["status"])
@@ -124,6 +119,9 @@ def read_history(
         )  # fmt: skip
     for _, kept in pending:
         del top[kept:]
+    for where, place in history.places.items():
+        if where != TOP:  # (the top level's cancelled steps are entered again by a re-run's cut)
+            history.places[where] = _without_reentered(place)
     if deciding_at is not None:  # a turn run inline: its own row is written after it
         history.deciding_at = deciding_at
     if latest is not None:
@@ -198,3 +196,17 @@ def history_after(
                                        StepStatus.DONE, ended["output"])]  # fmt: skip
     _with_outcome(history, ended_before(latest))
     return history
+
+
+def _without_reentered(place: list[Recorded]) -> list[Recorded]:
+    """A branch's steps less those cancelled and entered again after (a retry of a run whose
+    failure cancelled them, engine/forks.py revive_forks): no call returned from the cancelled row, and
+    the replay reads the row entered again instead."""
+    later: set[str] = set()
+    kept: list[Recorded] = []
+    for recorded in reversed(place):
+        if not (recorded.status == StepStatus.CANCELLED and recorded.step_id in later):
+            kept.append(recorded)
+        later.add(recorded.step_id)
+    kept.reverse()
+    return kept
