@@ -200,8 +200,8 @@ def history_after(
 
 def _without_reentered(place: list[Recorded]) -> list[Recorded]:
     """A branch's steps less those cancelled and entered again after (a retry of a run whose
-    failure cancelled them, engine/forks.py revive_forks): no call returned from the cancelled row, and
-    the replay reads the row entered again instead."""
+    failure cancelled them, engine/forks.py revive_forks): no call returned from the
+    cancelled row, and the replay reads the row entered again instead."""
     later: set[str] = set()
     kept: list[Recorded] = []
     for recorded in reversed(place):
