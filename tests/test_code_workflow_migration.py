@@ -62,6 +62,14 @@ def fourth(ctx: Context, run_input: dict[str, Any]) -> str:
     raise RuntimeError("broken on every history")
 
 
+@workflow("code-move", version=6)
+def sixth(ctx: Context, run_input: dict[str, Any]) -> str:
+    """Never gets past its first recorded step: its code between steps spins."""
+    ctx.run("a", called, "a")
+    while True:
+        pass
+
+
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
     CALLS.clear()
@@ -75,7 +83,7 @@ def sleeping_run(org: Organisation) -> tuple[int, dict[int, int]]:
                        start_key="m1").run_id  # fmt: skip
     drive()
     assert Step.objects.get(run_id=run_id, step_id="nap").status == "waiting"
-    for version in (2, 3, 4):
+    for version in (2, 3, 4, 6):
         numbers[version] = publish_code_workflow(org=org, name="code-move", version=version).number
     CALLS.clear()
     return run_id, numbers
@@ -150,6 +158,17 @@ def test_a_code_run_whose_history_the_new_code_does_not_fit_stays_with_the_reaso
     drive()
     run.refresh_from_db()
     assert (run.status, run.output) == ("succeeded", "b")
+
+
+def test_code_that_spins_in_the_dry_replay_is_cut_at_the_turn_budget_and_the_run_stays(
+    org: Organisation, settings: Any
+) -> None:
+    run_id, numbers = sleeping_run(org)
+    settings.WAYMARK = {**settings.WAYMARK, "CODE_TURN_MS": 200.0}
+    report = dry_run(plan_to(org, numbers, 6))  # as a web request's preview does: it returns
+    assert report.would_move == 0
+    assert report.cannot["code_turn_budget_exceeded"]["sample"] == [run_id]
+    assert Run.objects.get(pk=run_id).version.number == numbers[1]
 
 
 def test_a_migration_to_a_version_not_registered_here_is_refused(

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..engine.decided import deciding_step
 from ..services.replays import Replays, RunData
+from .budget import TurnOverBudget, turn_budget_seconds, within
 from .context import CODE_TYPE, DECIDER_ID, CodeFailure, Context, Suspended
 from .history import REPLAY_CUTS, TOP, newest_row, read_history, replay_cuts
 from .registry import registered
@@ -54,10 +55,15 @@ def replay_misfit(run: RunData, definition: Mapping[str, Any]) -> str | None:
     )  # fmt: skip
     replay = Context(run_id=run.id, history=history.of(TOP), forks=history, dry=True)
     try:
-        found.function(replay, run.input)
-        replay.returned()
+        # The code between steps, under the turn's budget: the process checking may be a
+        # web request's (the API's or the admin's migration), which must not hang on it.
+        with within(turn_budget_seconds()):
+            found.function(replay, run.input)
+            replay.returned()
     except Suspended:
         return None  # new work: the history fits up to it
+    except TurnOverBudget as over:
+        return str(over)
     except CodeFailure as failure:
         return str(failure)
     except Exception as exc:  # the code raises on the run's history
