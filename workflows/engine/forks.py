@@ -205,27 +205,29 @@ class Forks:
         return tree
 
 
-def revive_forks(walk: ForkWalk, place: Place) -> None:
-    """A run that failed inside a parallel is retried at ``place`` (services/control.py).
-    The failure cancelled the join that branch meets at and the other branches still live
-    (the rule every run's end follows): the join waits again, with the arrivals it had, and
-    each other branch the failure cancelled is entered again at the step it was at, so the
-    join can complete. Outward, joins around it the same. A branch that was at a parallel of
-    its own (a nested fork) is not entered again: its join stays cancelled."""
+def revive_forks(walk: ForkWalk, place: Place) -> Place:
+    """A run that failed inside a parallel is retried at ``place`` (services/control.py):
+    where the retried step is now. The failure cancelled the join its branch meets at and
+    the other branches still live (the rule every run's end follows); a cancelled row stays
+    cancelled, so a new join row continues it, with the arrivals it had, and the fork's rows
+    move to it. Each other branch the failure cancelled is entered again at the step it was
+    at, so the join can complete. Outward, joins around it the same. A branch that was at a
+    parallel of its own (a nested fork) is not entered again: its join stays cancelled."""
     joins = set(registry.joining())
+    retried = place
     while place.fork_join is not None:
-        walk.cursor.execute(
-            sql.REVIVE_JOIN, {"run": walk.run.id, "id": place.fork_join, "join_wait": JOIN_WAIT}
-        )
+        old = place.fork_join
+        walk.cursor.execute(sql.CANCELLED_JOIN, {"run": walk.run.id, "id": old})
         join = fetch_dict(walk.cursor)
         if join is None:  # not cancelled: its other branches were not ended
-            return
-        detail = {"arrived": join["wait_detail"]["arrived"], "reason": "the run is retried"}
-        walk.event("join.waiting", join["step_id"], iteration=join["iteration"], detail=detail)
+            break
+        new = _continue_join(walk, old, join)
+        if retried.fork_join == old:
+            retried = Place(new, retried.branch)
         arrived = set(join["wait_detail"]["arrived"])
-        walk.cursor.execute(sql.BRANCH_HEADS, {"run": walk.run.id, "join": place.fork_join})
+        walk.cursor.execute(sql.BRANCH_HEADS, {"run": walk.run.id, "join": new})
         walk.enter_entries(
-            Entry(row["step_id"], Place(place.fork_join, row["branch"]))
+            Entry(row["step_id"], Place(new, row["branch"]))
             for row in fetch_dicts(walk.cursor)
             if row["status"] == StepStatus.CANCELLED
             and row["branch"] not in arrived
@@ -233,3 +235,28 @@ def revive_forks(walk: ForkWalk, place: Place) -> None:
             and row["type"] not in joins
         )
         place = Place(join["fork_join_id"], join["branch"])
+    return retried
+
+
+def _continue_join(walk: ForkWalk, old: int, join: Mapping[str, Any]) -> int:
+    """A new waiting row for the join of cancelled row ``old`` (its next iteration, with the
+    arrivals it had, in its place), the fork's rows moved to it."""
+    iteration = walk.next_iteration(join["step_id"])
+    detail = dict(join["wait_detail"])
+    walk.cursor.execute(
+        sql.INSERT_JOIN_ROW,
+        {
+            "org": walk.run.org_id, "run": walk.run.id, "step_id": join["step_id"],
+            "type": join["type"], "iteration": iteration, "detail": Jsonb(detail),
+            "join_wait": JOIN_WAIT, "fork_join": join["fork_join_id"], "branch": join["branch"],
+        },
+    )  # fmt: skip
+    row = fetch_dict(walk.cursor)
+    assert row is not None
+    new = int(row["id"])
+    for statement in (sql.MOVE_FORK, sql.MOVE_FORK_STEP):
+        walk.cursor.execute(statement, {"run": walk.run.id, "old": old, "new": new})
+    walk.event("join.waiting", join["step_id"], iteration=iteration,
+               detail={**detail, "continues_iteration": join["iteration"],
+                       "reason": "the run is retried"})  # fmt: skip
+    return new

@@ -215,14 +215,19 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
     forked = [s for s in failed if s["fork_join_id"] is not None]
     if inline or forked:
         walk = Walk(cursor, run, definition, worker=actor)
-        # The failure ended the other branches of its parallel: they go on again.
+        # The failure ended the other branches of its parallel: they go on again, at a join
+        # row that continues the cancelled one (where the retried step now is).
+        places = {s["id"]: Place(s["fork_join_id"], s["branch"]) for s in failed}
+        continued: dict[int, int] = {}  # a cancelled join row -> the row continuing it
         for s in forked:
-            revive_forks(walk, Place(s["fork_join_id"], s["branch"]))
+            here = places[s["id"]]
+            assert here.fork_join is not None
+            if here.fork_join not in continued:
+                continued[here.fork_join] = revive_forks(walk, here).fork_join or here.fork_join
+            places[s["id"]] = Place(continued[here.fork_join], here.branch)
         # A quick step has no worker to claim it: the walk enters it again, inline, in the
         # branch it failed on.
-        walk.enter_entries(
-            Entry(s["step_id"], Place(s["fork_join_id"], s["branch"])) for s in inline
-        )
+        walk.enter_entries(Entry(s["step_id"], places[s["id"]]) for s in inline)
         walk.flush()
     return Outcome(run.id, "retry", RunStatus.RUNNING, len(failed))
 

@@ -843,13 +843,28 @@ class CancelledStepRow(TypedDict):
     attempt: int
 
 
-# A failed run retried inside a parallel (services/control.py, forks.revive_forks): its join,
-# cancelled when the run failed, waits again with the arrivals it had.
-REVIVE_JOIN = """
-UPDATE workflows_step
-   SET status = 'waiting', wait_kind = %(join_wait)s, finished_at = NULL
+# A failed run retried inside a parallel (services/control.py, forks.revive_forks): the join
+# its failure cancelled (a cancelled row stays cancelled: a new join row continues it).
+CANCELLED_JOIN = """
+SELECT step_id, iteration, type, fork_join_id, branch, wait_detail::json AS wait_detail
+  FROM workflows_step
  WHERE run_id = %(run)s AND id = %(id)s AND status = 'cancelled'
-RETURNING step_id, iteration, fork_join_id, branch, wait_detail::json AS wait_detail
+"""
+
+# The fork's rows now meet at the join row that continues the cancelled one: every step of
+# its branches (those that arrived, those entered again, the one retried), so the join
+# counts them and a code run's replay reads its branches from one place.
+MOVE_FORK = """
+UPDATE workflows_step SET fork_join_id = %(new)s
+ WHERE run_id = %(run)s AND fork_join_id = %(old)s
+"""
+
+# The parallel step that opened the fork names its join row (forks.fork, read by a code
+# run's replay): it names the row that continues it.
+MOVE_FORK_STEP = """
+UPDATE workflows_step SET output = jsonb_set(output, '{join_row}', to_jsonb(%(new)s::bigint))
+ WHERE run_id = %(run)s AND jsonb_typeof(output) = 'object'
+   AND output ->> 'join_row' = %(old)s::text
 """
 
 # Each branch's newest step in the fork of join row %(join)s: where the branch was.
