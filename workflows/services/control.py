@@ -28,7 +28,6 @@ from ..engine import sql
 from ..engine.compensation import compensation_state
 from ..engine.decided import DecidedSteps, steps_of
 from ..engine.definition_cache import definition_for
-from ..engine.executors import StepResult
 from ..engine.forks import revive_forks
 from ..engine.places import Entry, Place
 from ..engine.sql.rows import (
@@ -44,7 +43,7 @@ from ..errors import NothingToRetry, RunStateConflict, UnknownRun
 from ..models import Organisation, Run
 from ..states import RunStatus, run_sources
 from .audit import Actor, as_actor, record_audit
-from .replays import replays_of
+from .replays import replay_keeping, replays_of
 
 ACTIONS = ("cancel", "pause", "resume", "retry")
 BULK_LIMIT = 1_000  # runs changed by one bulk call; the answer says when more match
@@ -279,9 +278,7 @@ def _retry_call(
     run.status = RunStatus.RUNNING
     insert_events(cursor, [_run_event(run, "run.retried", actor, steps=[row["step_id"]])])
     walk = Walk(cursor, run, definition, worker=actor)
-    for key, value in replays.restart(cursor, run, kept).items():
-        walk.record_output(key, StepResult(output=value))
-    walk.enter([str(decider["id"])])
+    replay_keeping(walk, cursor, run, str(decider["id"]), replays, kept)
     walk.flush()
     return Outcome(run.id, "retry", RunStatus.RUNNING, 1)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..engine.decided import deciding_step
+from ..engine.executors import StepResult
 
 
 class RunData(Protocol):
@@ -57,3 +58,13 @@ def replays_of(definition: Mapping[str, Any]) -> tuple[Mapping[str, Any], Replay
         return None
     replays = REPLAYS.get(str(decider["type"]))
     return None if replays is None else (decider, replays)
+
+
+def replay_keeping(walk: Any, cursor: Any, run: RunData, decider_id: str, replays: Replays,
+                   kept: int) -> None:  # fmt: skip
+    """Enter the run's decider anew in ``walk``, its replay keeping only the first ``kept``
+    steps it reads now (the cut, ``Replays.restart``): a re-run from a step, or a retry
+    that calls a failed ``ctx.run`` function again."""
+    for key, value in replays.restart(cursor, run, kept).items():
+        walk.record_output(key, StepResult(output=value))
+    walk.enter([decider_id])

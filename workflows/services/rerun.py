@@ -43,7 +43,6 @@ from psycopg.types.json import Jsonb
 from ..definitions.reach import enclosing_fork, reached, successors
 from ..engine import sql
 from ..engine.definition_cache import definition_for
-from ..engine.executors import StepResult
 from ..engine.settled import SettledEffect, settled_effects
 from ..engine.sql.rows import event_row, fetch_dicts, insert_events
 from ..engine.walk import RunState, Walk, lock_run
@@ -60,7 +59,7 @@ from ..models import AutomationVersion, Organisation
 from ..states import RUN_FINISHED, RunStatus, run_sources
 from . import quotas
 from .audit import Actor, as_actor, record_audit
-from .replays import Replays, replays_of
+from .replays import Replays, replay_keeping, replays_of
 from .runs import check_input, check_json_value, check_start_guards, run_limits
 
 # A finished run may run again: the declared sources of `running` that are finished states.
@@ -384,9 +383,7 @@ def _apply(cursor: Any, plan: _Plan, actor: str) -> str:
     if plan.cut is None:
         walk.enter([plan.from_step])
     else:  # the decider replays the kept steps and meets the chosen one as new work
-        for key, value in plan.cut.replays.restart(cursor, run, plan.cut.kept).items():
-            walk.record_output(key, StepResult(output=value))
-        walk.enter([plan.cut.decider])
+        replay_keeping(walk, cursor, run, plan.cut.decider, plan.cut.replays, plan.cut.kept)
     walk.flush()
     return walk.finish[0] if walk.finish is not None else RunStatus.RUNNING.value
 
