@@ -99,10 +99,11 @@ def test_a_run_of_100_steps_resumed_100_times_reads_its_history_100_times(
     run = Run.objects.get(pk=run_id)
     assert (run.status, run.output) == ("succeeded", sum(range(100))), run.error
     # Each ctx.run function runs in a worker's turn (100 resumes), each reading the history
-    # once; the turn that returns runs inline in the last one's settle, from what it knew.
+    # once but the first (the run had entered nothing else: no history to read); the turn
+    # that returns runs inline in the last one's settle, from what it knew.
     resumed = RunEvent.objects.filter(run_id=run_id, kind="step.claimed", step_id="decide")
     assert resumed.count() == 100
-    assert history_reads(queries) == 100
+    assert history_reads(queries) == 99
     decided = Step.objects.filter(run_id=run_id, step_id="decide")
     assert decided.count() == 101
     assert decided.filter(lane="inline").count() == 1
@@ -138,11 +139,11 @@ def test_the_decider_runs_inline_in_a_workers_settle_and_queues_no_turn(
         ("decide", 3, "inline"), ("s3", 1, "io"), ("decide", 4, "inline"),
     ]  # fmt: skip
     # Only the first turn was claimed; each later one ran in its step's settle, a hop (one
-    # statement) whose walk replayed from what the turn before knew: the history was read
-    # once, by the first turn.
+    # statement) whose walk replayed from what the turn before knew; the first turn, of a
+    # run that had entered nothing else, had nothing to read: the history was never read.
     claimed = RunEvent.objects.filter(run_id=run_id, kind="step.claimed", step_id="decide")
     assert claimed.count() == 1
-    assert history_reads(queries) == 1
+    assert history_reads(queries) == 0
     assert hopped == ["decide", "s1", "s2", "s3"]
 
 
@@ -160,8 +161,8 @@ def test_a_settle_that_cannot_hop_runs_the_turn_under_the_run_lock_from_the_hist
     assert (run.status, run.output) == ("succeeded", "done"), run.error
     lanes = [s.lane for s in Step.objects.filter(run_id=run_id, step_id="decide").order_by("id")]
     assert lanes == ["io", "inline", "inline", "inline"]
-    # The first turn's read, then one per settle (s1, s2, s3), in its transaction.
-    assert history_reads(queries) == 4
+    # One read per settle (s1, s2, s3), in its transaction; the first turn had none to read.
+    assert history_reads(queries) == 3
 
 
 # --- never in a web request, never a function under the run's lock -------------------------

@@ -170,6 +170,8 @@ def _turn_history(
     # entered after it, which only the rows tell.
     cut = context["steps"].get(REPLAY_CUTS, {}).get("output")
     if step.get("parallel") is None and not cut:
+        if latest is None and _entered_nothing_else(ctx.run_entered, decider_id):
+            return History(places={TOP: []})  # the run's first turn: nothing to read
         carried = history_after(ctx.carried, latest=latest, outputs=context["steps"])
     if carried is not None:
         return History(places={TOP: carried})
@@ -179,6 +181,16 @@ def _turn_history(
     at = (ctx.fork_join, ctx.branch) if ctx.lane == "inline" else None
     return read_history(org_id=ctx.org_id, run_id=ctx.run_id, decider_type=CODE.name,
                         decider_id=decider_id, latest=latest, cuts=cut, deciding_at=at)  # fmt: skip
+
+
+def _entered_nothing_else(entered: Mapping[str, int] | None, decider_id: str) -> bool:
+    """The run entered its decider and no other step (the engine's continuations aside), as
+    its row was at the claim: no turn asked for a step yet, so its history is empty. Every
+    step a turn asks for is counted in the run's ``entered`` in the transaction that enters
+    it, before any turn can be claimed again."""
+    if not entered or entered.get(decider_id, 0) < 1:
+        return False  # not known (inline), or not the run's decider
+    return all(step_id == decider_id or step_id.startswith("~") for step_id in entered)
 
 
 def _carried(step: Mapping[str, Any], history: History, asked: Mapping[str, Any]) -> Turn | None:

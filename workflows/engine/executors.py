@@ -147,6 +147,10 @@ class StepContext:
     # reads the run's rows learns its own place here.
     fork_join: int | None = None
     branch: int | None = None
+    # The run's entered steps (step id -> iterations entered) as its row was at the claim,
+    # on a worker; None inline. A decider's first turn learns from it that the run has no
+    # history to read (workflows/code).
+    run_entered: Mapping[str, int] | None = field(default=None, compare=False)
 
     @property
     def effect_key(self) -> str:

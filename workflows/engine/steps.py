@@ -198,7 +198,7 @@ def step_context(
         iteration=step.iteration, attempt=step.attempt, lane=step.lane, deadline=deadline,
         lease_lost=lost or threading.Event(), woken_with=step.woken_with,
         last_attempt=step.attempts_used >= step.max_attempts, version_id=step.version_id,
-        attempts_used=step.attempts_used,
+        attempts_used=step.attempts_used, run_entered=step.run_entered,
     )  # fmt: skip
 
 
