@@ -107,7 +107,7 @@ def arguments() -> argparse.Namespace:
 # (Waymark's: the chain-3 work as a code workflow; the peer's chain-3 is code already).
 WORKS = (
     "chain-3 drain", "chain-3 e2e", "chain-10 drain", "chain-10 e2e", "code-3 drain",
-    "code-run-3 drain", "serial chain-3", "sleep 2s", "starts, 10% duplicate keys",
+    "code-run-3 drain", "code-10 drain", "serial chain-3", "sleep 2s", "starts, 10% duplicate keys",
 )  # fmt: skip
 
 

@@ -6,6 +6,9 @@ the benchmark's process and every engine process register them as a host's ready
   the definition ``start -> s1 -> s2 -> s3 -> end`` of noop io steps.
 - ``code-run-3``: three ``ctx.run`` calls of a no-op function (each a ``code_result`` step
   recorded from a worker's ``decide`` turn, the function run there).
+- ``code-10``: the chain-10 work, ten ``ctx.step(id, "noop")`` calls: against chain-10 it
+  shows what a step costs once the run's first turn (a worker's, before any step: no code
+  runs at the start) is spread over ten steps instead of three.
 """
 
 from __future__ import annotations
@@ -22,6 +25,13 @@ def nothing(n: int) -> int:
 @workflow("code-3", version=1)
 def code_3(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
     for n in (1, 2, 3):
+        ctx.step(f"s{n}", "noop")
+    return run_input
+
+
+@workflow("code-10", version=1)
+def code_10(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    for n in range(1, 11):
         ctx.step(f"s{n}", "noop")
     return run_input
 

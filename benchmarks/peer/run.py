@@ -17,9 +17,9 @@ allows.
 
 ``--works`` measures only the works named (machine.WORKS), in that order on Waymark's side
 in odd rounds and in the reverse order in even ones. ``code-3 drain`` and ``code-run-3
-drain`` are the chain-3 work as a code workflow (peer_code.py), on Waymark's side only:
-their ratios are printed against Waymark's ``chain-3 drain`` (the same work as a
-definition, measured in the same rounds) and against the peer's.
+drain`` are the chain-3 work as a code workflow (peer_code.py), ``code-10 drain`` the
+chain-10 work, on Waymark's side only: their ratios are printed against Waymark's same work
+as a definition (measured in the same rounds) and against the peer's.
 
 Prints, per work, the median of the rounds on each side and the ratio (how many times
 Waymark's rate, or the peer's latency over Waymark's), with the load average before each
@@ -56,7 +56,12 @@ FIGURES = {
     "sleep 2s": ("late_p99_ms", False),
     "starts, 10% duplicate keys": ("starts_per_s", True),
 }
-CODE_WORKS = ("code-3 drain", "code-run-3 drain")  # Waymark's side only (peer_code.py)
+# Waymark's side only (peer_code.py), each against the same work as a definition
+CODE_WORKS = {
+    "code-3 drain": "chain-3 drain",
+    "code-run-3 drain": "chain-3 drain",
+    "code-10 drain": "chain-10 drain",
+}
 
 
 def peer_python() -> Path:
@@ -113,13 +118,13 @@ def report_code(waymark: list[dict[str, Any]], dbos: list[dict[str, Any]]) -> No
     """The code works against the same work as a definition, round by round (each pair
     measured one after the other on one server, under the load shown), and their medians
     against the peer's chain-3."""
-    for work in CODE_WORKS:
+    for work, same in CODE_WORKS.items():
         if not measured(waymark, work):
             continue
-        print(f"\n{work} against chain-3 drain (Waymark), per round:")
+        print(f"\n{work} against {same} (Waymark), per round:")
         for number, result in enumerate(waymark, 1):
             rows = {row["work"]: row for row in result["rows"]}
-            code, chain = rows.get(work), rows.get("chain-3 drain")
+            code, chain = rows.get(work), rows.get(same)
             if code is None or chain is None:
                 continue
             print(
@@ -127,14 +132,11 @@ def report_code(waymark: list[dict[str, Any]], dbos: list[dict[str, Any]]) -> No
                 f"{code['load_before']}), definition {chain['steps_per_s']} (load "
                 f"{chain['load_before']}): {code['steps_per_s'] / chain['steps_per_s']:.2f}x"
             )
-        ours, chain = (
-            median(waymark, work, "steps_per_s"),
-            median(waymark, "chain-3 drain", "steps_per_s"),
-        )
-        theirs = median(dbos, "chain-3 drain", "steps_per_s") if dbos else float("nan")
+        ours, chain = median(waymark, work, "steps_per_s"), median(waymark, same, "steps_per_s")
+        theirs = median(dbos, same, "steps_per_s") if dbos else float("nan")
         print(
             f"  median: {ours} steps/s; {ours / chain:.2f}x the definition ({chain}); "
-            f"{ours / theirs:.1f}x DBOS chain-3 drain ({theirs})"
+            f"{ours / theirs:.1f}x DBOS {same} ({theirs})"
         )
 
 

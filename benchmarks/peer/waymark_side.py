@@ -7,9 +7,10 @@ and measures:
   step claimed and settled by a worker. drain: every run started with no engine, then the
   engine starts; rate from the first claim to the last finish (database clock). e2e: the
   engine running while one thread starts the runs; first start to last finish.
-- code-3 / code-run-3 (drain only): the chain-3 work as a code workflow (peer_code.py):
-  three `ctx.step(id, "noop")` calls (the same noop io steps), or three `ctx.run` calls of
-  a no-op function; steps/s counts its three steps, as chain-3's.
+- code-3 / code-run-3 / code-10 (drain only): the chain-3 work as a code workflow
+  (peer_code.py): three `ctx.step(id, "noop")` calls (the same noop io steps), or three
+  `ctx.run` calls of a no-op function; code-10 is chain-10's work; steps/s counts the
+  run's steps, as the chain's.
 - serial: one 3-step run at a time, started, then awaited (client clock, polled every 2 ms).
 - sleep: runs of one durable `wait` of 2 s, all started together; lateness = the run's
   finish minus the timer's due time (database clock).
@@ -50,7 +51,8 @@ def chain_definition(steps: int) -> dict[str, Any]:
     }
 
 
-CODE_WORKS = ("code-3", "code-run-3")  # peer_code.py's workflows, three steps each
+# peer_code.py's workflows and how many steps each takes
+CODE_WORKS = {"code-3": 3, "code-run-3": 3, "code-10": 10}
 
 SLEEP = {
     "start": "nap",
@@ -211,7 +213,7 @@ class Side:
 
     def code(self, slug: str, n: int) -> dict[str, Any]:
         """The chain-3 work as a code workflow (peer_code.py), drained."""
-        return self.chain(3, "drain", n, slug=slug)
+        return self.chain(CODE_WORKS[slug], "drain", n, slug=slug)
 
     def serial(self, n: int) -> dict[str, Any]:
         self.start_engine()
