@@ -44,12 +44,14 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
+from effects.public import load_connection
+from workflows.plugins import StepFailure
 from workflows.plugins.engine import fetch_dict, fetch_dicts, is_transient, lost_connection
 
 from . import sql
 from .models import ApprovalRequest, SlackInteraction, SlackUser
 from .services import Actor, Outcome, decide_within, record_attempt
-from .slack import respond, update_messages
+from .slack import PROVIDER, respond, update_messages
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +186,7 @@ def _settle(row: SlackInteraction) -> Outcome:
         return _refused(actor, approval, row.decision, "token_mismatch",
                         "This button does not belong to this request.",
                         "the button's token is for another request, step or decision")  # fmt: skip
-    team = approval.slack_team_id
+    team = approval.slack_team_id or _connection_team(approval)
     if not team or team != row.team_id:
         why = "from another Slack workspace" if team else "and the connection has no team_id"
         return _refused(actor, approval, row.decision, "wrong_workspace",
@@ -214,6 +216,20 @@ def _settle(row: SlackInteraction) -> Outcome:
         digest=str(token.get("d")),
         level=int(token.get("l", -1)),
     )
+
+
+def _connection_team(approval: ApprovalRequest) -> str:
+    """The workspace of the connection the request is posted through (its vetted
+    ``team_id``), for a click on a message whose post the request has not recorded yet: the
+    message is in Slack as soon as Slack answered the post, a moment before the worker
+    records it with the workspace it read from this same connection (steptypes._post)."""
+    if not approval.slack_connection:
+        return ""
+    try:
+        conn = load_connection(approval.org_id, approval.slack_connection, PROVIDER)
+    except StepFailure:  # deleted or changed since: no workspace to match
+        return ""
+    return str(((conn.options or {}) if conn is not None else {}).get("team_id") or "")[:32]
 
 
 def _refused(

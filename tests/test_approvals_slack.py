@@ -181,6 +181,26 @@ def test_a_token_for_another_step_or_workspace_is_refused(org, slack_stub, alice
     ]
 
 
+def test_a_click_before_the_post_is_recorded_is_checked_against_the_connection(
+    org, slack_stub, alice
+) -> None:
+    """Slack shows the message once it answered the post, a moment before the worker records
+    the post (and with it the workspace) on the request: a click in that moment is checked
+    against the workspace of the connection the request is posted through, not refused."""
+    _, approval = open_in_slack(org, slack_stub)
+    message = posted(slack_stub)
+    # The request as it is between Slack's answer and the worker's record of the post.
+    ApprovalRequest.objects.filter(pk=approval.pk).update(slack_team_id="", slack_messages=[])
+    client = Client()
+
+    other_team = slack_click(client, click_payload(message, team="T0OTHER"))
+    assert other_team["code"] == "wrong_workspace"
+    assert slack_click(client, click_payload(message))["text"] == "Approved by alice. Thank you."
+    approval.refresh_from_db()
+    assert (approval.status, approval.decided_by) == ("approved", "alice")
+    assert audit() == [(False, "wrong_workspace"), (True, "accepted")]
+
+
 def test_permission_is_checked_when_the_button_is_pressed(org, slack_stub, alice) -> None:
     _run, approval = open_in_slack(org, slack_stub)
     click = click_payload(posted(slack_stub))

@@ -201,9 +201,7 @@ class World:
 
     def _click(self, run_id: int) -> None:
         """Once the approval's message is in Slack, and its request knows it, its approver
-        presses a button: signed as Slack signs it, to the real interactions endpoint. (A
-        click before the worker recorded the post is refused as wrong_workspace: the
-        request learns its workspace with the post.)"""
+        presses a button: signed as Slack signs it, to the real interactions endpoint."""
         message = next((m for m in self.slack.messages if _effect_key(m).startswith(
             f"{run_id}/ask/1")), None)  # fmt: skip
         recorded = ApprovalRequest.objects.filter(run_id=run_id).exclude(slack_team_id="")
