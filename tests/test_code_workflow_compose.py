@@ -88,6 +88,30 @@ def rerun_around_branches(ctx: Context, run_input: dict[str, Any]) -> Any:
     return {"pair": pair, "after": after}
 
 
+FIXED: set[str] = set()  # the names whose lookup works (an operator fixed it)
+
+
+def look_up(name: str) -> str:
+    """Fails until ``name`` is fixed: a function that failed for good, fixed, then retried."""
+    if name not in FIXED:
+        raise LookupError(f"{name} not found")
+    return f"{name} found"
+
+
+@workflow("code-compose-branch-call", version=1)
+def call_in_a_branch(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """One branch makes an effect, then calls a function; the other makes an effect. After
+    the join, one more effect."""
+    url, name = run_input["url"], run_input["name"]
+
+    def looked_up(c: Context) -> Any:
+        made = _item(c, "before", url, op="before")
+        return {"made": made, "found": c.run("look_up", look_up, name)}
+
+    pair = ctx.parallel("pair", looked_up, lambda c: _item(c, "right", url, op="right"))
+    return {"pair": pair, "after": _item(ctx, "after", url, op="after")}
+
+
 def start(org: Organisation, name: str, run_input: dict[str, Any]) -> int:
     publish_code_workflow(org=org, name=name, version=1)
     return run_start(org=org, automation_slug=name, run_input=run_input, start_key="k").run_id
@@ -204,4 +228,31 @@ def test_retry_of_a_branch_step_that_failed_the_run_runs_it_and_its_sibling_agai
     assert run.status == "succeeded", run.error
     # Each effect made once: the refused call made nothing, the sibling's was settled.
     assert sorted(item["body"]["op"] for item in stub.created) == ["after", "left", "right"]
+    assert Step.objects.filter(run_id=run_id, step_id="pair.join", status="done").count() == 1
+
+
+def test_retry_of_a_branch_call_that_failed_for_good_calls_the_function_again(
+    org: Organisation, stub: ProviderStub
+) -> None:
+    """A ctx.run function inside a branch that failed for good failed the run (the other
+    branch and the join ended with it); once it is fixed, a retry calls it again, in its
+    branch, after the branch's steps before it, and the run goes on past the join."""
+    run_id = start(org, "code-compose-branch-call", {"url": stub.url, "name": "ada"})
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed", run.error
+    assert "look_up" in run.error and "ada not found" in run.error, run.error
+    FIXED.add("ada")
+    try:
+        run_act(org=org, run_id=run_id, action="retry", actor="ops")
+        drive()
+    finally:
+        FIXED.discard("ada")
+    run.refresh_from_db()
+    assert run.status == "succeeded", run.error
+    assert run.output is not None and run.output["pair"][0]["found"] == "ada found"
+    # Each effect made once: the branch's effect before the call was replayed, not sent again.
+    assert sorted(item["body"]["op"] for item in stub.created) == ["after", "before", "right"]
+    calls = Step.objects.filter(run_id=run_id, step_id="look_up").order_by("id")
+    assert [(c.iteration, c.status) for c in calls] == [(1, "failed"), (2, "done")]
     assert Step.objects.filter(run_id=run_id, step_id="pair.join", status="done").count() == 1

@@ -10,8 +10,10 @@ the run had then, and how many of the top level's steps read so far its replay k
 Reading the rows in order, each cut is applied once the rows read pass its row: the steps
 after the kept ones are set aside (their rows stay, for the run page and the history), and
 the rows the re-run entered follow the kept ones. Cuts add up: a re-run of a re-run reads the
-same way. A branch's rows need no cut: a re-run from a step before its ``ctx.parallel`` sets
-the parallel aside, and its replay forks anew (another join row, so other places)."""
+same way. A re-run needs no cut in a branch: a re-run from a step before its ``ctx.parallel``
+sets the parallel aside, and its replay forks anew (another join row, so other places). A
+retry that calls a branch's failed ``ctx.run`` function again cuts that branch's rows
+(services/control.py): a cut names its place when it is not the top level's."""
 
 from __future__ import annotations
 
@@ -93,10 +95,10 @@ def read_history(
     history = History()
     joins = set(registry.joining())
     pending = replay_cuts(cuts)
-    top = history.places.setdefault(TOP, [])
+    history.places.setdefault(TOP, [])
     for row in rows:
-        while pending and pending[0][0] < row["id"]:
-            del top[pending.pop(0)[1] :]
+        while pending and pending[0].after_row < row["id"]:
+            pending.pop(0).apply(history.places)
         # As text, decoded here: Django's cursor hands jsonb back undecoded.
         output = None if row["output"] is None else json.loads(row["output"])
         at: Where = (row["fork_join_id"], row["branch"])
@@ -117,8 +119,8 @@ def read_history(
             Recorded(step_id=row["step_id"], iteration=row["iteration"], type=row["type"],
                      status=row["status"], output=output, error=row["error"])
         )  # fmt: skip
-    for _, kept in pending:
-        del top[kept:]
+    for cut in pending:
+        cut.apply(history.places)
     for where, place in history.places.items():
         if where != TOP:  # (the top level's cancelled steps are entered again by a re-run's cut)
             history.places[where] = _without_reentered(place)
@@ -147,15 +149,42 @@ def _with_outcome(history: list[Recorded], ended: Any) -> None:
         history[-1] = replace(last, outcome=ended["outcome"])
 
 
-def replay_cuts(cuts: Any) -> list[tuple[int, int]]:
-    """The re-runs' cuts as (after_row, kept), in the order they were made."""
+@dataclass(frozen=True)
+class Cut:
+    """Where a replay stops reading a place's rows: once the rows read pass ``after_row``,
+    only the first ``kept`` steps read so far at ``at`` stay (the top level's, or a
+    branch's: a retry that calls a branch's failed ``ctx.run`` function again)."""
+
+    after_row: int
+    kept: int
+    at: Where = TOP
+
+    def apply(self, places: dict[Where, list[Recorded]]) -> None:
+        del places.setdefault(self.at, [])[self.kept :]
+
+    def stored(self) -> dict[str, Any]:
+        """As the run's outputs keep it (``REPLAY_CUTS``)."""
+        kept: dict[str, Any] = {"after_row": self.after_row, "kept": self.kept}
+        if self.at != TOP:
+            kept["at"] = list(self.at)
+        return kept
+
+
+def replay_cuts(cuts: Any) -> list[Cut]:
+    """The re-runs' and retries' cuts, in the order they were made."""
     if not isinstance(cuts, list):
         return []
     return [
-        (int(cut["after_row"]), int(cut["kept"]))
+        Cut(int(cut["after_row"]), int(cut["kept"]), _place_of(cut.get("at")))
         for cut in cuts
         if isinstance(cut, Mapping) and {"after_row", "kept"} <= set(cut)
     ]
+
+
+def _place_of(stored: Any) -> Where:
+    if isinstance(stored, list) and len(stored) == 2:
+        return (int(stored[0]), int(stored[1]))
+    return TOP
 
 
 def newest_row(cursor: Any, *, org_id: int, run_id: int) -> int:

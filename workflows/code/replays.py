@@ -9,30 +9,39 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..engine.decided import deciding_step
+from ..engine.places import TOP as TOP_PLACE
+from ..engine.places import Place
 from ..services.replays import Replays, RunData
 from .budget import TurnOverBudget, turn_budget_seconds, within
 from .context import CODE_TYPE, DECIDER_ID, CodeFailure, Context, Suspended
-from .history import REPLAY_CUTS, TOP, newest_row, read_history, replay_cuts
+from .history import REPLAY_CUTS, TOP, Cut, Where, newest_row, read_history, replay_cuts
 from .registry import registered
 
 
-def replay_history(run: RunData) -> list[tuple[str, int]]:
-    """The steps the run's next replay reads, in order: (step id, iteration)."""
+def replay_history(run: RunData, at: Place = TOP_PLACE) -> list[tuple[str, int]]:
+    """The steps the run's next replay reads at ``at`` (the top level, or a branch of a
+    ctx.parallel), in order: (step id, iteration)."""
     history = read_history(org_id=run.org_id, run_id=run.id, decider_type=CODE_TYPE,
                            decider_id=DECIDER_ID, latest=None,
                            cuts=run.outputs.get(REPLAY_CUTS))  # fmt: skip
-    # The top level's: a step inside a ctx.parallel's branch is not one to re-run from.
-    return [(step.step_id, step.iteration) for step in history.of(TOP)]
+    return [(step.step_id, step.iteration) for step in history.of(_where(at))]
 
 
-def restart_outputs(cursor: Any, run: RunData, kept: int) -> dict[str, Any]:
-    """The run's outputs that make its next replay keep only the first ``kept`` steps it
-    reads now: one more cut, after the run's newest row; and no outcome noted for the
-    decider's next turn to record (the step it noted one for is not the step before it)."""
-    cuts = [{"after_row": after, "kept": n} for after, n in replay_cuts(
-        run.outputs.get(REPLAY_CUTS))]  # fmt: skip
-    cuts.append({"after_row": newest_row(cursor, org_id=run.org_id, run_id=run.id), "kept": kept})
-    return {REPLAY_CUTS: cuts, DECIDER_ID: None}
+def restart_outputs(
+    cursor: Any, run: RunData, kept: int, at: Place = TOP_PLACE, decider_id: str = DECIDER_ID
+) -> dict[str, Any]:
+    """The run's outputs that make the next replay at ``at`` (by ``decider_id``, its
+    decider) keep only the first ``kept`` steps it reads there now: one more cut, after the
+    run's newest row; and no outcome noted for the decider's next turn to record (the step
+    it noted one for is not the step before it)."""
+    cuts = [cut.stored() for cut in replay_cuts(run.outputs.get(REPLAY_CUTS))]
+    newest = newest_row(cursor, org_id=run.org_id, run_id=run.id)
+    cuts.append(Cut(newest, kept, _where(at)).stored())
+    return {REPLAY_CUTS: cuts, decider_id: None}
+
+
+def _where(at: Place) -> Where:
+    return (at.fork_join, at.branch) if at.fork_join is not None else TOP
 
 
 def replay_misfit(run: RunData, definition: Mapping[str, Any]) -> str | None:

@@ -136,7 +136,7 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         """The step ``step_id`` entered at ``place``."""
         if self.speculative and place.fork_join is not None:
             raise NeedsTransaction("a branch of a decided run's parallel")
-        decider = self._decider_at(place)
+        decider = self.decider_at(place)
         decider_id = decider["id"]
         asked = asked_step(self.outputs.get(decider_id))
         if (
@@ -162,7 +162,7 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         # step twice). The walk fails loudly instead.
         raise KeyError(step_id)
 
-    def _decider_at(self, place: Place) -> Mapping[str, Any]:
+    def decider_at(self, place: Place) -> Mapping[str, Any]:
         """The decider of ``place``: the run's at the top level; on a branch of the
         `parallel` the run's decider asked for, that branch's."""
         if place.fork_join is None:
@@ -183,7 +183,7 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         none to note."""
         if outcome is None:
             return None
-        decider_id = self._decider_at(place)["id"]
+        decider_id = self.decider_at(place)["id"]
         decider_output = self.outputs.get(decider_id)
         asked = asked_step(decider_output)
         if asked is None or asked["id"] != step_id:

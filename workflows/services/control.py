@@ -187,9 +187,9 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
     rows = fetch_dicts(cursor)
     if isinstance(steps, DecidedSteps):
         failed = _code_run_failed(cursor, run.id, steps, rows)
-        called = [row for row in failed if _is_call_on_top(row, steps)]
+        called = [row for row in failed if _is_failed_call(row, steps)]
         if called:
-            return _retry_call(cursor, run, actor, definition, called[0])
+            return _retry_call(cursor, run, actor, definition, steps, called[0])
     else:
         failed = [
             s for s in rows if s["step_id"] in steps and not steps[s["step_id"]].get("on_failure")
@@ -257,28 +257,37 @@ def _code_run_failed(
     return asked or deciders
 
 
-def _is_call_on_top(row: dict[str, Any], steps: DecidedSteps) -> bool:
-    """A ctx.run call (a code_result step) of the top level that failed for good: its
-    function ran in the decider, so retrying it is calling it again there."""
-    return row["fork_join_id"] is None and row["type"] != steps.decider["type"] and (
-        steps.at(row["step_id"], Place(None, None)).get("failed") is not None)  # fmt: skip
+def _is_failed_call(row: dict[str, Any], steps: DecidedSteps) -> bool:
+    """A ctx.run call (a code_result step) that failed for good, at the top level or in a
+    branch: its function ran in its decider's turn, so retrying it is calling it again
+    there."""
+    place = Place(row["fork_join_id"], row["branch"])
+    return row["type"] != steps.decider["type"] and (
+        steps.at(row["step_id"], place).get("failed") is not None)  # fmt: skip
 
 
 def _retry_call(
-    cursor: Any, run: RunState, actor: str, definition: dict[str, Any], row: dict[str, Any]
-) -> Outcome:
-    """A ctx.run function that failed for good is called again: the decider replays the
-    steps before it and meets it as new work, its failed row set aside as a re-run from it
-    sets it aside (history.py's cut; services/rerun.py)."""
+    cursor: Any, run: RunState, actor: str, definition: dict[str, Any], steps: DecidedSteps,
+    row: dict[str, Any],
+) -> Outcome:  # fmt: skip
+    """A ctx.run function that failed for good is called again: its decider (the run's, or
+    its branch's) replays the steps before it and meets it as new work, its failed row set
+    aside as a re-run from it sets it aside (history.py's cut; services/rerun.py). In a
+    branch, the failure ended the other branches and the join: they go on again first, at
+    a join row continuing the cancelled one, as for a step retried there (_retry)."""
     decided = replays_of(definition)
     assert decided is not None, "a code run's definition replays"
-    decider, replays = decided
-    kept = replays.history(run).index((row["step_id"], row["iteration"]))
+    replays = decided[1]
     _set_status(cursor, run, "retry")
     run.status = RunStatus.RUNNING
     insert_events(cursor, [_run_event(run, "run.retried", actor, steps=[row["step_id"]])])
     walk = Walk(cursor, run, definition, worker=actor)
-    replay_keeping(walk, cursor, run, str(decider["id"]), replays, kept)
+    at = Place(row["fork_join_id"], row["branch"])
+    decider_id = str(steps.decider_at(at)["id"])
+    if at.fork_join is not None:
+        at = revive_forks(walk, at)  # the branch's rows now belong to the join row continuing
+    kept = replays.history(run, at).index((row["step_id"], row["iteration"]))
+    replay_keeping(walk, cursor, run, decider_id, replays, kept, at)
     walk.flush()
     return Outcome(run.id, "retry", RunStatus.RUNNING, 1)
 

@@ -3,9 +3,10 @@ app of its deciding step type (workflows/code, for ``code``) says how the run re
 so the services that change a run (a re-run from a step, a migration between versions) reach
 it without importing that app (which imports them).
 
-- ``history``: the steps the run's next replay reads, in order, as (step id, iteration).
-- ``restart``: the run's outputs that make its next replay keep only the first ``kept`` of
-  them (a re-run from the step after them), as the walk records them.
+- ``history``: the steps the run's next replay reads, in order, as (step id, iteration), at
+  the top level or at a place inside a branch.
+- ``restart``: the run's outputs that make its next replay at a place keep only the first
+  ``kept`` of them (a re-run from the step after them), as the walk records them.
 - ``misfit``: why the code of another version does not fit the run's history (a replay that
   calls nothing and makes no effect), or None when it does.
 - ``missing``: the (name, version) of a version's code when this process does not have it
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 
 from ..engine.decided import deciding_step
 from ..engine.executors import StepResult
+from ..engine.places import TOP, Place
 
 
 class RunData(Protocol):
@@ -35,10 +37,20 @@ class RunData(Protocol):
     def outputs(self) -> Any: ...
 
 
+class History(Protocol):
+    def __call__(self, run: RunData, at: Place = ...) -> list[tuple[str, int]]: ...
+
+
+class Restart(Protocol):
+    def __call__(
+        self, cursor: Any, run: RunData, kept: int, at: Place = ..., decider_id: str = ...
+    ) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class Replays:
-    history: Callable[[RunData], list[tuple[str, int]]]
-    restart: Callable[[Any, RunData, int], dict[str, Any]]
+    history: History
+    restart: Restart
     misfit: Callable[[RunData, Mapping[str, Any]], str | None]
     missing: Callable[[Mapping[str, Any]], tuple[str, int] | None]
 
@@ -61,10 +73,11 @@ def replays_of(definition: Mapping[str, Any]) -> tuple[Mapping[str, Any], Replay
 
 
 def replay_keeping(walk: Any, cursor: Any, run: RunData, decider_id: str, replays: Replays,
-                   kept: int) -> None:  # fmt: skip
-    """Enter the run's decider anew in ``walk``, its replay keeping only the first ``kept``
-    steps it reads now (the cut, ``Replays.restart``): a re-run from a step, or a retry
-    that calls a failed ``ctx.run`` function again."""
-    for key, value in replays.restart(cursor, run, kept).items():
+                   kept: int, at: Place = TOP) -> None:  # fmt: skip
+    """Enter the decider of ``at`` anew in ``walk`` (the run's, or a branch's), its replay
+    keeping only the first ``kept`` steps it reads there now (the cut,
+    ``Replays.restart``): a re-run from a step, or a retry that calls a failed ``ctx.run``
+    function again."""
+    for key, value in replays.restart(cursor, run, kept, at, decider_id).items():
         walk.record_output(key, StepResult(output=value))
-    walk.enter([decider_id])
+    walk.enter([decider_id], at)
