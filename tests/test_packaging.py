@@ -37,7 +37,7 @@ from .processes import kill_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST_PROJECT = Path(__file__).resolve().parent / "host_project"
-EMBEDDING = ROOT / "docs" / "embedding.md"
+EMBEDDING = ROOT / "docs" / "how-to" / "embed-in-django.md"
 PACKAGES = ["waymark_config", "workflows", "timers", "effects", "approvals", "webhooks"]
 # Each file that is not a module, by where it lands in site-packages.
 PACKAGE_DATA = [
