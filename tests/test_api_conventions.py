@@ -1,6 +1,6 @@
 """The API behaves as DRF and HTTP clients expect: trailing slashes, an API root, strict query
 parameters, any-case Bearer, paginated lists, lookup by start key, 406, the docs page, and
-the examples of docs/api.md run against a live server."""
+the examples of docs/how-to/call-the-api.md run against a live server."""
 
 from __future__ import annotations
 

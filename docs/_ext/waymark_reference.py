@@ -63,6 +63,22 @@ def _type(schema: dict[str, Any]) -> str:
     return str(schema.get("type", "object"))
 
 
+def _paragraph(text: str) -> nodes.paragraph:
+    """The schema's Markdown-ish text: `code` as code, the rest as it is."""
+    paragraph = nodes.paragraph()
+    for i, part in enumerate(text.split("`")):
+        if part:
+            paragraph += nodes.literal(part, part) if i % 2 else nodes.Text(part)
+    return paragraph
+
+
+def _description(parameter: dict[str, Any]) -> str:
+    """A parameter's own words; drf-spectacular's list of an enum's labels says nothing the
+    type (its values) does not."""
+    text = " ".join(str(parameter.get("description", "")).split())
+    return "" if text.startswith("* `") else text
+
+
 def _body(operation: dict[str, Any]) -> str | None:
     content = operation.get("requestBody", {}).get("content", {})
     for media, spec in content.items():
@@ -95,7 +111,7 @@ class OpenAPI(SphinxDirective):
     def _operation(self, method: str, path: str, operation: dict[str, Any]) -> list[nodes.Node]:
         out: list[nodes.Node] = [nodes.rubric(text=f"{method} {path}")]
         for text in filter(None, [operation.get("summary"), operation.get("description")]):
-            out.append(nodes.paragraph(text=text))
+            out.append(_paragraph(text))
         items = nodes.bullet_list()
         for parameter in operation.get("parameters", []):
             required = ", required" if parameter.get("required") else ""
@@ -103,9 +119,9 @@ class OpenAPI(SphinxDirective):
                 f"{parameter['name']} ({parameter['in']}, "
                 f"{_type(parameter.get('schema', {}))}{required})"
             )
-            if parameter.get("description"):
-                line += f": {' '.join(parameter['description'].split())}"
-            items += nodes.list_item("", nodes.paragraph(text=line))
+            if _description(parameter):
+                line += f": {_description(parameter)}"
+            items += nodes.list_item("", _paragraph(line))
         if len(items):
             out += [nodes.paragraph(text="Parameters:"), items]
         body = _body(operation)
@@ -118,7 +134,7 @@ class OpenAPI(SphinxDirective):
             line = f"{status}: {response.get('description', '')}".rstrip(": ")
             if shape:
                 line += f" ({shape})"
-            answers += nodes.list_item("", nodes.paragraph(text=line))
+            answers += nodes.list_item("", _paragraph(line))
         if len(answers):
             out += [nodes.paragraph(text="Answers:"), answers]
         return out

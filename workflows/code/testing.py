@@ -1,4 +1,4 @@
-"""A test helper for a host's own tests of its code workflows (docs/code-workflows.md,
+"""A test helper for a host's own tests of its code workflows (docs/how-to/test-a-code-workflow.md,
 "Testing a code workflow"). FOR TESTS ONLY: it moves a run's waits to now and runs steps in
 the calling process; it refuses to run where ``WAYMARK_PRODUCTION`` is set.
 
