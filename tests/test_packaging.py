@@ -76,8 +76,8 @@ print(json.dumps({{"modules": sorted(sys.modules), "configured": settings.config
 
 
 def _documented_import() -> tuple[str, list[str]]:
-    """The module the embedding guide (EMBEDDING) tells a host to import the settings objects from, and the
-    names it imports."""
+    """The module the embedding guide tells a host to import the settings objects from, and
+    the names it imports."""
     found = re.search(r"^from ([\w.]+) import \(\n((?:    \w+,\n)+)\)", EMBEDDING.read_text(), re.M)
     assert found, "docs/how-to/embed-in-django.md shows no import of the settings objects"
     return found[1], re.findall(r"\w+", found[2])
