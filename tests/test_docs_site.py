@@ -108,3 +108,9 @@ def test_the_manuals_carry_no_history_of_the_work() -> None:
         for page in [*pages(), ROOT / "README.md"]
     }
     assert {name: hits for name, hits in found.items() if hits} == {}
+
+
+def test_the_readme_names_real_pages() -> None:
+    named = set(re.findall(r"docs/[\w/.-]+\.md", (ROOT / "README.md").read_text()))
+    assert named, "the README points at no page"
+    assert {path for path in named if not (ROOT / path).is_file()} == set()
