@@ -56,7 +56,9 @@ def test_the_site_builds_without_a_warning(tmp_path: Path) -> None:
     commands = (built / "reference" / "commands.html").read_text()
     assert "usage: ./waymark manage runengine" in commands
     assert "usage: ./waymark manage rotate_webhook_secrets" in commands
-    assert "GET /api/v1/runs" in (built / "reference" / "api-operations.html").read_text()
+    operations = (built / "reference" / "api-operations.html").read_text()
+    assert "GET /api/v1/runs" in operations
+    assert 'id="schema-runstartin"' in operations  # the bodies' fields, linked from operations
     assert "publish_code_workflow" in (built / "reference" / "python-api.html").read_text()
 
 

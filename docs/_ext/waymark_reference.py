@@ -53,9 +53,18 @@ class Commands(SphinxDirective):
         return out
 
 
+def _schema_id(name: str) -> str:
+    return f"schema-{nodes.make_id(name)}"
+
+
 def _type(schema: dict[str, Any]) -> str:
+    """A schema in words; a named one as `Name` (its section under "Schemas")."""
     if "$ref" in schema:
-        return schema["$ref"].rsplit("/", 1)[-1]
+        return f"`{schema['$ref'].rsplit('/', 1)[-1]}`"
+    if "allOf" in schema and len(schema["allOf"]) == 1:
+        return _type(schema["allOf"][0])
+    if "oneOf" in schema:
+        return " or ".join(_type(option) for option in schema["oneOf"])
     if schema.get("type") == "array":
         return f"array of {_type(schema.get('items', {}))}"
     if "enum" in schema:
@@ -63,12 +72,21 @@ def _type(schema: dict[str, Any]) -> str:
     return str(schema.get("type", "object"))
 
 
-def _paragraph(text: str) -> nodes.paragraph:
-    """The schema's Markdown-ish text: `code` as code, the rest as it is."""
+def _paragraph(text: str, schemas: frozenset[str] = frozenset()) -> nodes.paragraph:
+    """The schema's Markdown-ish text: `code` as code (a schema's name as a link to its
+    section), the rest as it is."""
     paragraph = nodes.paragraph()
     for i, part in enumerate(text.split("`")):
-        if part:
-            paragraph += nodes.literal(part, part) if i % 2 else nodes.Text(part)
+        if not part:
+            continue
+        if i % 2 == 0:
+            paragraph += nodes.Text(part)
+        elif part in schemas:
+            link = nodes.reference("", "", internal=True, refid=_schema_id(part))
+            link += nodes.literal(part, part)
+            paragraph += link
+        else:
+            paragraph += nodes.literal(part, part)
     return paragraph
 
 
@@ -87,12 +105,16 @@ def _body(operation: dict[str, Any]) -> str | None:
 
 
 class OpenAPI(SphinxDirective):
-    """One section per tag, one entry per operation, read from the generated schema."""
+    """One section per tag, one entry per operation, read from the generated schema; then
+    every named body (the schema's components), which the operations link to."""
+
+    schemas: frozenset[str] = frozenset()
 
     def run(self) -> list[nodes.Node]:
         from drf_spectacular.generators import SchemaGenerator
 
         schema = SchemaGenerator().get_schema(request=None, public=True)
+        self.schemas = frozenset(schema.get("components", {}).get("schemas", {}))
         by_tag: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
         for path, item in schema["paths"].items():
             for method in METHODS:
@@ -106,7 +128,37 @@ class OpenAPI(SphinxDirective):
             for method, path, operation in by_tag[tag]:
                 section += self._operation(method, path, operation)
             out.append(section)
+        out.append(self._schemas(schema.get("components", {}).get("schemas", {})))
         return out
+
+    def _schemas(self, schemas: dict[str, dict[str, Any]]) -> nodes.section:
+        """Every named body: its fields, their types, which are required or read-only."""
+        section = _section("Schemas", self.state.document)
+        for name in sorted(schemas):
+            spec = schemas[name]
+            section += nodes.rubric(name, name, ids=[_schema_id(name)])
+            if spec.get("description") and "enum" not in spec:
+                section += _paragraph(" ".join(spec["description"].split()), self.schemas)
+            if "enum" in spec:
+                values = ", ".join(f"`{value}`" for value in spec["enum"])
+                section += _paragraph(f"One of {values}.")
+            fields = nodes.bullet_list()
+            required = set(spec.get("required", []))
+            for field, field_spec in spec.get("properties", {}).items():
+                notes = [_type(field_spec)]
+                if field in required:
+                    notes.append("required")
+                if field_spec.get("readOnly"):
+                    notes.append("read-only")
+                if field_spec.get("nullable"):
+                    notes.append("may be null")
+                line = f"`{field}` ({', '.join(notes)})"
+                if _description(field_spec):
+                    line += f": {_description(field_spec)}"
+                fields += nodes.list_item("", _paragraph(line, self.schemas))
+            if len(fields):
+                section += fields
+        return section
 
     def _operation(self, method: str, path: str, operation: dict[str, Any]) -> list[nodes.Node]:
         out: list[nodes.Node] = [nodes.rubric(text=f"{method} {path}")]
@@ -116,17 +168,17 @@ class OpenAPI(SphinxDirective):
         for parameter in operation.get("parameters", []):
             required = ", required" if parameter.get("required") else ""
             line = (
-                f"{parameter['name']} ({parameter['in']}, "
+                f"`{parameter['name']}` ({parameter['in']}, "
                 f"{_type(parameter.get('schema', {}))}{required})"
             )
             if _description(parameter):
                 line += f": {_description(parameter)}"
-            items += nodes.list_item("", _paragraph(line))
+            items += nodes.list_item("", _paragraph(line, self.schemas))
         if len(items):
             out += [nodes.paragraph(text="Parameters:"), items]
         body = _body(operation)
         if body:
-            out.append(nodes.paragraph(text=f"Request body: {body}"))
+            out.append(_paragraph(f"Request body: {body}", self.schemas))
         answers = nodes.bullet_list()
         for status, response in operation.get("responses", {}).items():
             media = response.get("content", {})
@@ -134,7 +186,7 @@ class OpenAPI(SphinxDirective):
             line = f"{status}: {response.get('description', '')}".rstrip(": ")
             if shape:
                 line += f" ({shape})"
-            answers += nodes.list_item("", _paragraph(line))
+            answers += nodes.list_item("", _paragraph(line, self.schemas))
         if len(answers):
             out += [nodes.paragraph(text="Answers:"), answers]
         return out
