@@ -1,6 +1,6 @@
 """The API behaves as DRF and HTTP clients expect: trailing slashes, an API root, strict query
 parameters, any-case Bearer, paginated lists, lookup by start key, 406, the docs page, and
-the examples of docs/api.md run against a live server."""
+the examples of docs/how-to/call-the-api.md run against a live server."""
 
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ def test_a_browser_accept_header_still_gets_json(api: APIClient) -> None:
 
 
 def test_406_is_in_the_documented_error_table() -> None:
-    text = (ROOT / "docs" / "api.md").read_text()
+    text = (ROOT / "docs" / "how-to" / "call-the-api.md").read_text()
     assert "| 406 | `not_acceptable` |" in text
     assert "| 400 | `invalid_query` |" in text
 
@@ -272,11 +272,11 @@ def test_publish_automation_takes_a_bare_or_a_wrapped_definition(
     assert AutomationVersion.objects.count() == 2
 
 
-# --- the examples of docs/api.md, run for real ----------------------------------------------
+# --- the examples of docs/how-to/call-the-api.md, run for real ---------------------------
 
 
 def _example(language: str) -> str:
-    text = (ROOT / "docs" / "api.md").read_text()
+    text = (ROOT / "docs" / "how-to" / "call-the-api.md").read_text()
     section = text.split("## Call Waymark from another service", 1)[1]
     blocks: list[str] = re.findall(rf"```{language}\n(.*?)```", section, flags=re.DOTALL)
     assert len(blocks) == 1, f"one {language} example"
@@ -303,7 +303,7 @@ def service(live_server, org: Organisation) -> dict[str, str]:
 def test_the_python_example_runs_against_a_live_server(service: dict[str, str], monkeypatch):
     for name, value in service.items():
         monkeypatch.setenv(name, value)
-    code = compile(_example("python"), "docs/api.md", "exec")
+    code = compile(_example("python"), "docs/how-to/call-the-api.md", "exec")
     first: dict[str, Any] = {}
     second: dict[str, Any] = {}
     try:

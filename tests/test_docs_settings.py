@@ -1,8 +1,9 @@
 """The settings the manuals document are the settings the code reads, both ways.
 
-Every ``WAYMARK_*`` name in ``docs/*.md`` and ``README.md`` is read somewhere (a documented
-setting nothing reads tells an operator a knob exists that does nothing), and every name the
-code reads is documented (a setting nobody can find is one nobody sets on purpose).
+Every ``WAYMARK_*`` name in the site's pages (``docs/**/*.md``) and ``README.md`` is read
+somewhere (a documented setting nothing reads tells an operator a knob exists that does
+nothing), and every name the code reads is documented (a setting nobody can find is one
+nobody sets on purpose).
 
 What counts as read: a string constant that is exactly a ``WAYMARK_*`` name in the apps'
 and waymark_config's Python (``env.int("WAYMARK_X", …)``, ``os.environ.get("WAYMARK_X")``), the
@@ -10,7 +11,7 @@ names built at run time from the lane settings (``WAYMARK_<LANE>_<NAME>``), the 
 the ``./waymark`` script expands, and the variables tests and benchmarks read from their
 environment (``os.environ.get``: ``WAYMARK_GENERATED_EXAMPLES``, ``WAYMARK_CHROMIUM``). The
 docs' ``WAYMARK_<LANE>_<NAME>`` forms are expanded from the lanes and their settings, and
-the lanes table of docs/operations.md must list every lane and setting with its default.
+the lanes table of docs/reference/settings.md must list every lane and setting with its default.
 
 Also: the docs name nothing outside the repository (a relative path they give exists in it).
 """
@@ -26,7 +27,7 @@ from django.conf import settings
 
 from .processes import ROOT
 
-DOCUMENTS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+DOCUMENTS = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
 CODE_DIRS = ["waymark_config", "workflows", "effects", "timers", "approvals", "webhooks"]
 ENV_READERS = ["tests", "benchmarks"]  # only what they read from their environment counts
 NAME = re.compile(r"WAYMARK_[A-Z0-9_]+")
@@ -35,9 +36,9 @@ DOCUMENTED = re.compile(r"WAYMARK_(?:[A-Z0-9_]|<[A-Z]+>)+")
 
 # Named in the docs, read by no Waymark process, on purpose.
 NOT_SETTINGS = {
-    "WAYMARK_URL": "docs/api.md: the calling service's own environment (where Waymark is)",
-    "WAYMARK_KEY": "docs/api.md: the calling service's own environment (its API key)",
-    "WAYMARK_WEB": "docs/embedding.md: a Django settings object a host imports, not a variable",
+    "WAYMARK_URL": "docs/how-to/call-the-api.md: the calling service's environment (Waymark's URL)",
+    "WAYMARK_KEY": "docs/how-to/call-the-api.md: the calling service's environment (its API key)",
+    "WAYMARK_WEB": "docs/how-to/embed-in-django.md: a Django settings object a host imports",
 }
 # Read, and deliberately not in the manuals.
 UNDOCUMENTED = {
@@ -155,7 +156,7 @@ def test_the_exceptions_are_still_needed() -> None:
 
 
 def test_the_lanes_table_lists_every_lane_and_setting_with_its_default() -> None:
-    text = (ROOT / "docs" / "operations.md").read_text()
+    text = (ROOT / "docs" / "reference" / "settings.md").read_text()
     header = next(line for line in text.splitlines() if line.startswith("| lane |"))
     columns = [cell.strip() for cell in header.strip("|").split("|")]
     rows = {

@@ -23,7 +23,7 @@ from .processes import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-DOCUMENTS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+DOCUMENTS = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
 PLACEHOLDER_HOST = re.compile(r"https://(?:[a-z0-9-]+\.)*example\.com")
 
 
@@ -63,7 +63,7 @@ SCENARIOS: dict[str, list[Scenario]] = {
         Scenario({"name": "Bo", "tier": "silver", "id": "c-2"}, ["greet", "route", "done"],
                  None),
     ],
-    "definitions.md#note": [
+    "sagas.md#note": [
         Scenario({"amount": 120, "customer": MAYA}, REFUND_PAID,
                  {"refunded": "120", "status": "200"}, effects=REFUND_SENT),
         Scenario({"amount": 900, "customer": MAYA}, ["note", "size", "ask", *REFUND_PAID[2:]],
@@ -74,7 +74,7 @@ SCENARIOS: dict[str, list[Scenario]] = {
                  ["note", "size", "rejected"], {"refunded": "0"}, status="failed"),
     ],
     # The saga: every call answered, so nothing is compensated (tests/test_sagas.py fails it).
-    "definitions.md#reserve": [
+    "sagas.md#reserve": [
         Scenario({}, ["reserve", "charge", "ship", "done"], None,
                  effects={"{run}/reserve/1": 1, "{run}/charge/1": 1, "{run}/ship/1": 1}),
     ],

@@ -6,7 +6,7 @@ dependencies through pip, as a host's would. The host project (its own settings,
 database on the tests' PostgreSQL server) migrates, starts a run through Waymark's API, runs
 the engine with ``manage.py runengine --no-web`` and sees the run finish, then renders the
 admin pages and a Slack message: every template and data file must come from site-packages.
-The import of Waymark's settings objects that docs/embedding.md shows a host reads the
+The import of Waymark's settings objects that docs/how-to/embed-in-django.md shows a host reads the
 environment and writes nothing.
 """
 
@@ -37,7 +37,7 @@ from .processes import kill_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST_PROJECT = Path(__file__).resolve().parent / "host_project"
-EMBEDDING = ROOT / "docs" / "embedding.md"
+EMBEDDING = ROOT / "docs" / "how-to" / "embed-in-django.md"
 PACKAGES = ["waymark_config", "workflows", "timers", "effects", "approvals", "webhooks"]
 # Each file that is not a module, by where it lands in site-packages.
 PACKAGE_DATA = [
@@ -76,15 +76,15 @@ print(json.dumps({{"modules": sorted(sys.modules), "configured": settings.config
 
 
 def _documented_import() -> tuple[str, list[str]]:
-    """The module docs/embedding.md tells a host to import the settings objects from, and the
-    names it imports."""
+    """The module the embedding guide tells a host to import the settings objects from, and
+    the names it imports."""
     found = re.search(r"^from ([\w.]+) import \(\n((?:    \w+,\n)+)\)", EMBEDDING.read_text(), re.M)
-    assert found, "docs/embedding.md shows no import of the settings objects"
+    assert found, "docs/how-to/embed-in-django.md shows no import of the settings objects"
     return found[1], re.findall(r"\w+", found[2])
 
 
 def test_a_hosts_import_of_the_settings_objects_writes_nothing(tmp_path: Path) -> None:
-    """The import docs/embedding.md shows, run as a host's settings run it: before Django is
+    """The import the embedding guide shows, run as a host's settings run it: before Django is
     set up, with only a host's environment. It reads that environment and does nothing else:
     no file written (Waymark's own project keeps a secret key under WAYMARK_DATA_DIR), none of
     Waymark's own settings evaluated, no database driver loaded."""

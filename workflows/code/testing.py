@@ -1,4 +1,4 @@
-"""A test helper for a host's own tests of its code workflows (docs/code-workflows.md,
+"""A test helper for a host's own tests of its code workflows (docs/how-to/test-a-code-workflow.md,
 "Testing a code workflow"). FOR TESTS ONLY: it moves a run's waits to now and runs steps in
 the calling process; it refuses to run where ``WAYMARK_PRODUCTION`` is set.
 
@@ -112,14 +112,16 @@ def refuse_in_production() -> None:
 
 
 class WorkflowTest:
-    """One run of a code workflow driven by a test::
+    """One run of a code workflow driven by a test.
 
-    t = WorkflowTest(org=org)
-    t.start("order-fulfilment", version=2, input={"order": "o-1"}, start_key="t1")
-    t.run_until_waiting()          # the run waits: a sleep, a signal, an approval
-    t.skip_time()                  # its sleeps and timeouts end now
-    t.signal("paid", correlation="o-1", payload={"amount": 12})
-    run = t.run_until_finished()   # the run with its steps; raises if it still waits
+    For example::
+
+        t = WorkflowTest(org=org)
+        t.start("order-fulfilment", version=2, input={"order": "o-1"}, start_key="t1")
+        t.run_until_waiting()          # the run waits: a sleep, a signal, an approval
+        t.skip_time()                  # its sleeps and timeouts end now
+        t.signal("paid", correlation="o-1", payload={"amount": 12})
+        run = t.run_until_finished()   # the run with its steps; raises if it still waits
     """
 
     def __init__(self, *, org: Organisation, max_turns: int = 200) -> None:

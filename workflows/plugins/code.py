@@ -1,4 +1,4 @@
-"""Workflows written as Python code (docs/code-workflows.md): register a function with
+"""Workflows written as Python code (docs/reference/code-workflows.md): register a function with
 ``@workflow(name, version=N)`` from your ``AppConfig.ready()`` (or a module it imports),
 publish it for an organisation with ``publish_code_workflow``, and start its runs like any
 automation's (the API, ``run_start``)::
