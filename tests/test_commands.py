@@ -239,3 +239,32 @@ def test_publish_automation_refuses_a_slug_no_url_could_name(tmp_path: Path) -> 
         with pytest.raises(CommandError, match=f"^invalid_input: {detail}"):
             _call("publish_automation", "--org", "acme", "--slug", slug, "--file", str(path))
     assert not AutomationVersion.objects.exists()
+
+
+def test_publish_code_workflow_publishes_a_registered_workflow_once_per_version() -> None:
+    from . import code_workflow_steps  # noqa: F401  (registers code-values, version 1)
+
+    _call("create_organisation", "acme")
+    out = _call("publish_code_workflow", "--org", "acme", "--name", "code-values", "--version", "1")
+    assert "code-values version 1 published for acme (automation code-values v1)" in out
+    version = AutomationVersion.objects.get(automation__org__slug="acme")
+    assert version.definition["steps"][0]["workflow"] == "code-values"
+    # Published again: the same version is current, no new one.
+    _call("publish_code_workflow", "--org", "acme", "--name", "code-values", "--version", "1")
+    assert AutomationVersion.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("org", "name", "code"),
+    [
+        ("acme", "code-values-unregistered", "workflow_version_missing"),
+        ("nowhere", "code-values", "unknown_organisation"),
+    ],
+)
+def test_publish_code_workflow_refuses_with_a_code(org: str, name: str, code: str) -> None:
+    from . import code_workflow_steps  # noqa: F401
+
+    _call("create_organisation", "acme")
+    with pytest.raises(CommandError, match=code):
+        _call("publish_code_workflow", "--org", org, "--name", name, "--version", "1")
+    assert not AutomationVersion.objects.exists()
