@@ -4,8 +4,9 @@ with what the reader is told to do with it (docs/tutorial/index.md, "How to read
 - a shell block (```` ```sh ````, or ```` ```{code-block} sh ```` without a caption): run it,
   in order, in one terminal at the repository's root;
 - a block captioned "In another terminal ..." (it has a ``:name:``): start it and leave it
-  running; a block of the same name started again replaces the one running (Ctrl-C first);
-- a block whose caption is a relative path: write that file with exactly this content;
+  running; one named ``<name>-again`` starts ``<name>`` again (after Ctrl-C in its terminal);
+- a block whose caption is a relative path (in backticks): write that file with exactly
+  this content;
 - a ``text`` block: what a command prints, not run; one with a ``:name:`` is a step the
   reader takes in the browser, which the test takes over HTTP as the reader would.
 
@@ -35,7 +36,9 @@ class Block:
 
     @property
     def caption(self) -> str:
-        return self.options.get("caption", "")
+        # A file's path is shown as code (`shop/__init__.py`: bare, its underscores would be
+        # read as Markdown's emphasis).
+        return self.options.get("caption", "").strip("`")
 
     @property
     def name(self) -> str:
