@@ -224,7 +224,8 @@ def _approve_in_admin(reader: Reader, browser: httpx.Client) -> None:
         )
         return found.group(0) if found else None
 
-    review = wait_for(listed, what="the approval in the admin inbox")
+    # The run sends its email and waits ten seconds first: a bound, not what it takes.
+    review = wait_for(listed, timeout=300, what="the approval in the admin inbox")
     (run,) = reader.runs_of("welcome")
     assert run["status"] == "running"  # it waits on the person, holding no worker
     page = browser.get(review)
@@ -244,7 +245,7 @@ def approval_pending(reader: Reader) -> None:
             assert run["status"] in ("running", "succeeded"), (run["status"], run["error"])
         return bool(reader.api("approvals?status=pending")["results"])
 
-    wait_for(pending, what="the code workflow's approval to be pending")
+    wait_for(pending, timeout=300, what="the code workflow's approval to be pending")
 
 
 BROWSER: dict[str, Callable[[Reader], None]] = {"tutorial-decide-in-admin": decide_in_admin}
