@@ -1,4 +1,4 @@
-"""Migrating code runs between versions of their code (docs/code-workflows.md, "Moving runs
+"""Migrating code runs between versions of their code (docs/reference/code-workflows.md, "Moving runs
 to another version"): the new version's code is replayed, dry, against each run's history
 before it moves; a history it does not fit keeps the run where it is, with the reason; a
 version this process does not register is refused. On the real engine and database."""

@@ -1,4 +1,4 @@
-"""Sagas and failures of code workflows (docs/code-workflows.md, "Sagas: undoing what a run
+"""Sagas and failures of code workflows (docs/reference/code-workflows.md, "Sagas: undoing what a run
 did" and "When a step fails"): compensations registered with ``ctx.compensate_with`` run
 through the engine's own sagas (latest first, once per execution, each once at the provider,
 also when the worker is killed mid-compensation); a step that fails for good is raised in the

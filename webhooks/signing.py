@@ -1,4 +1,4 @@
-"""How a delivery is signed, and how a receiver checks it (docs/webhooks.md shows the same in
+"""How a delivery is signed, and how a receiver checks it (docs/how-to/receive-webhooks.md shows the same in
 a few lines of any language).
 
 The signature is HMAC-SHA256, keyed with the subscription's secret, over

@@ -1,4 +1,4 @@
-"""The checks of sagas: ``compensate`` and ``irreversible`` (docs/definitions.md, "Sagas and
+"""The checks of sagas: ``compensate`` and ``irreversible`` (docs/reference/definitions.md, "Sagas and
 compensation").
 
 A step's ``compensate`` names the step that undoes it. Compensation steps are entered only by
