@@ -7,8 +7,8 @@ settle reach one organisation's rows: by `org_id`, or by a key that implies it (
 step's id, given as a parameter or as an array of them). The few that look across every
 organisation do so by design (a worker serves every organisation; the sweeper, the health
 checks and the metrics look at the whole engine) and are listed here with the reason; on a
-sharded server they become multi-shard statements (docs/how-to/scale-to-several-hosts.md). A new statement fails
-this test until it is scoped or added below, knowingly.
+sharded server they become multi-shard statements (docs/how-to/scale-to-several-hosts.md). A new
+statement fails this test until it is scoped or added below, knowingly.
 """
 
 from __future__ import annotations

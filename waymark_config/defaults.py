@@ -1,4 +1,5 @@
-"""The settings objects a host project imports (docs/how-to/embed-in-django.md), with Waymark's defaults.
+"""The settings objects a host project imports (docs/how-to/embed-in-django.md), with Waymark's
+defaults.
 
 WAYMARK, EFFECTS, WEBHOOKS, REST_FRAMEWORK, SPECTACULAR_SETTINGS, CACHES and WAYMARK_WEB, each
 value read from its WAYMARK_* variable in the process's environment (docs/reference/settings.md) and
@@ -72,8 +73,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.CursorPagination",
     "DEFAULT_FILTER_BACKENDS": ["workflows.api.filters.StrictFilterBackend"],
     "PAGE_SIZE": 50,
-    # Rate limits (429 with Retry-After, code "throttled"; docs/how-to/call-the-api.md). Per API key, every
-    # request; per organisation, run starts (a quota); per client address, failed
+    # Rate limits (429 with Retry-After, code "throttled"; docs/how-to/call-the-api.md). Per API
+    # key, every request; per organisation, run starts (a quota); per client address, failed
     # authentications (past the rate, a failure gets 429, not 401: guessing keys is slow).
     "DEFAULT_THROTTLE_CLASSES": [
         "workflows.api.throttles.ApiKeyThrottle",
@@ -175,8 +176,8 @@ WAYMARK = {
     # Definitions larger than this (canonical JSON bytes) or with more steps are refused.
     "MAX_DEFINITION_BYTES": env.int("WAYMARK_MAX_DEFINITION_BYTES", default=262_144),
     "MAX_DEFINITION_STEPS": env.int("WAYMARK_MAX_DEFINITION_STEPS", default=500),
-    # Templates and conditions (docs/reference/definitions.md, "Limits of templates"). Checked when a
-    # definition is saved: bytes per template / condition, conditions per branch, tokens and
+    # Templates and conditions (docs/reference/definitions.md, "Limits of templates"). Checked when
+    # a definition is saved: bytes per template / condition, conditions per branch, tokens and
     # nesting per template, tokens of all the templates of a definition together.
     "MAX_TEMPLATE_BYTES": env.int("WAYMARK_MAX_TEMPLATE_BYTES", default=16_384),
     "MAX_CONDITION_BYTES": env.int("WAYMARK_MAX_CONDITION_BYTES", default=2_048),
@@ -410,7 +411,8 @@ for _key in EFFECTS["SECRET_KEYS"]:
 
 # --- Outbound webhooks (webhooks/) -----------------------------------------------------------
 # Organisations subscribe an HTTPS endpoint to run events; the leading sweeper delivers them
-# (docs/how-to/receive-webhooks.md). Secrets are encrypted with the connection secrets' keys (EFFECTS above).
+# (docs/how-to/receive-webhooks.md). Secrets are encrypted with the connection secrets' keys
+# (EFFECTS above).
 WEBHOOKS = {
     # Deliveries in flight at once (the leading sweeper's sending threads), and at most this
     # many for one organisation: a slow endpoint holds its organisation's slots, not all.

@@ -153,7 +153,8 @@ ROOT_URLCONF = "waymark_config.urls"
 WSGI_APPLICATION = "waymark_config.wsgi.application"
 
 # Every template ships in the app that uses it (<app>/templates/, package data): APP_DIRS is all
-# a host project needs too (docs/how-to/embed-in-django.md). No project-wide DIRS, so this project proves it.
+# a host project needs too (docs/how-to/embed-in-django.md). No project-wide DIRS, so this project
+# proves it.
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",

@@ -535,7 +535,8 @@ class Context(PeopleAndTime):
 def _http_fields(
     method: str, url: str, connection: str | None, headers: Mapping[str, str] | None, body: Any
 ) -> dict[str, Any]:
-    """An http step's fields (docs/reference/effect-people-code-steps.md, "http") from ctx.http's arguments."""
+    """An http step's fields (docs/reference/effect-people-code-steps.md, "http") from ctx.http's
+    arguments."""
     request: dict[str, Any] = {"method": method, "url": url}
     if headers is not None:
         request["headers"] = dict(headers)

@@ -42,7 +42,8 @@ walk, inside the run's locked transaction, would. It asks your type's declaratio
 ``execute`` reads only ``step`` and ``context`` and writes nothing: no statement, no outside
 call, no clock). Say nothing and your type is always safe; declare ``pure`` only when it is,
 to let runs pass through it without a lock. Worker-lane types are never run inside a walk, so
-the flag changes nothing for them. See docs/explanation/architecture.md, "The one rule of the fast paths".
+the flag changes nothing for them. See docs/explanation/architecture.md, "The one rule of the fast
+paths".
 """
 
 from __future__ import annotations
