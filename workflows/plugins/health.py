@@ -23,6 +23,7 @@ from __future__ import annotations
 from ..engine.health import (
     COUNT_CAP,
     HEALTH_CHECKS,
+    ORG_SCOPED,
     WAIT_ANSWERS,
     Check,
     Example,
@@ -52,10 +53,19 @@ __all__ = [
 ]
 
 
-def register_health_check(name: str, check: Check) -> None:
+def register_health_check(name: str, check: Check, *, org_scoped: bool = False) -> None:
     """Have ``manage.py doctor`` and ``/readyz`` call ``check(limits)`` for its findings. Name
-    it ``<app>.<what>``; the same name again replaces it."""
+    it ``<app>.<what>``; the same name again replaces it.
+
+    ``org_scoped=True`` says the check keeps to ``limits.orgs`` (its statements filter on
+    ``%(orgs)s`` as ``workflows.engine.health`` shows, or it reads nothing of any
+    organisation's): the admin's control room then shows its findings to staff members of
+    some organisations too, for theirs only. Without it, only superusers see them there."""
     HEALTH_CHECKS[name] = check
+    if org_scoped:
+        ORG_SCOPED.add(name)
+    else:
+        ORG_SCOPED.discard(name)
 
 
 def register_wait_answer(parked_on: str, *, holds: str, why_not: str) -> None:
