@@ -41,7 +41,6 @@ KEYS_OTHERWISE = {
     "timers.sql.INSERT_TIMER": "one organisation's new row (an INSERT inside a WITH)",
     "timers.sql.TIMER_HOLDS_WAIT": "a fragment correlated with one step row (s)",
     "effects.sql.CHECK_ORG_LOCK": "an advisory lock keyed by the organisation",
-    "workflows.engine.sql.control_room.RUNS_BY_STATUS": STAFF_ORGS,
     "workflows.engine.sql.control_room.NEWEST_FAILED_RUNS": STAFF_ORGS,
     "timers.sql.EARLIEST_PENDING_TIMER": STAFF_ORGS,
 }

@@ -127,9 +127,8 @@ def runs_panel(orgs: tuple[int, ...]) -> Panel:
         )
         rows = fetch_dicts(cursor)
     counts: dict[tuple[str, str], int] = {}
-    for row in rows:  # one row per organisation: summed, each capped already
-        key = (row["window"], row["status"])
-        counts[key] = counts.get(key, 0) + int(row["runs"])
+    for row in rows:
+        counts[(row["window"], row["status"])] = int(row["runs"])
     runs = reverse("admin:workflows_run_changelist")
     lines = tuple(
         Line(

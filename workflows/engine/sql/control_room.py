@@ -8,18 +8,18 @@ follows what happened in the window, capped, never the size of the history.
 from __future__ import annotations
 
 # Runs created in the last hour and the last day, by their status now: one capped count per
-# (status, window, organisation), each an index-only range of run_org_status_created (org,
-# status, created_at), read up to %(cap)s rows (one past the cap: "10,000+"). The windows
-# end at the database's now().
+# (status, window), each an index-only read of run_org_status_created (org, status,
+# created_at): the window's range of each organisation in turn, stopped at %(cap)s rows (one
+# past the cap: "10,000+") however many organisations there are. The windows end at the
+# database's now().
 RUNS_BY_STATUS = """
 SELECT w.name AS window, st.status,
        (SELECT count(*) FROM (
             SELECT 1 FROM workflows_run r
-             WHERE r.org_id = o.id AND r.status = st.status
+             WHERE r.org_id = ANY(%(orgs)s::bigint[]) AND r.status = st.status
                AND r.created_at >= now() - w.span
              LIMIT %(cap)s) counted) AS runs
-  FROM unnest(%(orgs)s::bigint[]) o(id)
- CROSS JOIN unnest(%(statuses)s::text[]) st(status)
+  FROM unnest(%(statuses)s::text[]) st(status)
  CROSS JOIN (VALUES ('hour', interval '1 hour'), ('day', interval '1 day')) w(name, span)
 """
 
