@@ -15,6 +15,8 @@ from django.test import Client, RequestFactory
 from django.test.utils import CaptureQueriesContext
 
 from approvals.models import ApprovalRequest
+from effects.models import Connection, Effect
+from timers.models import Timer
 from workflows.admin import control_room as room_module
 from workflows.admin.control_room import ControlRoom, Panel, control_room
 from workflows.models import Membership, Organisation, Run, Step
@@ -22,8 +24,9 @@ from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
 from .effect_setup import drive, start
-from .factories import OrganisationFactory
+from .factories import IO_DEFINITION, OrganisationFactory
 from .test_approvals_setup import approval_definition, person
+from .test_doctor import TIMER_DEFINITION
 
 pytestmark = pytest.mark.django_db
 
@@ -193,6 +196,58 @@ def test_approvals_waiting_for_the_signed_in_person_come_first() -> None:
     assert waiting.title == "Waiting for people (2)"
 
 
+def review_and_open_circuit(org: Organisation) -> tuple[Effect, Connection]:
+    run_id = start(org, IO_DEFINITION, slug="calls", key=f"calls-{org.pk}")
+    effect = Effect.objects.create(
+        org=org, run_id=run_id, step_id="work", iteration=1, key=f"{run_id}/work/1",
+        provider="http", state="needs_review", token="", owner="", step_attempt=1,
+    )  # fmt: skip
+    connection = Connection.objects.create(
+        org=org, name=f"crm-{org.pk}", provider="http", circuit="open", consecutive_failures=5
+    )
+    return effect, connection
+
+
+def test_effects_to_review_and_open_circuit_breakers_are_the_organisations_own() -> None:
+    mine, theirs = OrganisationFactory.create(), OrganisationFactory.create()
+    effect, connection = review_and_open_circuit(mine)
+    their_effect, their_connection = review_and_open_circuit(theirs)
+    user = staff("olga", mine)
+    user.user_permissions.add(Permission.objects.get(codename="view_effect"))
+    user = User.objects.get(pk=user.pk)
+
+    effects = panel(room_for(user), "Effects to review")
+
+    assert effects.title == "Effects to review (1) and circuit breakers"
+    review, circuit = effects.lines
+    assert review.text.startswith(f"effect {effect.pk} (http, run {effect.run_id} work#1)")
+    assert review.url == f"/admin/effects/effect/{effect.pk}/change/"
+    assert circuit.text.startswith(f"connection {connection.name} (http): circuit breaker open")
+    assert circuit.url == f"/admin/effects/connection/{connection.pk}/change/"
+    assert ("Effects to review", "/admin/effects/effect/?state__exact=needs_review") in [
+        (link.text, link.url) for link in effects.links
+    ]
+    # Without the permission to see effects, no panel.
+    assert not [p for p in room_for(staff("vic", mine)).panels if p.title.startswith("Effects")]
+    assert their_effect.pk != effect.pk and their_connection.name not in circuit.text
+
+
+def test_the_most_overdue_timer_of_the_organisations_is_shown() -> None:
+    mine, theirs = OrganisationFactory.create(), OrganisationFactory.create()
+    late = start(mine, TIMER_DEFINITION, slug="late", key="late")
+    later = start(theirs, TIMER_DEFINITION, slug="later", key="later")
+    Timer.objects.filter(run_id=late).update(due_at=Now() - timedelta(seconds=90))
+    Timer.objects.filter(run_id=later).update(due_at=Now() - timedelta(hours=3))
+
+    (line,) = panel(room_for(staff("olga", mine)), "Timers").lines
+    (everyone,) = panel(room_for(User.objects.create_superuser("root")), "Timers").lines
+
+    assert line.text.startswith("the most overdue: timer") and f"of run {late} " in line.text
+    assert line.tone == "warning" and line.url == f"/admin/workflows/run/{late}/change/"
+    assert line.values[0].endswith(" s late") and 90 <= float(line.values[0].split()[0]) < 3600
+    assert f"of run {later} " in everyone.text  # the superuser's most overdue is theirs
+
+
 def test_the_page_runs_the_same_queries_whatever_the_history_holds() -> None:
     org = OrganisationFactory.create()
     root = User.objects.create_superuser("root", password="pw")
@@ -212,7 +267,7 @@ def test_the_page_runs_the_same_queries_whatever_the_history_holds() -> None:
         fail(run)
     for run in runs(OrganisationFactory.create(), 5, prefix="c")[:2]:
         strand(run)
-    assert queries() == few + 0  # the same statements (one more organisation: still one each)
+    assert queries() == few  # the same statements (another organisation: still one each)
 
 
 def test_workflows_comes_first_among_the_apps() -> None:
