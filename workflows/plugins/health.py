@@ -6,16 +6,19 @@ and its answer for the waits it parks steps on. Register both from ``AppConfig.r
     )
 
     def overdue_things(limits: Limits) -> Iterable[Finding]:
-        ...  # one bounded query; limits.params() gives %(late)s, %(examples)s, %(cap)s
+        ...  # one bounded query; limits.params() gives %(late)s, %(examples)s, %(cap)s,
+        # %(orgs)s: ... AND (%(orgs)s::bigint[] IS NULL OR org_id = ANY(%(orgs)s::bigint[]))
         yield Finding(check="myapp.overdue", severity=Severity.OK, summary="nothing overdue")
 
-    register_health_check("myapp.overdue", overdue_things)
+    register_health_check("myapp.overdue", overdue_things, org_scoped=True)
     register_wait_answer("thing", holds=sql.THING_IS_PENDING, why_not="its thing is gone")
 
 A check returns findings: ``broken`` for an invariant that does not hold (``doctor`` exits
 1, ``/readyz`` answers 503), ``ok`` when it holds, ``info`` or ``warning`` for a measure. It
 runs in a read-only transaction under a statement timeout, so it must be one bounded query
-(an index of what it looks for, a LIMIT on what it lists), and must write nothing.
+(an index of what it looks for, a LIMIT on what it lists), and must write nothing. The
+admin's control room runs the checks for a staff member's organisations (``limits.orgs``):
+only those registered ``org_scoped=True``, whose statements keep to them.
 """
 
 from __future__ import annotations
