@@ -6,6 +6,7 @@ bounded: capped counts, time windows, the same queries whatever the history hold
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -18,15 +19,17 @@ from approvals.models import ApprovalRequest
 from effects.models import Connection, Effect
 from timers.models import Timer
 from workflows.admin import control_room as room_module
-from workflows.admin.control_room import ControlRoom, Panel, control_room
+from workflows.admin.control_room import COUNT_CAP, ControlRoom, Panel, control_room
+from workflows.engine.sql import control_room as room_sql
 from workflows.models import Membership, Organisation, Run, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
+from workflows.states import RunStatus
 
 from .effect_setup import drive, start
 from .factories import IO_DEFINITION, OrganisationFactory
 from .test_approvals_setup import approval_definition, person
-from .test_doctor import TIMER_DEFINITION
+from .test_doctor import TIMER_DEFINITION, read
 
 pytestmark = pytest.mark.django_db
 
@@ -280,3 +283,55 @@ def test_workflows_comes_first_among_the_apps() -> None:
     apps = html[html.index('id="content-main"') :]
     assert apps.index("app-workflows") < apps.index("app-approvals") < apps.index("app-effects")
     assert html.index('id="control-room"') < html.index('id="content-main"')
+
+
+# Runs of two days ago and older: the history the page must not read (succeeded and failed).
+HISTORY = """
+INSERT INTO workflows_run (org_id, automation_id, version_id, start_key, start_key_derived,
+                           input, input_digest, status, vars, outputs, entered, error,
+                           steps_executed, max_steps, deadline_at, created_at, finished_at)
+SELECT %(org)s, %(automation)s, %(version)s, 'old-' || g, false, '{}', '',
+       CASE WHEN g %% 10 = 0 THEN 'failed' ELSE 'succeeded' END, '{}', '{}', '{}', '', 1,
+       1000, now(), now() - interval '2 days' - make_interval(secs => g), now()
+  FROM generate_series(1, 20000) g
+"""
+
+
+@pytest.mark.django_db(transaction=True)  # ANALYZE sees the rows
+def test_the_counts_read_their_windows_not_the_history() -> None:
+    org = OrganisationFactory.create()
+    recent = runs(org, 10)
+    for run in recent[:3]:
+        fail(run)
+    version = Run.objects.get(pk=recent[0].pk).version
+    with connection.cursor() as cursor:
+        cursor.execute(HISTORY, {"org": org.pk, "automation": version.automation_id,
+                                 "version": version.pk})  # fmt: skip
+        cursor.execute("ANALYZE workflows_run")
+    by_status: dict[str, Any] = {
+        "orgs": [org.pk],
+        "statuses": list(RunStatus.values),
+        "cap": COUNT_CAP + 1,
+    }
+
+    scans, rows = read(room_sql.RUNS_BY_STATUS, by_status)
+    assert all(n["Node Type"] != "Seq Scan" for n in scans), scans
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + room_sql.RUNS_BY_STATUS, by_status)
+        assert "run_org_status_created" in " ".join(row[0] for row in cursor.fetchall())
+    assert rows <= 2 * 10, rows  # the ten recent runs, once per window: of 20,010
+    scans, rows = read(room_sql.NEWEST_FAILED_RUNS, {"orgs": [org.pk], "limit": 5})
+    assert all(n["Node Type"] != "Seq Scan" for n in scans) and rows <= 5, (rows, scans)
+
+
+def test_a_staff_member_of_no_organisation_sees_empty_panels() -> None:
+    org = OrganisationFactory.create()
+    fail(runs(org, 1)[0])
+    nobody = staff("nobody")
+    page = Client()
+    page.force_login(nobody)
+
+    assert page.get("/admin/").status_code == 200
+    room = room_for(nobody)
+    assert set(figures(room).values()) == {("0", "0")}
+    assert [t for t in texts(panel(room, "Failed or stuck")) if "sweep_leader" not in t] == []
