@@ -99,7 +99,11 @@ def control_room(request: HttpRequest) -> ControlRoom:
                 CHECK_TIMEOUT_SECONDS, float(engine_setting("DOCTOR_TIMEOUT_SECONDS"))
             ),
         )
-        room.panels += [runs_panel(orgs), stuck_panel(orgs, report), lanes_panel(orgs, report)]
+        room.panels += [
+            runs_panel(orgs, request.user),
+            stuck_panel(orgs, report),
+            lanes_panel(orgs, report),
+        ]
     for _name, source in sorted(CONTROL_PANELS.items()):
         panel = source(request, orgs)
         if panel is not None:
@@ -118,7 +122,7 @@ def _org_ids(member: frozenset[int] | None) -> tuple[int, ...]:
 # --- the engine's panels -----------------------------------------------------------------------
 
 
-def runs_panel(orgs: tuple[int, ...]) -> Panel:
+def runs_panel(orgs: tuple[int, ...], user: Any) -> Panel:
     statuses = list(RunStatus.values)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -150,10 +154,18 @@ def runs_panel(orgs: tuple[int, ...]) -> Panel:
         links=(
             Line("Failed runs", f"{runs}?status__exact={RunStatus.FAILED}"),
             Line("All runs", runs),
-            Line("Automations", reverse("admin:workflows_automation_changelist")),
-            Line("Audit log", reverse("admin:workflows_auditentry_changelist")),
+            *_links_allowed(user),
         ),
     )
+
+
+def _links_allowed(user: Any) -> list[Line]:
+    """The engine's other pages a person comes to, those they may open."""
+    pages = [
+        ("Automations", "workflows.view_automation", "admin:workflows_automation_changelist"),
+        ("Audit log", "workflows.view_auditentry", "admin:workflows_auditentry_changelist"),
+    ]
+    return [Line(label, reverse(name)) for label, perm, name in pages if user.has_perm(perm)]
 
 
 def stuck_panel(orgs: tuple[int, ...], report: Report) -> Panel:
