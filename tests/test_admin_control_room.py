@@ -335,3 +335,21 @@ def test_a_staff_member_of_no_organisation_sees_empty_panels() -> None:
     room = room_for(nobody)
     assert set(figures(room).values()) == {("0", "0")}
     assert [t for t in texts(panel(room, "Failed or stuck")) if "sweep_leader" not in t] == []
+
+
+def test_the_manual_is_linked_from_the_control_room_and_the_apis_docs(settings) -> None:
+    """Where people read the manual (WAYMARK_DOCS_URL): a link among the control room's
+    "Go to" links, for everyone who opens it, and in the API schema's description, which
+    the API's docs page (/api/v1/docs/) shows at its top."""
+    org = Organisation.objects.create(slug="readers", name="Readers")
+    settings.WAYMARK = {**settings.WAYMARK, "DOCS_URL": "https://docs.example.test/waymark/"}
+    links = {link.text: link.url for link in room_for(staff("reader", org)).links}
+    assert links["Documentation"] == "https://docs.example.test/waymark/"
+    client = Client()
+    client.force_login(staff("page", org))
+    page = client.get("/admin/").content.decode()
+    assert 'href="https://docs.example.test/waymark/"' in page
+    schema = client.get("/api/v1/schema/", HTTP_ACCEPT="application/json")
+    assert schema.status_code == 200
+    default = f"http://127.0.0.1:{8001}/"  # WAYMARK_DOCS_PORT's default, read at start-up
+    assert f"The manual: [{default}]({default})" in schema.json()["info"]["description"]

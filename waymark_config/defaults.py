@@ -89,9 +89,18 @@ REST_FRAMEWORK = {
     # (0, not None: DRF reads None as "trust the whole X-Forwarded-For", which a client sets.)
     "NUM_PROXIES": env.int("WAYMARK_NUM_PROXIES", default=0),
 }
+# Where people read the manual: the admin's control room and the API's docs page link to it.
+# By default the site `./waymark docs` builds and serves on this machine.
+DOCS_URL = env.str(
+    "WAYMARK_DOCS_URL", default=f"http://127.0.0.1:{env.int('WAYMARK_DOCS_PORT', default=8001)}/"
+)
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "Waymark API",
-    "DESCRIPTION": "Durable workflow engine. Every error is JSON with a stable `code`.",
+    "DESCRIPTION": (
+        "Durable workflow engine. Every error is JSON with a stable `code`. "
+        f"The manual: [{DOCS_URL}]({DOCS_URL})."
+    ),
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/api/v1",
@@ -218,6 +227,7 @@ WAYMARK = {
     # Modules imported at start-up that register step types of their own (the tests' `probe`
     # type, tests/probe_steps.py); a host project registers from its AppConfig.ready().
     "EXTRA_STEP_MODULES": env.list("WAYMARK_EXTRA_STEP_MODULES", default=[]),
+    "DOCS_URL": DOCS_URL,
     # Sent outbox rows are deleted after this long.
     "OUTBOX_RETENTION_SECONDS": env.int("WAYMARK_OUTBOX_RETENTION_SECONDS", default=3_600),
     # Inline (quick) steps one walk may run in one transaction, and for how long; the rest

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest
 from django.urls import reverse
@@ -110,6 +111,9 @@ def control_room(request: HttpRequest) -> ControlRoom:
             room.panels.append(panel)
     room.panels.sort(key=lambda panel: panel.order)
     room.links = [link for panel in room.panels for link in panel.links]
+    docs = settings.WAYMARK.get("DOCS_URL")
+    if docs:  # a host's own WAYMARK settings may leave it out
+        room.links.append(Line("Documentation", str(docs)))
     return room
 
 
