@@ -10,13 +10,14 @@ class ApprovalsConfig(AppConfig):
         from workflows.plugins.erasure import register_eraser
         from workflows.plugins.testing import register_decider, register_time_skip
 
-        from . import sweep, waits
+        from . import control_room, sweep, waits
         from .erasure import erase_approvals
         from .renames import rename_requests
         from .steptypes import register_step_types
         from .testing import decide_as, expire_run_requests
 
         register_step_types()
+        control_room.register()  # its panel on the admin's first screen
         waits.register()  # what its parked steps wait on, in words (the run page, the API)
         # Here, not in steptypes: the sweep's tasks use steptypes (reminders), so steptypes
         # importing the sweep would close a cycle.

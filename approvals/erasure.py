@@ -1,6 +1,6 @@
 """Erasing a person from the approvals app's rows: what their runs asked people (the content
 under review, a task's form and answer, the comment), the audit of decision attempts, and
-the Slack clicks on those requests (docs/operations.md, "Erasing a person"). Who decided (a
+the Slack clicks on those requests (docs/how-to/erase-a-person.md). Who decided (a
 colleague, not the person erased) stays.
 
 A pending request whose content lost a value is bound to its content as it now is (its

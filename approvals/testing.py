@@ -1,5 +1,5 @@
 """Decisions and deadlines for the workflow test helper (workflows.plugins.testing,
-docs/code-workflows.md, "Testing a code workflow"). FOR TESTS ONLY: registered from
+docs/reference/code-workflows.md, "Testing a code workflow"). FOR TESTS ONLY: registered from
 ApprovalsConfig.ready(), called only by ``WorkflowTest.decide`` and ``skip_time``, which
 refuse to run where WAYMARK_PRODUCTION is set."""
 

@@ -14,7 +14,7 @@ class EffectsConfig(AppConfig):
         )
         from workflows.plugins.erasure import register_eraser
 
-        from . import health, waits
+        from . import control_room, health, waits
         from .egress import tenant_ceiling
         from .erasure import erase_effects
         from .metrics import effect_gauges
@@ -27,6 +27,7 @@ class EffectsConfig(AppConfig):
         register_step_types()
         waits.register()  # what its parked steps wait on, in words (the run page, the API)
         health.register()
+        control_room.register()  # its panel on the admin's first screen
         register_metrics_collector("effects", effect_gauges)
         register_sweep_task("effects.reconcile_budgets", reconcile_budgets)
         register_sweep_task("effects.park_orphaned_calls", park_orphaned_calls)

@@ -31,8 +31,8 @@ def stored_address(text: str) -> str:
 
 def erased_address(address: str) -> str:
     """What the suppression list keeps of an address once its person was erased: the keyed
-    hash of the address as stored (``hmac-sha256:<hex>``, docs/operations.md, "Erasing a
-    person"). The check at send time looks for it too, so the person stays suppressed."""
+    hash of the address as stored (``hmac-sha256:<hex>``, docs/how-to/erase-a-person.md). The check
+    at send time looks for it too, so the person stays suppressed."""
     return keyed_hash(f"suppressed:{stored_address(address)}")
 
 

@@ -1,4 +1,4 @@
-"""Erasing a person from the effects app's rows (docs/operations.md, "Erasing a person").
+"""Erasing a person from the effects app's rows (docs/how-to/erase-a-person.md).
 
 The effects of their runs lose every value (what was sent, what the provider answered, the
 last response, the error); an effect still in flight is fenced (its attempt read their data

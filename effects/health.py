@@ -73,4 +73,4 @@ def _example(row: dict[str, Any]) -> Example:
 
 
 def register() -> None:
-    register_health_check("effects.lapsed_in_flight", lapsed_in_flight)
+    register_health_check("effects.lapsed_in_flight", lapsed_in_flight, org_scoped=True)

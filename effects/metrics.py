@@ -1,6 +1,6 @@
 """The effects' gauges, read when /metrics is scraped: effects by state (all but settled,
 the ledger's history) and connections whose circuit breaker is not closed, or that are
-broken, by provider. Registered through the engine's door (apps.py); docs/operations.md,
+broken, by provider. Registered through the engine's door (apps.py); docs/reference/metrics.md,
 "Metrics", lists them. Labels are states and provider names: never an organisation or a
 connection's name."""
 

@@ -1,4 +1,4 @@
-"""Effects and a re-run from a step (docs/api.md, "Re-run from a step").
+"""Effects and a re-run from a step (docs/reference/api-runs.md, "Re-run from a step").
 
 The re-run (workflows, through the door's ``register_settled_effects``) reads the run's
 settled effects here, shows them before it is confirmed and, unless told to repeat them,

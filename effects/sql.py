@@ -364,6 +364,7 @@ WITH lapsed AS (
       FROM effects_effect
      WHERE state = 'in_flight'
        AND (lease_until IS NULL OR lease_until < now() - make_interval(secs => %(late)s))
+       AND (%(orgs)s::bigint[] IS NULL OR org_id = ANY(%(orgs)s::bigint[]))
      ORDER BY lease_until NULLS FIRST
      LIMIT %(cap)s
 )

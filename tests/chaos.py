@@ -28,8 +28,8 @@ person answers signals, approvals and tasks as the automation says.
 Afterwards (``drain``) the chaos stops, every process is continued or started again
 without a crash point, and the engine drains: waiting is bounded by progress (the run
 events keep coming), never by a wall-clock budget. ``check`` (tests/chaos_checks.py) then reads the
-database, the stubs and the logs, and lists every violated invariant (docs/operations.md,
-"Chaos runs").
+database, the stubs and the logs, and lists every violated invariant
+(docs/explanation/how-the-guarantees-are-tested.md, "Chaos runs").
 """
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ CHAOS_ENV = {
 }
 CALL_TIMEOUT_SECONDS = 5.0  # the connections' (an effect's lease: this + the margin above)
 
-# The crash points each role can reach (docs/architecture.md, "Crash points"): the io lane
-# runs the effects but the model, and walks that take pending signals; slow runs the model;
-# human the approvals and tasks.
+# The crash points each role can reach (docs/explanation/processes-timers-effects.md, "Crash
+# points"): the io lane runs the effects but the model, and walks that take pending signals; slow
+# runs the model; human the approvals and tasks.
 EFFECT_POINTS = ("worker.after_claim", "effect.before_call", "effect.after_answer",
                  "settle.after_step_update")  # fmt: skip
 LANE_POINTS = {

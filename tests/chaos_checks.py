@@ -1,5 +1,6 @@
-"""The invariants a chaos run must keep (tests/chaos.py; docs/operations.md, "Chaos runs"),
-read from the database, the stub providers and the processes' logs once the engine drained."""
+"""The invariants a chaos run must keep (tests/chaos.py;
+docs/explanation/how-the-guarantees-are-tested.md, "Chaos runs"), read from the database, the stub
+providers and the processes' logs once the engine drained."""
 
 from __future__ import annotations
 

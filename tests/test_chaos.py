@@ -1,6 +1,7 @@
 """The chaos run, short form: two minutes of random kills, stops and crash points while a mix
-of automations runs, then the drain and every invariant (tests/chaos.py; docs/operations.md,
-"Chaos runs"). ``benchmarks/chaos.py`` runs the long form.
+of automations runs, then the drain and every invariant (tests/chaos.py;
+docs/explanation/how-the-guarantees-are-tested.md, "Chaos runs"). ``benchmarks/chaos.py`` runs the
+long form.
 
 ``WAYMARK_CHAOS_SECONDS`` sets how long the chaos lasts (120), ``WAYMARK_CHAOS_SEED`` its
 seed (random, printed), ``WAYMARK_CHAOS_REPORT`` a file where it appends what it did and

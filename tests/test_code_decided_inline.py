@@ -1,9 +1,9 @@
 """A code run's decide turns run inline in a worker's settle (engine/walk.py
-Walk._decided_inline, docs/architecture.md "Runs decided as they go"): the step the function
-asks for next is entered in the settle's transaction, without another queue hop. Held here:
-the rows are those of a run whose every turn waits for a worker (the ordinary way), a run
-reads its history once per resume, never in a web request, a ``ctx.run`` function never
-under the run's lock, and a turn that runs too long is interrupted with a clear code."""
+Walk._decided_inline, docs/explanation/architecture.md "Runs decided as they go"): the step the
+function asks for next is entered in the settle's transaction, without another queue hop. Held here:
+the rows are those of a run whose every turn waits for a worker (the ordinary way), a run reads its
+history once per resume, never in a web request, a ``ctx.run`` function never under the run's lock,
+and a turn that runs too long is interrupted with a clear code."""
 
 from __future__ import annotations
 

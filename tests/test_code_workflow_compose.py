@@ -1,4 +1,4 @@
-"""Code workflows' features together (docs/code-workflows.md): what each of "Parallel
+"""Code workflows' features together (docs/reference/code-workflows.md): what each of "Parallel
 branches", "Sagas", "When a step fails", "Retries of `ctx.run`" and "Re-running" promises
 holds inside a ``ctx.parallel`` branch too, on the real engine and database. Each feature has
 its own file; this one holds them where they meet, as users combine them."""

@@ -1,7 +1,7 @@
-"""Migrating code runs between versions of their code (docs/code-workflows.md, "Moving runs
-to another version"): the new version's code is replayed, dry, against each run's history
-before it moves; a history it does not fit keeps the run where it is, with the reason; a
-version this process does not register is refused. On the real engine and database."""
+"""Migrating code runs between versions of their code (docs/reference/code-workflows.md, "Moving
+runs to another version"): the new version's code is replayed, dry, against each run's history
+before it moves; a history it does not fit keeps the run where it is, with the reason; a version
+this process does not register is refused. On the real engine and database."""
 
 from __future__ import annotations
 

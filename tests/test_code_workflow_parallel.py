@@ -1,6 +1,6 @@
-"""ctx.parallel (docs/code-workflows.md, "Parallel branches"): a code workflow's branches
-run on the engine's own fork and join (engine/forks.py), each decided by a decider of its
-own against its branch's history, on the real engine and database."""
+"""ctx.parallel (docs/reference/code-workflows-at-run-time.md, "Parallel branches"): a code
+workflow's branches run on the engine's own fork and join (engine/forks.py), each decided by a
+decider of its own against its branch's history, on the real engine and database."""
 
 from __future__ import annotations
 

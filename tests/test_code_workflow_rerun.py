@@ -1,8 +1,8 @@
-"""Run control of a code run (docs/code-workflows.md, "Re-running, retrying and controlling a
-code run"): a re-run from a step it entered keeps the steps before it and replays the code
-into new work; retry runs the failed step (or the decider) again; cancel, pause and resume
-act as on a definition's run. On the real engine and database, driven in this process
-through a real Worker's code path."""
+"""Run control of a code run (docs/reference/code-workflows.md, "Re-running, retrying and
+controlling a code run"): a re-run from a step it entered keeps the steps before it and replays the
+code into new work; retry runs the failed step (or the decider) again; cancel, pause and resume act
+as on a definition's run. On the real engine and database, driven in this process through a real
+Worker's code path."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Sagas and failures of code workflows (docs/code-workflows.md, "Sagas: undoing what a run
-did" and "When a step fails"): compensations registered with ``ctx.compensate_with`` run
-through the engine's own sagas (latest first, once per execution, each once at the provider,
-also when the worker is killed mid-compensation); a step that fails for good is raised in the
-function as ``StepFailed``; ``ctx.run`` retries a function that raises on the engine's retry
-schedule. The workflows: tests/code_saga_steps.py (the stub's paths are described there)."""
+"""Sagas and failures of code workflows (docs/reference/code-workflows.md, "Sagas: undoing what a
+run did" and "When a step fails"): compensations registered with ``ctx.compensate_with`` run through
+the engine's own sagas (latest first, once per execution, each once at the provider, also when the
+worker is killed mid-compensation); a step that fails for good is raised in the function as
+``StepFailed``; ``ctx.run`` retries a function that raises on the engine's retry schedule. The
+workflows: tests/code_saga_steps.py (the stub's paths are described there)."""
 
 from __future__ import annotations
 

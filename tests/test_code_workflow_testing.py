@@ -1,4 +1,4 @@
-"""The workflow test helper (workflows.plugins.testing, docs/code-workflows.md, "Testing a
+"""The workflow test helper (workflows.plugins.testing, docs/reference/code-workflows.md, "Testing a
 code workflow"), used exactly as a host's test uses it: a code workflow that sleeps 3 days,
 waits for a morning in a zone, waits for a signal with a timeout and calls http against a
 local stub runs to its end in seconds, on the real engine, timer rows and sweep."""

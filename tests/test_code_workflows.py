@@ -1,4 +1,4 @@
-"""Workflows written as Python code (workflows/code, docs/code-workflows.md), on the real
+"""Workflows written as Python code (workflows/code, docs/reference/code-workflows.md), on the real
 engine and database: started through the API, each ctx step a step row with its events,
 driven by a real Worker's code path (claim, execute, settle) and the timer sweep."""
 

@@ -1,4 +1,4 @@
-"""What a code workflow refuses (docs/code-workflows.md, "Input and output", "Mistakes a
+"""What a code workflow refuses (docs/reference/code-workflows.md, "Input and output", "Mistakes a
 workflow's code can make"): an input its schema (given, or its TypedDict hint) refuses is
 refused at the start before anything is written; an output that fails its schema, a
 ctx.run result or an output past the size limits, and one step id used as two step types

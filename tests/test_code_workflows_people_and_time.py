@@ -1,6 +1,6 @@
-"""A code workflow asks people and waits on the clock (docs/code-workflows.md): ctx.approval
-decided in Slack (a click signed as Slack signs it, at the local Slack stub) or through the
-API, ctx.task answered through the API, and zoned sleeps, whose timer rows land at the
+"""A code workflow asks people and waits on the clock (docs/reference/code-workflows.md):
+ctx.approval decided in Slack (a click signed as Slack signs it, at the local Slack stub) or through
+the API, ctx.task answered through the API, and zoned sleeps, whose timer rows land at the
 wall-clock instant their zone says across a daylight-saving change."""
 
 from __future__ import annotations

@@ -135,8 +135,8 @@ def test_bootstrap_demo_replaces_a_revoked_key(settings, tmp_path: Path) -> None
     [
         ({"name": "Ada", "tier": "gold"}, "Hello Ada", True),
         ({"name": "Sam", "tier": "silver"}, "Hello Sam", False),
-        # What docs/api.md's examples send: neither field. A new user's first call must not
-        # end in a failed run with undefined_value.
+        # What docs/how-to/call-the-api.md's examples send: neither field. A new user's first call
+        # must not end in a failed run with undefined_value.
         ({"email": "ada@example.com"}, "Hello there", False),
         ({}, "Hello there", False),
     ],

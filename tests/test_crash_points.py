@@ -1,7 +1,8 @@
 """Real processes killed at the crash points of a signal's consumption and of a decision
-(docs/architecture.md, "Crash points"): what the dead process began is undone, or is read
-again by the process that takes over, and the run moves on exactly once. (The timer sweep's
-crash points: tests/test_timer_processes.py; the effect's: tests/test_effect_crashes.py.)"""
+(docs/explanation/processes-timers-effects.md, "Crash points"): what the dead process began is
+undone, or is read again by the process that takes over, and the run moves on exactly once. (The
+timer sweep's crash points: tests/test_timer_processes.py; the effect's:
+tests/test_effect_crashes.py.)"""
 
 from __future__ import annotations
 

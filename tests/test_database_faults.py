@@ -1,6 +1,6 @@
 """Database faults under load, on real engine processes: a server restart, backends
 terminated mid-settle, an idle transaction holding a run's lock, a half-open LISTEN
-connection (docs/operations.md, "Database faults").
+connection (docs/explanation/how-the-guarantees-are-tested.md, "Database faults").
 
 The tests start and own a PostgreSQL server of their own (the embedded server's wheel, data in
 a temporary directory), so restarting it cannot disturb the server the rest of the suite runs

@@ -1,7 +1,7 @@
 """A database restart in the middle of load, on real processes: the operator's
 `embedded_db stop; sleep 3; embedded_db start` beside engine and web processes that reach the
 embedded server through its backend, and the same restart of a server the processes reach
-through DATABASE_URL (docs/operations.md, "The embedded PostgreSQL" and "Database faults").
+through DATABASE_URL (docs/how-to/production.md, "The embedded PostgreSQL" and "Database faults").
 
 Every run finishes and succeeds, nothing fails, no process writes a traceback, and the web
 answers each request either as usual or 503 `database_unavailable` with Retry-After, never

@@ -1,6 +1,6 @@
 """The web while the database is away: 503 `database_unavailable` with Retry-After, one
-warning line, never a 500 or a traceback (docs/api.md, "Errors"). The database is made
-unreachable for real: new connections name a database the server does not have, or the
+warning line, never a 500 or a traceback (docs/how-to/call-the-api.md, "Errors"). The database is
+made unreachable for real: new connections name a database the server does not have, or the
 request's own connection is terminated by the server."""
 
 from __future__ import annotations

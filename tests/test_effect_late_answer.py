@@ -2,7 +2,7 @@
 answer turns up: the first call's own answer, late (a stub that holds it), or a lookup that
 finds what the first call made. Before the retry is sent, what arrived wins and the retry is
 not sent; once it was sent, it cannot be taken back, and the history shows both answers
-(docs/definitions.md, "How effects are made")."""
+(docs/reference/effect-people-code-steps.md, "How effects are made")."""
 
 from __future__ import annotations
 

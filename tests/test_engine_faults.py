@@ -350,7 +350,8 @@ def other_connections() -> int:
 def test_an_idle_slot_gives_its_database_connection_back(org, monkeypatch) -> None:
     """A slot that ran a step keeps its connection while busy, and gives it back once idle:
     idle slots holding connections let three hosts exhaust max_connections 100 and stall,
-    the one settle needing a connection unable to get one (docs/scaling.md)."""
+    the one settle needing a connection unable to get one
+    (docs/how-to/scale-to-several-hosts.md)."""
     monkeypatch.setattr(worker_module, "IDLE_CONNECTION_SECONDS", 0.5)
     worker = Worker(lane_policy("io"), concurrency=1, name="w")
     run_id = start_io_run(org)

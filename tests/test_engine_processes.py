@@ -309,7 +309,7 @@ def listed_idle(pid: int) -> bool:
 def test_a_worker_process_yields_the_cpu_to_the_processes_that_start_runs(org, procs) -> None:
     """WAYMARK_WORKER_NICE (default 10): a worker runs at a lower CPU priority than its
     parent (runengine, or here this test), so on busy cores the web and API processes that
-    start runs come first (docs/operations.md, "Speed, side by side"); 0 leaves it as is."""
+    start runs come first (docs/how-to/benchmarks.md, "Speed, side by side"); 0 leaves it as is."""
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     default, level = spawn_worker(), spawn_worker(WAYMARK_WORKER_NICE="0")
     procs.extend([default, level])

@@ -7,8 +7,8 @@ settle reach one organisation's rows: by `org_id`, or by a key that implies it (
 step's id, given as a parameter or as an array of them). The few that look across every
 organisation do so by design (a worker serves every organisation; the sweeper, the health
 checks and the metrics look at the whole engine) and are listed here with the reason; on a
-sharded server they become multi-shard statements (docs/scaling.md). A new statement fails
-this test until it is scoped or added below, knowingly.
+sharded server they become multi-shard statements (docs/how-to/scale-to-several-hosts.md). A new
+statement fails this test until it is scoped or added below, knowingly.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ BY_KEY = re.compile(r"\b(org_id|run_id|id|org)\s*=\s*(ANY\s*\()?\s*%\(\w+\)s", r
 INSERT_COLUMNS = re.compile(r"INSERT\s+INTO\s+\w+\s*\(([^)]*)\)", re.IGNORECASE)
 DML = re.compile(r"\b(SELECT|UPDATE|INSERT|DELETE)\b")
 
+# The admin's control room: the organisations the staff member sees, unnested.
+STAFF_ORGS = "the staff member's organisations (the admin's control room), unnested"
+
 # Scoped by a key the pattern cannot see: ids arrive as an array or a JSON document.
 KEYS_OTHERWISE = {
     "workflows.engine.sql.HEARTBEAT": "the worker's step ids and attempts, unnested",
@@ -38,6 +41,8 @@ KEYS_OTHERWISE = {
     "timers.sql.INSERT_TIMER": "one organisation's new row (an INSERT inside a WITH)",
     "timers.sql.TIMER_HOLDS_WAIT": "a fragment correlated with one step row (s)",
     "effects.sql.CHECK_ORG_LOCK": "an advisory lock keyed by the organisation",
+    "workflows.engine.sql.control_room.NEWEST_FAILED_RUNS": STAFF_ORGS,
+    "timers.sql.EARLIEST_PENDING_TIMER": STAFF_ORGS,
 }
 
 # Engine-wide rows that belong to no organisation (who is idle, who leads the sweep),
@@ -58,7 +63,10 @@ ENGINE_WIDE = {
 
 CLAIM = "a worker serves every organisation: it takes the next ready steps, fairly by org_id"
 SWEEP = "the elected sweeper's periodic pass over every organisation (a batch, by an index)"
-HEALTH = "a health check (doctor, /healthz) looks at the whole engine, bounded by a cap"
+HEALTH = (
+    "a health check (doctor, /healthz) looks at the whole engine, bounded by a cap (the "
+    "control room narrows it to a staff member's organisations)"
+)
 METRICS = "a metrics scrape counts the whole engine (by state, lane or provider)"
 CROSS_ORGANISATION = {
     "workflows.engine.sql.CLAIM": CLAIM,
@@ -126,7 +134,15 @@ def statements() -> Iterator[tuple[str, str]]:
                 yield f"{module.__name__}.{name}", value
 
 
+# A health check's optional scope (workflows.engine.health.Limits.orgs): NULL, every
+# organisation, for the doctor; a staff member's own for the admin's control room.
+OPTIONAL_SCOPE = re.compile(
+    r"\(%\(orgs\)s::bigint\[\] IS NULL OR [\w.]+ = ANY\(%\(orgs\)s::bigint\[\]\)\)"
+)
+
+
 def scoped(text: str) -> bool:
+    text = OPTIONAL_SCOPE.sub("", text)
     insert = INSERT_COLUMNS.match(text.strip())
     if insert is not None and "org_id" in insert.group(1):
         return True  # a new row of one organisation

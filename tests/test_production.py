@@ -22,7 +22,7 @@ from workflows.models import ApiKey, Membership, Organisation
 
 from .processes import ROOT
 
-# What docs/operations.md, "Production", tells an operator to set.
+# What docs/how-to/production.md, "Production", tells an operator to set.
 PRODUCTION_ENV = {
     "WAYMARK_PRODUCTION": "1",
     "WAYMARK_SECRET_KEY": secrets.token_urlsafe(50),

@@ -474,7 +474,7 @@ def test_a_join_complete_without_a_branch_cancels_its_timer(org):
 
 
 def test_a_zero_spread_is_accepted_on_a_step_as_on_the_definition(org):
-    """`spread: "0s"` on a step, as docs/definitions.md says (and as `timer_spread`): the
+    """`spread: "0s"` on a step, as docs/reference/definitions.md says (and as `timer_spread`): the
     definition publishes, and the run's timer has no offset."""
     rule = {"type": "wait_until", "rule": {"time": "09:00"}, "spread": "0s"}
     run_id = start(org, waits(rule, timer_spread="10m"))  # the step's own spread wins

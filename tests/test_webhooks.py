@@ -201,7 +201,7 @@ def test_a_delivery_is_signed_and_the_signature_verifies(org, receiver: Receiver
 
 
 def test_the_signature_is_hmac_sha256_over_the_timestamp_and_the_body() -> None:
-    # What docs/webhooks.md tells a receiver to compute, with a fixed input.
+    # What docs/how-to/receive-webhooks.md tells a receiver to compute, with a fixed input.
     header = signature_header("whsec_test", b'{"id":"1"}', timestamp=1767225600)
 
     assert header == (

@@ -107,7 +107,8 @@ def test_a_bad_retry_after_is_ignored_and_the_delivery_fails_after_its_attempts(
     assert (row.status, row.attempts, row.last_status) == ("failed", 3, 503)
     assert row.last_error.startswith("http_503")
     assert len(unreadable_retry_after.wait_requests(3)) == 3
-    # Failed: deleted with the other finished ones after the retention (docs/webhooks.md).
+    # Failed: deleted with the other finished ones after the retention
+    # (docs/how-to/receive-webhooks.md).
     Delivery.objects.filter(pk=row.pk).update(created_at=Now() - timedelta(days=31))
     assert purge_finished() == 1
     assert not Delivery.objects.filter(pk=row.pk).exists()

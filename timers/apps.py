@@ -15,7 +15,7 @@ class TimersConfig(AppConfig):
         from workflows.plugins.erasure import register_eraser
         from workflows.plugins.testing import register_time_skip
 
-        from . import health, waits
+        from . import control_room, health, waits
         from .erasure import erase_timers
         from .metrics import timer_gauges
         from .renames import rename_timer
@@ -27,6 +27,7 @@ class TimersConfig(AppConfig):
         register_step_types()
         waits.register()  # what its parked steps wait on, in words (the run page, the API)
         health.register()
+        control_room.register()  # its panel on the admin's first screen
         register_metrics_collector("timers", timer_gauges)
         register_sweep_service("timers.due", TimerFiring)
         register_sweep_task("timers.schedules", fire_due_schedules, each_tick=True)

@@ -96,5 +96,5 @@ def _timer_fate(row: dict[str, Any]) -> str:
 
 def register() -> None:
     register_wait_answer("timer", holds=sql.TIMER_HOLDS_WAIT, why_not=NOT_PENDING)
-    register_health_check("timers.overdue", overdue)
-    register_health_check("timers.waits_without_timer", waits_without_timer)
+    register_health_check("timers.overdue", overdue, org_scoped=True)
+    register_health_check("timers.waits_without_timer", waits_without_timer, org_scoped=True)

@@ -1,6 +1,6 @@
 """The timers' metrics: how late timers fire, how long a batch takes, and how late the
 earliest pending timer is now (read when /metrics is scraped). Registered through the
-engine's door (apps.py); docs/operations.md, "Metrics", lists them."""
+engine's door (apps.py); docs/reference/metrics.md, "Metrics", lists them."""
 
 from __future__ import annotations
 

@@ -259,6 +259,7 @@ WITH overdue AS (
       FROM timers_timer
      WHERE fired_at IS NULL AND cancelled_at IS NULL AND org_id > 0
        AND due_at < now() - make_interval(secs => %(late)s)
+       AND (%(orgs)s::bigint[] IS NULL OR org_id = ANY(%(orgs)s::bigint[]))
      ORDER BY due_at
      LIMIT %(cap)s
 )
@@ -278,6 +279,7 @@ WITH lost AS (
      WHERE s.status = 'waiting' AND s.wait_kind = 'external' AND s.wake_at IS NULL
        AND split_part(s.wait_detail->>'parked_on', ':', 1) = 'timer'
        AND NOT {TIMER_HOLDS_WAIT}
+       AND (%(orgs)s::bigint[] IS NULL OR s.org_id = ANY(%(orgs)s::bigint[]))
      LIMIT %(cap)s
 )
 SELECT (SELECT count(*) FROM lost) AS total, l.org_id, l.run_id, l.step_id, l.iteration,
@@ -288,6 +290,23 @@ SELECT (SELECT count(*) FROM lost) AS total, l.org_id, l.run_id, l.step_id, l.it
          ON t.run_id = l.run_id AND t.step_id = l.step_id AND t.iteration = l.iteration
  ORDER BY l.id
 """  # noqa: S608 (this module's constant fragments)
+
+# --- the control room (timers/control_room.py) ---------------------------------------------------
+
+# The earliest pending timer of the staff member's organisations (%(orgs)s), and how late it
+# is (negative: not due yet): one probe of timer_pending (org, due_at) per organisation.
+EARLIEST_PENDING_TIMER = """
+SELECT t.id, t.org_id, t.run_id, t.step_id, t.iteration, t.kind,
+       EXTRACT(EPOCH FROM now() - t.due_at)::float AS late_seconds
+  FROM unnest(%(orgs)s::bigint[]) o(id)
+ CROSS JOIN LATERAL (
+       SELECT id, org_id, run_id, step_id, iteration, kind, due_at FROM timers_timer
+        WHERE org_id = o.id AND fired_at IS NULL AND cancelled_at IS NULL
+        ORDER BY due_at
+        LIMIT 1) t
+ ORDER BY t.due_at
+ LIMIT 1
+"""
 
 # --- scrape-time gauge (timers/metrics.py) -------------------------------------------------------
 

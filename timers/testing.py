@@ -1,6 +1,7 @@
-"""Time skipping for the workflow test helper (workflows.plugins.testing, docs/code-workflows.md,
-"Testing a code workflow"). FOR TESTS ONLY: registered from TimersConfig.ready(), called only
-by ``WorkflowTest.skip_time``, which refuses to run where WAYMARK_PRODUCTION is set."""
+"""Time skipping for the workflow test helper (workflows.plugins.testing,
+docs/reference/code-workflows.md, "Testing a code workflow"). FOR TESTS ONLY: registered from
+TimersConfig.ready(), called only by ``WorkflowTest.skip_time``, which refuses to run where
+WAYMARK_PRODUCTION is set."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""The settings objects a host project imports (docs/embedding.md), with Waymark's defaults.
+"""The settings objects a host project imports (docs/how-to/embed-in-django.md), with Waymark's
+defaults.
 
 WAYMARK, EFFECTS, WEBHOOKS, REST_FRAMEWORK, SPECTACULAR_SETTINGS, CACHES and WAYMARK_WEB, each
-value read from its WAYMARK_* variable in the process's environment (docs/operations.md) and
+value read from its WAYMARK_* variable in the process's environment (docs/reference/settings.md) and
 refused at import when it cannot work. Waymark's own project uses them (settings.py); a host
 imports them into its own settings.
 
@@ -72,8 +73,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.CursorPagination",
     "DEFAULT_FILTER_BACKENDS": ["workflows.api.filters.StrictFilterBackend"],
     "PAGE_SIZE": 50,
-    # Rate limits (429 with Retry-After, code "throttled"; docs/api.md). Per API key, every
-    # request; per organisation, run starts (a quota); per client address, failed
+    # Rate limits (429 with Retry-After, code "throttled"; docs/how-to/call-the-api.md). Per API
+    # key, every request; per organisation, run starts (a quota); per client address, failed
     # authentications (past the rate, a failure gets 429, not 401: guessing keys is slow).
     "DEFAULT_THROTTLE_CLASSES": [
         "workflows.api.throttles.ApiKeyThrottle",
@@ -88,9 +89,18 @@ REST_FRAMEWORK = {
     # (0, not None: DRF reads None as "trust the whole X-Forwarded-For", which a client sets.)
     "NUM_PROXIES": env.int("WAYMARK_NUM_PROXIES", default=0),
 }
+# Where people read the manual: the admin's control room and the API's docs page link to it.
+# By default the site `./waymark docs` builds and serves on this machine.
+DOCS_URL = env.str(
+    "WAYMARK_DOCS_URL", default=f"http://127.0.0.1:{env.int('WAYMARK_DOCS_PORT', default=8001)}/"
+)
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "Waymark API",
-    "DESCRIPTION": "Durable workflow engine. Every error is JSON with a stable `code`.",
+    "DESCRIPTION": (
+        "Durable workflow engine. Every error is JSON with a stable `code`. "
+        f"The manual: [{DOCS_URL}]({DOCS_URL})."
+    ),
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/api/v1",
@@ -175,8 +185,8 @@ WAYMARK = {
     # Definitions larger than this (canonical JSON bytes) or with more steps are refused.
     "MAX_DEFINITION_BYTES": env.int("WAYMARK_MAX_DEFINITION_BYTES", default=262_144),
     "MAX_DEFINITION_STEPS": env.int("WAYMARK_MAX_DEFINITION_STEPS", default=500),
-    # Templates and conditions (docs/definitions.md, "Limits of templates"). Checked when a
-    # definition is saved: bytes per template / condition, conditions per branch, tokens and
+    # Templates and conditions (docs/reference/definitions.md, "Limits of templates"). Checked when
+    # a definition is saved: bytes per template / condition, conditions per branch, tokens and
     # nesting per template, tokens of all the templates of a definition together.
     "MAX_TEMPLATE_BYTES": env.int("WAYMARK_MAX_TEMPLATE_BYTES", default=16_384),
     "MAX_CONDITION_BYTES": env.int("WAYMARK_MAX_CONDITION_BYTES", default=2_048),
@@ -217,6 +227,7 @@ WAYMARK = {
     # Modules imported at start-up that register step types of their own (the tests' `probe`
     # type, tests/probe_steps.py); a host project registers from its AppConfig.ready().
     "EXTRA_STEP_MODULES": env.list("WAYMARK_EXTRA_STEP_MODULES", default=[]),
+    "DOCS_URL": DOCS_URL,
     # Sent outbox rows are deleted after this long.
     "OUTBOX_RETENTION_SECONDS": env.int("WAYMARK_OUTBOX_RETENTION_SECONDS", default=3_600),
     # Inline (quick) steps one walk may run in one transaction, and for how long; the rest
@@ -228,7 +239,7 @@ WAYMARK = {
     # with code_turn_budget_exceeded (workflows/code/budget.py).
     "CODE_TURN_MS": env.float("WAYMARK_CODE_TURN_MS", default=1_000.0),
     # A worker's settle that walks into a code run's decider runs its turn inline, in the
-    # settle's transaction (docs/architecture.md, "Runs decided as they go"); off: every
+    # settle's transaction (docs/explanation/architecture.md, "Runs decided as they go"); off: every
     # turn is a step of the io lane of its own.
     "CODE_DECIDE_INLINE": env.bool("WAYMARK_CODE_DECIDE_INLINE", default=True),
     # Finished runs (with their steps and history) are deleted this many days after they
@@ -294,7 +305,7 @@ WAYMARK = {
     "QUOTA_PENDING_SIGNALS": env.int("WAYMARK_QUOTA_PENDING_SIGNALS", default=10_000),
     # How long a stopping worker lets running steps finish before releasing them.
     "SHUTDOWN_GRACE_SECONDS": env.float("WAYMARK_SHUTDOWN_GRACE_SECONDS", default=10.0),
-    # The absence monitors (`manage.py doctor`, /readyz; docs/operations.md): how late is too
+    # The absence monitors (`manage.py doctor`, /readyz; docs/how-to/monitor.md): how late is too
     # late (a timer, a deadline, a lapsed lease, an unsent outbox row, an effect in flight
     # past its lease), how many examples a finding lists, and how long each check's
     # statements may take (the doctor's; /readyz's, whose answer a web process reuses for
@@ -395,8 +406,8 @@ if PRODUCTION and not EFFECTS["SECRET_KEYS"]:
     raise ImproperlyConfigured(
         "missing_setting: WAYMARK_PRODUCTION is set but WAYMARK_EFFECTS_SECRET_KEYS is not: set "
         "at least one Fernet key (python -c 'from cryptography.fernet import Fernet; "
-        "print(Fernet.generate_key().decode())'); docs/operations.md, \"Rotating the secrets "
-        'key", says how to move existing secrets to it'
+        "print(Fernet.generate_key().decode())'); docs/how-to/connect-outside-services.md, "
+        '"Rotating the secrets key", says how to move existing secrets to it'
     )
 for _key in EFFECTS["SECRET_KEYS"]:
     try:
@@ -410,7 +421,8 @@ for _key in EFFECTS["SECRET_KEYS"]:
 
 # --- Outbound webhooks (webhooks/) -----------------------------------------------------------
 # Organisations subscribe an HTTPS endpoint to run events; the leading sweeper delivers them
-# (docs/webhooks.md). Secrets are encrypted with the connection secrets' keys (EFFECTS above).
+# (docs/how-to/receive-webhooks.md). Secrets are encrypted with the connection secrets' keys
+# (EFFECTS above).
 WEBHOOKS = {
     # Deliveries in flight at once (the leading sweeper's sending threads), and at most this
     # many for one organisation: a slow endpoint holds its organisation's slots, not all.

@@ -60,7 +60,7 @@ def _local_secret_key() -> str:
 
 # Production (WAYMARK_PRODUCTION=1): the secret key must be given (a key generated per host
 # would break sessions behind a load balancer), and cookies, redirects and HSTS default to
-# HTTPS-only. docs/operations.md, "Production", has the checklist; `check --deploy` is clean.
+# HTTPS-only. docs/how-to/production.md, "Production", has the checklist; `check --deploy` is clean.
 if PRODUCTION and not env.str("WAYMARK_SECRET_KEY", default=""):
     raise ImproperlyConfigured(
         "WAYMARK_PRODUCTION is set but WAYMARK_SECRET_KEY is not: set one secret key, the same "
@@ -153,7 +153,8 @@ ROOT_URLCONF = "waymark_config.urls"
 WSGI_APPLICATION = "waymark_config.wsgi.application"
 
 # Every template ships in the app that uses it (<app>/templates/, package data): APP_DIRS is all
-# a host project needs too (docs/embedding.md). No project-wide DIRS, so this project proves it.
+# a host project needs too (docs/how-to/embed-in-django.md). No project-wide DIRS, so this project
+# proves it.
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",

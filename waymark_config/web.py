@@ -1,6 +1,6 @@
 """The web server that ``manage.py runengine`` supervises: waitress, on a socket runengine binds.
 
-Why waitress (docs/operations.md, "Serving the web"): it reads every request, headers and
+Why waitress (docs/how-to/production.md, "Serving the web"): it reads every request, headers and
 body, on its event loop and hands only complete requests to its fixed pool of threads, and it
 buffers responses the same way. A client that trickles bytes (slowloris) therefore holds a
 connection, never a thread, and the pool bounds the database connections the web may open.
@@ -37,7 +37,7 @@ from .exit_codes import EXIT_CONFIG
 # How long a connection refused part-way is still read (and discarded) before it is closed.
 LINGER_SECONDS = 2.0
 
-# The server's own errors, in the API's shape {"code", "detail"} (docs/api.md).
+# The server's own errors, in the API's shape {"code", "detail"} (docs/how-to/call-the-api.md).
 ERRORS: dict[int, tuple[str, str]] = {
     400: ("bad_request", "The request is malformed."),
     413: ("payload_too_large", "The request body is too large."),

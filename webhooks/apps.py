@@ -19,5 +19,5 @@ class WebhooksConfig(AppConfig):
         # deliveries past retention deleted about once a minute.
         register_sweep_service("webhooks.send", Sender)
         register_sweep_task("webhooks.retention", lambda by: purge_finished())
-        register_health_check(CHECK, overdue)
+        register_health_check(CHECK, overdue, org_scoped=True)
         register_eraser("webhooks", erase_deliveries)

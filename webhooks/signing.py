@@ -1,5 +1,5 @@
-"""How a delivery is signed, and how a receiver checks it (docs/webhooks.md shows the same in
-a few lines of any language).
+"""How a delivery is signed, and how a receiver checks it (docs/how-to/receive-webhooks.md shows the
+same in a few lines of any language).
 
 The signature is HMAC-SHA256, keyed with the subscription's secret, over
 ``<timestamp>.<body>``: the Unix time of the attempt in seconds, a dot, and the request's

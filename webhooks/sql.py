@@ -186,6 +186,7 @@ WITH overdue AS (
     SELECT id, org_id, run_id, event_type, attempts, next_at
       FROM webhooks_delivery
      WHERE status = 'pending' AND next_at < now() - make_interval(secs => %(late)s)
+       AND (%(orgs)s::bigint[] IS NULL OR org_id = ANY(%(orgs)s::bigint[]))
      ORDER BY next_at
      LIMIT %(cap)s
 )

@@ -33,8 +33,8 @@ class WorkflowsConfig(AppConfig):
         register_sweep_task("workflows.audit_retention", lambda by: purge_audit())
         register_eraser("workflows", erase_engine_rows)
         for name, check in ENGINE_CHECKS.items():  # the doctor's and /readyz's own checks
-            register_health_check(name, check)
-        register_health_check(CODE_CHECK, missing_versions)
+            register_health_check(name, check, org_scoped=True)  # each keeps to limits.orgs
+        register_health_check(CODE_CHECK, missing_versions, org_scoped=True)
         import_extra_step_modules(settings.WAYMARK.get("EXTRA_STEP_MODULES", ()))
         # A process runengine started (its role in the environment): tracing, if configured.
         begin_from_environment()

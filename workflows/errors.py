@@ -126,7 +126,7 @@ class StartKeyConflict(Conflict):
 
 class WorkflowNotAllowed(WaymarkError):
     """A start of a code workflow in an organisation its ``@workflow(organisations=...)``
-    does not name (docs/code-workflows.md)."""
+    does not name (docs/reference/code-workflows.md)."""
 
     code = "workflow_not_allowed"
     status = 403
@@ -282,7 +282,7 @@ class UnknownStep(WaymarkError):
 
 class WorkflowVersionMissing(WaymarkError):
     """A migration of code runs to a version whose code is not registered in this process:
-    nothing can check the runs' histories against it (docs/code-workflows.md)."""
+    nothing can check the runs' histories against it (docs/reference/code-workflows.md)."""
 
     code = "workflow_version_missing"
     default_detail = (

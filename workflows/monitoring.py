@@ -7,9 +7,9 @@ that shows the bearer token ``WAYMARK_METRICS_TOKEN``; with no token set it is o
 Waymark's web is the public one, so its metrics are not left open on it. Include it from a
 URLconf (``path("", include("workflows.monitoring"))``) and list
 ``workflows.monitoring.RequestMetricsMiddleware`` first in ``MIDDLEWARE`` to time requests
-(docs/operations.md, "Metrics"). ``TraceContextMiddleware`` (after it) makes the spans a
+(docs/reference/metrics.md, "Metrics"). ``TraceContextMiddleware`` (after it) makes the spans a
 request causes (a run's start) children of the caller's, from its ``traceparent`` header
-(docs/operations.md, "Tracing and logs").
+(docs/how-to/monitor.md, "Tracing and logs").
 """
 
 from __future__ import annotations

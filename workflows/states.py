@@ -18,7 +18,7 @@ class RunStatus(models.TextChoices):
     FAILED = "failed"  # final unless an operator retries it
     CANCELLED = "cancelled"
     # a step failed for good and the compensations of the completed steps all ran
-    # (docs/definitions.md, "Sagas and compensation")
+    # (docs/reference/sagas.md, "Sagas and compensation")
     COMPENSATED = "compensated"
 
 

@@ -1,6 +1,6 @@
 """The code workflows of the peer benchmark's Waymark side: the chain-3 work written as
-Python (docs/code-workflows.md). Named in WAYMARK_EXTRA_STEP_MODULES by waymark_side.py, so
-the benchmark's process and every engine process register them as a host's ready() would.
+Python (docs/reference/code-workflows.md). Named in WAYMARK_EXTRA_STEP_MODULES by waymark_side.py,
+so the benchmark's process and every engine process register them as a host's ready() would.
 
 - ``code-3``: three ``ctx.step(id, "noop")`` calls: the same steps, rows and worker hops as
   the definition ``start -> s1 -> s2 -> s3 -> end`` of noop io steps.

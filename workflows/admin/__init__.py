@@ -7,5 +7,7 @@ from . import audit, automations, erasures, migrations, people, runs, signals, t
 admin.site.site_header = "Waymark"
 admin.site.site_title = "Waymark admin"
 admin.site.index_title = "Control room"
+# The first screen: what is failing or stuck, then the apps, Workflows first (control_room.py).
+admin.site.index_template = "admin/workflows/control_room.html"
 
 __all__ = ["audit", "automations", "erasures", "migrations", "people", "runs", "signals", "tenancy"]

@@ -1,5 +1,5 @@
 """``GET /api/v1/audit``: the organisation's audit log, newest first, cursor-paginated and
-filtered strictly like every list (docs/api.md, "The audit log")."""
+filtered strictly like every list (docs/reference/api-runs.md, "The audit log")."""
 
 from __future__ import annotations
 

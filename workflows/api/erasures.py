@@ -1,6 +1,6 @@
 """Erasing a person through the API: ``POST /api/v1/erasures`` (a dry run on request) and
 ``GET /api/v1/erasures``, the organisation's tombstones. The service decides
-(services/erasure/); docs/api.md, "Erasing a person"."""
+(services/erasure/); docs/reference/api-runs.md, "Erasing a person"."""
 
 from __future__ import annotations
 

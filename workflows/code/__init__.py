@@ -1,4 +1,5 @@
-"""Workflows written as Python code, on the same engine as definitions (docs/code-workflows.md).
+"""Workflows written as Python code, on the same engine as definitions
+(docs/reference/code-workflows.md).
 
 A host registers a function with ``@workflow(name, version=N)`` (registry.py); publishing it
 (publish.py) makes an ordinary automation whose one step is a ``code`` step (steptypes.py),

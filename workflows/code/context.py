@@ -143,7 +143,7 @@ class StepFailed(Exception):
     ``iteration`` name it; ``error`` is the step's error as its row keeps it, ``code`` the
     code it begins with (``max_age_exceeded: ...``, ``ValueError: ...``), or
     ``step_failed`` when it begins with none. Not caught, it fails the run with
-    ``step '<id>' failed: <error>`` (after compensating, docs/code-workflows.md)."""
+    ``step '<id>' failed: <error>`` (after compensating, docs/reference/code-workflows.md)."""
 
     def __init__(self, step_id: str, iteration: int, error: str) -> None:
         super().__init__(f"step {step_id!r} failed: {error}")
@@ -268,7 +268,7 @@ class Context(PeopleAndTime):
 
     def step(self, step_id: str, step_type: str, **fields: Any) -> Any:
         """Enter a step of any registered type, with the fields a definition's step of that
-        type has (docs/definitions.md); its recorded output once it has one."""
+        type has (docs/reference/definitions.md); its recorded output once it has one."""
         return self.step_result(step_id, step_type, **fields).output
 
     def step_result(self, step_id: str, step_type: str, **fields: Any) -> StepOutcome:
@@ -344,7 +344,7 @@ class Context(PeopleAndTime):
         """Register the step that undoes the call just before this one (its execution: a
         call in a loop registers one per iteration). If the run fails afterwards, the engine
         enters the registered steps, latest first, as a definition's compensations
-        (docs/definitions.md, "Sagas and compensation"); the run then ends ``compensated``.
+        (docs/reference/sagas.md, "Sagas and compensation"); the run then ends ``compensated``.
         Recorded as a step of its own (``ctx.compensate``), so every replay and every
         worker after a crash finds it."""
         target = self._last
@@ -535,7 +535,8 @@ class Context(PeopleAndTime):
 def _http_fields(
     method: str, url: str, connection: str | None, headers: Mapping[str, str] | None, body: Any
 ) -> dict[str, Any]:
-    """An http step's fields (docs/definitions.md, "http") from ctx.http's arguments."""
+    """An http step's fields (docs/reference/effect-people-code-steps.md, "http") from ctx.http's
+    arguments."""
     request: dict[str, Any] = {"method": method, "url": url}
     if headers is not None:
         request["headers"] = dict(headers)

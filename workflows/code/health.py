@@ -29,7 +29,7 @@ WITH missing AS (
     SELECT s.id, s.org_id, s.run_id, s.step_id, s.iteration
       FROM workflows_step s
      WHERE s.status = 'waiting' AND s.wake_at IS NOT NULL AND s.wait_kind = 'retry'
-       AND s.type = 'code'
+       AND s.type = 'code' AND (%(orgs)s::bigint[] IS NULL OR s.org_id = ANY(%(orgs)s::bigint[]))
        AND (SELECT e.detail->>'error' FROM workflows_runevent e
              WHERE e.run_id = s.run_id AND e.kind = 'step.deferred'
                AND e.step_id = s.step_id AND e.iteration = s.iteration

@@ -2,9 +2,9 @@
 ``ctx.task``, ``ctx.sleep`` (optionally in a zone) and ``ctx.wait_until``.
 
 Each builds the step a definition would hold, with the definition's own field names
-(docs/definitions.md, "approval", "task", "wait", "wait_until"), and enters it through
-``Context.step_result``: the same validator, rows, waits and wake-ups. Only the return value
-is shaped for code: what a person decided, as a small object, instead of the step's output.
+(docs/reference/effect-people-code-steps.md, "approval", "task", "wait", "wait_until"), and enters
+it through ``Context.step_result``: the same validator, rows, waits and wake-ups. Only the return
+value is shaped for code: what a person decided, as a small object, instead of the step's output.
 ``Context`` takes these methods from ``PeopleAndTime`` (context.py).
 """
 

@@ -12,7 +12,7 @@ person's when one of them is the email address, phone number or identifier an er
 ``fields``: paths (into ``input``, ``vars`` or ``outputs.<step id>``) whose values are that
 person's data too: erased with them wherever the run stored them. ``on_erasure``: ``cancel``
 (the default) or ``finish`` (the run goes on without the erased values). See
-docs/definitions.md, "Personal data".
+docs/reference/definitions.md, "Personal data".
 """
 
 from __future__ import annotations

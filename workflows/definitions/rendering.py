@@ -87,7 +87,7 @@ _PLAIN = str | int | float | bool | None
 class ExpressionError(Exception):
     """A template or condition could not be rendered or evaluated.
 
-    ``code`` is stable (see docs/definitions.md); the text is ``"<code>: <message>"``, the
+    ``code`` is stable (see docs/reference/definitions.md); the text is ``"<code>: <message>"``, the
     form the step's and the run's ``error`` show. It never carries Python's own wording where
     that names interpreter internals (a ``sys.`` function, a heap address).
     """

@@ -1,5 +1,5 @@
-"""The checks of sagas: ``compensate`` and ``irreversible`` (docs/definitions.md, "Sagas and
-compensation").
+"""The checks of sagas: ``compensate`` and ``irreversible`` (docs/reference/definitions.md, "Sagas
+and compensation").
 
 A step's ``compensate`` names the step that undoes it. Compensation steps are entered only by
 the engine, when the run would fail after their step completed, so they stand outside the

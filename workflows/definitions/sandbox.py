@@ -86,7 +86,7 @@ _CHILD_CODE = (
 
 @dataclass(frozen=True)
 class TemplateLimits:
-    """The WAYMARK settings that bound templates and conditions (docs/definitions.md)."""
+    """The WAYMARK settings that bound templates and conditions (docs/reference/definitions.md)."""
 
     max_template_bytes: int = 16_384
     max_condition_bytes: int = 2_048

@@ -1,4 +1,5 @@
-"""Validation of automation definitions (the JSON language documented in docs/definitions.md).
+"""Validation of automation definitions (the JSON language documented in
+docs/reference/definitions.md).
 
 ``validate_definition`` never raises, whatever shape its input has: it returns a list of
 :class:`DefinitionIssue`, each with a stable ``code``, a message naming the step and the field,

@@ -54,7 +54,7 @@ class DemoRefusedInProduction(WaymarkError):
         "WAYMARK_PRODUCTION is set: the demo (a superuser with a printed password, an API key "
         "kept in a file) is not created in production. Create accounts with `manage.py "
         "createsuperuser`, API keys with `manage.py create_api_key --org SLUG`, and run the "
-        'engine with `manage.py runengine` (docs/operations.md, "Production").'
+        'engine with `manage.py runengine` (docs/how-to/production.md, "Production").'
     )
 
 

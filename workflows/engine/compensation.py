@@ -1,4 +1,4 @@
-"""Sagas in the walk (docs/definitions.md, "Sagas and compensation").
+"""Sagas in the walk (docs/reference/sagas.md, "Sagas and compensation").
 
 A run whose step fails for good, after steps that declare a ``compensate`` completed, undoes
 them instead of failing: the plan (recorded as the run.compensating event) has one entry per

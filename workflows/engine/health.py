@@ -100,11 +100,14 @@ class Finding:
 
 @dataclass(frozen=True)
 class Limits:
-    """What every check is told: how late is too late, how many examples to show."""
+    """What every check is told: how late is too late, how many examples to show, and whose
+    rows to look at: ``orgs``, the organisations' ids (the admin's control room asks for a
+    staff member's own), or None for every organisation (the doctor, ``/readyz``)."""
 
     late_seconds: float
     examples: int
     count_cap: int = COUNT_CAP
+    orgs: tuple[int, ...] | None = None
 
     @classmethod
     def from_settings(cls) -> Limits:
@@ -115,8 +118,19 @@ class Limits:
 
     def params(self) -> dict[str, Any]:
         """The statements' parameters: %(late)s, %(examples)s, %(cap)s (one more than the
-        cap is read, to know the cap was passed)."""
-        return {"late": self.late_seconds, "examples": self.examples, "cap": self.count_cap + 1}
+        cap is read, to know the cap was passed) and %(orgs)s (the organisations, or
+        None: how a statement keeps to them is said below)."""
+        orgs = None if self.orgs is None else list(self.orgs)
+        return {
+            "late": self.late_seconds, "examples": self.examples, "cap": self.count_cap + 1,
+            "orgs": orgs,
+        }  # fmt: skip
+
+
+# How a check's statement keeps to ``Limits.orgs``: ``AND (%(orgs)s::bigint[] IS NULL OR
+# x.org_id = ANY(%(orgs)s::bigint[]))``. Parameters are bound on the client, so for every
+# organisation (NULL) the planner folds the condition away and the doctor's plans are the
+# same as without it.
 
 
 Check = Callable[[Limits], Iterable[Finding]]
@@ -137,8 +151,11 @@ class WaitAnswer:
 
 
 # What the engine and the apps registered (workflows.plugins): name -> check, and
-# parked_on prefix -> answer.
+# parked_on prefix -> answer. ORG_SCOPED: the checks that keep to ``Limits.orgs`` (or look
+# at nothing of any organisation's): the only ones run for a staff member of some
+# organisations, so a check that does not say so never shows them another's counts.
 HEALTH_CHECKS: dict[str, Check] = {}
+ORG_SCOPED: set[str] = set()
 WAIT_ANSWERS: dict[str, WaitAnswer] = {}
 
 
@@ -182,9 +199,12 @@ class Report:
 
 def run_checks(limits: Limits, *, timeout_seconds: float) -> Report:
     """Every registered check, each alone (one that fails is reported ``unchecked`` and the
-    next runs), in name order."""
+    next runs), in name order; for some organisations (``limits.orgs``), only the checks
+    that keep to them."""
     report = Report(checked_at=_database_now(), limits=limits)
     for name, check in sorted(HEALTH_CHECKS.items()):
+        if limits.orgs is not None and name not in ORG_SCOPED:
+            continue
         report.findings.extend(run_check(name, check, limits, timeout_seconds=timeout_seconds))
     return report
 

@@ -2,7 +2,7 @@
 
 The slow settle (steps._settling) costs four round trips (BEGIN; the run's lock with the
 step's fenced transition; the walk's writes; COMMIT) and six statements, and psycopg's work
-per statement was most of a busy worker's CPU (py-spy, docs/operations.md). A hop walks
+per statement was most of a busy worker's CPU (py-spy, docs/how-to/benchmarks.md). A hop walks
 first, from the run's row as the worker last saw it (the row its claim returned, or the one
 its previous hop wrote), then sends what the walk decided in one call of a server-side
 function (sql.functions.SETTLE_HOP_V1), as a transaction of its own: the statement commits
@@ -120,7 +120,7 @@ def hops_together(planned: list[PlannedHop], take: TakeNext | None = None) -> li
     CLAIM_AFTER_HOPS, with ``take``'s fairness) for as many steps as such hops wrote, sent
     with the group's statement and committed with it, in one round trip. Otherwise each of
     those slots would cost the worker's claim loop a claim and a commit of its own, and
-    commits are what a start waits behind (docs/operations.md)."""
+    commits are what a start waits behind (docs/how-to/benchmarks.md)."""
     crash_point("settle.after_step_update")
     hops = {"hops": Jsonb([_as_json(each.params) for each in planned])}
     claiming = [n for n, each in enumerate(planned) if each.claims_lane]

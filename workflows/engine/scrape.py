@@ -166,7 +166,7 @@ def multiprocess_directory() -> Iterator[Path]:
     ``PROMETHEUS_MULTIPROC_DIR`` set by the operator wins and is left as it is: several
     runengines may share it (``--no-web`` and ``--web-only`` on one machine), and emptying
     it would cut off the other's live processes. Emptying it before they all start is the
-    operator's (docs/operations.md, "Metrics")."""
+    operator's (docs/reference/metrics.md, "Metrics")."""
     given = os.environ.get(MULTIPROC_ENV)
     if given:
         path = Path(given)

@@ -15,7 +15,7 @@ effect call (``waymark.effect``) is the attempt's child. A web request's ``trace
 header (``monitoring.TraceContextMiddleware``) makes the start a child of the caller's span,
 so the caller's trace goes on through the engine.
 
-Attribute names start with ``waymark.`` (``ATTRIBUTES``); docs/operations.md, "Tracing and
+Attribute names start with ``waymark.`` (``ATTRIBUTES``); docs/how-to/monitor.md, "Tracing and
 logs", lists them.
 """
 

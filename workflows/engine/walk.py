@@ -167,7 +167,7 @@ def next_step_ids(step: Mapping[str, Any], outcome: str | None) -> list[str]:
         return []
     if isinstance(target, str):
         return [target]
-    # An outcome the mapping does not name ends this path (docs/definitions.md, `next`).
+    # An outcome the mapping does not name ends this path (docs/reference/definitions.md, `next`).
     chosen = target.get(outcome) if outcome is not None else None
     return [chosen] if chosen else []
 
@@ -376,7 +376,7 @@ class Walk:
         else:
             self.fail_run(step_id, f"step {step_id!r} failed: {error}")
 
-    # --- sagas (docs/definitions.md, "Sagas and compensation") --------------------------------
+    # --- sagas (docs/reference/sagas.md, "Sagas and compensation") --------------------------------
 
     def fail_run(self, step_id: str, error: str, *, output: Any = None) -> None:
         """The run would fail because of ``step_id``: it compensates its completed steps

@@ -90,6 +90,9 @@ class Run(models.Model):
             models.Index(fields=["org", "-id"], name="run_org_id"),
             models.Index(fields=["org", "status", "-id"], name="run_org_status_id"),
             models.Index(fields=["org", "automation", "-id"], name="run_org_automation_id"),
+            # The control room's runs by status in the last hour and day: each (organisation,
+            # status) a range by time, counted up to a cap (workflows/engine/sql/control_room.py).
+            models.Index(fields=["org", "status", "created_at"], name="run_org_status_created"),
             # Search inside the input (a customer's name, an order id) and the start key:
             # trigrams of SearchText, with the organisation (btree_gin) so one index serves
             # a search scoped to it (migration 0022 builds it concurrently).

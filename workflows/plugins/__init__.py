@@ -33,7 +33,7 @@ calls with it). It returns a ``StepResult`` (``output``, an ``outcome`` for a ma
 ``next``, ``vars`` to set, or ``park=Park(...)`` to wait for a wake or a deadline), or raises
 ``StepFailure`` (``retryable=False`` to skip the remaining attempts). A step type on the
 ``inline`` lane runs inside the walk's transaction and must not call anything outside the
-database. See docs/definitions.md, "Your own step types".
+database. See docs/reference/custom-step-types.md, "Your own step types".
 
 The rule of the fast paths: the engine walks some runs ahead of their transaction (a settle's
 hop, a group of hops, the one-statement start) and must then write exactly what its ordinary
@@ -42,7 +42,8 @@ walk, inside the run's locked transaction, would. It asks your type's declaratio
 ``execute`` reads only ``step`` and ``context`` and writes nothing: no statement, no outside
 call, no clock). Say nothing and your type is always safe; declare ``pure`` only when it is,
 to let runs pass through it without a lock. Worker-lane types are never run inside a walk, so
-the flag changes nothing for them. See docs/architecture.md, "The one rule of the fast paths".
+the flag changes nothing for them. See docs/explanation/architecture.md, "The one rule of the fast
+paths".
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def register_metrics_collector(name: str, collect: MetricsCollector) -> None:
     logged and left out of that scrape (``waymark_metrics_collector_up{collector=name}`` is
     0). Keep it to a few statements on indexes: it runs every scrape. Label nothing by
     organisation. Counters and histograms need no registering: a prometheus-client
-    instrument created in any process is scraped with the others (docs/operations.md,
+    instrument created in any process is scraped with the others (docs/reference/metrics.md,
     "Metrics"). The same name again replaces it."""
     SCRAPE_COLLECTORS[name] = collect
 
@@ -158,7 +159,7 @@ def register_step_renamer(name: str, renamer: StepRenamer) -> None:
 
 
 def register_settled_effects(name: str, reader: SettledEffectReader) -> None:
-    """Have a re-run from a step (docs/api.md, "Re-run from a step") call
+    """Have a re-run from a step (docs/reference/api-runs.md, "Re-run from a step") call
     ``reader(cursor, org_id, run_id)`` for the outside effects your app made for the run and
     stored the answers of (``SettledEffect``: step id, iteration, key, provider): it shows
     them before the operator confirms, and writes which the new walk reuses into the run's

@@ -1,4 +1,4 @@
-"""What an app's REST endpoints share with Waymark's own (docs/api.md): API-key
+"""What an app's REST endpoints share with Waymark's own (docs/how-to/call-the-api.md): API-key
 authentication's principal (``request_key``, ``request_actor``), the strict input serializer
 (unknown fields refused), the error body's schema, and the cursor-paginated list endpoint."""
 

@@ -1,5 +1,5 @@
-"""The door for erasing a person from an app's own tables (docs/operations.md, "Erasing a
-person"). Register an eraser from ``AppConfig.ready()``::
+"""The door for erasing a person from an app's own tables (docs/how-to/erase-a-person.md). Register
+an eraser from ``AppConfig.ready()``::
 
     from workflows.plugins.erasure import Column, Erasing, register_eraser, scrub_rows
 

@@ -6,16 +6,19 @@ and its answer for the waits it parks steps on. Register both from ``AppConfig.r
     )
 
     def overdue_things(limits: Limits) -> Iterable[Finding]:
-        ...  # one bounded query; limits.params() gives %(late)s, %(examples)s, %(cap)s
+        ...  # one bounded query; limits.params() gives %(late)s, %(examples)s, %(cap)s,
+        # %(orgs)s: ... AND (%(orgs)s::bigint[] IS NULL OR org_id = ANY(%(orgs)s::bigint[]))
         yield Finding(check="myapp.overdue", severity=Severity.OK, summary="nothing overdue")
 
-    register_health_check("myapp.overdue", overdue_things)
+    register_health_check("myapp.overdue", overdue_things, org_scoped=True)
     register_wait_answer("thing", holds=sql.THING_IS_PENDING, why_not="its thing is gone")
 
 A check returns findings: ``broken`` for an invariant that does not hold (``doctor`` exits
 1, ``/readyz`` answers 503), ``ok`` when it holds, ``info`` or ``warning`` for a measure. It
 runs in a read-only transaction under a statement timeout, so it must be one bounded query
-(an index of what it looks for, a LIMIT on what it lists), and must write nothing.
+(an index of what it looks for, a LIMIT on what it lists), and must write nothing. The
+admin's control room runs the checks for a staff member's organisations (``limits.orgs``):
+only those registered ``org_scoped=True``, whose statements keep to them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 from ..engine.health import (
     COUNT_CAP,
     HEALTH_CHECKS,
+    ORG_SCOPED,
     WAIT_ANSWERS,
     Check,
     Example,
@@ -52,10 +56,19 @@ __all__ = [
 ]
 
 
-def register_health_check(name: str, check: Check) -> None:
+def register_health_check(name: str, check: Check, *, org_scoped: bool = False) -> None:
     """Have ``manage.py doctor`` and ``/readyz`` call ``check(limits)`` for its findings. Name
-    it ``<app>.<what>``; the same name again replaces it."""
+    it ``<app>.<what>``; the same name again replaces it.
+
+    ``org_scoped=True`` says the check keeps to ``limits.orgs`` (its statements filter on
+    ``%(orgs)s`` as ``workflows.engine.health`` shows, or it reads nothing of any
+    organisation's): the admin's control room then shows its findings to staff members of
+    some organisations too, for theirs only. Without it, only superusers see them there."""
     HEALTH_CHECKS[name] = check
+    if org_scoped:
+        ORG_SCOPED.add(name)
+    else:
+        ORG_SCOPED.discard(name)
 
 
 def register_wait_answer(parked_on: str, *, holds: str, why_not: str) -> None:

@@ -118,7 +118,7 @@ def run_start(
 
     Start keys are unique per organisation. Without one, the automation and the canonical
     input's digest make the key: two separate triggers with identical input then collapse
-    into one run (see docs/api.md). The same key with another input, or for another
+    into one run (see docs/how-to/call-the-api.md). The same key with another input, or for another
     automation, is refused with start_key_conflict.
     """
     if not tracing.on():

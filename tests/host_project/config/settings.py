@@ -1,18 +1,18 @@
 """A minimal host project that installs Waymark from its wheel (tests/test_packaging.py).
 
-It is what docs/embedding.md tells a host to write, and nothing of Waymark's own project:
-its own SECRET_KEY, apps, middleware, URLconf and database. Its settings package is named
-`config`, as `django-admin startproject config .` and many project templates name it: the
-name Waymark's own project package once took, so this proves the two no longer collide. The
-database is given in the environment by the test (HOST_DB_*): a database of its own on the
-tests' PostgreSQL server.
+It is what docs/how-to/embed-in-django.md tells a host to write, and nothing of Waymark's own
+project: its own SECRET_KEY, apps, middleware, URLconf and database. Its settings package is named
+`config`, as `django-admin startproject config .` and many project templates name it: the name
+Waymark's own project package once took, so this proves the two no longer collide. The database is
+given in the environment by the test (HOST_DB_*): a database of its own on the tests' PostgreSQL
+server.
 """
 
 import os
 from pathlib import Path
 
 # Waymark's settings objects, with their defaults and their WAYMARK_* environment variables
-# (docs/operations.md). Importing them reads the environment and nothing else.
+# (docs/reference/settings.md). Importing them reads the environment and nothing else.
 from waymark_config.defaults import (
     CACHES,
     EFFECTS,

@@ -1,4 +1,5 @@
-"""The host's URLconf: its own admin site, with Waymark's routes included (docs/embedding.md)."""
+"""The host's URLconf: its own admin site, with Waymark's routes included
+(docs/how-to/embed-in-django.md)."""
 
 from django.contrib import admin
 from django.urls import include, path

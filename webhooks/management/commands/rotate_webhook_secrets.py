@@ -1,8 +1,9 @@
 """Re-encrypt every webhook signing secret with the first of WAYMARK_EFFECTS_SECRET_KEYS.
 
-Run it beside ``rotate_connection_secrets`` when the key is rotated (docs/webhooks.md): the
-secrets themselves do not change, so receivers notice nothing. Secrets never appear in its
-output; when any cannot be decrypted with the configured keys, nothing changes.
+Run it beside ``rotate_connection_secrets`` when the key is rotated
+(docs/how-to/receive-webhooks.md): the secrets themselves do not change, so receivers notice
+nothing. Secrets never appear in its output; when any cannot be decrypted with the configured keys,
+nothing changes.
 """
 
 from __future__ import annotations

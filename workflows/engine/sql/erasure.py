@@ -68,7 +68,7 @@ ADMIN_LOG_OF_ORG = (
 # A run-tied table's rows of the organisation's runs: reached through its run_id index from
 # the organisation's run ids (a table such as the history has no org_id index: by org_id
 # alone, a small organisation's erasure would read every organisation's history; measured in
-# docs/operations.md, "Erasing a person").
+# docs/how-to/erase-a-person.md).
 OF_ORG_WITH_RUN = (
     "org_id = %(org)s AND run_id = ANY(ARRAY(SELECT id FROM workflows_run WHERE org_id = %(org)s))"
 )

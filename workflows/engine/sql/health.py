@@ -8,7 +8,8 @@ has a way forward is a question about every live run, so it reads the live steps
 through its own partial index) and the live runs once; never the finished ones' steps.
 
 Shared parameters: %(late)s seconds (how late is too late), %(examples)s rows shown,
-%(cap)s (count up to it: one past COUNT_CAP).
+%(cap)s (count up to it: one past COUNT_CAP), %(orgs)s (the organisations whose rows are
+looked at, or NULL for all: folded away then, so the doctor's plans are unchanged).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ WITH onward AS (
 stranded AS (
     SELECT r.id, r.org_id, r.status FROM workflows_run r
      WHERE r.status IN ('running', 'paused')
+       AND (%(orgs)s::bigint[] IS NULL OR r.org_id = ANY(%(orgs)s::bigint[]))
        AND NOT EXISTS (SELECT 1 FROM onward o WHERE o.run_id = r.id)
 ),
 shown AS (SELECT * FROM stranded ORDER BY id LIMIT %(examples)s)
@@ -90,6 +92,7 @@ WITH late AS (
       FROM workflows_step
      WHERE status = 'waiting' AND wake_at IS NOT NULL
        AND wake_at < now() - make_interval(secs => %(late)s)
+       AND (%(orgs)s::bigint[] IS NULL OR org_id = ANY(%(orgs)s::bigint[]))
      ORDER BY wake_at
      LIMIT %(cap)s
 )
@@ -109,6 +112,7 @@ WITH lapsed AS (
     SELECT id, org_id, run_id, step_id, iteration, lane, owner, attempt, lease_until
       FROM workflows_step
      WHERE status = 'running' AND lease_until < now() - make_interval(secs => %(late)s)
+       AND (%(orgs)s::bigint[] IS NULL OR org_id = ANY(%(orgs)s::bigint[]))
      ORDER BY lease_until
      LIMIT %(cap)s
 )
@@ -129,10 +133,12 @@ OLDEST_READY = """
 WITH RECURSIVE orgs(org_id) AS (
     (SELECT org_id FROM workflows_step
       WHERE lane = %(lane)s AND status = 'ready'
+        AND (%(orgs)s::bigint[] IS NULL OR org_id = ANY(%(orgs)s::bigint[]))
       ORDER BY org_id LIMIT 1)
     UNION ALL
     SELECT (SELECT s.org_id FROM workflows_step s
              WHERE s.lane = %(lane)s AND s.status = 'ready' AND s.org_id > orgs.org_id
+               AND (%(orgs)s::bigint[] IS NULL OR s.org_id = ANY(%(orgs)s::bigint[]))
              ORDER BY s.org_id LIMIT 1)
       FROM orgs WHERE orgs.org_id IS NOT NULL
 ),
@@ -150,6 +156,7 @@ firsts AS (
 SELECT (SELECT count(*) FROM (
             SELECT 1 FROM workflows_step
              WHERE lane = %(lane)s AND status = 'ready' AND lease_until <= now()
+               AND (%(orgs)s::bigint[] IS NULL OR org_id = ANY(%(orgs)s::bigint[]))
              LIMIT %(cap)s) ready) AS total,
        f.org_id, f.run_id, f.step_id, f.iteration,
        EXTRACT(EPOCH FROM now() - f.lease_until)::float AS waited_seconds
@@ -166,6 +173,7 @@ WITH old AS (
     SELECT id, org_id, topic, payload->>'run' AS run, created_at
       FROM workflows_outbox
      WHERE sent_at IS NULL AND created_at < now() - make_interval(secs => %(late)s)
+       AND (%(orgs)s::bigint[] IS NULL OR org_id = ANY(%(orgs)s::bigint[]))
      ORDER BY id
      LIMIT %(cap)s
 )
@@ -205,6 +213,7 @@ WITH missed AS (
      ) m
      WHERE s.status = 'waiting' AND s.wait_kind = 'external'
        AND s.wait_detail->>'signal' IS NOT NULL
+       AND (%(orgs)s::bigint[] IS NULL OR s.org_id = ANY(%(orgs)s::bigint[]))
      LIMIT %(cap)s
 )
 SELECT (SELECT count(*) FROM missed) AS total, m.org_id, m.run_id, m.step_id, m.iteration,
@@ -219,9 +228,11 @@ PENDING_SIGNALS = """
 SELECT (SELECT count(*) FROM (
             SELECT 1 FROM workflows_signal
              WHERE consumed_at IS NULL AND dropped_at IS NULL
+               AND (%(orgs)s::bigint[] IS NULL OR org_id = ANY(%(orgs)s::bigint[]))
              LIMIT %(cap)s) pending) AS total,
        (SELECT EXTRACT(EPOCH FROM now() - min(received_at))::float FROM workflows_signal
-         WHERE consumed_at IS NULL AND dropped_at IS NULL) AS oldest_seconds
+         WHERE consumed_at IS NULL AND dropped_at IS NULL
+           AND (%(orgs)s::bigint[] IS NULL OR org_id = ANY(%(orgs)s::bigint[]))) AS oldest_seconds
 """
 
 # --- the sweep's leader -----------------------------------------------------------------------

@@ -155,7 +155,7 @@ def run_batch(
     sync), each as a server-side prepared statement, in the caller's transaction on the
     connection behind ``cursor``. Prepared, because the engine sends the same few statements
     all day: planning them each time was about 40 % of the database's time per step
-    (pg_stat_statements, docs/operations.md)."""
+    (pg_stat_statements, docs/explanation/claim-and-settle.md)."""
     parts = [s for s in statements if s is not None]
     if then is not None:
         parts.append(then)

@@ -20,8 +20,8 @@ from workflows.states import RUN_LIVE
 
 class Command(MigratedCommand):
     help = (
-        "Move runs of an automation from one version to another (docs/operations.md, "
-        '"Changing an automation while runs are in flight"). --dry-run says what would move '
+        "Move runs of an automation from one version to another "
+        "(docs/how-to/change-an-automation-in-flight.md). --dry-run says what would move "
         "where; without it the runs move one by one, and a stopped migration goes on with "
         "--resume ID."
     )

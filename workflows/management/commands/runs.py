@@ -15,12 +15,12 @@ million runs as at ten. ``tail`` polls the run's events by id (its index) every 
 ``rerun`` prints what a re-run from the step would do (services/rerun.py: the input and vars
 that change, each settled effect reused or made again) and acts only with ``--yes``.
 
-Exit codes (docs/operations.md, "Runs on the command line"): 0 done (``tail``: the run
+Exit codes (docs/how-to/runs-on-the-command-line.md): 0 done (``tail``: the run
 succeeded); 1 an error with its code (``unknown_organisation``, ``unknown_run``,
-``unknown_automation``, ``invalid_input``, and for ``rerun`` the codes of docs/api.md's
-re-run); 2 a usage error; ``tail`` only: 3 ``run_failed``,
-4 ``run_cancelled``, 5 ``tail_timeout`` (still going after ``--timeout``), 130
-``interrupted`` (Ctrl-C: the run goes on); 141 the output's reader went away.
+``unknown_automation``, ``invalid_input``, and for ``rerun`` the codes of
+docs/how-to/call-the-api.md's re-run); 2 a usage error; ``tail`` only: 3 ``run_failed``, 4
+``run_cancelled``, 5 ``tail_timeout`` (still going after ``--timeout``), 130 ``interrupted``
+(Ctrl-C: the run goes on); 141 the output's reader went away.
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ def phone_digits(text: str) -> str:
 def keyed_hash(text: str) -> str:
     """HMAC-SHA256 of ``text`` under a key derived from SECRET_KEY, as ``hmac-sha256:<hex>``:
     the same text gives the same hash on this installation and cannot be reversed or tested
-    without the secret. (A new SECRET_KEY makes new hashes: see docs/operations.md.)"""
+    without the secret. (A new SECRET_KEY makes new hashes: see docs/how-to/erase-a-person.md.)"""
     key = hashlib.sha256(f"waymark.erasure:{settings.SECRET_KEY}".encode()).digest()
     return "hmac-sha256:" + hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 

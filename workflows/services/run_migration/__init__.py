@@ -1,8 +1,7 @@
-"""Migrating runs between versions of an automation (docs/operations.md, "Changing an
-automation while runs are in flight"): a checked plan (``plan.py``), its dry run in SQL
-(``report.py``), each run's move under its lock (``move.py``), and the resumable job that
-applies a plan run by run (``jobs.py``). The API, the admin and ``manage.py migrate_runs`` call
-these and nothing else."""
+"""Migrating runs between versions of an automation (docs/how-to/change-an-automation-in-flight.md):
+a checked plan (``plan.py``), its dry run in SQL (``report.py``), each run's move under its lock
+(``move.py``), and the resumable job that applies a plan run by run (``jobs.py``). The API, the
+admin and ``manage.py migrate_runs`` call these and nothing else."""
 
 from .jobs import JobProgress, migration_get, migration_resume, migration_start
 from .plan import STAY, MigrationPlan, RemovedRule, migration_plan

@@ -19,8 +19,8 @@ from ...models import Run
 from ..replays import replays_of
 from .plan import SAMPLE, MigrationPlan
 
-# Why the plan does not move a run (now), in words (docs/operations.md, "Changing an
-# automation while runs are in flight", lists them too).
+# Why the plan does not move a run (now), in words (docs/how-to/change-an-automation-in-flight.md,
+# lists them too).
 REASONS = {
     "step_removed": "parked on a step the new version does not have (the rule says stay)",
     "step_type_changed": "parked on a step whose id names a step of another type in the new "
