@@ -32,6 +32,7 @@ from workflows.models import Organisation
 from workflows.plugins.api import (
     CursorPage,
     ErrorOut,
+    JsonObjectField,
     ListEndpoint,
     StrictInput,
     request_actor,
@@ -201,7 +202,7 @@ class ConnectionSettingsIn(StrictInput):
     base_url = serializers.CharField(
         max_length=500, allow_blank=True, required=False, validators=[storable_text]
     )
-    options = serializers.JSONField(
+    options = JsonObjectField(
         required=False, help_text="Provider options that are not secret: a JSON object."
     )
     secret = serializers.CharField(
@@ -256,21 +257,22 @@ class ConnectionIn(ConnectionSettingsIn):
         trim_whitespace=False,
         help_text="How steps name it (`connection`): letters, digits, `_`, `.`, `-`.",
     )
-    provider = serializers.CharField(max_length=20, help_text="One of the installed providers "
-                                     "(`http`, `email`, `crm_upsert`, …).")  # fmt: skip
+    provider = serializers.ChoiceField(choices=[], help_text="One of the installed providers "
+                                       "(`http`, `email`, `crm_upsert`, …).")  # fmt: skip
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        """The providers as installed now (registered at start-up), for the schema too."""
+        fields = super().get_fields()
+        names = provider_names()
+        message = f"Unknown provider; one of: {', '.join(names)}."
+        fields["provider"].choices = names  # type: ignore[attr-defined]
+        fields["provider"].error_messages["invalid_choice"] = message
+        return fields
 
     def validate_name(self, value: str) -> str:
         if not CONNECTION_NAME.fullmatch(value):
             raise serializers.ValidationError(
                 "Must start with a letter or digit and hold only letters, digits, _ . and -."
-            )
-        return value
-
-    def validate_provider(self, value: str) -> str:
-        names = provider_names()
-        if value not in names:
-            raise serializers.ValidationError(
-                f"Unknown provider {value!r}; one of: {', '.join(names)}."
             )
         return value
 

@@ -24,7 +24,14 @@ from rest_framework.views import APIView
 
 from workflows.errors import AlreadyExists, NotFound
 from workflows.models import Automation, Organisation
-from workflows.plugins.api import CursorPage, ErrorOut, ListEndpoint, StrictInput, request_key
+from workflows.plugins.api import (
+    CursorPage,
+    ErrorOut,
+    JsonObjectField,
+    ListEndpoint,
+    StrictInput,
+    request_key,
+)
 from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable
 
 from .calendar import zone_named
@@ -91,7 +98,7 @@ class ScheduleSettingsIn(StrictInput):
     timezone = serializers.CharField(
         max_length=64, required=False, help_text="An IANA time zone, such as `Europe/Berlin`."
     )
-    input = serializers.JSONField(required=False, help_text="Each run's input: a JSON object.")
+    input = JsonObjectField(required=False, help_text="Each run's input: a JSON object.")
     enabled = serializers.BooleanField(required=False)
     catch_up = CatchUpField(
         required=False,

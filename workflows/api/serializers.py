@@ -65,6 +65,50 @@ class AutomationOut(serializers.ModelSerializer):
         fields = ["slug", "name", "created_at", "current_version"]
 
 
+# What a field of a request body must be in JSON, as the schema says (type: string, boolean,
+# integer, ...). DRF would coerce: 0 to "0" for a CharField, 0 and "yes" to False for a
+# BooleanField, "5" to 5 for an IntegerField; a client reading the schema would never send
+# those, and one that does has a bug worth a 400.
+_JSON_TYPES: list[tuple[type[serializers.Field], tuple[type, ...], str]] = [
+    (serializers.BooleanField, (bool,), "true or false"),
+    (serializers.IntegerField, (int,), "a whole number"),
+    (serializers.FloatField, (int, float), "a number"),
+    (serializers.CharField, (str,), "a string"),
+    (serializers.ChoiceField, (str,), "a string"),
+    (serializers.ListField, (list,), "a list"),
+    (serializers.DictField, (dict,), "a JSON object"),
+]
+
+
+def json_type_problem(field: serializers.Field, value: Any) -> str | None:
+    """Why ``value``, as parsed from JSON, is not of the type ``field`` declares (a list's
+    items and an object's values too), or None. Null is the field's own business
+    (``allow_null``)."""
+    if value is None:
+        return None
+    for cls, types, words in _JSON_TYPES:
+        if isinstance(field, cls):
+            if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+                return f"Must be {words}."
+            break
+    if isinstance(field, serializers.ListField):
+        return next(filter(None, (json_type_problem(field.child, item) for item in value)), None)
+    if isinstance(field, serializers.DictField):
+        values = (json_type_problem(field.child, item) for item in value.values())
+        return next(filter(None, values), None)
+    return None
+
+
+@extend_schema_field({"type": "object", "additionalProperties": {}})
+class JsonObjectField(serializers.JSONField):
+    """A JSON object (a run's input, a connection's options): anything else is refused."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("Must be a JSON object.")
+        return super().to_internal_value(data)
+
+
 class StrictInput(serializers.Serializer):
     """A request body that refuses fields it does not take (a misspelt ``max_concurency``
     would otherwise be ignored, and the client would believe it was set; a misspelt
@@ -85,6 +129,10 @@ class StrictInput(serializers.Serializer):
         errors: dict[str, Any] = {
             name: [self.unknown_message(name)] for name in sorted(set(data) - set(self.fields))
         }
+        for name, field in self.fields.items():
+            problem = json_type_problem(field, data[name]) if name in data else None
+            if problem is not None:
+                errors[name] = [problem]
         try:
             value = super().to_internal_value(data)
         except serializers.ValidationError as error:
@@ -102,7 +150,7 @@ class AutomationIn(StrictInput):
 
 
 class DefinitionIn(StrictInput):
-    definition = serializers.JSONField()
+    definition = JsonObjectField(help_text="The definition (docs/definitions.md).")
 
 
 class RunStartIn(StrictInput):
@@ -111,7 +159,7 @@ class RunStartIn(StrictInput):
     start_key = serializers.CharField(
         max_length=255, required=False, allow_blank=False, trim_whitespace=False
     )
-    input = serializers.JSONField(required=False, default=dict)
+    input = JsonObjectField(required=False, default=dict)
 
     def validate_start_key(self, value: str) -> str:
         return check_client_start_key(value)

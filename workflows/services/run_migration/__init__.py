@@ -5,10 +5,11 @@ applies a plan run by run (``jobs.py``). The API, the admin and ``manage.py migr
 these and nothing else."""
 
 from .jobs import JobProgress, migration_get, migration_resume, migration_start
-from .plan import STAY, MigrationPlan, RemovedRule, migration_plan
+from .plan import MAX_STEP_ID, STAY, MigrationPlan, RemovedRule, migration_plan
 from .report import REASONS, DryRun, dry_run
 
 __all__ = [
+    "MAX_STEP_ID",
     "REASONS",
     "STAY",
     "DryRun",
