@@ -27,9 +27,6 @@ from workflows.services.automations import automation_publish_definition
 from workflows.services.tenancy import api_key_create
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
-# The mismatches still known (operation, check, status), each listed in the issue that
-# tracks it: a new one fails the test, one fixed is dropped with --baseline-prune.
-BASELINE = Path(__file__).with_name("schemathesis-baseline.json")
 # Fuzzed cases an operation: the coverage phase's cases (its boundaries, every enum value,
 # each constraint broken once) come besides, and are most of the run's ~3,000 requests.
 # With 10 the whole run takes under two minutes on a 2-core machine; 25 found nothing more
@@ -75,7 +72,6 @@ def test_the_served_schema_says_what_the_api_does(live_server, org: Organisation
         "--seed", str(SEED),
         "--header", f"Authorization: Bearer {raw}",
         "--workers", "2",
-        "--baseline", str(BASELINE),
         "--max-failures", "50",
         "--output-truncate", "true",
     ]  # fmt: skip

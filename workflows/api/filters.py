@@ -6,7 +6,7 @@ client would act on an unfiltered list: it is refused with 400 ``invalid_query``
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import django_filters
@@ -14,6 +14,7 @@ from django import forms
 from django.db.models import QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest
+from django_filters.fields import IsoDateTimeField
 from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework.request import Request
 
@@ -32,6 +33,43 @@ START_OVERLAP = timedelta(minutes=5)
 
 class SlugFilter(django_filters.CharFilter):
     field_class = forms.SlugField  # a value no slug can have is a mistake worth a 400
+
+
+class TrueOrFalseField(forms.NullBooleanField):
+    """``true`` or ``false``, as the schema's boolean is written in a query (Django's would
+    read any other word as no filter at all, and the client would act on an unfiltered
+    list)."""
+
+    widget = forms.TextInput  # the text as sent, not Django's reading of it
+
+    def to_python(self, value: Any) -> bool | None:  # type: ignore[override]  # None: no filter
+        if value in (None, ""):
+            return None
+        if value in ("true", "false"):
+            return bool(value == "true")
+        raise forms.ValidationError("Must be true or false.")
+
+
+class BooleanFilter(django_filters.BooleanFilter):
+    field_class = TrueOrFalseField
+
+
+class InstantField(IsoDateTimeField):
+    """An ISO 8601 instant, read in UTC: Python takes offsets up to ±23:59, PostgreSQL only
+    up to ±15:59 (its error would be a 500). Past the years a datetime holds, a 400."""
+
+    def to_python(self, value: Any) -> datetime | None:
+        instant = super().to_python(value)
+        if instant is None:
+            return None
+        try:
+            return instant.astimezone(UTC)
+        except OverflowError:
+            raise forms.ValidationError("Enter an instant between the years 1 and 9999.") from None
+
+
+class InstantFilter(django_filters.IsoDateTimeFilter):
+    field_class = InstantField
 
 
 class RunFilter(django_filters.FilterSet):
@@ -63,10 +101,10 @@ class RunFilter(django_filters.FilterSet):
         "key holds this text, case-insensitive; at least 3 characters. Digits also find the "
         "run of that id.",
     )  # fmt: skip
-    created_after = django_filters.IsoDateTimeFilter(
+    created_after = InstantFilter(
         method="by_created_after", help_text="Only runs created at or after this instant."
     )
-    created_before = django_filters.IsoDateTimeFilter(
+    created_before = InstantFilter(
         field_name="created_at", lookup_expr="lt", help_text="Only runs created before this."
     )
 

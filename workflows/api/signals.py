@@ -13,14 +13,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ..models import Signal
-from ..services.signals import SignalSent, inbound_email, signal_send
+from ..services.signals import SIGNAL_NAME_RE, SignalSent, inbound_email, signal_send
 from .auth import request_key
 from .filters import SignalFilter
 from .serializers import (
     ErrorOut,
     JsonObjectField,
+    StartKeyField,
     StrictInput,
-    check_client_start_key,
+    TypedInput,
     run_links,
 )
 from .views import CursorPage, ListEndpoint
@@ -28,15 +29,16 @@ from .views import CursorPage, ListEndpoint
 
 class SignalStartIn(StrictInput):
     automation = serializers.SlugField(max_length=63)
-    start_key = serializers.CharField(max_length=255, trim_whitespace=False)
+    start_key = StartKeyField()
     input = JsonObjectField(required=False, default=dict)
-
-    def validate_start_key(self, value: str) -> str:
-        return check_client_start_key(value)
 
 
 class SignalIn(StrictInput):
-    name = serializers.CharField(max_length=100)
+    name = serializers.RegexField(
+        f"^{SIGNAL_NAME_RE.pattern}$", max_length=100,
+        error_messages={"invalid": "a signal name starts with a letter, then letters, digits, "
+                        "_ . : or - (at most 100 characters)"},
+    )  # fmt: skip
     correlation = serializers.CharField(max_length=500, required=False, default="",
                                         allow_blank=True, trim_whitespace=False)  # fmt: skip
     id = serializers.CharField(max_length=200, required=False, trim_whitespace=False,
@@ -74,7 +76,7 @@ class SignalOut(serializers.ModelSerializer):
 
 
 # Not strict: it takes what mail providers post, which carries fields it has no use for.
-class InboundEmailIn(serializers.Serializer):
+class InboundEmailIn(TypedInput):
     message_id = serializers.CharField(max_length=200, required=False, default="",
                                        allow_blank=True)  # fmt: skip
     in_reply_to = serializers.CharField(max_length=500, required=False, default="",

@@ -5,10 +5,12 @@ authentication's principal (``request_key``, ``request_actor``), the strict inpu
 from __future__ import annotations
 
 from ..api.auth import request_actor, request_key
+from ..api.filters import BooleanFilter
 from ..api.serializers import ErrorOut, JsonObjectField, StrictInput
 from ..api.views import CursorPage, ListEndpoint
 
 __all__ = [
+    "BooleanFilter",
     "CursorPage",
     "ErrorOut",
     "JsonObjectField",
