@@ -288,7 +288,7 @@ class ConnectionIn(ConnectionSettingsIn):
         """The providers as installed now (registered at start-up), for the schema too."""
         fields = super().get_fields()
         names = provider_names()
-        message = f"Unknown provider; one of: {', '.join(names)}."
+        message = "Unknown provider {input!r}; one of: " + ", ".join(names) + "."
         fields["provider"].choices = names  # type: ignore[attr-defined]
         fields["provider"].error_messages["invalid_choice"] = message
         return fields
