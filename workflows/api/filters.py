@@ -194,6 +194,15 @@ def _paging_parameters(view: Any) -> set[str]:
     return {name for name in names if name}
 
 
+def _refuse_empty(request: HttpRequest, filters: dict[str, django_filters.Filter]) -> None:
+    """An empty value would be no filter at all (django-filter skips it), which only a text
+    filter's schema allows: ``?status=`` or ``?created_after=`` is a mistake worth a 400."""
+    for name, value in request.GET.items():
+        known = filters.get(name)
+        if value == "" and known is not None and not isinstance(known, django_filters.CharFilter):
+            raise InvalidFilter(parameter=name, reason=f"{name}: empty; leave it out for no filter")
+
+
 class StrictFilterBackend(DjangoFilterBackend):
     """django-filter, with unknown parameters and unusable values refused (400)."""
 
@@ -209,6 +218,7 @@ class StrictFilterBackend(DjangoFilterBackend):
             )
         if filterset_class is None:
             return queryset
+        _refuse_empty(request, filterset_class.base_filters)
         filterset = filterset_class(request.GET, queryset=queryset, request=request)
         if not filterset.is_valid():
             name, messages = next(iter(filterset.errors.items()))
