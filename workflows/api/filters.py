@@ -95,8 +95,9 @@ class RunFilter(django_filters.FilterSet):
     )  # fmt: skip
     # Inside the input and the start key, through the trigram index run_search (see
     # selectors.run_search); fewer than 3 characters hold no trigram to look up.
+    # Not stripped here, so its length is the one the schema states (run_search trims it).
     search = django_filters.CharFilter(
-        method="by_search", min_length=SEARCH_MIN_CHARS, max_length=SEARCH_MAX_CHARS,
+        method="by_search", min_length=SEARCH_MIN_CHARS, max_length=SEARCH_MAX_CHARS, strip=False,
         help_text="Only runs whose input (anywhere in its JSON: a name, an order id) or start "
         "key holds this text, case-insensitive; at least 3 characters. Digits also find the "
         "run of that id.",

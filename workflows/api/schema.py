@@ -85,6 +85,9 @@ class StrictFiltersSchema(DjangoFilterExtension):
 def _text_bounds(field: forms.Field, schema: dict[str, Any]) -> None:
     if isinstance(field, forms.SlugField):
         schema["pattern"] = r"^[-a-zA-Z0-9_]*$"
+    min_length = getattr(field, "min_length", None)
+    if min_length and "pattern" not in schema:  # empty (no filter), or at least min_length
+        schema["pattern"] = rf"^(|[\s\S]{{{min_length},}})$"
     max_length = getattr(field, "max_length", None)
     if max_length is not None:
         schema["maxLength"] = max_length
