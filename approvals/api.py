@@ -28,7 +28,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from workflows.plugins.api import CursorPage, ErrorOut, ListEndpoint, StrictInput, request_key
+from workflows.plugins.api import (
+    CursorPage,
+    ErrorOut,
+    JsonObjectField,
+    ListEndpoint,
+    StrictInput,
+    request_key,
+)
 
 from .models import ApprovalRequest, RequestKind, RequestStatus
 from .services import MAX_COMMENT_CHARS, Actor, Outcome, client_ip, decide
@@ -90,7 +97,7 @@ class DecideIn(StrictInput):
 
 
 class SubmitIn(StrictInput):
-    answer = serializers.JSONField()
+    answer = JsonObjectField(help_text="The form's fields and their values.")
     comment = serializers.CharField(
         required=False, allow_blank=True, trim_whitespace=False, max_length=MAX_COMMENT_CHARS * 10
     )

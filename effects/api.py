@@ -19,6 +19,7 @@ from typing import Any
 
 import django_filters
 from django import forms
+from django.core.validators import RegexValidator
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_field
@@ -32,6 +33,7 @@ from workflows.models import Organisation
 from workflows.plugins.api import (
     CursorPage,
     ErrorOut,
+    JsonObjectField,
     ListEndpoint,
     StrictInput,
     request_actor,
@@ -44,7 +46,7 @@ from .allowlist import allow_add, allow_delete, allow_get
 from .checks import check_connection
 from .consent import stored_address
 from .egress import in_force, tenant_ceiling
-from .limits import limit_problem
+from .limits import limit_problem, operator_limit
 from .models import Connection, Effect, EgressAllow, Suppression
 from .resolve import ACTIONS, DONE, ResolveError, repair_connection, resolve_effect
 from .secrets import encrypt, secret_problem
@@ -52,12 +54,16 @@ from .states import CircuitState, ConnectionStatus, EffectState
 
 # The names a step's ``connection`` field may take (effects/steptypes.py checks the same).
 CONNECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+NAME_RULE = "Must start with a letter or digit and hold only letters, digits, _ . and -."
 MAX_JSON_DEPTH = 32
 MAX_SECRET_CHARS = 8_192
 MAX_REASON_CHARS = 500
 
 
 # --- errors -----------------------------------------------------------------------------------
+
+
+NO_CONTROLS = "The secret must not contain line breaks or other control characters."
 
 
 def _usable_secret(value: str) -> None:
@@ -201,7 +207,7 @@ class ConnectionSettingsIn(StrictInput):
     base_url = serializers.CharField(
         max_length=500, allow_blank=True, required=False, validators=[storable_text]
     )
-    options = serializers.JSONField(
+    options = JsonObjectField(
         required=False, help_text="Provider options that are not secret: a JSON object."
     )
     secret = serializers.CharField(
@@ -210,7 +216,12 @@ class ConnectionSettingsIn(StrictInput):
         allow_blank=False,
         trim_whitespace=False,
         max_length=MAX_SECRET_CHARS,
-        validators=[storable_text, _usable_secret],
+        # The pattern says what _usable_secret checks, in the schema (a final line break too).
+        validators=[
+            storable_text,
+            RegexValidator(r"^[^\x00-\x1f\x7f]*$", NO_CONTROLS),
+            _usable_secret,
+        ],
         help_text="Write-only: a token, password or API key, stored encrypted and never "
         "returned. Setting one on a broken connection repairs it.",
     )
@@ -219,6 +230,18 @@ class ConnectionSettingsIn(StrictInput):
         help_text="At most this many calls in flight at once, for all the organisation's runs.",
     )  # fmt: skip
     timeout_seconds = serializers.FloatField(min_value=0.1, max_value=3600, required=False)
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        """The operator's limits (effects/limits.py) as the fields' bounds, read at each
+        request, so the schema says them too."""
+        fields = super().get_fields()
+        for name, field in fields.items():
+            if name in ("timeout_seconds", "max_concurrency"):
+                limit: float = operator_limit(name)
+                if isinstance(field, serializers.IntegerField):
+                    limit = int(limit)
+                field.max_value = min(field.max_value, limit)  # type: ignore[attr-defined]
+        return fields
 
     def validate_options(self, value: Any) -> Any:
         if not isinstance(value, dict):
@@ -254,24 +277,25 @@ class ConnectionIn(ConnectionSettingsIn):
     name = serializers.CharField(
         max_length=100,
         trim_whitespace=False,
+        # The pattern for the schema; validate_name holds the whole text to it.
+        validators=[RegexValidator(f"^{CONNECTION_NAME.pattern}$", NAME_RULE)],
         help_text="How steps name it (`connection`): letters, digits, `_`, `.`, `-`.",
     )
-    provider = serializers.CharField(max_length=20, help_text="One of the installed providers "
-                                     "(`http`, `email`, `crm_upsert`, …).")  # fmt: skip
+    provider = serializers.ChoiceField(choices=[], help_text="One of the installed providers "
+                                       "(`http`, `email`, `crm_upsert`, …).")  # fmt: skip
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        """The providers as installed now (registered at start-up), for the schema too."""
+        fields = super().get_fields()
+        names = provider_names()
+        message = "Unknown provider {input!r}; one of: " + ", ".join(names) + "."
+        fields["provider"].choices = names  # type: ignore[attr-defined]
+        fields["provider"].error_messages["invalid_choice"] = message
+        return fields
 
     def validate_name(self, value: str) -> str:
         if not CONNECTION_NAME.fullmatch(value):
-            raise serializers.ValidationError(
-                "Must start with a letter or digit and hold only letters, digits, _ . and -."
-            )
-        return value
-
-    def validate_provider(self, value: str) -> str:
-        names = provider_names()
-        if value not in names:
-            raise serializers.ValidationError(
-                f"Unknown provider {value!r}; one of: {', '.join(names)}."
-            )
+            raise serializers.ValidationError(NAME_RULE)
         return value
 
 

@@ -237,8 +237,10 @@ def test_the_schema_documents_the_run_filters_and_list_pagination() -> None:
     types = {p["name"]: p["schema"] for p in runs["parameters"]}
     date_time = {"type": "string", "format": "date-time"}
     assert types["created_after"] == types["created_before"] == date_time
-    assert types["automation"] == {"type": "string"}
-    assert types["search"] == {"type": "string"}
+    # What the filters check, the schema says: a slug's pattern and length, the text's length.
+    assert types["automation"] == {"type": "string", "pattern": "^[-a-zA-Z0-9_]*$", "maxLength": 63}
+    assert types["search"] == {"type": "string", "maxLength": 200, "pattern": r"^(|[\s\S]{3,})$"}
+    assert types["limit"] == {"type": "integer", "minimum": 1}
     search = next(p for p in runs["parameters"] if p["name"] == "search")
     assert "at least 3 characters" in search["description"]
     for path in ("/api/v1/automations", "/api/v1/automations/{slug}/versions"):

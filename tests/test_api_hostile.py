@@ -80,7 +80,7 @@ def test_reserved_start_keys_are_refused(api, quick) -> None:
         format="json",
     )
     assert response.status_code == 400
-    assert "reserved" in response.json()["detail"]
+    assert "reserved" in response.json()["errors"]["start_key"][0]
 
 
 @pytest.mark.parametrize(

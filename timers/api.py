@@ -10,10 +10,13 @@ cursor-paginated with strict filters.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
+from zoneinfo import available_timezones
 
 import django_filters
+from django.core.validators import RegexValidator
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_field
@@ -24,7 +27,15 @@ from rest_framework.views import APIView
 
 from workflows.errors import AlreadyExists, NotFound
 from workflows.models import Automation, Organisation
-from workflows.plugins.api import CursorPage, ErrorOut, ListEndpoint, StrictInput, request_key
+from workflows.plugins.api import (
+    BooleanFilter,
+    CursorPage,
+    ErrorOut,
+    JsonObjectField,
+    ListEndpoint,
+    StrictInput,
+    request_key,
+)
 from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable
 
 from .calendar import zone_named
@@ -34,6 +45,7 @@ from .schedules import check_schedule_quota
 
 # A schedule's name: it is in the URL (``/schedules/{name}``).
 SCHEDULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+NAME_RULE = "Must start with a letter or digit and hold only letters, digits, _ . and -."
 # What must be given again as the schedule's first occurrence from now.
 TIMING_FIELDS = ("cron", "timezone")
 
@@ -64,6 +76,21 @@ class CatchUpField(serializers.ChoiceField):
         super().__init__(choices=CatchUp.choices, error_messages=message, **kwargs)
 
 
+@functools.cache
+def _zone_names() -> list[str]:
+    return sorted(available_timezones())
+
+
+class TimeZoneField(serializers.ChoiceField):
+    """An IANA time zone's name: the schema lists them (component TimezoneEnum)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        unknown = ("unknown time zone {input!r}: expected an IANA time zone name such as "
+                   "'Europe/Berlin' or 'America/New_York'")  # fmt: skip
+        message: dict[str, Any] = {"invalid_choice": unknown}
+        super().__init__(choices=_zone_names(), error_messages=message, **kwargs)
+
+
 class ScheduleOut(serializers.ModelSerializer[Schedule]):
     automation = serializers.CharField(source="automation.slug", read_only=True)
     catch_up = CatchUpField()
@@ -88,10 +115,10 @@ class ScheduleSettingsIn(StrictInput):
         help_text="5 fields, read in `timezone`: minute hour day-of-month month day-of-week, "
         "such as `30 9 * * mon-fri`.",
     )  # fmt: skip
-    timezone = serializers.CharField(
-        max_length=64, required=False, help_text="An IANA time zone, such as `Europe/Berlin`."
+    timezone = TimeZoneField(
+        required=False, help_text="An IANA time zone, such as `Europe/Berlin`."
     )
-    input = serializers.JSONField(required=False, help_text="Each run's input: a JSON object.")
+    input = JsonObjectField(required=False, help_text="Each run's input: a JSON object.")
     enabled = serializers.BooleanField(required=False)
     catch_up = CatchUpField(
         required=False,
@@ -129,6 +156,7 @@ class ScheduleSettingsIn(StrictInput):
 class ScheduleIn(ScheduleSettingsIn):
     name = serializers.CharField(
         max_length=100, trim_whitespace=False,
+        validators=[RegexValidator(f"^{SCHEDULE_NAME.pattern}$", NAME_RULE)],  # for the schema
         help_text="Its name in the organisation (and URL): letters, digits, `_`, `.`, `-`.",
     )  # fmt: skip
 
@@ -141,9 +169,7 @@ class ScheduleIn(ScheduleSettingsIn):
         if has_unstorable(value):
             raise serializers.ValidationError(UNSTORABLE_REASON)
         if not SCHEDULE_NAME.fullmatch(value):
-            raise serializers.ValidationError(
-                "Must start with a letter or digit and hold only letters, digits, _ . and -."
-            )
+            raise serializers.ValidationError(NAME_RULE)
         return value
 
 
@@ -160,7 +186,7 @@ class SchedulePage(CursorPage):
 
 
 class ScheduleFilter(django_filters.FilterSet):
-    enabled = django_filters.BooleanFilter(help_text="Only enabled (or disabled) schedules.")
+    enabled = BooleanFilter(help_text="Only enabled (or disabled) schedules.")
     automation = django_filters.CharFilter(
         field_name="automation__slug", max_length=63, help_text="Only this automation's."
     )

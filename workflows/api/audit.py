@@ -14,6 +14,7 @@ from rest_framework.response import Response
 
 from ..models import ActorKind, AuditEntry
 from .auth import request_key
+from .filters import InstantFilter
 from .views import CursorPage, ListEndpoint
 
 
@@ -66,10 +67,10 @@ class AuditFilter(django_filters.FilterSet):
     target_id = django_filters.CharFilter(
         max_length=200, strip=False, help_text="Only actions on this one (with `target_type`)."
     )
-    at_after = django_filters.IsoDateTimeFilter(
+    at_after = InstantFilter(
         field_name="at", lookup_expr="gte", help_text="Only entries written at or after this."
     )
-    at_before = django_filters.IsoDateTimeFilter(
+    at_before = InstantFilter(
         field_name="at", lookup_expr="lt", help_text="Only entries written before this."
     )
 

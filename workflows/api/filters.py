@@ -6,7 +6,7 @@ client would act on an unfiltered list: it is refused with 400 ``invalid_query``
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import django_filters
@@ -14,6 +14,7 @@ from django import forms
 from django.db.models import QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest
+from django_filters.fields import IsoDateTimeField
 from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework.request import Request
 
@@ -32,6 +33,43 @@ START_OVERLAP = timedelta(minutes=5)
 
 class SlugFilter(django_filters.CharFilter):
     field_class = forms.SlugField  # a value no slug can have is a mistake worth a 400
+
+
+class TrueOrFalseField(forms.NullBooleanField):
+    """``true`` or ``false``, as the schema's boolean is written in a query (Django's would
+    read any other word as no filter at all, and the client would act on an unfiltered
+    list)."""
+
+    widget = forms.TextInput  # the text as sent, not Django's reading of it
+
+    def to_python(self, value: Any) -> bool | None:  # type: ignore[override]  # None: no filter
+        if value in (None, ""):
+            return None
+        if value in ("true", "false"):
+            return bool(value == "true")
+        raise forms.ValidationError("Must be true or false.")
+
+
+class BooleanFilter(django_filters.BooleanFilter):
+    field_class = TrueOrFalseField
+
+
+class InstantField(IsoDateTimeField):
+    """An ISO 8601 instant, read in UTC: Python takes offsets up to ±23:59, PostgreSQL only
+    up to ±15:59 (its error would be a 500). Past the years a datetime holds, a 400."""
+
+    def to_python(self, value: Any) -> datetime | None:
+        instant = super().to_python(value)
+        if instant is None:
+            return None
+        try:
+            return instant.astimezone(UTC)
+        except OverflowError:
+            raise forms.ValidationError("Enter an instant between the years 1 and 9999.") from None
+
+
+class InstantFilter(django_filters.IsoDateTimeFilter):
+    field_class = InstantField
 
 
 class RunFilter(django_filters.FilterSet):
@@ -57,16 +95,17 @@ class RunFilter(django_filters.FilterSet):
     )  # fmt: skip
     # Inside the input and the start key, through the trigram index run_search (see
     # selectors.run_search); fewer than 3 characters hold no trigram to look up.
+    # Not stripped here, so its length is the one the schema states (run_search trims it).
     search = django_filters.CharFilter(
-        method="by_search", min_length=SEARCH_MIN_CHARS, max_length=SEARCH_MAX_CHARS,
+        method="by_search", min_length=SEARCH_MIN_CHARS, max_length=SEARCH_MAX_CHARS, strip=False,
         help_text="Only runs whose input (anywhere in its JSON: a name, an order id) or start "
         "key holds this text, case-insensitive; at least 3 characters. Digits also find the "
         "run of that id.",
     )  # fmt: skip
-    created_after = django_filters.IsoDateTimeFilter(
+    created_after = InstantFilter(
         method="by_created_after", help_text="Only runs created at or after this instant."
     )
-    created_before = django_filters.IsoDateTimeFilter(
+    created_before = InstantFilter(
         field_name="created_at", lookup_expr="lt", help_text="Only runs created before this."
     )
 
@@ -156,6 +195,15 @@ def _paging_parameters(view: Any) -> set[str]:
     return {name for name in names if name}
 
 
+def _refuse_empty(request: HttpRequest, filters: dict[str, django_filters.Filter]) -> None:
+    """An empty value would be no filter at all (django-filter skips it), which only a text
+    filter's schema allows: ``?status=`` or ``?created_after=`` is a mistake worth a 400."""
+    for name, value in request.GET.items():
+        known = filters.get(name)
+        if value == "" and known is not None and not isinstance(known, django_filters.CharFilter):
+            raise InvalidFilter(parameter=name, reason=f"{name}: empty; leave it out for no filter")
+
+
 class StrictFilterBackend(DjangoFilterBackend):
     """django-filter, with unknown parameters and unusable values refused (400)."""
 
@@ -171,6 +219,7 @@ class StrictFilterBackend(DjangoFilterBackend):
             )
         if filterset_class is None:
             return queryset
+        _refuse_empty(request, filterset_class.base_filters)
         filterset = filterset_class(request.GET, queryset=queryset, request=request)
         if not filterset.is_valid():
             name, messages = next(iter(filterset.errors.items()))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -17,6 +17,7 @@ from .. import selectors
 from ..errors import InvalidInput
 from ..models import RunMigration
 from ..services.run_migration import (
+    MAX_STEP_ID,
     STAY,
     JobProgress,
     dry_run,
@@ -35,6 +36,25 @@ PLAN_FIELDS = ("from_version", "to_version", "to_automation", "map", "removed", 
                "statuses")  # fmt: skip
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "pattern": rf"^(stay|move_to:[\s\S]{{1,{MAX_STEP_ID}}})$"},
+            {
+                "type": "object",
+                "properties": {
+                    "move_to": {"type": "string", "minLength": 1, "maxLength": MAX_STEP_ID}
+                },
+                "required": ["move_to"],
+                "additionalProperties": False,
+            },
+        ]
+    }
+)
+class RemovedField(serializers.JSONField):
+    """What happens to a run parked on a removed step (RemovedRule.parse reads it)."""
+
+
 class MigrationIn(StrictInput):
     from_version = serializers.IntegerField(min_value=1, required=False,
                                             help_text="The version the runs are on.")  # fmt: skip
@@ -49,8 +69,8 @@ class MigrationIn(StrictInput):
         help_text="Old step id -> new step id. A step the new version has too, with the same "
         "type, maps to itself.",
     )  # fmt: skip
-    removed = serializers.JSONField(
-        required=False,
+    removed = RemovedField(
+        required=False, allow_null=True,
         help_text='A run parked on a step with no new id: "stay" (on the old version, '
         'reported) or {"move_to": "<step id>"} (its wait cancelled, that step entered).',
     )  # fmt: skip

@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 from ..services.rerun import REPEAT, REUSE, RerunOutcome, rerun
 from ..states import RunStatus
 from .auth import request_actor, request_key
-from .serializers import ErrorOut, StrictInput
+from .serializers import ErrorOut, JsonObjectField, StrictInput
 
 
 class RerunIn(StrictInput):
@@ -24,11 +24,11 @@ class RerunIn(StrictInput):
         "of the step (its iteration) to run again from; left out: its first. Not for a "
         "definition's run.",
     )  # fmt: skip
-    input = serializers.JSONField(
+    input = JsonObjectField(
         required=False, allow_null=True, help_text="The run's new input (a JSON object); "
         "left out or null: unchanged.",
     )  # fmt: skip
-    vars = serializers.JSONField(
+    vars = JsonObjectField(
         required=False, allow_null=True, help_text="The run's new vars (a JSON object, all "
         "of them); left out or null: unchanged.",
     )  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any, cast
 
@@ -11,6 +12,7 @@ from rest_framework import serializers
 from ..definitions.validator import definition_warnings
 from ..engine.wait_words import WaitDescription, describe_waits
 from ..models import Automation, AutomationVersion, Run, RunEvent, Step
+from ..services.runs import DERIVED_KEY_PREFIX, MAX_START_KEY
 from ..states import RunStatus
 
 
@@ -65,6 +67,71 @@ class AutomationOut(serializers.ModelSerializer):
         fields = ["slug", "name", "created_at", "current_version"]
 
 
+# What a field of a request body must be in JSON, as the schema says (type: string, boolean,
+# integer, ...). DRF would coerce: 0 to "0" for a CharField, 0 and "yes" to False for a
+# BooleanField, "5" to 5 for an IntegerField; a client reading the schema would never send
+# those, and one that does has a bug worth a 400.
+_JSON_TYPES: list[tuple[type[serializers.Field], tuple[type, ...], str]] = [
+    (serializers.BooleanField, (bool,), "true or false"),
+    (serializers.IntegerField, (int,), "a whole number"),
+    (serializers.FloatField, (int, float), "a number"),
+    (serializers.CharField, (str,), "a string"),
+    (serializers.ChoiceField, (str,), "a string"),
+    (serializers.ListField, (list,), "a list"),
+    (serializers.DictField, (dict,), "a JSON object"),
+]
+
+
+def json_type_problem(field: serializers.Field, value: Any) -> str | None:
+    """Why ``value``, as parsed from JSON, is not of the type ``field`` declares (a list's
+    items and an object's values too), or None. Null is the field's own business
+    (``allow_null``)."""
+    if value is None:
+        return None
+    for cls, types, words in _JSON_TYPES:
+        if isinstance(field, cls):
+            if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+                return f"Must be {words}."
+            break
+    if isinstance(field, serializers.ListField):
+        return next(filter(None, (json_type_problem(field.child, item) for item in value)), None)
+    if isinstance(field, serializers.DictField):
+        values = (json_type_problem(field.child, item) for item in value.values())
+        return next(filter(None, values), None)
+    return None
+
+
+def type_errors(serializer: serializers.Serializer, data: dict[str, Any]) -> dict[str, Any]:
+    """The fields of ``data`` whose JSON type is not their field's, with why."""
+    found = {}
+    for name, field in serializer.fields.items():
+        problem = json_type_problem(field, data[name]) if name in data else None
+        if problem is not None:
+            found[name] = [problem]
+    return found
+
+
+class TypedInput(serializers.Serializer):
+    """A request body whose fields take only their JSON type (see json_type_problem), but
+    that may carry fields it does not take (StrictInput refuses those too)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        errors = type_errors(self, data) if isinstance(data, dict) else {}
+        if errors:
+            raise serializers.ValidationError(errors)
+        return super().to_internal_value(data)
+
+
+@extend_schema_field({"type": "object", "additionalProperties": {}})
+class JsonObjectField(serializers.JSONField):
+    """A JSON object (a run's input, a connection's options): anything else is refused."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("Must be a JSON object.")
+        return super().to_internal_value(data)
+
+
 class StrictInput(serializers.Serializer):
     """A request body that refuses fields it does not take (a misspelt ``max_concurency``
     would otherwise be ignored, and the client would believe it was set; a misspelt
@@ -85,6 +152,7 @@ class StrictInput(serializers.Serializer):
         errors: dict[str, Any] = {
             name: [self.unknown_message(name)] for name in sorted(set(data) - set(self.fields))
         }
+        errors |= type_errors(self, data)
         try:
             value = super().to_internal_value(data)
         except serializers.ValidationError as error:
@@ -102,24 +170,13 @@ class AutomationIn(StrictInput):
 
 
 class DefinitionIn(StrictInput):
-    definition = serializers.JSONField()
-
-
-class RunStartIn(StrictInput):
-    automation = serializers.SlugField(max_length=63)
-    # Kept exactly as sent: trimming would let two different keys collide.
-    start_key = serializers.CharField(
-        max_length=255, required=False, allow_blank=False, trim_whitespace=False
-    )
-    input = serializers.JSONField(required=False, default=dict)
-
-    def validate_start_key(self, value: str) -> str:
-        return check_client_start_key(value)
+    definition = JsonObjectField(help_text="The definition (docs/definitions.md).")
 
 
 # Start keys the engine makes itself: a client may not take them ahead of time (a scheduled
-# occurrence whose key was taken would count as started).
-RESERVED_START_KEY_PREFIXES = ("schedule:",)
+# occurrence whose key was taken would count as started; a key derived from an input would
+# collide with the start that derived it).
+RESERVED_START_KEY_PREFIXES = ("schedule:", DERIVED_KEY_PREFIX)
 
 
 def check_client_start_key(value: str) -> str:
@@ -127,6 +184,30 @@ def check_client_start_key(value: str) -> str:
         reserved = ", ".join(f'"{p}"' for p in RESERVED_START_KEY_PREFIXES)
         raise serializers.ValidationError(f"start keys starting with {reserved} are reserved")
     return value
+
+
+_NOT_RESERVED = "|".join(re.escape(prefix) for prefix in RESERVED_START_KEY_PREFIXES)
+
+
+@extend_schema_field(
+    {"type": "string", "minLength": 1, "maxLength": MAX_START_KEY,
+     "pattern": rf"^(?!{_NOT_RESERVED})[\s\S]*$"}
+)  # fmt: skip
+class StartKeyField(serializers.CharField):
+    """A client's start key: kept exactly as sent (trimming would let two different keys
+    collide), none of the reserved prefixes."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_length=MAX_START_KEY, trim_whitespace=False, **kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        return check_client_start_key(super().to_internal_value(data))
+
+
+class RunStartIn(StrictInput):
+    automation = serializers.SlugField(max_length=63)
+    start_key = StartKeyField(required=False)
+    input = JsonObjectField(required=False, default=dict)
 
 
 class RunEventOut(serializers.ModelSerializer):

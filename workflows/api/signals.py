@@ -13,31 +13,39 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ..models import Signal
-from ..services.signals import SignalSent, inbound_email, signal_send
+from ..services.signals import SIGNAL_NAME_RE, SignalSent, inbound_email, signal_send
 from .auth import request_key
 from .filters import SignalFilter
-from .serializers import ErrorOut, StrictInput, check_client_start_key, run_links
+from .serializers import (
+    ErrorOut,
+    JsonObjectField,
+    StartKeyField,
+    StrictInput,
+    TypedInput,
+    run_links,
+)
 from .views import CursorPage, ListEndpoint
 
 
 class SignalStartIn(StrictInput):
     automation = serializers.SlugField(max_length=63)
-    start_key = serializers.CharField(max_length=255, trim_whitespace=False)
-    input = serializers.JSONField(required=False, default=dict)
-
-    def validate_start_key(self, value: str) -> str:
-        return check_client_start_key(value)
+    start_key = StartKeyField()
+    input = JsonObjectField(required=False, default=dict)
 
 
 class SignalIn(StrictInput):
-    name = serializers.CharField(max_length=100)
+    name = serializers.RegexField(
+        f"^{SIGNAL_NAME_RE.pattern}$", max_length=100,
+        error_messages={"invalid": "a signal name starts with a letter, then letters, digits, "
+                        "_ . : or - (at most 100 characters)"},
+    )  # fmt: skip
     correlation = serializers.CharField(max_length=500, required=False, default="",
                                         allow_blank=True, trim_whitespace=False)  # fmt: skip
     id = serializers.CharField(max_length=200, required=False, trim_whitespace=False,
                                help_text="Your id for this signal: sent twice, applied once. "
                                "Without one, the same name, correlation and payload are one "
                                "signal.")  # fmt: skip
-    payload = serializers.JSONField(required=False, default=None)
+    payload = serializers.JSONField(required=False, default=None, allow_null=True)
     start = SignalStartIn(required=False, help_text="Signal-with-start: deliver to the run of "
                           "this start key, starting it first if it does not exist.")  # fmt: skip
 
@@ -68,13 +76,14 @@ class SignalOut(serializers.ModelSerializer):
 
 
 # Not strict: it takes what mail providers post, which carries fields it has no use for.
-class InboundEmailIn(serializers.Serializer):
-    message_id = serializers.CharField(max_length=200, required=False, default="")
+class InboundEmailIn(TypedInput):
+    message_id = serializers.CharField(max_length=200, required=False, default="",
+                                       allow_blank=True)  # fmt: skip
     in_reply_to = serializers.CharField(max_length=500, required=False, default="",
                                         allow_blank=True)  # fmt: skip
     references = serializers.ListField(child=serializers.CharField(max_length=500),
                                        required=False, default=list, max_length=100)  # fmt: skip
-    sender = serializers.CharField(max_length=320, required=False, default="")
+    sender = serializers.CharField(max_length=320, required=False, default="", allow_blank=True)
     subject = serializers.CharField(max_length=1000, required=False, default="", allow_blank=True)
     text = serializers.CharField(max_length=100_000, required=False, default="", allow_blank=True)
 

@@ -45,7 +45,9 @@ from .serializers import (
     run_links,
 )
 
-_LIMIT = re.compile(r"[0-9]{1,9}")
+# A limit's digits: any number of them (past max_page_size it is cut; too many for int() to
+# read are not read).
+_LIMIT = re.compile(r"[0-9]+")
 _ID_POSITION = re.compile(r"-?[0-9]{1,19}")
 _SLUG_POSITION = re.compile(r"[-a-zA-Z0-9_]{1,63}")
 
@@ -66,12 +68,33 @@ class CursorPage(CursorPagination):
         raw = request.query_params.get(self.page_size_query_param)
         if raw is None:
             return self.page_size
-        if not _LIMIT.fullmatch(raw) or int(raw) < 1:
+        digits = raw.lstrip("0")
+        if not _LIMIT.fullmatch(raw) or not digits:
             raise InvalidQuery(
                 parameter="limit",
-                reason=f"limit must be a whole number from 1 to {self.max_page_size}.",
+                reason=f"limit must be a whole number of at least 1 (above "
+                f"{self.max_page_size}: {self.max_page_size}).",
             )
-        return min(int(raw), self.max_page_size)
+        if len(digits) > len(str(self.max_page_size)):
+            return self.max_page_size
+        return min(int(digits), self.max_page_size)
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        """The schema says what get_page_size and decode_cursor take."""
+        parameters: list[dict[str, Any]] = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"] = {"type": "integer", "minimum": 1}
+                parameter["description"] = (
+                    f"Results a page (default {self.page_size}); above {self.max_page_size}, "
+                    f"{self.max_page_size}."
+                )
+            elif parameter["name"] == self.cursor_query_param:
+                parameter["description"] = (
+                    "Where the page starts: the `cursor` of a `next` or `previous` link, as "
+                    "given. Any other value is refused (400 `invalid_input`)."
+                )
+        return parameters
 
     def decode_cursor(self, request: Request) -> Any:
         # A cursor we did not hand out is bad input, not a 404 and never a 500.
@@ -152,7 +175,12 @@ class AutomationListView(ListEndpoint):
     def get(self, request: Request) -> Response:
         return self.list_page()
 
-    @extend_schema(request=AutomationIn, responses={201: AutomationOut})
+    @extend_schema(
+        request=AutomationIn,
+        responses={201: AutomationOut, 409: ErrorOut},
+        description="Create an automation (no version yet). A slug already taken in this "
+        "organisation is 409 `automation_exists`.",
+    )
     def post(self, request: Request) -> Response:
         data = AutomationIn(data=request.data)
         data.is_valid(raise_exception=True)
@@ -213,7 +241,12 @@ class VersionDetailView(APIView):
 
 
 class VersionPublishView(APIView):
-    @extend_schema(request=None, responses=VersionOut)
+    @extend_schema(
+        request=None,
+        responses={200: VersionOut, 409: ErrorOut},
+        description="Publish a draft: new runs start on it. A version published before is "
+        "409 `already_published`.",
+    )
     def post(self, request: Request, slug: str, number: int) -> Response:
         automation = selectors.automation_get(org=request_key(request).org, slug=slug)
         version = selectors.version_get(automation=automation, number=number)

@@ -5,7 +5,17 @@ authentication's principal (``request_key``, ``request_actor``), the strict inpu
 from __future__ import annotations
 
 from ..api.auth import request_actor, request_key
-from ..api.serializers import ErrorOut, StrictInput
+from ..api.filters import BooleanFilter
+from ..api.serializers import ErrorOut, JsonObjectField, StrictInput
 from ..api.views import CursorPage, ListEndpoint
 
-__all__ = ["CursorPage", "ErrorOut", "ListEndpoint", "StrictInput", "request_actor", "request_key"]
+__all__ = [
+    "BooleanFilter",
+    "CursorPage",
+    "ErrorOut",
+    "JsonObjectField",
+    "ListEndpoint",
+    "StrictInput",
+    "request_actor",
+    "request_key",
+]

@@ -4,10 +4,11 @@ a checked plan (``plan.py``), its dry run in SQL (``report.py``), each run's mov
 admin and ``manage.py migrate_runs`` call these and nothing else."""
 
 from .jobs import JobProgress, migration_get, migration_resume, migration_start
-from .plan import STAY, MigrationPlan, RemovedRule, migration_plan
+from .plan import MAX_STEP_ID, STAY, MigrationPlan, RemovedRule, migration_plan
 from .report import REASONS, DryRun, dry_run
 
 __all__ = [
+    "MAX_STEP_ID",
     "REASONS",
     "STAY",
     "DryRun",
