@@ -9,14 +9,18 @@ admin are made over HTTP with the demo's credentials. The web server and the cat
 on free ports instead of the tutorial's 8000 and 1025 (the blocks' text is changed so).
 
 Then it checks what the tutorial promises: each welcome email reached the catcher once, each
-run waited on its approval, the first was approved in the admin and the second through the
-API, both succeeded, their run pages answer with their steps, and the reader's own test of
+run waited on its approval, the first was approved in the admin, the second by a click in
+Slack (a stub standing in for slack.com: the reader's connection is pointed at it, and the
+click is signed with the signing secret the reader put in `.env`) and the third through the
+API, all succeeded, their run pages answer with their steps, and the reader's own test of
 the code workflow passed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -26,14 +30,18 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import pytest
 
 from .processes import ROOT, wait_for
+from .stubs.slack import SlackStub
+from .test_approvals_setup import click_payload
 from .tutorial_blocks import Block, tutorial_blocks
 
 TUTORIAL = ROOT / "docs" / "tutorial"
@@ -47,6 +55,8 @@ LEFT_OUT = shutil.ignore_patterns(
 KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "USER", "TMPDIR", "PYTHON")
 BLOCK_BOUND_SECONDS = 300.0  # a failure's bound, never what a passing block takes
 AGAIN = "-again"
+# The tutorial's placeholders for the reader's own Slack app and workspace.
+SLACK_TOKEN, SLACK_TEAM, SLACK_USER = "xoxb-YOUR-BOT-TOKEN", "T0YOURTEAM", "U0YOURID"
 SET_VARIABLE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)=", re.MULTILINE)
 
 
@@ -59,8 +69,9 @@ def free_port() -> int:
 class Reader:
     """One reader at one copy of the repository: a terminal, other terminals, a browser."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, slack: SlackStub) -> None:
         self.work = work
+        self.slack = slack  # slack.com, for the tutorial's Slack connection
         self.web, self.smtp = free_port(), free_port()
         self.env = {k: os.environ[k] for k in KEPT_ENV if k in os.environ}
         self.env.update(WAYMARK_PORT=str(self.web), PYTHONUNBUFFERED="1")
@@ -71,6 +82,12 @@ class Reader:
 
     def text(self, block: Block) -> str:
         text = block.text.replace("127.0.0.1:8000", f"127.0.0.1:{self.web}")
+        # The reader's Slack connection reaches slack.com, its default base URL; this one the
+        # stub standing in for it.
+        text = text.replace(
+            '"provider": "slack_message",',
+            f'"provider": "slack_message", "base_url": "{self.slack.url}/api/",',
+        )
         return re.sub(r"\b1025\b", str(self.smtp), text)
 
     # --- the kinds of block --------------------------------------------------------------------
@@ -98,8 +115,8 @@ class Reader:
         return done.stdout
 
     def start(self, block: Block) -> None:
-        # "<name>-again" is <name> started again in its terminal, after Ctrl-C there.
-        name = block.name.removesuffix(AGAIN)
+        # "<name>-again[-why]" is <name> started again in its terminal, after Ctrl-C there.
+        name = block.name.split(AGAIN)[0]
         if name in self.background:
             self.interrupt(name)
         log = self.work / f".tutorial-{name}.log"
@@ -248,7 +265,74 @@ def approval_pending(reader: Reader) -> None:
     wait_for(pending, timeout=300, what="the code workflow's approval to be pending")
 
 
-BROWSER: dict[str, Callable[[Reader], None]] = {"tutorial-decide-in-admin": decide_in_admin}
+def link_slack_user(reader: Reader) -> None:
+    """Admin > Memberships > Add (the admin in demo), then Admin > Slack users > Add: the
+    reader's Slack user, deciding as the admin."""
+    with reader.browser() as browser:
+        page = browser.get("/admin/workflows/membership/add/")
+        assert page.status_code == 200, page.text
+        added = browser.post("/admin/workflows/membership/add/", data={
+            "csrfmiddlewaretoken": csrf_of(page.text), "user": option(page.text, "user", "admin"),
+            "org": option(page.text, "org", "demo"), "_save": "Save",
+        })  # fmt: skip
+        assert added.status_code == 302, errors_of(added.text)
+        page = browser.get("/admin/approvals/slackuser/add/")
+        assert page.status_code == 200, page.text
+        added = browser.post("/admin/approvals/slackuser/add/", data={
+            "csrfmiddlewaretoken": csrf_of(page.text), "org": option(page.text, "org", "demo"),
+            "team_id": SLACK_TEAM, "slack_user_id": SLACK_USER,
+            "user": option(page.text, "user", "admin"), "_save": "Save",
+        })  # fmt: skip
+        assert added.status_code == 302, errors_of(added.text)
+
+
+def approve_in_slack(reader: Reader) -> None:
+    """The request's message in the channel; the reader presses Approve, and Slack sends the
+    click, signed with the app's signing secret, to /slack/interactions."""
+
+    def posted() -> dict[str, Any] | None:
+        for run in reader.runs_of("welcome"):  # a run that ended will never ask: say so
+            assert run["status"] in ("running", "succeeded"), (run["status"], run["error"])
+        return next((m for m in reader.slack.messages if "Linus" in json.dumps(m)), None)
+
+    message = wait_for(posted, timeout=300, what="the request's message in Slack")
+    secret = env_value(reader.work / ".env", "WAYMARK_SLACK_SIGNING_SECRET")
+    payload = click_payload(message, user=SLACK_USER, team=SLACK_TEAM)
+    body = urlencode({"payload": json.dumps(payload)})
+    stamp = str(int(time.time()))
+    signature = hmac.new(secret.encode(), f"v0:{stamp}:{body}".encode(), hashlib.sha256)
+    answer = httpx.post(f"{reader.url}/slack/interactions", content=body, timeout=30, headers={
+        "Content-Type": "application/x-www-form-urlencoded",
+        "X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": f"v0={signature.hexdigest()}",
+    })  # fmt: skip
+    assert (answer.status_code, answer.json().get("code")) == (200, "received"), answer.text
+
+
+def option(html: str, field: str, label: str) -> str:
+    """The value of the <option> labelled ``label`` in the form's ``field`` select."""
+    select = re.search(rf'<select name="{field}".*?</select>', html, re.S)
+    assert select, f"no {field} choice on the page"
+    found = re.search(rf'<option value="(\d+)"[^>]*>{re.escape(label)}</option>', select.group(0))
+    assert found, f"no {label!r} among the {field} choices"
+    return found.group(1)
+
+
+def errors_of(html: str) -> list[str]:
+    """What an admin form said was wrong."""
+    return re.findall(r'<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', html, re.S) or [html[:2000]]
+
+
+def env_value(path: Path, name: str) -> str:
+    found = re.search(rf"^{name}=(.*)$", path.read_text(), re.M)
+    assert found, f"{name} is not in {path}"
+    return found.group(1).strip()
+
+
+BROWSER: dict[str, Callable[[Reader], None]] = {
+    "tutorial-decide-in-admin": decide_in_admin,
+    "tutorial-link-slack-user": link_slack_user,
+    "tutorial-approve-in-slack": approve_in_slack,
+}
 BEFORE: dict[str, Callable[[Reader], None]] = {"tutorial-decide-by-api": approval_pending}
 
 
@@ -258,12 +342,14 @@ def reader() -> Iterator[Reader]:
     work = Path(tempfile.mkdtemp(prefix="wm-tutorial-"))
     shutil.copytree(ROOT, work, ignore=LEFT_OUT, dirs_exist_ok=True)
     (work / ".venv").symlink_to(sys.prefix)  # the environment this test runs in
-    it = Reader(work)
-    try:
-        yield it
-    finally:
-        it.stop_everything()
-        shutil.rmtree(work, ignore_errors=True)
+    with SlackStub(valid_tokens=(SLACK_TOKEN,)) as slack:
+        it = Reader(work, slack)
+        try:
+            yield it
+        finally:
+            it.stop_everything()
+            shutil.rmtree(work, ignore_errors=True)
+        assert not slack.errors, slack.errors
 
 
 def test_every_block_of_the_tutorial_runs_as_written_and_does_what_it_says(
@@ -296,13 +382,19 @@ def test_every_block_of_the_tutorial_runs_as_written_and_does_what_it_says(
     # Each welcome reached the catcher, once, with the key the ledger recorded it under.
     mail = reader.log("tutorial-mail-catcher")
     assert mail.count("Subject: Welcome, Ada") == 1, mail
+    assert mail.count("Subject: Welcome, Linus") == 1, mail
     assert mail.count("Subject: Welcome, Grace") == 1, mail
-    assert mail.count("X-Waymark-Effect-Key:") == 2, mail
+    assert mail.count("X-Waymark-Effect-Key:") == 3, mail
 
-    (json_run,) = reader.runs_of("welcome")
+    slack_run, json_run = reader.runs_of("welcome")  # newest first
     (code_run,) = reader.runs_of("welcome-code")
-    runs = (json_run, code_run)
+    runs = (json_run, slack_run, code_run)
     assert (json_run["status"], json_run["output"]) == ("succeeded", {"gift": True})
+    assert (slack_run["status"], slack_run["output"]) == ("succeeded", {"gift": True})
+    # Asked in Slack once (the ledger's key), decided by the click, the message updated.
+    (asked,) = [m for m in reader.slack.messages if "Linus" in json.dumps(m)]
+    assert asked["channel"] == "C0YOURCHANNEL"
+    wait_for(lambda: bool(reader.slack.updates), what="the message updated once decided")
     assert code_run["status"] == "succeeded", code_run
     assert code_run["output"]["gift"] is True
     assert code_run["output"]["decided_by"].startswith("api_key:")
@@ -312,6 +404,10 @@ def test_every_block_of_the_tutorial_runs_as_written_and_does_what_it_says(
         "admin",
     )
     assert decided[code_run["id"]]["decided_via"] == "api"
+    assert (decided[slack_run["id"]]["decided_by"], decided[slack_run["id"]]["decided_via"]) == (
+        "admin",
+        "slack",
+    )
 
     # The run pages answer, with the steps the tutorial names.
     with reader.browser() as browser:
@@ -328,5 +424,5 @@ def test_every_block_of_the_tutorial_runs_as_written_and_does_what_it_says(
 def test_every_block_is_one_the_tutorial_test_knows_how_to_take() -> None:
     kinds = [block.kind for block in tutorial_blocks(TUTORIAL)]
     assert {"file", "shell", "background", "browser"} <= set(kinds)
-    names = {b.name.removesuffix(AGAIN) for b in tutorial_blocks(TUTORIAL) if b.name}
+    names = {b.name.split(AGAIN)[0] for b in tutorial_blocks(TUTORIAL) if b.name}
     assert names <= set(READY) | set(BROWSER) | set(BEFORE), names - set(READY)
