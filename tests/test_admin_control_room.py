@@ -21,31 +21,23 @@ from timers.models import Timer
 from workflows.admin import control_room as room_module
 from workflows.admin.control_room import COUNT_CAP, ControlRoom, Panel, control_room
 from workflows.engine.sql import control_room as room_sql
-from workflows.models import Membership, Organisation, Run, Step
+from workflows.models import Organisation, Run, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 from workflows.states import RunStatus
 
 from .effect_setup import drive, start
-from .factories import IO_DEFINITION, OrganisationFactory
+from .factories import IO_DEFINITION, SIGNAL_WAIT_DEFINITION, OrganisationFactory
+from .test_admin_scoping import staff_user
 from .test_approvals_setup import approval_definition, person
 from .test_doctor import TIMER_DEFINITION, read
 
 pytestmark = pytest.mark.django_db
 
-PARKED: dict = {
-    "start": "paid",
-    "steps": [
-        {"id": "paid", "type": "wait_signal", "signal": "order.paid",
-         "correlation": "{{ input.order }}", "timeout": "1d", "next": "done"},
-        {"id": "done", "type": "end"},
-    ],
-}  # fmt: skip
-
 
 def runs(org: Organisation, n: int, *, prefix: str = "k") -> list[Run]:
     """``n`` runs of ``org``, each parked on a signal (running, with a way forward)."""
-    automation_publish_definition(org=org, slug="orders", definition=PARKED)
+    automation_publish_definition(org=org, slug="orders", definition=SIGNAL_WAIT_DEFINITION)
     ids = [
         run_start(org=org, automation_slug="orders", start_key=f"{prefix}{i}",
                   run_input={"order": f"{prefix}{i}"}).run_id
@@ -66,14 +58,6 @@ def strand(run: Run) -> None:
 
 def age(run: Run, hours: float) -> None:
     Run.objects.filter(pk=run.pk).update(created_at=Now() - timedelta(hours=hours))
-
-
-def staff(username: str, *orgs: Organisation) -> User:
-    user = User.objects.create_user(username, password="pw", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label="workflows"))
-    for org in orgs:
-        Membership.objects.create(user=user, org=org)
-    return user
 
 
 def room_for(user: User) -> ControlRoom:
@@ -101,7 +85,7 @@ def test_runs_are_counted_by_status_in_the_last_hour_and_the_last_day() -> None:
     age(earlier, 5)
     age(last_week, 24 * 7)  # in neither window
     fail(failed)
-    user = staff("olga", org)
+    user = staff_user("olga", org)
 
     counted = figures(room_for(user))
 
@@ -115,7 +99,7 @@ def test_counts_stop_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     runs(org, 4)
     monkeypatch.setattr(room_module, "COUNT_CAP", 2)
 
-    assert figures(room_for(staff("olga", org)))["running"] == ("2+", "2+")
+    assert figures(room_for(staff_user("olga", org)))["running"] == ("2+", "2+")
 
 
 def test_failed_and_stranded_runs_are_listed_with_links_to_their_pages() -> None:
@@ -124,7 +108,7 @@ def test_failed_and_stranded_runs_are_listed_with_links_to_their_pages() -> None
     fail(failed, "the CRM said no")
     strand(stranded)
 
-    stuck = panel(room_for(staff("olga", org)), "Failed or stuck")
+    stuck = panel(room_for(staff_user("olga", org)), "Failed or stuck")
 
     lines = {line.text: line for line in stuck.lines}
     failed_line = next(line for text, line in lines.items() if text.startswith(f"run {failed.pk} "))
@@ -148,7 +132,7 @@ def test_a_member_of_one_organisation_sees_nothing_of_another() -> None:
     their_approval_run = start(theirs, approval_definition(), slug="refunds",
                                run_input={"amount": 5, "customer": "Theirs"})  # fmt: skip
     drive(lane="human")
-    user = staff("olga", mine)
+    user = staff_user("olga", mine)
     user.user_permissions.add(Permission.objects.get(codename="view_approvalrequest"))
     user = User.objects.get(pk=user.pk)  # permissions read afresh
 
@@ -215,7 +199,7 @@ def test_effects_to_review_and_open_circuit_breakers_are_the_organisations_own()
     mine, theirs = OrganisationFactory.create(), OrganisationFactory.create()
     effect, connection = review_and_open_circuit(mine)
     their_effect, their_connection = review_and_open_circuit(theirs)
-    user = staff("olga", mine)
+    user = staff_user("olga", mine)
     user.user_permissions.add(Permission.objects.get(codename="view_effect"))
     user = User.objects.get(pk=user.pk)
 
@@ -231,7 +215,9 @@ def test_effects_to_review_and_open_circuit_breakers_are_the_organisations_own()
         (link.text, link.url) for link in effects.links
     ]
     # Without the permission to see effects, no panel.
-    assert not [p for p in room_for(staff("vic", mine)).panels if p.title.startswith("Effects")]
+    assert not [
+        p for p in room_for(staff_user("vic", mine)).panels if p.title.startswith("Effects")
+    ]
     assert their_effect.pk != effect.pk and their_connection.name not in circuit.text
 
 
@@ -242,7 +228,7 @@ def test_the_most_overdue_timer_of_the_organisations_is_shown() -> None:
     Timer.objects.filter(run_id=late).update(due_at=Now() - timedelta(seconds=90))
     Timer.objects.filter(run_id=later).update(due_at=Now() - timedelta(hours=3))
 
-    (line,) = panel(room_for(staff("olga", mine)), "Timers").lines
+    (line,) = panel(room_for(staff_user("olga", mine)), "Timers").lines
     (everyone,) = panel(room_for(User.objects.create_superuser("root")), "Timers").lines
 
     assert line.text.startswith("the most overdue: timer") and f"of run {late} " in line.text
@@ -327,7 +313,7 @@ def test_the_counts_read_their_windows_not_the_history() -> None:
 def test_a_staff_member_of_no_organisation_sees_empty_panels() -> None:
     org = OrganisationFactory.create()
     fail(runs(org, 1)[0])
-    nobody = staff("nobody")
+    nobody = staff_user("nobody")
     page = Client()
     page.force_login(nobody)
 
@@ -343,10 +329,10 @@ def test_the_manual_is_linked_from_the_control_room_and_the_apis_docs(settings) 
     the API's docs page (/api/v1/docs/) shows at its top."""
     org = Organisation.objects.create(slug="readers", name="Readers")
     settings.WAYMARK = {**settings.WAYMARK, "DOCS_URL": "https://docs.example.test/waymark/"}
-    links = {link.text: link.url for link in room_for(staff("reader", org)).links}
+    links = {link.text: link.url for link in room_for(staff_user("reader", org)).links}
     assert links["Documentation"] == "https://docs.example.test/waymark/"
     client = Client()
-    client.force_login(staff("page", org))
+    client.force_login(staff_user("page", org))
     page = client.get("/admin/").content.decode()
     assert 'href="https://docs.example.test/waymark/"' in page
     schema = client.get("/api/v1/schema/", HTTP_ACCEPT="application/json")
