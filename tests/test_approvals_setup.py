@@ -207,16 +207,26 @@ def slack_post(
 ) -> Any:
     """POST an interaction the way Slack does: a form-encoded ``payload`` (JSON), signed
     with v0 = HMAC-SHA256 over ``v0:{timestamp}:{body}``."""
-    body = raw if raw is not None else urlencode({"payload": json.dumps(payload)})
+    body = raw if raw is not None else click_body(payload)
     ts = str(int(time.time()) if timestamp is None else timestamp)
-    digest = hmac.new(secret.encode(), f"v0:{ts}:{body}".encode(), hashlib.sha256).hexdigest()
     return client.post(
         "/slack/interactions",
         data=body,
         content_type="application/x-www-form-urlencoded",
         HTTP_X_SLACK_REQUEST_TIMESTAMP=ts,
-        HTTP_X_SLACK_SIGNATURE=signature or f"v0={digest}",
+        HTTP_X_SLACK_SIGNATURE=signature or slack_signature(secret, ts, body),
     )
+
+
+def click_body(payload: Any) -> str:
+    """An interaction's body as Slack sends it: the payload's JSON, form-encoded."""
+    return urlencode({"payload": json.dumps(payload)})
+
+
+def slack_signature(secret: str, timestamp: str, body: str) -> str:
+    """Slack's v0 signature of a request: HMAC-SHA256 over ``v0:{timestamp}:{body}``."""
+    digest = hmac.new(secret.encode(), f"v0:{timestamp}:{body}".encode(), hashlib.sha256)
+    return f"v0={digest.hexdigest()}"
 
 
 def last_click() -> int:

@@ -19,8 +19,6 @@ the code workflow passed.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import json
 import os
 import re
@@ -34,14 +32,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import httpx
 import pytest
 
 from .processes import ROOT, wait_for
 from .stubs.slack import SlackStub
-from .test_approvals_setup import click_payload
+from .test_approvals_setup import click_body, click_payload, slack_signature
 from .tutorial_blocks import Block, tutorial_blocks
 
 TUTORIAL = ROOT / "docs" / "tutorial"
@@ -297,13 +294,12 @@ def approve_in_slack(reader: Reader) -> None:
 
     message = wait_for(posted, timeout=300, what="the request's message in Slack")
     secret = env_value(reader.work / ".env", "WAYMARK_SLACK_SIGNING_SECRET")
-    payload = click_payload(message, user=SLACK_USER, team=SLACK_TEAM)
-    body = urlencode({"payload": json.dumps(payload)})
+    body = click_body(click_payload(message, user=SLACK_USER, team=SLACK_TEAM))
     stamp = str(int(time.time()))
-    signature = hmac.new(secret.encode(), f"v0:{stamp}:{body}".encode(), hashlib.sha256)
     answer = httpx.post(f"{reader.url}/slack/interactions", content=body, timeout=30, headers={
         "Content-Type": "application/x-www-form-urlencoded",
-        "X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": f"v0={signature.hexdigest()}",
+        "X-Slack-Request-Timestamp": stamp,
+        "X-Slack-Signature": slack_signature(secret, stamp, body),
     })  # fmt: skip
     assert (answer.status_code, answer.json().get("code")) == (200, "received"), answer.text
 
