@@ -15,15 +15,17 @@ returns.
 from __future__ import annotations
 
 import ctypes
-import heapq
-import itertools
+import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from django.conf import settings
+
+T = TypeVar("T")
 
 REFIRE_SECONDS = 0.05
 
@@ -49,108 +51,151 @@ def turn_budget_seconds() -> float:
     return float(settings.WAYMARK["CODE_TURN_MS"]) / 1000
 
 
-_current = threading.local()  # the guard of the turn this thread runs, if any
+_current = threading.local()  # this thread's guard (_Guard), made at its first turn
 
 
-@contextmanager
-def within(seconds: float) -> Iterator[None]:
-    """Run the block in this thread for at most ``seconds`` (not counting what runs in
-    ``outside_budget``); past them, ``TurnOverBudget``."""
+def within(seconds: float, turn: Callable[[], T]) -> T:
+    """``turn()`` in this thread, for at most ``seconds`` (not counting what runs in
+    ``outside_budget``); past them, ``TurnOverBudget``. What ``turn`` raises goes through.
+
+    A function, not a context manager: the interruption may land at any bytecode, and a
+    context manager's own frames (its ``__exit__``, before the guard is disarmed) would let it
+    out of the turn. Here it lands in ``turn``, or in the finally before the disarming, and
+    is caught below. Only a second firing (REFIRE_SECONDS later) landing in the few
+    bytecodes between that catch and the disarming would escape."""
+    guard = _guard()
     over = False
     try:
-        _current.guard = _WATCHDOG.arm(threading.get_ident(), seconds)
         try:
-            yield
+            _WATCHDOG.arm(guard, seconds)
+            result = turn()
         finally:
-            over = _disarm()
+            over = _disarm(guard)
     except OverBudget:
-        over = True
+        over = _disarm(guard) or True
     if over:
         raise TurnOverBudget(seconds)
+    return result
 
 
 @contextmanager
 def outside_budget() -> Iterator[None]:
     """Within a turn, a block whose time is not the turn's (a ``ctx.run`` function's)."""
     guard: _Guard | None = getattr(_current, "guard", None)
-    if guard is None:
+    if guard is None or not guard.armed:
         yield
         return
     left = guard.deadline - time.monotonic()
-    if _disarm():
+    if _disarm(guard):
         raise OverBudget  # it was over before the block began
     try:
         yield
     finally:
-        _current.guard = _WATCHDOG.arm(threading.get_ident(), max(0.0, left))
+        _WATCHDOG.arm(guard, max(0.0, left))
 
 
-def _disarm() -> bool:
+def _guard() -> _Guard:
+    guard: _Guard | None = getattr(_current, "guard", None)
+    if guard is None:
+        guard = _current.guard = _WATCHDOG.register(threading.get_ident())
+    return guard
+
+
+def _disarm(guard: _Guard) -> bool:
     """Disarm this thread's guard; whether it fired meanwhile. The exception may land in the
     disarming itself: it is disarmed all the same."""
-    guard: _Guard | None = getattr(_current, "guard", None)
     fired = False
-    while guard is not None:
+    while True:
         try:
-            _WATCHDOG.disarm(guard)
-            _current.guard = None
-            return fired or guard.fired
+            return _WATCHDOG.disarm(guard) or fired
         except OverBudget:
             fired = True
-    return fired
 
 
 @dataclass(eq=False)
 class _Guard:
+    """A thread's slot: armed while the thread runs a turn, until ``deadline``. Its lock
+    orders the watchdog's firing with the thread's disarming, so no exception is raised
+    into a thread whose turn has ended."""
+
     thread: int
-    deadline: float
-    armed: bool = True
+    deadline: float = math.inf
     fired: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def armed(self) -> bool:
+        return self.deadline != math.inf
 
 
 @dataclass
 class _Watchdog:
-    """One thread, sleeping until the nearest deadline of the armed guards (none: until one
-    is armed), so a turn costs a heap push and no thread switch."""
+    """One thread per process, sleeping until the nearest deadline of the armed guards (none
+    armed: until one is). A turn sets its thread's slot and clears it: no lock shared with
+    the other threads, no heap, and no wake-up of the watchdog, unless it sleeps past the
+    new deadline (it was idle, or every other deadline is later)."""
 
-    lock: threading.Condition = field(default_factory=threading.Condition)
-    heap: list[tuple[float, int, _Guard]] = field(default_factory=list)
-    order: Iterator[int] = field(default_factory=itertools.count)
+    guards: dict[int, _Guard] = field(default_factory=dict)  # by thread id
+    # Released to wake the watchdog, which waits by acquiring it: a plain lock, whose
+    # release is one C call. An interruption may land in ``arm`` (a turn whose deadline
+    # passed meanwhile), and an Event's Python code would be left holding its lock.
+    wake: threading.Lock = field(default_factory=threading.Lock)
+    waking_at: float = math.inf  # when the watchdog wakes next (inf: when told, or scanning)
+    start_lock: threading.Lock = field(default_factory=threading.Lock)
     thread: threading.Thread | None = None
-    waking_at: float | None = None  # when the thread wakes next (None: when told)
 
-    def arm(self, thread: int, seconds: float) -> _Guard:
-        guard = _Guard(thread, time.monotonic() + seconds)
-        with self.lock:
-            heapq.heappush(self.heap, (guard.deadline, next(self.order), guard))
+    def register(self, thread: int) -> _Guard:
+        guard = _Guard(thread)
+        with self.start_lock:
+            # A finished thread's id may be reused: its slot (disarmed) is replaced.
+            self.guards = {**self.guards, thread: guard}
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="code-budget", daemon=True)
                 self.thread.start()
-            elif self.waking_at is None or guard.deadline < self.waking_at:
-                self.lock.notify()
         return guard
 
-    def disarm(self, guard: _Guard) -> None:
-        with self.lock:
-            guard.armed = False
-            if guard.fired:  # an exception still pending is dropped with the turn
+    def arm(self, guard: _Guard, seconds: float) -> None:
+        guard.fired = False
+        guard.deadline = deadline = time.monotonic() + seconds
+        # Read after the deadline is written: either the watchdog's last scan saw it, or
+        # the watchdog set waking_at before that scan and this reads it (see _run).
+        if deadline < self.waking_at:
+            try:
+                self.wake.release()
+            except RuntimeError:
+                pass  # already released: the watchdog wakes anyway
+
+    def disarm(self, guard: _Guard) -> bool:
+        """Whether the guard fired (an exception still pending is dropped with the turn)."""
+        with guard.lock:
+            guard.deadline = math.inf
+            if guard.fired:
                 _raise_in(guard.thread, None)
+            return guard.fired
 
     def _run(self) -> None:
+        self.wake.acquire()  # held: nothing to tell
         while True:
-            with self.lock:
-                now = time.monotonic()
-                while self.heap and (not self.heap[0][2].armed or self.heap[0][0] <= now):
-                    deadline, _, guard = heapq.heappop(self.heap)
-                    if guard.armed and deadline == guard.deadline:
+            self.waking_at = math.inf  # scanning: every arm releases ``wake``
+            nearest = self._fire_due()
+            # An arm the scan missed released ``wake`` (it read inf): the wait returns at once.
+            self.waking_at = nearest
+            timeout = -1 if nearest == math.inf else max(0.0, nearest - time.monotonic())
+            self.wake.acquire(timeout=timeout)
+
+    def _fire_due(self) -> float:
+        """Raise OverBudget in each thread past its deadline (again every REFIRE_SECONDS
+        while it goes on); the nearest deadline left."""
+        now, nearest = time.monotonic(), math.inf
+        for guard in self.guards.values():
+            if guard.deadline <= now:
+                with guard.lock:  # not while the thread disarms
+                    if guard.deadline <= now:
                         guard.fired = True
                         _raise_in(guard.thread, OverBudget)
                         guard.deadline = now + REFIRE_SECONDS
-                        heapq.heappush(self.heap, (guard.deadline, next(self.order), guard))
-                        break  # re-read the clock before the next one
-                self.waking_at = self.heap[0][0] if self.heap else None
-                timeout = None if self.waking_at is None else max(0.0, self.waking_at - now)
-                self.lock.wait(timeout)
+            nearest = min(nearest, guard.deadline)
+        return nearest
 
 
 def _raise_in(thread: int, exception: type[BaseException] | None) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from django.db import connection
 
 from ..definitions.registry import registry
+from ..definitions.rendering import plain_copy
 from ..engine.sql.rows import fetch_dicts
 from ..states import StepStatus
 from .context import Recorded
@@ -221,8 +222,10 @@ def history_after(
         return None
     # One live step at a time: the asked step's iteration follows its earlier ones.
     iteration = 1 + sum(1 for r in turn.history if r.step_id == asked["id"])
+    # A copy of the run's value: the workflow's code is handed it (Walk._decider_context).
+    output = plain_copy(ended["output"])
     history = [*turn.history, Recorded(str(asked["id"]), iteration, str(asked["type"]),
-                                       StepStatus.DONE, ended["output"])]  # fmt: skip
+                                       StepStatus.DONE, output)]  # fmt: skip
     _with_outcome(history, ended_before(latest))
     return history
 

@@ -5,7 +5,7 @@ code fits its history (a migration's check: a dry replay)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..engine.decided import deciding_step
@@ -66,9 +66,7 @@ def replay_misfit(run: RunData, definition: Mapping[str, Any]) -> str | None:
     try:
         # The code between steps, under the turn's budget: the process checking may be a
         # web request's (the API's or the admin's migration), which must not hang on it.
-        with within(turn_budget_seconds()):
-            found.function(replay, run.input)
-            replay.returned()
+        within(turn_budget_seconds(), lambda: _replayed(found.function, replay, run.input))
     except Suspended:
         return None  # new work: the history fits up to it
     except TurnOverBudget as over:
@@ -93,3 +91,8 @@ def missing_here(definition: Mapping[str, Any]) -> tuple[str, int] | None:
 CODE_REPLAYS = Replays(
     history=replay_history, restart=restart_outputs, misfit=replay_misfit, missing=missing_here
 )
+
+
+def _replayed(function: Callable[[Context, Any], Any], replay: Context, run_input: Any) -> None:
+    function(replay, run_input)
+    replay.returned()

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..definitions.fields import check_fields
 from ..definitions.registry import RetryPolicy, StepReport, StepType, registry
+from ..definitions.rendering import plain_copy
 from ..engine.decided import deciding_step
 from ..engine.definition_cache import definition_for
 from ..engine.executors import NotInline, StepContext, StepDeferred, StepFailure, StepResult
@@ -112,11 +113,16 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
                      attempts_used=ctx.attempts_used, lost_claims_allowed=usual,
                      calls_functions=not inline)  # fmt: skip
     ended = ended_before(latest) if latest is not None else None
+
+    def turn() -> Any:
+        # A copy: the walk's own input, read by the run's later turns (Walk._decider_context).
+        output = found.function(replay, plain_copy(context["input"]))
+        replay.returned()
+        check_output(found.output_schema, output)
+        return output
+
     try:
-        with within(turn_budget_seconds()):
-            output = found.function(replay, context["input"])
-            replay.returned()
-            check_output(found.output_schema, output)
+        output = within(turn_budget_seconds(), turn)
     except RunsOnWorker:
         raise NotInline("a ctx.run function runs on a worker, never under the run's lock") from None
     except Suspended as suspended:

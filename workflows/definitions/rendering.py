@@ -516,6 +516,15 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=_json_default))
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def plain_copy(value: Any) -> Any:
+    """``value`` as plain data that shares nothing with it: what a workflow's own code is
+    handed, so no change it makes reaches the run's values (a scalar is its own copy)."""
+    return value if isinstance(value, _SCALARS) else _plain(value)
+
+
 def build_context(
     *,
     run_input: Any,

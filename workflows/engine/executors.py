@@ -106,6 +106,18 @@ class StepDeferred(Exception):
         self.reason = reason
 
 
+class _NeverLost(threading.Event):
+    """The lease of a step run inline in the walk: no heartbeat watches it and nothing takes
+    it over, so one event, never set, serves every such step (an Event of its own per
+    inline step was a measurable part of a code run's turn)."""
+
+    def set(self) -> None:
+        raise RuntimeError("a step run inline in the walk has no lease to lose")
+
+
+INLINE_LEASE: threading.Event = _NeverLost()
+
+
 @dataclass(frozen=True)
 class StepContext:
     """What an executor is told about the step execution it performs.

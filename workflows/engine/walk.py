@@ -28,6 +28,7 @@ from ..states import RunStatus, StepStatus, WaitKind
 from .compensation import Compensation
 from .decided import DecidedSteps, step_at, steps_of
 from .executors import (
+    INLINE_LEASE,
     NotInline,
     StepContext,
     StepDeferred,
@@ -288,6 +289,16 @@ class Walk:
             started_at=self.run.created_at,
         )
 
+    def _decider_context(self) -> dict[str, Any]:
+        """A decider's context: the run's input and outputs as the walk holds them, not a
+        copy. A decider is the engine's own (StepType ``decides``, built in): it reads them,
+        and copies what it hands a workflow's code (workflows/code), so a turn run inline on
+        every step does not copy the whole run, as an executor's context does."""
+        return {
+            "input": self.run.input,
+            "steps": {step_id: {"output": output} for step_id, output in self.run.outputs.items()},
+        }
+
     # --- transitions ------------------------------------------------------------------------
 
     @property
@@ -502,7 +513,7 @@ class Walk:
         self.inline_left -= 1
         ctx = StepContext(
             org_id=self.run.org_id, run_id=self.run.id, step_id=step_id, iteration=iteration,
-            attempt=1, lane="inline",
+            attempt=1, lane="inline", lease_lost=INLINE_LEASE,
         )  # fmt: skip
         context = self.context()
         if step_id in self.sagas.compensators:
@@ -562,10 +573,11 @@ class Walk:
             org_id=self.run.org_id, run_id=self.run.id, step_id=step_id, iteration=iteration,
             attempt=1, lane="inline", version_id=self.run.version_id, carried=self.carried,
             ahead=self.speculative, fork_join=place.fork_join, branch=place.branch,
+            lease_lost=INLINE_LEASE,
         )  # fmt: skip
         self.carried = None
         try:
-            result = executor_for(type_name)(step, self.context(), ctx)
+            result = executor_for(type_name)(step, self._decider_context(), ctx)
         except (NotInline, StepDeferred):  # a worker's turn defers durably
             return False
         except StepFailure as exc:
