@@ -130,10 +130,14 @@ class _Guard:
 
 @dataclass
 class _Watchdog:
-    """One thread per process, sleeping until the nearest deadline of the armed guards (none
-    armed: until one is). A turn sets its thread's slot and clears it: no lock shared with
-    the other threads, no heap, and no wake-up of the watchdog, unless it sleeps past the
-    new deadline (it was idle, or every other deadline is later)."""
+    """One thread per process, sleeping until the nearest deadline of the armed guards. A
+    turn sets its thread's slot and clears it: no lock shared with the other threads, no
+    heap, and no wake-up of the watchdog unless it would sleep past the new deadline.
+
+    Turns are short and many: most scans find nothing armed. Then the watchdog looks again
+    one budget later (``linger``) while turns go on, so a turn armed meanwhile, whose
+    deadline is later than that, need not wake it; after a budget with no turn at all, it
+    sleeps until the next one wakes it."""
 
     guards: dict[int, _Guard] = field(default_factory=dict)  # by thread id
     # Released to wake the watchdog, which waits by acquiring it: a plain lock, whose
@@ -141,6 +145,8 @@ class _Watchdog:
     # passed meanwhile), and an Event's Python code would be left holding its lock.
     wake: threading.Lock = field(default_factory=threading.Lock)
     waking_at: float = math.inf  # when the watchdog wakes next (inf: when told, or scanning)
+    arms: int = 0  # turns armed so far (only whether it moved is read)
+    linger: float = 0.0  # the budget of the latest turn armed
     start_lock: threading.Lock = field(default_factory=threading.Lock)
     thread: threading.Thread | None = None
 
@@ -155,6 +161,8 @@ class _Watchdog:
         return guard
 
     def arm(self, guard: _Guard, seconds: float) -> None:
+        self.arms += 1
+        self.linger = seconds
         guard.fired = False
         guard.deadline = deadline = time.monotonic() + seconds
         # Read after the deadline is written: either the watchdog's last scan saw it, or
@@ -175,9 +183,14 @@ class _Watchdog:
 
     def _run(self) -> None:
         self.wake.acquire()  # held: nothing to tell
+        seen = self.arms
         while True:
             self.waking_at = math.inf  # scanning: every arm releases ``wake``
+            arms = self.arms
             nearest = self._fire_due()
+            if nearest == math.inf and arms != seen:  # turns go on: look again a budget later
+                nearest = time.monotonic() + self.linger
+            seen = arms
             # An arm the scan missed released ``wake`` (it read inf): the wait returns at once.
             self.waking_at = nearest
             timeout = -1 if nearest == math.inf else max(0.0, nearest - time.monotonic())
