@@ -14,6 +14,7 @@ returns.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import threading
@@ -168,10 +169,8 @@ class _Watchdog:
         # Read after the deadline is written: either the watchdog's last scan saw it, or
         # the watchdog set waking_at before that scan and this reads it (see _run).
         if deadline < self.waking_at:
-            try:
+            with contextlib.suppress(RuntimeError):  # already released: it wakes anyway
                 self.wake.release()
-            except RuntimeError:
-                pass  # already released: the watchdog wakes anyway
 
     def disarm(self, guard: _Guard) -> bool:
         """Whether the guard fired (an exception still pending is dropped with the turn)."""
