@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Any
 
 from django.db import connection
@@ -204,6 +205,9 @@ class Turn:
     asked: Mapping[str, Any]
 
 
+_STEP_ID = attrgetter("step_id")  # (a count in C: each turn of a long run counts its history)
+
+
 def history_after(
     turn: Any, *, latest: Mapping[str, Any] | None, outputs: Mapping[str, Any]
 ) -> list[Recorded] | None:
@@ -221,7 +225,7 @@ def history_after(
     if not isinstance(ended, Mapping) or "output" not in ended:
         return None
     # One live step at a time: the asked step's iteration follows its earlier ones.
-    iteration = 1 + sum(1 for r in turn.history if r.step_id == asked["id"])
+    iteration = 1 + list(map(_STEP_ID, turn.history)).count(asked["id"])
     # A copy of the run's value: the workflow's code is handed it (Walk._decider_context).
     output = plain_copy(ended["output"])
     history = [*turn.history, Recorded(str(asked["id"]), iteration, str(asked["type"]),

@@ -80,7 +80,7 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     the host's own work (outside calls, slow computations), and a turn past its budget
     (budget.py; a ``ctx.run`` function's own time is not counted)."""
     inline = ctx.lane == "inline"
-    if ctx.version_id is not None and deciding_step(definition_for(ctx.version_id)) is None:
+    if ctx.version_id is not None and not _decides_alone(ctx.version_id):
         # A definition naming a code step beside others: its steps are the definition's,
         # so nothing would enter what the function asks for.
         raise StepFailure(
@@ -162,6 +162,17 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
             retryable=False,
         )
     return StepResult(output=output, finish="succeeded")
+
+
+# By published version (which never changes): whether its definition's one step decides.
+_alone: dict[int, bool] = {}
+
+
+def _decides_alone(version_id: int) -> bool:
+    alone = _alone.get(version_id)
+    if alone is None:
+        alone = _alone[version_id] = deciding_step(definition_for(version_id)) is not None
+    return alone
 
 
 def _turn_history(

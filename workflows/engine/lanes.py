@@ -102,11 +102,21 @@ class FairShare:
 UNSHARED = FairShare(share=1_000_000, free=0)
 
 
+# Each lane's policy, with the settings it was made from: made again only when they are
+# replaced (a test's override), not on every step that asks.
+_policies: dict[str, tuple[Any, LanePolicy]] = {}
+
+
 def lane_policy(lane: str) -> LanePolicy:
     config = settings.WAYMARK["LANES"].get(lane)
     if config is None:
         raise ValueError(f"lane {lane!r} has no workers; configured lanes: {WORKER_LANES}")
-    return LanePolicy(name=lane, **config)
+    made = _policies.get(lane)
+    if made is not None and made[0] is config:
+        return made[1]
+    policy = LanePolicy(name=lane, **config)
+    _policies[lane] = (config, policy)
+    return policy
 
 
 def engine_setting(name: str) -> Any:
