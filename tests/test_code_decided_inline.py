@@ -66,6 +66,23 @@ def mixed(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
             "outcome": seen.outcome}  # fmt: skip
 
 
+def made() -> dict[str, list[int]]:
+    return {"list": [1]}
+
+
+@workflow("inline-mutates", version=1)
+def mutates(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    """Changes what it is handed, as careless code does, on every turn: each turn must still
+    be handed the run's values as recorded, whether it runs inline from what the turn before
+    knew or on a worker."""
+    run_input["items"].append("mine")
+    got = ctx.run("made", made)
+    got["list"].append(2)
+    for n in (1, 2, 3):
+        ctx.step(f"s{n}", "noop")
+    return {"items": run_input["items"], "made": got}
+
+
 SPIN = {"count": 0}
 
 
@@ -145,6 +162,23 @@ def test_the_decider_runs_inline_in_a_workers_settle_and_queues_no_turn(
     assert claimed.count() == 1
     assert history_reads(queries) == 0
     assert hopped == ["decide", "s1", "s2", "s3"]
+
+
+def test_a_change_the_code_makes_to_what_it_is_handed_reaches_no_later_turn(
+    org: Organisation,
+) -> None:
+    publish_code_workflow(org=org, name="inline-mutates", version=1)
+    run_id = run_start(org=org, automation_slug="inline-mutates", run_input={"items": ["a"]},
+                       start_key="m").run_id  # fmt: skip
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "succeeded", run.error
+    # Four turns after the function's, three of them inline from the turn before: each saw
+    # the input and the result as recorded, so each changed them once, as the last did.
+    assert run.output == {"items": ["a", "mine"], "made": {"list": [1, 2]}}
+    assert run.input == {"items": ["a"]}
+    assert Step.objects.get(run_id=run_id, step_id="made").output == {"list": [1]}
+    assert Step.objects.filter(run_id=run_id, step_id="decide", lane="inline").count() >= 3
 
 
 def test_a_settle_that_cannot_hop_runs_the_turn_under_the_run_lock_from_the_history(

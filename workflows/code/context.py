@@ -19,12 +19,13 @@ import json
 import random as _random
 import uuid as _uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, NoReturn, Protocol
 
 from ..definitions.fields import is_step_id
 from ..definitions.registry import StepReport, registry
+from ..definitions.rendering import plain_copy
 from ..definitions.storable import UNSTORABLE_REASON, unstorable_path
 from ..engine.decided import COMPENSATION_RECORD, branch_decider_id
 from ..errors import InvalidInput, PayloadTooLarge
@@ -507,6 +508,10 @@ class Context(PeopleAndTime):
             )
         self._position += 1
         self._types[step_id] = step_type
+        # What the workflow's code is handed is a copy: the history this turn replays is the
+        # next turn's too when it is carried (history.Turn), and a change the code makes to
+        # a result must not reach the next replay of it, nor the run's values.
+        recorded = _handed(recorded)
         if not step_id.startswith("ctx."):  # a value or a record, not a step it undoes
             self._last = recorded
         return recorded
@@ -530,6 +535,11 @@ class Context(PeopleAndTime):
                 f"the history has step {left.step_id!r} ({left.type}) at call "
                 f"{self._position + 1}, but the code returned before calling it",
             )
+
+
+def _handed(recorded: Recorded) -> Recorded:
+    copied = plain_copy(recorded.output)
+    return recorded if copied is recorded.output else replace(recorded, output=copied)
 
 
 def _http_fields(

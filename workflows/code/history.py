@@ -26,7 +26,6 @@ from typing import Any
 from django.db import connection
 
 from ..definitions.registry import registry
-from ..definitions.rendering import plain_copy
 from ..engine.sql.rows import fetch_dicts
 from ..states import StepStatus
 from .context import Recorded
@@ -226,10 +225,9 @@ def history_after(
         return None
     # One live step at a time: the asked step's iteration follows its earlier ones.
     iteration = 1 + list(map(_STEP_ID, turn.history)).count(asked["id"])
-    # A copy of the run's value: the workflow's code is handed it (Walk._decider_context).
-    output = plain_copy(ended["output"])
+    # The run's own value: the replay hands the workflow's code a copy (Context._replayed).
     history = [*turn.history, Recorded(str(asked["id"]), iteration, str(asked["type"]),
-                                       StepStatus.DONE, output)]  # fmt: skip
+                                       StepStatus.DONE, ended["output"])]  # fmt: skip
     _with_outcome(history, ended_before(latest))
     return history
 
