@@ -516,18 +516,20 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=_json_default))
 
 
-_SCALARS = (str, int, float, bool, type(None))
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def plain_copy(value: Any) -> Any:
-    """``value`` as plain data that shares nothing with it: what a workflow's own code is
-    handed, so no change it makes reaches the run's values (a scalar is its own copy). The
-    run's values are JSON already: copied as they are, which is several times quicker than
-    a JSON round trip (anything else makes one)."""
-    if isinstance(value, _SCALARS):
-        return value
+    """``value`` as plain data that shares nothing with it, exactly as a JSON round trip
+    gives it back: what a workflow's own code is handed, so no change it makes reaches the
+    run's values, and a value the run holds as it was returned reads as it reads once
+    stored. JSON's own values are copied as they are (several times quicker than a round
+    trip; a scalar is its own copy); anything else (a tuple, a key that is not a string, a
+    date) makes the round trip."""
     kind = type(value)
-    if kind is dict:
+    if kind in _SCALARS:
+        return value
+    if kind is dict and all(type(key) is str for key in value):
         return {key: plain_copy(item) for key, item in value.items()}
     if kind is list:
         return [plain_copy(item) for item in value]
