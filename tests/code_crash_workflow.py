@@ -2,7 +2,8 @@
 in its engine processes' WAYMARK_EXTRA_STEP_MODULES, so each registers it as a host's ready()
 would (and imported by the test, so its own process can publish it).
 
-It calls one of each kind of thing a run waits on or does outside: an http effect with its
+It calls one of each kind of thing a run waits on or does outside (after a noop, which runs
+with the turn that asked it): an http effect with its
 compensation (a refund, made if the run fails), a sleep until a wall-clock time in a zone, a
 signal with a timeout, a parallel pair, an approval posted to Slack."""
 
@@ -28,6 +29,9 @@ def _pair_right(ctx: Context) -> Any:
 @workflow(NAME, version=1)
 def tour(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
     url = run_input["url"]
+    # A pure step first: it runs in the first turn's settle (engine/walk.py _ran_with_turn),
+    # the settle the first crash point of a settle kills.
+    ctx.step("accepted", "noop", output=run_input["order"])
     charged = ctx.http(
         "charge", connection="api", method="POST", url=f"{url}/items",
         body={"order": run_input["order"]},

@@ -20,6 +20,7 @@ from rest_framework.test import APIClient
 from timers.sweep import fire_due_timers
 from workflows.code.history import RUN_HISTORY
 from workflows.engine import group_settle, hops
+from workflows.engine.walk import Walk
 from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.plugins.code import Context, publish_code_workflow, workflow
 from workflows.services.runs import run_start
@@ -161,7 +162,14 @@ def test_the_decider_runs_inline_in_a_workers_settle_and_queues_no_turn(
     claimed = RunEvent.objects.filter(run_id=run_id, kind="step.claimed", step_id="decide")
     assert claimed.count() == 1
     assert history_reads(queries) == 0
-    assert hopped == ["decide", "s1", "s2", "s3"]
+    # s1, a noop (a pure type) of the io lane the first turn ran on, ran in that turn's
+    # settle: a code run pays no settle that the same work as a definition does not.
+    assert hopped == ["decide", "s2", "s3"]
+    s1 = Step.objects.get(run_id=run_id, step_id="s1")
+    assert (s1.status, s1.attempt, s1.owner) == ("done", 1, None)
+    kinds = list(RunEvent.objects.filter(run_id=run_id, step_id="s1").order_by("id")
+                 .values_list("kind", flat=True))  # fmt: skip
+    assert kinds == ["step.ready", "step.claimed", "step.succeeded"]
 
 
 def test_a_change_the_code_makes_to_what_it_is_handed_reaches_no_later_turn(
@@ -195,8 +203,10 @@ def test_a_settle_that_cannot_hop_runs_the_turn_under_the_run_lock_from_the_hist
     assert (run.status, run.output) == ("succeeded", "done"), run.error
     lanes = [s.lane for s in Step.objects.filter(run_id=run_id, step_id="decide").order_by("id")]
     assert lanes == ["io", "inline", "inline", "inline"]
-    # One read per settle (s1, s2, s3), in its transaction; the first turn had none to read.
-    assert history_reads(queries) == 3
+    # One read per settle of s2 and s3, in its transaction. The first turn had none to read;
+    # s1 (a noop of the turn's lane) ran in the first turn's settle, and the second turn
+    # with it, from what the first knew.
+    assert history_reads(queries) == 2
 
 
 # --- never in a web request, never a function under the run's lock -------------------------
@@ -323,7 +333,15 @@ def test_deciding_inline_writes_what_deciding_on_a_worker_writes(
     ordinary = run_mixed(org, "k")
     settings.WAYMARK = {**settings.WAYMARK, "CODE_DECIDE_INLINE": True}
     inline = run_mixed(org, "k2")
-    reference, rows = rows_of(ordinary), rows_of(inline)
+    assert_same_rows(rows_of(inline), rows_of(ordinary))
+    # The fast path was taken: turns ran inline, and fewer waited for a worker.
+    lanes = Step.objects.filter(run_id=inline, step_id="decide", lane="inline").count()
+    assert lanes > 0
+    assert not Step.objects.filter(run_id=ordinary, step_id="decide", lane="inline").exists()
+
+
+def assert_same_rows(rows: dict[str, Any], reference: dict[str, Any]) -> None:
+    """The run_mixed run with input key k2 wrote what the one with key k wrote."""
     assert reference["status"] == "succeeded", reference["error"]
     assert reference["output"] == {"first": 7, "paid": {"amount": 3}, "outcome": "ok"}
     for name in reference:
@@ -334,7 +352,38 @@ def test_deciding_inline_writes_what_deciding_on_a_worker_writes(
     assert [r[:5] for r in rows["steps"]] == [r[:5] for r in reference["steps"]]
     mine = [_timeless(str(r[5]).replace("k2", "k")) for r in rows["steps"]]
     assert mine == [_timeless(str(r[5])) for r in reference["steps"]]
-    # The fast path was taken: turns ran inline, and fewer waited for a worker.
-    lanes = Step.objects.filter(run_id=inline, step_id="decide", lane="inline").count()
-    assert lanes > 0
-    assert not Step.objects.filter(run_id=ordinary, step_id="decide", lane="inline").exists()
+
+
+# --- a pure step asked by a worker's turn runs in that turn's settle ------------------------
+
+
+@pytest.mark.parametrize("decide_inline", [True, False], ids=["turns inline", "turns on workers"])
+def test_a_pure_step_run_with_the_turn_that_asked_it_writes_what_its_own_attempt_writes(
+    org: Organisation, settings: LazySettings, monkeypatch: pytest.MonkeyPatch,
+    decide_inline: bool,
+) -> None:  # fmt: skip
+    """The fast path (Walk._ran_with_turn) against the ordinary one: the same steps, outputs,
+    events and run, whether a noop a turn on a worker asked ran in that turn's settle or as
+    an attempt of its own. With every turn on a worker, every noop the run asks takes it."""
+    ran_with_turn: list[str] = []
+    real = Walk._ran_with_turn
+
+    def spied(walk: Walk, entry: Any, *args: Any) -> bool:
+        ran = real(walk, entry, *args)
+        if ran:
+            ran_with_turn.append(entry.step_id)
+        return ran
+
+    monkeypatch.setattr(Walk, "_ran_with_turn", spied)
+    publish_code_workflow(org=org, name="inline-mixed", version=1)
+    waymark = {**settings.WAYMARK, "CODE_DECIDE_INLINE": decide_inline}
+    settings.WAYMARK = {**waymark, "CODE_RUN_ASKED_PURE_STEP": False}
+    ordinary = run_mixed(org, "k")
+    assert ran_with_turn == []
+    settings.WAYMARK = {**waymark, "CODE_RUN_ASKED_PURE_STEP": True}
+    fused = run_mixed(org, "k2")
+    assert_same_rows(rows_of(fused), rows_of(ordinary))
+    # The fast path was taken (a hop's walk that a group hands back walks again: a step may
+    # be named twice), and only for noops.
+    assert set(ran_with_turn) <= {"check", "again", "loop"}
+    assert ("again" in ran_with_turn) and (decide_inline or {"check", "loop"} <= set(ran_with_turn))

@@ -78,9 +78,10 @@ POINTS = {
 }
 # Not reached by a run of this workflow: schedules.before_advance (a scheduled start;
 # tests/test_schedules.py kills it).
-# The suite's subset: one point in each part of the workflow (the effect, the zoned sleep's
-# timer, the signal, the approval), each in the process that reaches it.
+# The suite's subset: one point in each part of the workflow (a settle, the effect, the zoned
+# sleep's timer, the signal, the approval), each in the process that reaches it.
 SUITE_POINTS = [
+    "settle.after_step_update",  # the first: the first turn's, with the noop it ran
     "effect.after_answer",
     "timers.before_batch_commit",
     "signal.after_consume",
@@ -389,12 +390,11 @@ def assert_each_effect_once(world: World) -> None:
         # (The deciders' turns aside: the run's and each ctx.parallel branch's.)
         steps = Step.objects.filter(run_id=run_id).exclude(type="code")
         entered = [s.step_id for s in steps]
-        assert {"ask", "charge", "morning", "paid", "pair", "left", "right"} <= set(entered), (
-            entered
-        )
+        called = {"accepted", "ask", "charge", "morning", "paid", "pair", "left", "right"}
+        assert called <= set(entered), entered
         assert len(entered) == len(set(entered)), entered  # none entered twice
         assert {s.status for s in steps} == {"done"}, stuck([run_id])
-        for step_id in ("charge", "morning", "paid", "ask"):
+        for step_id in ("accepted", "charge", "morning", "paid", "ask"):
             assert ended_once(run_id, step_id), events_of(run_id)
         settled = RunEvent.objects.filter(run_id=run_id, kind="effect.settled")
         refunded = [] if approved else ["refund"]

@@ -242,6 +242,11 @@ WAYMARK = {
     # settle's transaction (docs/explanation/architecture.md, "Runs decided as they go"); off: every
     # turn is a step of the io lane of its own.
     "CODE_DECIDE_INLINE": env.bool("WAYMARK_CODE_DECIDE_INLINE", default=True),
+    # A code run's turn on a worker that asks a pure step (StepType.pure: a noop, a host's
+    # type declared pure) of the worker's own lane has it run in the turn's settle, written
+    # done with it, instead of as an attempt of its own (engine/walk.py Walk._ran_with_turn);
+    # off: every step a turn asks of a worker lane is an attempt of its own.
+    "CODE_RUN_ASKED_PURE_STEP": env.bool("WAYMARK_CODE_RUN_ASKED_PURE_STEP", default=True),
     # Finished runs (with their steps and history) are deleted this many days after they
     # finished, in batches, by the sweep. 0 keeps them forever.
     "RETENTION_DAYS": env.float("WAYMARK_RETENTION_DAYS", default=90.0),

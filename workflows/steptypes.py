@@ -220,8 +220,9 @@ def run_noop(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepConte
 
 
 NOOP = StepType(
-    name="noop", lane="io", validate=validate_noop, execute=run_noop, built=True, app="workflows"
-)
+    name="noop", lane="io", validate=validate_noop, execute=run_noop, built=True, app="workflows",
+    pure=True,  # it renders its output, and nothing else
+)  # fmt: skip
 
 
 # --- wait_signal ----------------------------------------------------------------------------

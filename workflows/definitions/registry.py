@@ -86,9 +86,11 @@ class StepType:
               A walk computed before its transaction (a settle's hop, the one-statement start,
               workflows/engine/speculative.py) may run it. False, the default and what a
               plugin's type gets without saying anything: such a walk hands the hop to the
-              ordinary walk, which enters the step inside the run's locked transaction. Steps
-              of worker lanes are only written as rows by a walk, never run in it: for them
-              it changes nothing.
+              ordinary walk, which enters the step inside the run's locked transaction.
+              (worker types) the same promise: a code run's turn on a worker that asks such
+              a step of that worker's own lane has it run in the turn's settle and written
+              done with it, instead of as an attempt of its own (engine/walk.py
+              Walk._ran_with_turn). Any other worker step runs only from its written row.
     forks     (inline types) entered by the walk itself, never by ``execute``: it starts each
               step of the step's ``branches`` field and, when its ``next`` names a step of a
               ``joins`` type, opens that join's waiting row first (engine/forks.py). The

@@ -258,6 +258,7 @@ class Settled:
     ok: bool  # False: this attempt was fenced out (taken over, cancelled): result dropped
     next_step: ClaimedStep | None = None  # the run's next step, claimed for this worker
     from_lane: bool = False  # next_step is another ready step of the lane (TakeNext.claim_lane)
+    ran_with_turn: int = 0  # pure steps of the lane its walk ran with a turn (Walk._ran_with_turn)
 
 
 def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> bool:
@@ -293,18 +294,21 @@ def settle_and_take_next(
         taken_id = walk.flush()
         next_step = _taken_step(walk, taken_id)
         if next_step is not None or take is None or not take.claim_lane:
-            return Settled(True, next_step)
+            return Settled(True, next_step, ran_with_turn=walk.ran_with_turn)
         claimed = _claim_for(walk.cursor, take)
-    return Settled(True, claimed, from_lane=claimed is not None)
+    return Settled(True, claimed, from_lane=claimed is not None, ran_with_turn=walk.ran_with_turn)
 
 
 def settled_by_hop(step: ClaimedStep, hopped: Hop) -> Settled:
     """What a hop that reached the database did, as a settle's answer."""
     if not hopped.ok:
         return _fenced_out(step)
+    ran = hopped.walk.ran_with_turn
     if hopped.claimed is not None:
-        return Settled(True, ClaimedStep.from_row(hopped.claimed), from_lane=True)
-    return Settled(True, _taken_step(hopped.walk, hopped.taken_id, seen=hopped.seen))
+        claimed = ClaimedStep.from_row(hopped.claimed)
+        return Settled(True, claimed, from_lane=True, ran_with_turn=ran)
+    return Settled(True, _taken_step(hopped.walk, hopped.taken_id, seen=hopped.seen),
+                   ran_with_turn=ran)  # fmt: skip
 
 
 def _fenced_out(step: ClaimedStep) -> Settled:

@@ -23,7 +23,7 @@ from django.db import connection
 from psycopg.types.json import Jsonb
 
 from ..definitions.expressions import build_context
-from ..definitions.registry import registry
+from ..definitions.registry import StepType, registry
 from ..states import RunStatus, StepStatus, WaitKind
 from .compensation import Compensation
 from .decided import DecidedSteps, step_at, steps_of
@@ -213,6 +213,8 @@ class Walk:
         # code run's decider may run its turn right here (_decided_inline).
         self.decide_inline = decide_inline and bool(engine_setting("CODE_DECIDE_INLINE"))
         self.carried: Any = None  # what the run's last turn knew (StepResult.carried)
+        self.turn_asked = False  # the next step entered is the one a worker's turn asked
+        self.ran_with_turn = 0  # steps run with the turn that asked them (_ran_with_turn)
         # Inline work is bounded per transaction: past either limit, the rest is continued
         # by a worker from a continuation row, so no definition can make a start request or
         # a settle hold the run's lock for long.
@@ -331,8 +333,16 @@ class Walk:
         """A worker's attempt succeeded (the slow settle's walk and a hop's): record it and,
         while the run goes on, walk on."""
         self.event("step.succeeded", step_id, iteration=iteration, attempt=attempt)
+        # A code run's turn on a worker: the step it asked may run with it (_ran_with_turn).
+        self.turn_asked = self._decides(step_id, place)
         if not self.finished:
             self.step_succeeded(step_id, result, place)
+
+    def _decides(self, step_id: str, place: Place) -> bool:
+        if not isinstance(self.steps, DecidedSteps):
+            return False
+        step_type = registry.get(str(step_at(self.steps, step_id, place)["type"]))
+        return step_type is not None and step_type.decides
 
     def step_succeeded(self, step_id: str, result: StepResult, place: Place = TOP) -> None:
         """A step (inline or from a worker) finished: record it and move on."""
@@ -493,13 +503,11 @@ class Walk:
             return
         if step_type.decides and self._decided_inline(entry, step, iteration):
             return
+        asked, self.turn_asked = self.turn_asked, False
+        if asked and step_type.pure and self._ran_with_turn(entry, step, iteration, step_type):
+            return
         if step_type.lane != "inline":
-            type_policy = step_type.retry.max_attempts if step_type.retry else None
-            max_attempts = (
-                step.get("retry", {}).get("max_attempts")
-                or type_policy
-                or lane_policy(step_type.lane).max_attempts
-            )
+            max_attempts = _max_attempts(step, step_type)
             self.live_added += 1
             if self._take(step_id, iteration, step_type.name, step_type.lane, max_attempts, place):
                 return
@@ -595,6 +603,56 @@ class Walk:
         self.inline_left -= 1
         self.add_step(step_id, iteration, type_name, "inline", StepStatus.DONE, attempt=1,
                       output=result.output, place=place)  # fmt: skip
+        self.event("step.succeeded", step_id, iteration=iteration, attempt=1)
+        self.step_succeeded(step_id, result, place)
+        return True
+
+    def _ran_with_turn(
+        self, entry: Entry, step: Mapping[str, Any], iteration: int, step_type: StepType
+    ) -> bool:
+        """Run here the pure worker step a code run's turn just asked of the settling
+        worker's own lane, and record it done, instead of writing it claimed for the worker
+        to run as an attempt of its own (a settle more). False: not here; it is entered as
+        every worker step is, and a failure of it is its lane's to retry.
+
+        A definition's first step is written by its start; a code run's is only known once
+        its first turn has run on a worker, so without this a code run pays a settle that
+        the same work as a definition does not. Only a pure type's (StepType.pure: no
+        outside call, no write, no clock): nothing of it can have happened unless its row
+        is written, and a settle that is fenced out or never commits leaves the turn to be
+        run again, which asks the step again. An effect, a wait, a person's step always run
+        from a written row (an effect's ledger entry needs its step's row: effects/sql.py)."""
+        offer = self.take_next
+        if (
+            offer is None
+            or offer.lane != step_type.lane
+            or self.taken is not None
+            or self.paused
+            or entry.step_id in self.sagas.compensators
+            or not engine_setting("CODE_RUN_ASKED_PURE_STEP")
+        ):
+            return False
+        step_id, place = entry.step_id, entry.place
+        ctx = StepContext(
+            org_id=self.run.org_id, run_id=self.run.id, step_id=step_id, iteration=iteration,
+            attempt=1, lane=step_type.lane, version_id=self.run.version_id,
+            ahead=self.speculative, fork_join=place.fork_join, branch=place.branch,
+            lease_lost=INLINE_LEASE,
+        )  # fmt: skip
+        try:
+            result = executor_for(step_type.name)(step, self.context(), ctx)
+        except Exception:  # its own attempt meets it again, under its lane's policy
+            return False
+        if result.park is not None or result.finish is not None:
+            return False
+        self.inline_left -= 1
+        self.ran_with_turn += 1
+        self.add_step(
+            step_id, iteration, step_type.name, step_type.lane, StepStatus.DONE, attempt=1,
+            max_attempts=_max_attempts(step, step_type), output=result.output, place=place,
+        )  # fmt: skip
+        self.event("step.ready", step_id, iteration=iteration)
+        self.event("step.claimed", step_id, iteration=iteration, attempt=1)
         self.event("step.succeeded", step_id, iteration=iteration, attempt=1)
         self.step_succeeded(step_id, result, place)
         return True
@@ -778,3 +836,13 @@ class Walk:
                 "expected": self.run.status,
             },
         )
+
+
+def _max_attempts(step: Mapping[str, Any], step_type: StepType) -> int:
+    """A worker step's attempts: its own retry field, else its type's, else its lane's."""
+    type_policy = step_type.retry.max_attempts if step_type.retry else None
+    return int(
+        step.get("retry", {}).get("max_attempts")
+        or type_policy
+        or lane_policy(step_type.lane).max_attempts
+    )
