@@ -199,6 +199,9 @@ def step_context(
         lease_lost=lost or threading.Event(), woken_with=step.woken_with,
         last_attempt=step.attempts_used >= step.max_attempts, version_id=step.version_id,
         attempts_used=step.attempts_used, run_entered=step.run_entered,
+        # A code run's turn taken by this worker from the settle whose inline turn handed it
+        # over (a ctx.run function): what that turn was handed, so it replays without a read.
+        carried=step.carried,
     )  # fmt: skip
 
 

@@ -583,13 +583,17 @@ class Walk:
             ahead=self.speculative, fork_join=place.fork_join, branch=place.branch,
             lease_lost=INLINE_LEASE,
         )  # fmt: skip
-        self.carried = None
+        carried, self.carried = self.carried, None
         try:
             result = executor_for(type_name)(step, self._decider_context(), ctx)
         except (NotInline, StepDeferred):  # a worker's turn defers durably
+            # The worker's turn replays from what this one was handed, without reading the
+            # history, when this worker takes it (a ctx.run function: Walk._take).
+            self.carried = carried
             return False
         except StepFailure as exc:
             if exc.retryable:  # a worker's turn has the lane's attempts
+                self.carried = carried
                 return False
             if self.speculative:  # the run fails (and may compensate): under the lock
                 raise NeedsTransaction("a decider's turn that fails the run") from None
