@@ -552,9 +552,10 @@ def build_context(
     (``step``, ``iteration``, ``output``); null in every other step. Datetimes become ISO 8601
     strings; other non-JSON values strings.
     """
-    # One copy of the whole (one JSON round trip), not one per part: a context is made for
-    # every step a worker runs.
-    context: dict[str, Any] = _plain(
+    # One copy of the whole, not one per part, as a JSON round trip gives it back (JSON's
+    # own values copied as they are, plain_copy): a context is made for every step a worker
+    # runs.
+    context: dict[str, Any] = plain_copy(
         {
             "input": run_input,
             "vars": dict(variables or {}),

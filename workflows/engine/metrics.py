@@ -68,8 +68,8 @@ def steps_claimed(lane: str, count: int) -> None:
         STEPS_CLAIMED.labels(lane=lane).inc(count)
 
 
-def step_settled(lane: str, result: str) -> None:
-    STEPS_SETTLED.labels(lane=lane, result=result).inc()
+def step_settled(lane: str, result: str, count: int = 1) -> None:
+    STEPS_SETTLED.labels(lane=lane, result=result).inc(count)
 
 
 def step_failed(lane: str, *, final: bool) -> None:

@@ -731,8 +731,7 @@ def _count_settle(step: ClaimedStep, settled: object, result: str) -> None:
             # Steps of this lane run in this settle with the turn that asked them: each is a
             # step of the lane done, as if claimed and settled on its own.
             metrics.steps_claimed(step.lane, settled.ran_with_turn)
-            for _ in range(settled.ran_with_turn):
-                metrics.step_settled(step.lane, "succeeded")
+            metrics.step_settled(step.lane, "succeeded", settled.ran_with_turn)
     else:
         metrics.step_fenced_out(step.lane)
 
