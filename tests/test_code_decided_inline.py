@@ -19,7 +19,7 @@ from rest_framework.test import APIClient
 
 from timers.sweep import fire_due_timers
 from workflows.code.history import RUN_HISTORY
-from workflows.engine import group_settle, hops
+from workflows.engine import group_settle, hops, metrics
 from workflows.engine.walk import Walk
 from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.plugins.code import Context, publish_code_workflow, workflow
@@ -98,6 +98,12 @@ def spins(ctx: Context, run_input: dict[str, Any]) -> None:
 # --- one read of the history per resume ----------------------------------------------------
 
 
+def io_counts() -> tuple[float, float]:
+    """This process's io steps claimed, and settled as succeeded (engine/metrics.py)."""
+    return (metrics.STEPS_CLAIMED.labels(lane="io")._value.get(),
+            metrics.STEPS_SETTLED.labels(lane="io", result="succeeded")._value.get())  # fmt: skip
+
+
 def history_reads(queries: CaptureQueriesContext) -> int:
     """How many times history.RUN_HISTORY was sent."""
     statement = RUN_HISTORY.split("%(org)s")[0]
@@ -153,8 +159,13 @@ def test_the_decider_runs_inline_in_a_workers_settle_and_queues_no_turn(
                        start_key="s").run_id  # fmt: skip
     first = Step.objects.get(run_id=run_id, step_id="decide")
     assert (first.status, first.lane) == ("ready", "io")  # the start ran no workflow code
+    claimed, settled = io_counts()
     with CaptureQueriesContext(connection) as queries:
         drive()
+    # Four io steps done (the first turn, s1 with it, s2, s3), each settled once; claimed:
+    # s1 with the turn, s2 and s3 by their settles (the first turn's claim is the test's,
+    # run_due_steps', not the worker's claim loop, which counts its own).
+    assert io_counts() == (claimed + 3, settled + 4)
     run = Run.objects.get(pk=run_id)
     assert (run.status, run.output) == ("succeeded", "done"), run.error
     path = [(s.step_id, s.iteration, s.lane) for s in Step.objects.filter(run_id=run_id)
