@@ -159,13 +159,13 @@ def test_the_decider_runs_inline_in_a_workers_settle_and_queues_no_turn(
                        start_key="s").run_id  # fmt: skip
     first = Step.objects.get(run_id=run_id, step_id="decide")
     assert (first.status, first.lane) == ("ready", "io")  # the start ran no workflow code
-    claimed, settled = io_counts()
+    claims_before, settles_before = io_counts()
     with CaptureQueriesContext(connection) as queries:
         drive()
     # Four io steps done (the first turn, s1 with it, s2, s3), each settled once; claimed:
     # s1 with the turn, s2 and s3 by their settles (the first turn's claim is the test's,
     # run_due_steps', not the worker's claim loop, which counts its own).
-    assert io_counts() == (claimed + 3, settled + 4)
+    assert io_counts() == (claims_before + 3, settles_before + 4)
     run = Run.objects.get(pk=run_id)
     assert (run.status, run.output) == ("succeeded", "done"), run.error
     path = [(s.step_id, s.iteration, s.lane) for s in Step.objects.filter(run_id=run_id)
