@@ -124,7 +124,11 @@ class Side:
         """Until one run goes through: the engine's processes are up and listening."""
         run_id = self.start("chain-3", 1)[0]
         self.await_finished([run_id])
-        self.empty()
+        # Its rows only: a TRUNCATE (empty) while the engine runs takes its tables' locks in
+        # another order than a worker's claim, and one of the two died of the deadlock.
+        for table, column in (("workflows_runevent", "run_id"), ("workflows_step", "run_id"),
+                              ("workflows_run", "id")):  # fmt: skip
+            self.q(f"DELETE FROM {table} WHERE {column} = %(run)s", {"run": run_id})  # noqa: S608
 
     def stop_engine(self) -> None:
         if self.engine is not None:
