@@ -492,6 +492,8 @@ class Walk:
         self.run.steps_executed += 1
         step_type = registry.get(step["type"])
         assert step_type is not None, step["type"]
+        # Only the very step a worker's turn asked, not one a fork or a later turn enters.
+        asked, self.turn_asked = self.turn_asked, False
         if self.speculative and not step_type.runs_ahead():
             # Asked of the type's declaration, before anything of the step runs: a wait
             # writes its timer, a signal wait takes a signal, a fork reads its join (all in
@@ -503,7 +505,6 @@ class Walk:
             return
         if step_type.decides and self._decided_inline(entry, step, iteration):
             return
-        asked, self.turn_asked = self.turn_asked, False
         if asked and step_type.pure and self._ran_with_turn(entry, step, iteration, step_type):
             return
         if step_type.lane != "inline":
