@@ -30,6 +30,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from machine import (  # noqa: E402
+    WARM_UP,
     arguments,
     fresh_server,
     load_average,
@@ -40,7 +41,6 @@ from machine import (  # noqa: E402
 
 SYSTEM_DB = "dbos_peer_sys"
 CONCURRENCY, POLL = 128, 0.01
-WARM_UP = 20  # untimed runs before the serial work's timed ones
 
 
 class Side:

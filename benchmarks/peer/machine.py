@@ -83,6 +83,10 @@ def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+# Untimed runs each side makes before the serial work's timed ones.
+WARM_UP = 20
+
+
 def percentile(values: list[float], p: float) -> float:
     """Nearest-rank percentile of ``values`` (p from 0 to 100)."""
     ordered = sorted(values)

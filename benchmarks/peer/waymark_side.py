@@ -35,7 +35,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
-from machine import arguments, load_average, measure, percentile, server_commits  # noqa: E402
+from machine import (  # noqa: E402
+    WARM_UP,
+    arguments,
+    load_average,
+    measure,
+    percentile,
+    server_commits,
+)
 
 DATABASE = "waymark_peer"
 
@@ -51,8 +58,6 @@ def chain_definition(steps: int) -> dict[str, Any]:
         ],
     }
 
-
-WARM_UP = 20  # untimed runs before the serial work's timed ones
 
 # peer_code.py's workflows and how many steps each takes
 CODE_WORKS = {"code-3": 3, "code-run-3": 3, "code-10": 10}
