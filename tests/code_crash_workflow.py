@@ -5,7 +5,8 @@ would (and imported by the test, so its own process can publish it).
 It calls one of each kind of thing a run waits on or does outside (after a noop, which runs
 with the turn that asked it): an http effect with its
 compensation (a refund, made if the run fails), a sleep until a wall-clock time in a zone, a
-signal with a timeout, a parallel pair, an approval posted to Slack."""
+signal with a timeout, a parallel pair (one of its branches a parallel of its own), an
+approval posted to Slack."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ def _pair_left(ctx: Context) -> Any:
 
 
 def _pair_right(ctx: Context) -> Any:
-    return ctx.run("right", str, "right")
+    # Parallels nest: this branch's own pair, decided by deciders of their own.
+    return ctx.parallel("deeper", lambda c: c.run("right", str, "right"),
+                        lambda c: c.run("deep", str, "deep"))  # fmt: skip
 
 
 @workflow(NAME, version=1)

@@ -88,3 +88,58 @@ def loop(ctx: Context, run_input: dict[str, Any]) -> list[Any]:
 
         seen.append(ctx.parallel("round", double, square))
     return seen
+
+
+@workflow("code-par-nested", version=1)
+def nested(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    """Parallels inside parallels. Both outer branches fork a parallel of the same id (the
+    engine tells their branches apart), one of its branches waiting for a signal while the
+    other sleeps; the third goes two levels deeper; one step after everything met."""
+    order = run_input["order"]
+
+    def side(name: str) -> Any:
+        def outer_branch(c: Context) -> Any:
+            def listener(d: Context) -> Any:
+                return d.wait_signal("go", signal="go", correlation=f"{order}-{name}").payload
+
+            def napper(d: Context) -> Any:
+                d.sleep("nap", "1h")
+                return d.run("woke", str, f"{name} rested")
+
+            heard, rested = c.parallel("inner", listener, napper)
+            return c.run("tally", str, f"{name}: {heard}/{rested}")
+
+        return outer_branch
+
+    def deep(c: Context) -> Any:
+        def core(d: Context) -> Any:
+            return d.parallel("core", lambda e: e.run("leaf", str, "a"),
+                              lambda e: e.run("leaf", str, "b"))  # fmt: skip
+
+        return c.parallel("mid", core, lambda d: d.run("leaf", str, "c"))
+
+    met = ctx.parallel("outer", side("left"), side("right"), deep)
+    return {"met": met, "after": ctx.run("after", str, "after")}
+
+
+@workflow("code-par-nested-first", version=1)
+def nested_first(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    """The first outer branch to end wins; the other, inside a parallel of its own (one
+    branch waiting for a signal, one asleep), is cancelled with everything under it."""
+
+    def quick(c: Context) -> Any:
+        c.wait_signal("go", signal="go", correlation="nested-first")
+        return "quick"
+
+    def stuck(c: Context) -> Any:
+        def never(d: Context) -> Any:
+            return d.wait_signal("never", signal="never", correlation="none").payload
+
+        def asleep(d: Context) -> Any:
+            d.sleep("nap", "1h")
+            return d.run("woke", str, "rested")
+
+        return c.parallel("inner", never, asleep)
+
+    met = ctx.parallel("race", quick, stuck, complete="first")
+    return {"met": met, "after": ctx.run("after", str, "after")}

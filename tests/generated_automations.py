@@ -290,15 +290,13 @@ def singles() -> st.SearchStrategy[Block]:
     )
 
 
-def blocks(
-    depth: int = 2, *, parallel: bool = True, nested_parallel: bool = True
-) -> st.SearchStrategy[Block]:
-    """Mostly single steps (so every type meets every other often), sometimes a shape.
-    ``parallel=False`` leaves parallel branches out; ``nested_parallel=False`` keeps them out
-    of a parallel's own branches (what a code workflow's twin can express)."""
+def blocks(depth: int = 2, *, parallel: bool = True) -> st.SearchStrategy[Block]:
+    """Mostly single steps (so every type meets every other often), sometimes a shape (a
+    parallel's branches may hold parallels of their own). ``parallel=False`` leaves parallel
+    branches out."""
     if depth == 0:
         return singles()
-    inner = sequences(depth - 1, max_size=3, parallel=parallel, nested_parallel=nested_parallel)
+    inner = sequences(depth - 1, max_size=3, parallel=parallel)
     shapes = [
         singles(),
         singles(),
@@ -307,15 +305,14 @@ def blocks(
         st.builds(Loop, inner, st.integers(1, 2)),
     ]
     if parallel:
-        branch = inner if nested_parallel else sequences(depth - 1, max_size=3, parallel=False)
-        shapes.insert(4, st.builds(Parallel, st.lists(branch, min_size=2, max_size=3).map(tuple)))
+        shapes.insert(4, st.builds(Parallel, st.lists(inner, min_size=2, max_size=3).map(tuple)))
     return st.one_of(*shapes)
 
 
 def sequences(
-    depth: int = 2, *, max_size: int = 6, parallel: bool = True, nested_parallel: bool = True
+    depth: int = 2, *, max_size: int = 6, parallel: bool = True
 ) -> st.SearchStrategy[Sequence]:
-    drawn = blocks(depth, parallel=parallel, nested_parallel=nested_parallel)
+    drawn = blocks(depth, parallel=parallel)
     return st.lists(drawn, min_size=1, max_size=max_size).map(lambda items: Sequence(tuple(items)))
 
 

@@ -39,8 +39,7 @@ from .generated_automations import (
 
 # ctx.parallel(id, *branches, complete="all") is built on its own; until the engine has it,
 # twins are drawn without parallel blocks (and gain them, unchanged, once it is there).
-# Missing in code even then: a ctx.parallel inside a branch of another (invalid_code_step),
-# so a twin's parallel branches hold no parallel of their own.
+# Parallels nest in code as in a definition: a branch's own ctx.parallel is drawn too.
 PARALLEL_IN_CODE = hasattr(Context, "parallel")
 
 # What the definition's end step returns: the twin returns the same.
@@ -51,9 +50,9 @@ INDENT = "    "
 
 def twin_automations() -> st.SearchStrategy[Automation]:
     """Automations a code workflow can express today: every step type the generated test
-    draws, every shape but parallel branches while ``ctx.parallel`` is missing, and never
-    a parallel inside another's branch."""
-    return sequences(parallel=PARALLEL_IN_CODE, nested_parallel=False).map(Automation)
+    draws, every shape (parallels inside parallels' branches included) but parallel
+    branches while ``ctx.parallel`` is missing."""
+    return sequences(parallel=PARALLEL_IN_CODE).map(Automation)
 
 
 def module_source(workflows: dict[str, Automation], *, doc: str = "") -> str:

@@ -112,6 +112,24 @@ def call_in_a_branch(ctx: Context, run_input: dict[str, Any]) -> Any:
     return {"pair": pair, "after": _item(ctx, "after", url, op="after")}
 
 
+@workflow("code-compose-nested-call", version=1)
+def call_in_a_nested_branch(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """The same call one parallel deeper: an outer branch forks an inner parallel whose
+    first branch makes an effect and calls the function; every other branch makes an
+    effect. After the joins, one more effect."""
+    url, name = run_input["url"], run_input["name"]
+
+    def looked_up(c: Context) -> Any:
+        made = _item(c, "before", url, op="before")
+        return {"made": made, "found": c.run("look_up", look_up, name)}
+
+    def inner(c: Context) -> Any:
+        return c.parallel("inner", looked_up, lambda d: _item(d, "beside", url, op="beside"))
+
+    pair = ctx.parallel("pair", inner, lambda c: _item(c, "right", url, op="right"))
+    return {"pair": pair, "after": _item(ctx, "after", url, op="after")}
+
+
 def start(org: Organisation, name: str, run_input: dict[str, Any]) -> int:
     publish_code_workflow(org=org, name=name, version=1)
     return run_start(org=org, automation_slug=name, run_input=run_input, start_key="k").run_id
@@ -256,3 +274,38 @@ def test_retry_of_a_branch_call_that_failed_for_good_calls_the_function_again(
     calls = Step.objects.filter(run_id=run_id, step_id="look_up").order_by("id")
     assert [(c.iteration, c.status) for c in calls] == [(1, "failed"), (2, "done")]
     assert Step.objects.filter(run_id=run_id, step_id="pair.join", status="done").count() == 1
+
+
+def test_retry_of_a_call_that_failed_for_good_in_a_nested_branch_calls_it_again_there(
+    org: Organisation, stub: ProviderStub
+) -> None:
+    """The failure ended both joins and every other branch; the retry continues each join,
+    innermost first, in a new row, and calls the function again in its branch."""
+    run_id = start(org, "code-compose-nested-call", {"url": stub.url, "name": "grace"})
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed", run.error
+    assert "look_up" in run.error and "grace not found" in run.error, run.error
+    FIXED.add("grace")
+    try:
+        run_act(org=org, run_id=run_id, action="retry", actor="ops")
+        drive()
+    finally:
+        FIXED.discard("grace")
+    run.refresh_from_db()
+    assert run.status == "succeeded", run.error
+    assert run.output is not None
+    assert run.output["pair"][0][0]["found"] == "grace found"
+    # Each effect made once: the effects before the failure were replayed, not sent again.
+    ops = sorted(item["body"]["op"] for item in stub.created)
+    assert ops == ["after", "before", "beside", "right"]
+    calls = Step.objects.filter(run_id=run_id, step_id="look_up").order_by("id")
+    assert [(c.iteration, c.status) for c in calls] == [(1, "failed"), (2, "done")]
+    # Each join met once, in the row that continued the one the failure cancelled.
+    for join in ("pair.join", "inner.join"):
+        rows = Step.objects.filter(run_id=run_id, step_id=join).order_by("id")
+        assert [r.status for r in rows] == ["cancelled", "done"], join
+    inner = Step.objects.get(run_id=run_id, step_id="inner.join", status="done")
+    outer = Step.objects.get(run_id=run_id, step_id="pair.join", status="done")
+    assert (inner.fork_join_id, inner.branch) == (outer.id, 0)
+    assert calls.last().fork_join_id == inner.id  # type: ignore[union-attr]

@@ -345,7 +345,8 @@ def assert_ended_as_the_code_says(world: World) -> None:
     assert (receiving.status, receiving.error) == ("succeeded", ""), stuck(world.runs())
     (item,) = [i for i in world.provider.created if i["key"].startswith(f"{world.receiving}/")]
     assert receiving.output == {"charge": item["id"], "paid": {"amount": 12},
-                                "approved_by": "alice", "pair": ["left", "right"]}  # fmt: skip
+                                "approved_by": "alice",
+                                "pair": ["left", ["right", "deep"]]}  # fmt: skip
     late = Run.objects.get(pk=world.late)
     assert late.status == "compensated"  # its code failed it: the charge was refunded
     assert late.error.endswith("workflow_failed: not approved (timed_out), payment timed out"), (
@@ -390,7 +391,8 @@ def assert_each_effect_once(world: World) -> None:
         # (The deciders' turns aside: the run's and each ctx.parallel branch's.)
         steps = Step.objects.filter(run_id=run_id).exclude(type="code")
         entered = [s.step_id for s in steps]
-        called = {"accepted", "ask", "charge", "morning", "paid", "pair", "left", "right"}
+        called = {"accepted", "ask", "charge", "morning", "paid", "pair", "left", "deeper",
+                  "right", "deep"}  # fmt: skip
         assert called <= set(entered), entered
         assert len(entered) == len(set(entered)), entered  # none entered twice
         assert {s.status for s in steps} == {"done"}, stuck([run_id])

@@ -55,12 +55,17 @@ def raises(ctx: Context, run_input: dict[str, Any]) -> Any:
         return "swallowed"
 
 
-@workflow("code-par-nested", version=1)
-def nested(ctx: Context, run_input: dict[str, Any]) -> Any:
-    def outer(c: Context) -> Any:
-        return c.parallel("inner", lambda d: 1, lambda d: 2)
+@workflow("code-par-too-deep", version=1)
+def too_deep(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """Four parallels deep, the innermost's id as long as a parallel's may be: its branches'
+    ids (which name the branches around it) would pass a step id's 63 characters."""
 
-    return ctx.parallel("outer", outer, lambda c: 0)
+    def level(c: Context, depth: int) -> Any:
+        if depth == 4:
+            return c.parallel("x" * 56, lambda d: 1)
+        return c.parallel(f"level{depth}", lambda d: level(d, depth + 1))
+
+    return level(ctx, 1)
 
 
 @workflow("code-par-too-many", version=1)
@@ -185,14 +190,87 @@ def test_a_branch_that_raises_fails_the_run_and_ends_the_other_branch(org: Organ
     assert run.output is None  # the top level's except did not get to return
 
 
-def test_parallel_inside_a_branch_and_a_complete_past_the_branches_are_refused(
+def test_parallels_nest_and_each_branch_is_decided_in_its_own_place(org: Organisation) -> None:
+    """Both outer branches fork a parallel of the same id; each inner branch waits (a signal,
+    a sleep) at once; a third branch goes two levels deeper. Every branch's steps are entered
+    once, in their own place, and the joins meet inside out."""
+    t = WorkflowTest(org=org)
+    t.start("code-par-nested", version=1, input={"order": "o-1"}, start_key="n1")
+    run = t.run_until_waiting()
+    assert sorted(s.step_id for s in run.waiting) == [
+        "go", "go", "inner.join", "inner.join", "nap", "nap", "outer.join",
+    ]  # fmt: skip
+    t.signal("go", correlation="o-1-left", payload="L")
+    t.signal("go", correlation="o-1-right", payload="R")
+    run = t.run_until_waiting()
+    assert sorted(s.step_id for s in run.waiting) == [
+        "inner.join", "inner.join", "nap", "nap", "outer.join"]  # fmt: skip
+    assert t.skip_time() == 2
+    run = t.run_until_finished()
+    assert (run.status, run.error) == ("succeeded", "")
+    assert run.output == {
+        "met": ["left: L/left rested", "right: R/right rested", [["a", "b"], "c"]],
+        "after": "after",
+    }
+    steps = Step.objects.filter(run_id=run.id)
+    # Each inner parallel's branches have deciders of their own, named by where they are.
+    deciders = sorted({s.step_id for s in steps if s.type == "code"})
+    assert deciders == [
+        "core.2.0.0", "core.2.0.1", "decide", "inner.0.0", "inner.0.1", "inner.1.0",
+        "inner.1.1", "mid.2.0", "mid.2.1", "outer.0", "outer.1", "outer.2",
+    ]  # fmt: skip
+    assert all(s.status == "done" for s in steps), rows(run.id)
+    # A step of each inner branch is in that branch's place: a branch of its inner join row,
+    # which itself sits in a branch of the outer one.
+    outer_join = steps.get(step_id="outer.join")
+    for side, number in (("left", 0), ("right", 1)):
+        inner_join = steps.get(step_id="inner.join", branch=number)
+        assert (inner_join.fork_join_id, inner_join.status) == (outer_join.id, "done")
+        go = steps.get(step_id="go", fork_join_id=inner_join.id)
+        nap = steps.get(step_id="nap", fork_join_id=inner_join.id)
+        assert (go.branch, nap.branch) == (0, 1)
+        tally = steps.get(step_id="tally", fork_join_id=outer_join.id, branch=number)
+        assert tally.output == f"{side}: {'LR'[number]}/{side} rested"
+    core_join = steps.get(step_id="core.join")
+    leaves = steps.filter(fork_join_id=core_join.id, type="code_result")
+    assert sorted(str(s.output) for s in leaves) == ["a", "b"]
+    # The top level went on once, after every join met: one turn asked for "after".
+    assert steps.filter(step_id="after").count() == 1
+    met = RunEvent.objects.filter(run_id=run.id, kind="step.succeeded", step_id__endswith=".join")
+    assert sorted(met.values_list("step_id", flat=True)) == [
+        "core.join", "inner.join", "inner.join", "mid.join", "outer.join"]  # fmt: skip
+
+
+def test_complete_first_cancels_a_losing_branch_with_the_parallel_inside_it(
     org: Organisation,
 ) -> None:
     t = WorkflowTest(org=org)
-    t.start("code-par-nested", version=1, input={}, start_key="x1")
+    t.start("code-par-nested-first", version=1, input={}, start_key="nf1")
+    run = t.run_until_waiting()
+    assert sorted(s.step_id for s in run.waiting) == [
+        "go", "inner.join", "nap", "never", "race.join"]  # fmt: skip
+    t.signal("go", correlation="nested-first")
+    run = t.run_until_finished()
+    assert (run.status, run.error) == ("succeeded", "")
+    assert run.output == {"met": ["quick", None], "after": "after"}
+    steps = Step.objects.filter(run_id=run.id)
+    for step_id in ("never", "nap", "inner.join"):
+        assert steps.get(step_id=step_id).status == "cancelled", rows(run.id)
+    assert t.skip_time() == 0  # the cancelled sleep's timer went with it
+    assert not steps.filter(step_id="woke").exists()
+    assert steps.filter(step_id="after").count() == 1
+
+
+def test_a_parallel_nested_past_the_step_id_length_and_a_complete_past_the_branches_are_refused(
+    org: Organisation,
+) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-par-too-deep", version=1, input={}, start_key="x1")
     run = t.run_until_waiting()
     assert run.status == "failed"
-    assert "invalid_code_step: ctx.parallel 'inner': not inside a branch of another" in run.error
+    refused = f"invalid_code_step: ctx.parallel '{'x' * 56}': nested too deep for its branches'"
+    assert refused in run.error, run.error
+    assert Step.objects.filter(run_id=run.id, type="parallel").count() == 3
     t = WorkflowTest(org=org)
     t.start("code-par-too-many", version=1, input={}, start_key="x2")
     run = t.run_until_waiting()

@@ -55,6 +55,7 @@ MOST_ATTEMPTS = 100
 # by a decider of their own (engine/decided.py). Its id leaves room, within a step id's 63
 # characters, for its branches' deciders' ids and its join's (``<id>.join``).
 PARALLEL_TYPE = "parallel"
+MAX_STEP_ID = 63  # a step row's step_id (models.Step)
 MAX_PARALLEL_ID = 56
 MAX_BRANCHES = 100
 
@@ -70,6 +71,11 @@ class Recorded:
     output: Any
     outcome: str | None = None  # what it ended with, when its step type has outcomes
     error: str = ""  # why it failed, when it failed for good
+
+
+# The live ctx.parallel ids and branch numbers from a replay's level down to the branch its
+# turn decides (a branch's decider's ``within``, engine/decided.py).
+Deciding = tuple[tuple[str, int], ...]
 
 
 class JoinState(Protocol):
@@ -187,8 +193,8 @@ class Context(PeopleAndTime):
         run_id: int,
         history: Sequence[Recorded],
         forks: Forks | None = None,
-        deciding: tuple[str, int] | None = None,
-        branch: int | None = None,
+        deciding: Deciding | None = None,
+        at: tuple[int, ...] = (),
         attempts_used: int = 1,
         lost_claims_allowed: int = 1,
         dry: bool = False,
@@ -203,10 +209,13 @@ class Context(PeopleAndTime):
         self._position = 0
         self._patches: dict[str, bool] = {}  # each patch's answer, once asked in this replay
         self._forks = forks  # every place's history (history.py), for ctx.parallel
-        # Set when this replay decides branch ``n`` of the live ctx.parallel ``id``: the top
-        # level then only replays up to it, and must not do new work of its own.
+        # Set when this replay decides a branch: the live ctx.parallel ids and branch
+        # numbers down to it, from this context's level. This level then only replays up to
+        # the first of them, and must not do new work of its own.
         self._deciding = deciding
-        self._branch = branch  # this context is that branch's (ctx.parallel gives it)
+        # The branch this context is, as branch numbers from the top level down (ctx.parallel
+        # gives each branch its own): the top level's is empty.
+        self._at = at
         # This turn's attempt (a ctx.run's retries are the turn's), and how many attempts a
         # turn may take whose claims never settled (its worker died) before it gives up.
         self._attempts_used = attempts_used
@@ -410,15 +419,13 @@ class Context(PeopleAndTime):
         (``branch(c)``) that calls steps on it, and go on once they have met: every one
         (``complete="all"``), the first (``"first"``) or ``N`` of them. The list of what each
         returned, in branch order; None for a branch its join did not wait for (cancelled
-        as a definition's branches are)."""
+        as a definition's branches are). A branch may call ``parallel`` on its own context:
+        parallels nest, as a definition's do."""
         _check_parallel(step_id, branches, complete)
-        if self._branch is not None:
-            raise CodeFailure(
-                "invalid_code_step", f"ctx.parallel {step_id!r}: not inside a branch of another"
-            )
         recorded = self._replayed(step_id, PARALLEL_TYPE)
         if recorded is None:
-            ids = [branch_decider_id(step_id, number) for number in range(len(branches))]
+            ids = [branch_decider_id(step_id, n, self._at) for n in range(len(branches))]
+            _check_branch_ids(step_id, ids)
             raise Suspended(
                 {"id": step_id, "type": PARALLEL_TYPE, "branches": ids, "complete": complete}
             )
@@ -437,12 +444,13 @@ class Context(PeopleAndTime):
             return [forks.returned.get((join_row, number)) for number in range(len(branches))]
         if self._dry:  # the branches have not met: the history fits up to here
             raise Suspended({"id": step_id, "type": PARALLEL_TYPE})
-        if self._deciding is None or self._deciding[0] != step_id:
+        if not self._deciding or self._deciding[0][0] != step_id:
             raise CodeFailure(
                 "nondeterministic_workflow",
                 f"the code went on past ctx.parallel {step_id!r} before its branches met",
             )
-        self._decide_branch(step_id, branches, join_row, self._deciding[1])
+        (_, number), *inner = self._deciding
+        self._decide_branch(step_id, branches, join_row, number, tuple(inner))
 
     def _decide_branch(
         self,
@@ -450,17 +458,21 @@ class Context(PeopleAndTime):
         branches: Sequence[Callable[[Context], Any]],
         join_row: int,
         number: int,
+        inner: Deciding,
     ) -> NoReturn:
         """Replay branch ``number`` against its own history: the step it asks for next
-        (Suspended), or what it returned (BranchReturned)."""
+        (Suspended), or what it returned (BranchReturned). With ``inner`` parallels to go
+        through (the deciding branch is nested in this one), the branch replays up to the
+        next of them, and so on down."""
         assert self._forks is not None
-        if self._forks.deciding_at != (join_row, number):
+        if not inner and self._forks.deciding_at != (join_row, number):
             raise CodeFailure(
                 "nondeterministic_workflow",
                 f"branch {number} is not a branch of the ctx.parallel the code reached",
             )
         branch = Context(run_id=self.run_id, history=self._forks.of((join_row, number)),
-                         forks=self._forks, branch=number, attempts_used=self._attempts_used,
+                         forks=self._forks, deciding=inner or None, at=(*self._at, number),
+                         attempts_used=self._attempts_used,
                          lost_claims_allowed=self._lost_claims_allowed,
                          calls_functions=self._calls_functions)  # fmt: skip
         try:
@@ -471,8 +483,13 @@ class Context(PeopleAndTime):
             raise
         except Exception as exc:  # kept from the top level's own `except Exception`
             raise CodeFailure("workflow_failed", f"{type(exc).__name__}: {exc}") from None
+        if inner:  # the deciding branch is inside a ctx.parallel this branch never reached
+            raise CodeFailure(
+                "nondeterministic_workflow",
+                f"the code returned before ctx.parallel {inner[0][0]!r}",
+            )
         branch.returned()
-        check_json(branch_decider_id(step_id, number), value)
+        check_json(branch_decider_id(step_id, number, self._at), value)
         raise BranchReturned(value)
 
     def fail(self, reason: str) -> NoReturn:
@@ -519,11 +536,11 @@ class Context(PeopleAndTime):
     def _new_work(self, step_id: str) -> None:
         """A call with nothing recorded: refused while deciding a branch (the top level's
         history ends at the branch's ctx.parallel, so the code took another path)."""
-        if self._deciding is not None:
+        if self._deciding:
             raise CodeFailure(
                 "nondeterministic_workflow",
                 f"the code called {step_id!r} before reaching ctx.parallel "
-                f"{self._deciding[0]!r}, whose branch this turn decides",
+                f"{self._deciding[0][0]!r}, whose branch this turn decides",
             )
 
     def returned(self) -> None:
@@ -633,6 +650,19 @@ def _check_parallel(step_id: str, branches: Sequence[Any], complete: Any) -> Non
     if isinstance(complete, int) and complete > len(branches):
         raise CodeFailure("invalid_code_step", f"ctx.parallel {step_id!r}: complete is more "
                           f"than its {len(branches)} branches")  # fmt: skip
+
+
+def _check_branch_ids(step_id: str, ids: Sequence[str]) -> None:
+    """A nested ctx.parallel's branch deciders' ids name the branches around it too, and must
+    still fit a step id's length."""
+    longest = max(ids, key=len)
+    if len(longest) > MAX_STEP_ID:
+        raise CodeFailure(
+            "invalid_code_step",
+            f"ctx.parallel {step_id!r}: nested too deep for its branches' ids ({longest!r} is "
+            f"{len(longest)} characters, at most {MAX_STEP_ID}): shorten the ids of the "
+            "parallels around it, or nest fewer",
+        )
 
 
 def _checked_step(step_id: str, step_type: str, fields: Mapping[str, Any]) -> dict[str, Any]:

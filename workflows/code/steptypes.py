@@ -103,9 +103,9 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     latest = latest if isinstance(latest, Mapping) else None
     history = _turn_history(step, context, ctx, decider_id, latest)
     # A branch's decider (engine/decided.py) replays the top level up to its ctx.parallel,
-    # then its own branch: the step the branch asks for next, or what it returned.
-    parallel, branch = step.get("parallel"), step.get("branch")
-    deciding = (str(parallel), int(branch)) if parallel is not None and branch is not None else None
+    # then its own branch (through the branches around it, when parallels nest): the step
+    # the branch asks for next, or what it returned.
+    deciding = tuple((str(p), int(b)) for p, b in step.get("within", ())) or None
     # A turn's attempts are the decider's, under its type's policy (enough for the largest
     # ctx.run retry); a turn whose call is no such retry gets the lane's usual number.
     usual = lane_policy(CODE.lane).max_attempts
@@ -158,7 +158,7 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
         ) from None
     if deciding is not None:  # a branch's turn always ends in its branch (or fails)
         raise StepFailure(
-            f"nondeterministic_workflow: the code returned before ctx.parallel {parallel!r}",
+            f"nondeterministic_workflow: the code returned before ctx.parallel {deciding[0][0]!r}",
             retryable=False,
         )
     return StepResult(output=output, finish="succeeded")

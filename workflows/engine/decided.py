@@ -28,7 +28,7 @@ ordinary way only.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..definitions.registry import registry
@@ -101,15 +101,24 @@ def compensation_asked(decider_output: Any) -> Mapping[str, Any] | None:
     return None
 
 
+# In a decider's output among the run's outputs, once the `parallel` it asked has forked:
+# the id of the join row its branches meet at (every step of those branches records it as
+# its place's ``fork_join``), by which a branch's place finds its decider.
+JOIN_ROW = "join_row"
+
+
 def join_id(parallel_id: str) -> str:
     """The id of the join a decider's `parallel` step's branches meet at (a dot: no id a
     decider asks for itself can take it)."""
     return f"{parallel_id}.join"
 
 
-def branch_decider_id(parallel_id: str, branch: int) -> str:
-    """The id of the decider of branch ``branch`` (from 0) of a decider's `parallel`."""
-    return f"{parallel_id}.{branch}"
+def branch_decider_id(parallel_id: str, branch: int, within: Sequence[int] = ()) -> str:
+    """The id of the decider of branch ``branch`` (from 0) of a decider's `parallel`, asked
+    by the decider of the branch at ``within`` (the branch numbers from the top level down;
+    empty: the run's own decider). Two deciders live at once never share a place in the tree
+    of branches, so their ids differ even when they ask parallels of the same id."""
+    return ".".join([parallel_id, *map(str, within), str(branch)])
 
 
 class DecidedSteps(Mapping[str, Mapping[str, Any]]):
@@ -120,8 +129,10 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
     join, ``join_id``); the join goes back to the decider that asked the `parallel`.
 
     A step is found from where it is entered (``at``): at the top level, from the run's
-    decider; on branch ``n`` of the fork, from that branch's decider. So the live steps of
-    a run are exactly the ones its live deciders ask for, one per decider."""
+    decider; on branch ``n`` of a fork, from that branch's decider. A branch's decider may
+    ask a `parallel` too (they nest): the fork's join row, noted in the asking decider's
+    output (``JOIN_ROW``), leads a place to its decider. So the live steps of a run are
+    exactly the ones its live deciders ask for, one per decider."""
 
     def __init__(self, decider: Mapping[str, Any], outputs: Mapping[str, Any], *,
                  speculative: bool) -> None:  # fmt: skip
@@ -163,16 +174,57 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         raise KeyError(step_id)
 
     def decider_at(self, place: Place) -> Mapping[str, Any]:
-        """The decider of ``place``: the run's at the top level; on a branch of the
-        `parallel` the run's decider asked for, that branch's."""
+        """The decider of ``place``: the run's at the top level; on branch ``n`` of a
+        `parallel` a live decider asked for (the run's, or a branch's: parallels nest), that
+        branch's. Its ``within`` lists the parallels and branches from the top level down."""
         if place.fork_join is None:
             return self.decider
-        fork = asked_step(self.outputs.get(self.decider["id"]))
+        found = self._asker_of(place.fork_join)
         branch = place.branch if place.branch is not None else -1
-        if fork is None or not _forks(fork) or not 0 <= branch < len(fork["branches"]):
+        if found is None or not 0 <= branch < len(found[1]["branches"]):
             raise KeyError(f"no branch {place.branch} of a parallel step live")
-        branch_id = fork["branches"][branch]
-        return {**self.decider, "id": branch_id, "parallel": fork["id"], "branch": branch}
+        asker, fork = found
+        within = [*asker.get("within", ()), [fork["id"], branch]]
+        return {**self.decider, "id": fork["branches"][branch], "parallel": fork["id"],
+                "branch": branch, "within": within}  # fmt: skip
+
+    def _asker_of(self, join_row: int) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+        """The live decider whose `parallel` forked at ``join_row``, and that parallel: found
+        from the run's decider down through the branches of the parallels live deciders
+        asked (one step live per decider, so few)."""
+        frontier: list[Mapping[str, Any]] = [self.decider]
+        while frontier:
+            decider = frontier.pop()
+            output = self.outputs.get(decider["id"])
+            fork = asked_step(output)
+            if fork is None or not _forks(fork) or compensation_asked(output) is not None:
+                continue
+            assert isinstance(output, Mapping)
+            noted = output.get(JOIN_ROW)
+            if noted == join_row or (noted is None and decider is self.decider):
+                # (Noted None at the top: a run forked before forks were noted; it has no
+                # other.)
+                return decider, fork
+            if noted is None:
+                continue
+            within = decider.get("within", ())
+            frontier.extend(
+                {"id": branch_id, "within": [*within, [fork["id"], number]]}
+                for number, branch_id in enumerate(fork["branches"])
+            )
+        return None
+
+    def join_noted(self, place: Place, join_row: int) -> tuple[str, dict[str, Any]] | None:
+        """The decider of ``place``, whose `parallel` just forked (or whose join a retry
+        continues) at ``join_row``, and its output with that row noted (``JOIN_ROW``); None
+        when that decider asked no parallel (a definition's fork is not a decided one)."""
+        decider_id = self.decider_at(place)["id"]
+        output = self.outputs.get(decider_id)
+        fork = asked_step(output)
+        if fork is None or not _forks(fork):
+            return None
+        assert isinstance(output, Mapping)
+        return decider_id, {**output, JOIN_ROW: join_row}
 
     def outcome_noted(
         self, step_id: str, outcome: str | None, place: Place = TOP

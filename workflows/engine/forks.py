@@ -25,6 +25,7 @@ from psycopg.types.json import Jsonb
 from ..definitions.registry import registry
 from ..states import StepStatus
 from . import sql
+from .decided import step_at
 from .executors import StepResult
 from .places import TOP, Entry, Place
 from .run_state import RunState
@@ -95,6 +96,8 @@ class ForkWalk(Protocol):
 
     def next_iteration(self, step_id: str) -> int: ...
 
+    def join_opened(self, place: Place, join_row: int) -> None: ...
+
 
 class Forks:
     def __init__(self, walk: ForkWalk) -> None:
@@ -125,7 +128,7 @@ class Forks:
         if not join_step_id:
             return None
         walk = self.walk
-        join_step = walk.steps[join_step_id]
+        join_step = step_at(walk.steps, join_step_id, place)
         iteration = walk.next_iteration(join_step_id)
         need = branches_needed(join_step, branches)
         detail = {"need": need, "branches": branches, "arrived": [], "fork": step["id"]}
@@ -142,6 +145,7 @@ class Forks:
         assert row is not None
         self.join_steps[row["id"]] = join_step_id
         walk.event("join.waiting", join_step_id, iteration=iteration, detail=detail)
+        walk.join_opened(place, int(row["id"]))
         return int(row["id"])
 
     def join_step_of(self, join_id: int) -> str:
@@ -254,6 +258,7 @@ def _continue_join(walk: ForkWalk, old: int, join: Mapping[str, Any]) -> int:
     row = fetch_dict(walk.cursor)
     assert row is not None
     new = int(row["id"])
+    walk.join_opened(Place(join["fork_join_id"], join["branch"]), new)
     for statement in (sql.MOVE_FORK, sql.MOVE_FORK_STEP):
         walk.cursor.execute(statement, {"run": walk.run.id, "old": old, "new": new})
     walk.event("join.waiting", join["step_id"], iteration=iteration,

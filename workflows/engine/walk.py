@@ -327,6 +327,15 @@ class Walk:
         self.run.vars.update(result.vars)
         self.changed_vars.update(result.vars)
 
+    def join_opened(self, place: Place, join_row: int) -> None:
+        """A fork at ``place`` opened its join row (or a retry continues it in a new one): a
+        code run notes it in the output of the decider that asked the parallel, where its
+        branches' places find their deciders (decided.py, ``JOIN_ROW``)."""
+        if isinstance(self.steps, DecidedSteps):
+            noted = self.steps.join_noted(place, join_row)
+            if noted is not None:
+                self.record_output(noted[0], StepResult(output=noted[1]))
+
     def worker_step_succeeded(
         self, step_id: str, iteration: int, attempt: int, result: StepResult, place: Place
     ) -> None:
