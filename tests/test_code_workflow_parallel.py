@@ -338,3 +338,17 @@ def test_two_workers_settling_both_branches_at_once_decide_each_turn_once(org, p
     for run_id, worker in firsts:
         by_run.setdefault(run_id, set()).add(worker)
     assert any(len(workers) == 2 for workers in by_run.values())
+
+
+def test_the_run_page_draws_nested_forks_without_their_deciders(
+    org: Organisation, admin_client: Client
+) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-par-nested", version=1, input={"order": "o-9"}, start_key="g2")
+    t.run_until_waiting()
+    html = admin_client.get(f"/admin/workflows/run/{t.run().id}/change/").content.decode()
+    graph = html.split("<svg")[1].split("</svg>")[0]
+    states = dict(re.findall(r'data-step="([^"]+)" data-state="([^"]+)"', html))
+    assert {"outer", "inner", "inner.join", "outer.join", "go", "nap"} <= set(states), states
+    assert (states["outer"], states["go"], states["outer.join"]) == ("done", "waiting", "waiting")
+    assert not any(step in graph for step in ("inner.0.0", "inner.1.1", "outer.0")), states
