@@ -16,6 +16,7 @@ ordinary exception: the function may catch it and go on.
 from __future__ import annotations
 
 import json
+import math
 import random as _random
 import uuid as _uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +27,7 @@ from typing import Any, NoReturn, Protocol
 from ..definitions.fields import is_step_id
 from ..definitions.registry import StepReport, registry
 from ..definitions.rendering import plain_copy
-from ..definitions.storable import UNSTORABLE_REASON, unstorable_path
+from ..definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
 from ..engine.decided import COMPENSATION_RECORD, branch_decider_id
 from ..errors import InvalidInput, PayloadTooLarge
 from ..services.runs import check_json_value
@@ -686,12 +687,44 @@ def _checked_step(step_id: str, step_type: str, fields: Mapping[str, Any]) -> di
 
 
 def check_json(step_id: str, value: Any) -> None:
+    if _plain_json(value):  # (every call of a turn is checked: most are plain JSON)
+        return
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise CodeFailure("unserialisable_result", f"step {step_id!r}: not JSON: {exc}") from None
     if unstorable_path(value) is not None:
         raise CodeFailure("unserialisable_result", f"step {step_id!r}: {UNSTORABLE_REASON}")
+
+
+_JSON_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def _plain_json(value: Any) -> bool:
+    """Whether ``value`` is made only of what JSON holds as it is (dicts with string keys,
+    lists, strings, integers, finite floats, booleans, None) and PostgreSQL stores: what
+    ``check_json`` accepts, found without writing the JSON out. False says only "not sure":
+    the full check decides, with its message."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            if has_unstorable(item):
+                return False
+        elif kind is dict:
+            for key in item:
+                if type(key) is not str or has_unstorable(key):
+                    return False
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+        elif kind is float:
+            if not math.isfinite(item):
+                return False
+        elif kind not in _JSON_SCALARS:
+            return False
+    return True
 
 
 def check_stored_size(label: str, value: Any, code: str, what: str) -> None:

@@ -149,23 +149,27 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
             raise NeedsTransaction("a branch of a decided run's parallel")
         decider = self.decider_at(place)
         decider_id = decider["id"]
-        asked = asked_step(self.outputs.get(decider_id))
-        if (
-            self.speculative
-            and asked is not None
-            and (_forks(asked) or compensation_asked(self.outputs.get(decider_id)) is not None)
-        ):
+        output = self.outputs.get(decider_id)
+        asked = asked_step(output)
+        if asked is None:
+            if step_id == decider_id:
+                return decider
+            raise KeyError(step_id)
+        # (Asked once per lookup: the walk looks steps up several times per transition.)
+        forks = _forks(asked)
+        compensating = bool(output.get(COMPENSATING))  # type: ignore[union-attr]
+        if self.speculative and (forks or compensating):
             raise NeedsTransaction("a decided run's parallel or compensation")
         if step_id == decider_id:
-            return {**decider, "next": asked["id"]} if asked else decider
-        if asked is not None and asked["id"] == step_id:
-            if _forks(asked):
+            return {**decider, "next": asked["id"]}
+        if asked["id"] == step_id:
+            if forks:
                 return {**asked, "next": join_id(step_id)}
-            if compensation_asked(self.outputs.get(decider_id)) is not None:
+            if compensating:
                 return asked  # the plan goes on from it (compensation.py), not the decider
             # Failing for good, it goes back to the decider too: the function is told.
             return {**asked, "next": decider_id, "on_failure": decider_id}
-        if asked is not None and _forks(asked) and step_id == join_id(asked["id"]):
+        if forks and step_id == join_id(asked["id"]):
             return {"id": step_id, "type": JOIN_TYPE, "complete": asked.get("complete", "all"),
                     "next": decider_id}  # fmt: skip
         # Not the step this place's decider last asked for: one step per decider is live,
@@ -246,7 +250,12 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
     def compensators(self) -> frozenset[str]:
         """The compensation step the run is in, if it compensates (compensation.py)."""
         asked = compensation_asked(self.outputs.get(self.decider["id"]))
-        return frozenset([asked["id"]]) if asked is not None else frozenset()
+        return frozenset([asked["id"]]) if asked is not None else _NONE
+
+    def decides(self, step_id: str, place: Place) -> bool:
+        """Whether ``step_id`` at ``place`` is a decider (the run's, or a branch's): the only
+        steps of a deciding type a decided run has (code cannot call one)."""
+        return bool(step_id == self.decider_at(place)["id"])
 
     def __iter__(self) -> Iterator[str]:
         asked = asked_step(self.outputs.get(self.decider["id"]))
@@ -255,6 +264,8 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
     def __len__(self) -> int:
         return len(list(iter(self)))
 
+
+_NONE: frozenset[str] = frozenset()
 
 JOIN_TYPE = "join"  # the step type a decider's `parallel` branches meet at (steptypes.JOIN)
 

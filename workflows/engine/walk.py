@@ -348,10 +348,7 @@ class Walk:
             self.step_succeeded(step_id, result, place)
 
     def _decides(self, step_id: str, place: Place) -> bool:
-        if not isinstance(self.steps, DecidedSteps):
-            return False
-        step_type = registry.get(str(step_at(self.steps, step_id, place)["type"]))
-        return step_type is not None and step_type.decides
+        return isinstance(self.steps, DecidedSteps) and self.steps.decides(step_id, place)
 
     def step_succeeded(self, step_id: str, result: StepResult, place: Place = TOP) -> None:
         """A step (inline or from a worker) finished: record it and move on."""
