@@ -111,7 +111,8 @@ def arguments() -> argparse.Namespace:
 # (Waymark's: the chain-3 work as a code workflow; the peer's chain-3 is code already).
 WORKS = (
     "chain-3 drain", "chain-3 e2e", "chain-10 drain", "chain-10 e2e", "code-3 drain",
-    "code-run-3 drain", "code-10 drain", "serial chain-3", "sleep 2s", "starts, 10% duplicate keys",
+    "code-run-3 drain", "code-10 drain", "serial chain-3", "serial code-3", "sleep 2s",
+    "starts, 10% duplicate keys",
 )  # fmt: skip
 
 
@@ -125,6 +126,8 @@ def one_work(side: Any, work: str, args: argparse.Namespace) -> dict[str, Any] |
         return None if code is None else code(work.split()[0], args.runs)  # type: ignore[no-any-return]
     if work == "serial chain-3":
         return side.serial(args.serial)  # type: ignore[no-any-return]
+    if work == "serial code-3":  # the same work as a code workflow: Waymark's side only
+        return side.serial(args.serial, "code-3") if hasattr(side, "code") else None
     if work == "sleep 2s":
         return side.sleep(args.sleepers)  # type: ignore[no-any-return]
     return side.starts(args.runs)  # type: ignore[no-any-return]

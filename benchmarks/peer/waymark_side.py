@@ -12,7 +12,7 @@ and measures:
   `ctx.run` calls of a no-op function; code-10 is chain-10's work; steps/s counts the
   run's steps, as the chain's.
 - serial: one 3-step run at a time, started, then awaited (client clock, polled every 2 ms),
-  after 20 untimed ones.
+  after 20 untimed ones; ``serial code-3``: the same with the code workflow code-3.
 - sleep: runs of one durable `wait` of 2 s, all started together; lateness = the run's
   finish minus the timer's due time (database clock).
 - starts: starts through the service with 10 % duplicate start keys; starts/s, and that the
@@ -227,23 +227,27 @@ class Side:
         """The chain-3 work as a code workflow (peer_code.py), drained."""
         return self.chain(CODE_WORKS[slug], "drain", n, slug=slug)
 
-    def serial(self, n: int) -> dict[str, Any]:
+    def serial(self, n: int, slug: str = "chain-3") -> dict[str, Any]:
+        """One run of ``slug`` at a time (the chain-3 definition, or code-3: the same work as
+        a code workflow), from the start request to the poll that sees it succeeded."""
         self.start_engine()
         self.wait_engine_ready()
         for _ in range(WARM_UP):  # untimed, as the peer's side
-            self.await_finished(self.start("chain-3", 1), poll=0.002)
+            self.await_finished(self.start(slug, 1), poll=0.002)
         took = []
         for _ in range(n):
             began = time.monotonic()
-            run_id = self.start("chain-3", 1)[0]
+            run_id = self.start(slug, 1)[0]
             self.await_finished([run_id], poll=0.002)
             took.append((time.monotonic() - began) * 1000)
         self.stop_engine()
         row = {
-            "work": "serial chain-3",
+            "work": f"serial {slug}",
             "runs": n,
             "p50_ms": percentile(took, 50),
+            "p90_ms": percentile(took, 90),
             "p99_ms": percentile(took, 99),
+            "max_ms": round(max(took), 1),
             "not_succeeded": self.not_succeeded(),
         }
         self.empty()

@@ -69,7 +69,7 @@ DATABASE_DEFER_SECONDS = 1.0
 # needs a connection cannot get one and nothing gives one back (three hosts against
 # max_connections 100 stalled so). A busy slot keeps its connection: no reconnect per step.
 IDLE_CONNECTION_SECONDS = 10.0
-IDLE_SECOND_LOOK_SECONDS = 0.02  # after listing itself idle (see _claim_loop)
+IDLE_SECOND_LOOK_SECONDS = 0.002  # after listing itself idle (see _claim_loop)
 EXIT_REPLACE_ME = 75  # EX_TEMPFAIL: hung executors; start a fresh process in this one's place
 
 
@@ -219,6 +219,10 @@ class Worker:
             if self.stop.is_set():
                 return
             self.wake.clear()
+            # Listed before the claim, not after it finds nothing: a start that read the
+            # listing too early to notify this worker then commits before the claim, or just
+            # after (the second look, below), and not while the claim's round trip runs.
+            newly_listed = idle and not self.listed_idle and self._list_idle()
             try:
                 promoted = self._promote_due_retries()
                 claimed = [] if self.suspects_only else claim(
@@ -253,12 +257,13 @@ class Worker:
                 for attempt in attempts:
                     self.tasks.put(attempt)
             if not claimed and not promoted:
-                if idle and self._list_idle():
-                    # Claim once more now, and once more shortly: a transaction that looked
-                    # for idle workers just before the listing committed notified nobody,
-                    # and may commit only after the next claim.
+                if newly_listed:
+                    # Claim once more shortly: a transaction that looked for idle workers
+                    # just before the listing committed notified nobody, and may commit
+                    # only after the claim.
                     self.second_look_at = time.monotonic() + IDLE_SECOND_LOOK_SECONDS
-                    continue
+                elif idle:
+                    self._list_idle()  # kept fresh, once per poll interval
                 # Nothing to take: sleep until woken (a notification, a finished step, or
                 # shutdown) or until the poll interval has passed. A short batch is no reason
                 # to sleep: the fair share per organisation may have capped it while one
