@@ -1,8 +1,8 @@
 """What every engine process does as it starts and stops, whatever its role (web, a lane's
 worker, relay, sweep): name its database connections by its role (``application_name``
 ``waymark-<role>``: waymark_config/process_role.py), trace as the ``OTEL_*`` variables say
-(tracing.py), and flush the spans still queued when it stops; and keep what it made at start-up out of the
-garbage collector's full collections.
+(tracing.py), flush the spans still queued when it stops, and keep what it made at start-up
+out of the garbage collector's full collections.
 
 A process's role is ``WAYMARK_PROCESS_ROLE``: ``runengine`` sets it for each child it starts
 (``web``, ``worker-io``, ``worker-io-suspects``, ``relay``, ``sweep``), and such a process
