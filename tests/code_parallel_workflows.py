@@ -143,3 +143,27 @@ def nested_first(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
 
     met = ctx.parallel("race", quick, stuck, complete="first")
     return {"met": met, "after": ctx.run("after", str, "after")}
+
+
+@workflow("code-par-nested-race", version=1)
+def nested_race(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    """Two outer branches, each a parallel of two branches of two worker steps: four
+    branches' settles race on two worker processes, two levels deep."""
+
+    def leaf(name: str) -> Any:
+        def run(c: Context) -> str:
+            c.step("first", "probe", output={"branch": name})
+            c.step("second", "probe", output={"branch": name})
+            return name
+
+        return run
+
+    def side(name: str) -> Any:
+        def run(c: Context) -> Any:
+            return c.parallel("inner", leaf(f"{name}a"), leaf(f"{name}b"))
+
+        return run
+
+    met = ctx.parallel("fan", side("x"), side("y"))
+    after = ctx.step("after", "probe")
+    return {"met": met, "after": after["attempt"]}

@@ -5,6 +5,7 @@ decider of its own against its branch's history, on the real engine and database
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -352,3 +353,57 @@ def test_the_run_page_draws_nested_forks_without_their_deciders(
     assert {"outer", "inner", "inner.join", "outer.join", "go", "nap"} <= set(states), states
     assert (states["outer"], states["go"], states["outer.join"]) == ("done", "waiting", "waiting")
     assert not any(step in graph for step in ("inner.0.0", "inner.1.1", "outer.0")), states
+
+
+NESTED_RACE_RUNS = 20
+
+
+def test_two_workers_settling_nested_branches_at_once_decide_each_turn_once(org, procs) -> None:
+    """The race above, one parallel deeper: four inner branches' steps settle on two worker
+    processes at once, under the run's lock. Every run ends with each branch's steps entered
+    once, each decider's turns taken once, and each join met once."""
+    publish_code_workflow(org=org, name="code-par-nested-race", version=1)
+    run_ids = [
+        run_start(org=org, automation_slug="code-par-nested-race", run_input={},
+                  start_key=f"nested-race{i}").run_id
+        for i in range(NESTED_RACE_RUNS)
+    ]  # fmt: skip
+    workers = [spawn_worker(concurrency=4, WAYMARK_EXTRA_STEP_MODULES=PARALLEL_MODULES)
+               for _ in range(2)]  # fmt: skip
+    with running(spawn_relay(), *workers):
+        wait_for(lambda: not Run.objects.filter(pk__in=run_ids, status="running").exists(),
+                 timeout=300, what="every run to finish")  # fmt: skip
+
+    runs = Run.objects.filter(pk__in=run_ids)
+    assert {(r.status, r.error) for r in runs} == {("succeeded", "")}
+    assert {str(r.output) for r in runs} == {str({"met": [["xa", "xb"], ["ya", "yb"]],
+                                                  "after": 1})}  # fmt: skip
+    for run_id in run_ids:
+        steps = Step.objects.filter(run_id=run_id).exclude(step_id__startswith="~")
+        assert {s.status for s in steps} == {"done"}, run_id
+        counts = Counter(s.step_id for s in steps)
+        assert counts == {
+            # The run's decider: fork, then "after", then the end.
+            "decide": 3, "fan": 1, "fan.join": 1, "after": 1,
+            # Each outer branch's decider: its inner fork, then its end.
+            "fan.0": 2, "fan.1": 2, "inner": 2, "inner.join": 2,
+            # Each inner branch's decider: two steps, then its end.
+            "inner.0.0": 3, "inner.0.1": 3, "inner.1.0": 3, "inner.1.1": 3,
+            "first": 4, "second": 4,
+        }, run_id  # fmt: skip
+        joins = steps.filter(step_id="inner.join")
+        # Each inner parallel's branches on its own join row, which is on its outer branch.
+        assert sorted(-1 if j.branch is None else j.branch for j in joins) == [0, 1]
+        for join in joins:
+            assert steps.filter(fork_join_id=join.id, step_id="first").count() == 2
+    events = RunEvent.objects.filter(run__in=runs)
+    assert events.filter(kind="step.succeeded", step_id="inner.join").count() == 2 * len(run_ids)
+    assert events.filter(kind="run.succeeded").count() == NESTED_RACE_RUNS
+    claimed = set(events.filter(kind="step.claimed").values_list("worker", flat=True))
+    assert len(claimed) == 2, "both workers must have taken part"
+    # The race happened: in some runs the inner branches' steps ran on both workers.
+    firsts = events.filter(kind="step.claimed", step_id="first").values_list("run_id", "worker")
+    by_run: dict[int, set[str]] = {}
+    for run_id, worker in firsts:
+        by_run.setdefault(run_id, set()).add(worker)
+    assert any(len(workers) == 2 for workers in by_run.values())
