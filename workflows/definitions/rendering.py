@@ -533,6 +533,8 @@ def plain_copy(value: Any) -> Any:
         return {key: plain_copy(item) for key, item in value.items()}
     if kind is list:
         return [plain_copy(item) for item in value]
+    if kind is datetime or kind is date:  # (a run's start time, in every step's context)
+        return value.isoformat()  # what the round trip gives back (_json_default)
     return _plain(value)
 
 
