@@ -122,20 +122,27 @@ def test_every_decide_turn_sees_the_same_recorded_values(org: Organisation) -> N
 
 # --- ctx.patched() ---------------------------------------------------------------------------
 
-PATCH = {"code": "old"}  # the code "code-patch" runs: "old", "patched" or "unpatched"
+# The code "code-patch" runs: "old", "patched", "unpatched" (the new path alone), then, once
+# the old path's runs have ended, "deprecated" (the new path, the patch retired) and
+# "removed" (the new path, no call).
+PATCH = {"code": "old"}
 
 
 @workflow("code-patch", version=1)
 def patchable(ctx: Context, run_input: dict[str, Any]) -> str:
     code = PATCH["code"]
-    if code == "unpatched" or (code == "patched" and ctx.patched("fix-x")):
+    if code == "deprecated":
+        ctx.deprecate_patch("fix-x")
+    if code in ("unpatched", "deprecated", "removed") or (
+        code == "patched" and ctx.patched("fix-x")
+    ):
         ctx.run("new_way", str, "new")
         path = "new"
     else:
         ctx.run("old_way", str, "old")
         path = "old"
     ctx.sleep("nap", "1s")
-    if code == "patched" and ctx.patched("fix-x"):  # asked again: the same answer
+    if code in ("patched", "deprecated") and ctx.patched("fix-x"):  # asked again: the same
         return f"{path}+patched"
     return path
 
@@ -182,6 +189,52 @@ def test_the_same_change_without_a_patch_fails_the_old_run_loudly(org: Organisat
         PATCH["code"] = "old"
     run = Run.objects.get(pk=run_id)
     assert run.status == "failed" and "nondeterministic_workflow" in run.error
+
+
+def test_a_deprecated_patch_replays_the_runs_that_recorded_it_and_records_nothing_new(
+    org: Organisation,
+) -> None:
+    """Retiring a patch: runs that took it replay past its record; new runs record nothing,
+    so once they are the only ones left the call itself can go; a run that took the old
+    path fails loudly, as it would on the new path alone."""
+    codes = {"took": "patched", "old-path": "old", "fresh": "deprecated"}
+    runs = {}
+    try:
+        for key, code in codes.items():  # each waits at its sleep, started on its code
+            PATCH["code"] = code
+            runs[key] = start(org, "code-patch", key)
+            drive()
+            assert Step.objects.get(run_id=runs[key], step_id="nap").status == "waiting", key
+        PATCH["code"] = "deprecated"  # the patch retired under the waiting runs
+        later = run_start(org=org, automation_slug="code-patch", run_input={},
+                          start_key="later").run_id  # fmt: skip
+        drive()
+        for key in ("took", "old-path", "fresh"):
+            fire_timers_of(runs[key])
+        drive()
+        PATCH["code"] = "removed"  # and then the call: only runs that recorded nothing left
+        fire_timers_of(later)
+        drive()
+    finally:
+        PATCH["code"] = "old"
+    took, old_path, fresh, after = (
+        Run.objects.get(pk=runs["took"]),
+        Run.objects.get(pk=runs["old-path"]),
+        Run.objects.get(pk=runs["fresh"]),
+        Run.objects.get(pk=later),
+    )
+    # The run that recorded the patch replays past its record, on the new path.
+    assert (took.status, took.error, took.output) == ("succeeded", "", "new+patched")
+    assert [s[0] for s in path_of(took.id)] == ["ctx.patched", "new_way", "nap"]
+    # A run that reached the retired patch with nothing recorded recorded nothing.
+    assert (fresh.status, fresh.error, fresh.output) == ("succeeded", "", "new+patched")
+    assert [s[0] for s in path_of(fresh.id)] == ["new_way", "nap"]
+    # With the call removed, such a run replays as before.
+    assert (after.status, after.error, after.output) == ("succeeded", "", "new")
+    assert [s[0] for s in path_of(after.id)] == ["new_way", "nap"]
+    # The old path's run: the retired patch is the new path alone for it.
+    assert old_path.status == "failed", old_path.error
+    assert "nondeterministic_workflow" in old_path.error and "old_way" in old_path.error
 
 
 def test_a_patch_name_that_is_not_a_slug_fails_the_run_with_a_code(org: Organisation) -> None:

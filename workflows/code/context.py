@@ -248,25 +248,38 @@ class Context(PeopleAndTime):
         False for a run whose history was recorded here before the patch existed (its
         history has another step at this point). The first answer holds for the rest of
         the run's replay, wherever the same patch is asked again."""
-        if not isinstance(patch, str) or not is_step_id(patch.replace("-", "_")):
-            raise CodeFailure(
-                "invalid_code_step",
-                f"patch {patch!r}: a lowercase letter, then up to 62 lowercase letters, "
-                "digits, hyphens or underscores",
-            )
+        _check_patch(patch)
         if patch in self._patches:
             return self._patches[patch]
         if self._position >= len(self._history):  # new work: this run takes the patch
             self._new_work(PATCH_ID)
             raise Suspended({"id": PATCH_ID, "type": RESULT_TYPE, "output": {"patch": patch}})
-        recorded = self._history[self._position]
-        marker = recorded.output if (recorded.step_id, recorded.type) == (
-            PATCH_ID, RESULT_TYPE) else None  # fmt: skip
-        taken = isinstance(marker, Mapping) and marker.get("patch") == patch
+        taken = self._patch_recorded_next(patch)
         if taken:
             self._replayed(PATCH_ID, RESULT_TYPE)
         self._patches[patch] = taken
         return taken
+
+    def deprecate_patch(self, patch: str) -> None:
+        """Retire ``patch`` once every run that takes its old path has ended: the code keeps
+        only the new path and calls this where it called ``patched(patch)``. A run that
+        recorded the patch replays past its record; a run that reaches this point with
+        nothing recorded records nothing. Remove this call too once no run that recorded the
+        patch can be replayed. A run whose history took the old path fails at its next
+        recorded step (``nondeterministic_workflow``), as it would without the patch."""
+        _check_patch(patch)
+        self._patches[patch] = True  # ``patched(patch)`` asked later in this replay agrees
+        if self._patch_recorded_next(patch):
+            self._replayed(PATCH_ID, RESULT_TYPE)
+
+    def _patch_recorded_next(self, patch: str) -> bool:
+        """Whether the history's next step is the record of ``patch`` (``patched``'s)."""
+        if self._position >= len(self._history):
+            return False
+        recorded = self._history[self._position]
+        marker = recorded.output if (recorded.step_id, recorded.type) == (
+            PATCH_ID, RESULT_TYPE) else None  # fmt: skip
+        return isinstance(marker, Mapping) and marker.get("patch") == patch
 
     def _recorded_value(self, step_id: str, make: Callable[[], Any]) -> Any:
         """The value this call recorded, or a new one, recorded as a step of its own."""
@@ -651,6 +664,15 @@ def _check_parallel(step_id: str, branches: Sequence[Any], complete: Any) -> Non
     if isinstance(complete, int) and complete > len(branches):
         raise CodeFailure("invalid_code_step", f"ctx.parallel {step_id!r}: complete is more "
                           f"than its {len(branches)} branches")  # fmt: skip
+
+
+def _check_patch(patch: Any) -> None:
+    if not isinstance(patch, str) or not is_step_id(patch.replace("-", "_")):
+        raise CodeFailure(
+            "invalid_code_step",
+            f"patch {patch!r}: a lowercase letter, then up to 62 lowercase letters, "
+            "digits, hyphens or underscores",
+        )
 
 
 def _check_branch_ids(step_id: str, ids: Sequence[str]) -> None:
