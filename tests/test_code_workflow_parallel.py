@@ -301,18 +301,7 @@ def test_two_workers_settling_both_branches_at_once_decide_each_turn_once(org, p
     """Two worker processes take the two branches' steps of each run at the same time; the
     settles meet under the run's lock. Every run must end with each branch's steps entered
     once, each decider turn taken once, and the top level going on past the join once."""
-    publish_code_workflow(org=org, name="code-par-race", version=1)
-    run_ids = [
-        run_start(org=org, automation_slug="code-par-race", run_input={},
-                  start_key=f"race{i}").run_id
-        for i in range(RACE_RUNS)
-    ]  # fmt: skip
-    workers = [spawn_worker(concurrency=4, WAYMARK_EXTRA_STEP_MODULES=PARALLEL_MODULES)
-               for _ in range(2)]  # fmt: skip
-    with running(spawn_relay(), *workers):
-        wait_for(lambda: not Run.objects.filter(pk__in=run_ids, status="running").exists(),
-                 timeout=300, what="every run to finish")  # fmt: skip
-
+    run_ids = run_on_two_workers(org, "code-par-race", RACE_RUNS)
     runs = Run.objects.filter(pk__in=run_ids)
     assert {(r.status, r.error) for r in runs} == {("succeeded", "")}
     assert {str(r.output) for r in runs} == {str({"met": ["a", "b"], "after": 1})}
@@ -331,9 +320,29 @@ def test_two_workers_settling_both_branches_at_once_decide_each_turn_once(org, p
     events = RunEvent.objects.filter(run__in=runs)
     assert events.filter(kind="step.succeeded", step_id="fan.join").count() == RACE_RUNS
     assert events.filter(kind="run.succeeded").count() == RACE_RUNS
+    assert_raced(events)
+
+
+def run_on_two_workers(org: Organisation, name: str, count: int) -> list[int]:
+    """``count`` runs of ``name`` started, then taken to their end by two worker processes
+    (and a relay) at once."""
+    publish_code_workflow(org=org, name=name, version=1)
+    run_ids = [
+        run_start(org=org, automation_slug=name, run_input={}, start_key=f"{name}-{i}").run_id
+        for i in range(count)
+    ]
+    workers = [spawn_worker(concurrency=4, WAYMARK_EXTRA_STEP_MODULES=PARALLEL_MODULES)
+               for _ in range(2)]  # fmt: skip
+    with running(spawn_relay(), *workers):
+        wait_for(lambda: not Run.objects.filter(pk__in=run_ids, status="running").exists(),
+                 timeout=300, what="every run to finish")  # fmt: skip
+    return run_ids
+
+
+def assert_raced(events: Any) -> None:
+    """Both workers took part, and in some run two branches' first steps ran on the two."""
     claimed = set(events.filter(kind="step.claimed").values_list("worker", flat=True))
     assert len(claimed) == 2, "both workers must have taken part"
-    # The race happened: in some runs the two branches' first steps ran on two workers.
     firsts = events.filter(kind="step.claimed", step_id="first").values_list("run_id", "worker")
     by_run: dict[int, set[str]] = {}
     for run_id, worker in firsts:
@@ -362,18 +371,7 @@ def test_two_workers_settling_nested_branches_at_once_decide_each_turn_once(org,
     """The race above, one parallel deeper: four inner branches' steps settle on two worker
     processes at once, under the run's lock. Every run ends with each branch's steps entered
     once, each decider's turns taken once, and each join met once."""
-    publish_code_workflow(org=org, name="code-par-nested-race", version=1)
-    run_ids = [
-        run_start(org=org, automation_slug="code-par-nested-race", run_input={},
-                  start_key=f"nested-race{i}").run_id
-        for i in range(NESTED_RACE_RUNS)
-    ]  # fmt: skip
-    workers = [spawn_worker(concurrency=4, WAYMARK_EXTRA_STEP_MODULES=PARALLEL_MODULES)
-               for _ in range(2)]  # fmt: skip
-    with running(spawn_relay(), *workers):
-        wait_for(lambda: not Run.objects.filter(pk__in=run_ids, status="running").exists(),
-                 timeout=300, what="every run to finish")  # fmt: skip
-
+    run_ids = run_on_two_workers(org, "code-par-nested-race", NESTED_RACE_RUNS)
     runs = Run.objects.filter(pk__in=run_ids)
     assert {(r.status, r.error) for r in runs} == {("succeeded", "")}
     assert {str(r.output) for r in runs} == {str({"met": [["xa", "xb"], ["ya", "yb"]],
@@ -399,11 +397,4 @@ def test_two_workers_settling_nested_branches_at_once_decide_each_turn_once(org,
     events = RunEvent.objects.filter(run__in=runs)
     assert events.filter(kind="step.succeeded", step_id="inner.join").count() == 2 * len(run_ids)
     assert events.filter(kind="run.succeeded").count() == NESTED_RACE_RUNS
-    claimed = set(events.filter(kind="step.claimed").values_list("worker", flat=True))
-    assert len(claimed) == 2, "both workers must have taken part"
-    # The race happened: in some runs the inner branches' steps ran on both workers.
-    firsts = events.filter(kind="step.claimed", step_id="first").values_list("run_id", "worker")
-    by_run: dict[int, set[str]] = {}
-    for run_id, worker in firsts:
-        by_run.setdefault(run_id, set()).add(worker)
-    assert any(len(workers) == 2 for workers in by_run.values())
+    assert_raced(events)
