@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
+from django.db import OperationalError
+from django.db.backends.postgresql.operations import DatabaseOperations
 from rest_framework.test import APIClient
 
 from workflows.models import ApiKey, Organisation
@@ -21,6 +25,31 @@ from .stubs.fixtures import model_stub, provider_stub, slack_stub, smtp_stub  # 
 
 # Tracing on in this process, spans kept in memory (tests/tracing_setup.py).
 from .tracing_setup import exported  # noqa: F401
+
+FLUSH_TRIES = 5
+
+
+@pytest.fixture(scope="session", autouse=True)
+def flush_outlasts_a_deadlock() -> Iterator[None]:
+    """A test that shares a running engine (engine_harness's, module-scoped) is emptied by
+    Django's flush, a TRUNCATE of every table, while the engine's processes poll and claim.
+    A claim locks several tables in one statement, and PostgreSQL may pick the TRUNCATE as
+    a deadlock's victim: the flush then tries again, as a client of a deadlock should. Any
+    other failure, or a deadlock every time, fails the test as before."""
+    flush = DatabaseOperations.execute_sql_flush
+
+    def execute_sql_flush(self: DatabaseOperations, sql_list: list[str]) -> None:
+        for attempt in range(1, FLUSH_TRIES + 1):
+            try:
+                return flush(self, sql_list)
+            except OperationalError as exc:
+                deadlock = isinstance(exc.__cause__, psycopg.errors.DeadlockDetected)
+                if not deadlock or attempt == FLUSH_TRIES:
+                    raise
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DatabaseOperations, "execute_sql_flush", execute_sql_flush)
+        yield
 
 
 @pytest.fixture

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from django.db.models.functions import Now
+from django.test import override_settings
+from pytest_django.fixtures import Settings
 
 from timers.models import Timer
 from timers.sweep import fire_due_timers
@@ -265,9 +267,16 @@ def test_a_ctx_run_function_that_raises_is_retried_after_backoff_then_succeeds(
     assert (fetch.status, fetch.output) == ("done", "twice ok")
 
 
-def test_a_ctx_run_waiting_out_its_backoff_holds_no_worker(org: Organisation) -> None:
-    run_id = start(org, "code-retry", {"name": "slow", "fails": 1, "max_attempts": 2})
-    drive(fast_forward=False)
+def test_a_ctx_run_waiting_out_its_backoff_holds_no_worker(
+    org: Organisation, settings: Settings
+) -> None:
+    # A backoff that cannot pass while the test drives (full jitter draws from 0 up to the
+    # lane's base: with the default base, a short draw ran the retry at once).
+    lanes = {**settings.WAYMARK["LANES"]}
+    lanes["io"] = {**lanes["io"], "backoff_base_seconds": 3600.0, "backoff_cap_seconds": 3600.0}
+    with override_settings(WAYMARK={**settings.WAYMARK, "LANES": lanes}):
+        run_id = start(org, "code-retry", {"name": "slow", "fails": 1, "max_attempts": 2})
+        drive(fast_forward=False)
     decide = Step.objects.get(run_id=run_id, step_id="decide")
     assert (decide.status, decide.wait_kind, decide.owner) == ("waiting", "retry", None)
     assert decide.wake_at is not None
