@@ -281,14 +281,22 @@ def test_a_parallel_nested_past_the_step_id_length_and_a_complete_past_the_branc
     assert not Step.objects.filter(run_id=run.id, type="parallel").exists()
 
 
+def run_page_waiting(
+    org: Organisation, admin_client: Client, name: str, order: str
+) -> tuple[str, dict[str, str]]:
+    """A run of ``name`` taken until it waits, then its run page: the HTML and each step's
+    state as the page marks it."""
+    t = WorkflowTest(org=org)
+    t.start(name, version=1, input={"order": order}, start_key=order)
+    t.run_until_waiting()
+    html = admin_client.get(f"/admin/workflows/run/{t.run().id}/change/").content.decode()
+    return html, dict(re.findall(r'data-step="([^"]+)" data-state="([^"]+)"', html))
+
+
 def test_the_run_page_draws_the_fork_from_the_parallel_step_to_its_join(
     org: Organisation, admin_client: Client
 ) -> None:
-    t = WorkflowTest(org=org)
-    t.start("code-par-waits", version=1, input={"order": "o-8"}, start_key="g1")
-    t.run_until_waiting()
-    html = admin_client.get(f"/admin/workflows/run/{t.run().id}/change/").content.decode()
-    states = dict(re.findall(r'data-step="([^"]+)" data-state="([^"]+)"', html))
+    html, states = run_page_waiting(org, admin_client, "code-par-waits", "o-8")
     assert states == {"both": "done", "nap": "waiting", "go": "waiting", "both.join": "waiting"}
     assert "both.0" not in html.split("<svg")[1].split("</svg>")[0]  # deciders left out
 
@@ -353,12 +361,8 @@ def assert_raced(events: Any) -> None:
 def test_the_run_page_draws_nested_forks_without_their_deciders(
     org: Organisation, admin_client: Client
 ) -> None:
-    t = WorkflowTest(org=org)
-    t.start("code-par-nested", version=1, input={"order": "o-9"}, start_key="g2")
-    t.run_until_waiting()
-    html = admin_client.get(f"/admin/workflows/run/{t.run().id}/change/").content.decode()
+    html, states = run_page_waiting(org, admin_client, "code-par-nested", "o-9")
     graph = html.split("<svg")[1].split("</svg>")[0]
-    states = dict(re.findall(r'data-step="([^"]+)" data-state="([^"]+)"', html))
     assert {"outer", "inner", "inner.join", "outer.join", "go", "nap"} <= set(states), states
     assert (states["outer"], states["go"], states["outer.join"]) == ("done", "waiting", "waiting")
     assert not any(step in graph for step in ("inner.0.0", "inner.1.1", "outer.0")), states

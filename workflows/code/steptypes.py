@@ -186,7 +186,7 @@ def _turn_history(
     # A re-run's cut sets steps aside: their rows still count in the iterations of the steps
     # entered after it, which only the rows tell.
     cut = context["steps"].get(REPLAY_CUTS, {}).get("output")
-    if step.get("parallel") is None and not cut:
+    if "within" not in step and not cut:
         if latest is None and _entered_nothing_else(ctx.run_entered, decider_id):
             return History(places={TOP: []})  # the run's first turn: nothing to read
         carried = history_after(ctx.carried, latest=latest, outputs=context["steps"])
@@ -214,7 +214,7 @@ def _carried(step: Mapping[str, Any], history: History, asked: Mapping[str, Any]
     """What the next turn may replay without a query: the top level's history and the step
     asked, when the run has no ctx.parallel (its forks' rows and joins are read, not
     carried) and the step asked is not one either."""
-    plain = step.get("parallel") is None and not history.joins and set(history.places) <= {TOP}
+    plain = "within" not in step and not history.joins and set(history.places) <= {TOP}
     if not plain or asked.get("type") == "parallel":
         return None
     return Turn(tuple(history.of(TOP)), asked)

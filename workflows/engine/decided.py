@@ -180,7 +180,8 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
     def decider_at(self, place: Place) -> Mapping[str, Any]:
         """The decider of ``place``: the run's at the top level; on branch ``n`` of a
         `parallel` a live decider asked for (the run's, or a branch's: parallels nest), that
-        branch's. Its ``within`` lists the parallels and branches from the top level down."""
+        branch's, whose ``within`` lists the parallels and branches from the top level down (a
+        branch's decider is the one with a ``within``)."""
         if place.fork_join is None:
             return self.decider
         found = self._asker_of(place.fork_join)
@@ -189,8 +190,7 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
             raise KeyError(f"no branch {place.branch} of a parallel step live")
         asker, fork = found
         within = [*asker.get("within", ()), [fork["id"], branch]]
-        return {**self.decider, "id": fork["branches"][branch], "parallel": fork["id"],
-                "branch": branch, "within": within}  # fmt: skip
+        return {**self.decider, "id": fork["branches"][branch], "within": within}
 
     def _asker_of(self, join_row: int) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
         """The live decider whose `parallel` forked at ``join_row``, and that parallel: found
@@ -200,8 +200,8 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         while frontier:
             decider = frontier.pop()
             output = self.outputs.get(decider["id"])
-            fork = asked_step(output)
-            if fork is None or not _forks(fork) or compensation_asked(output) is not None:
+            fork = _parallel_asked(output)
+            if fork is None or compensation_asked(output) is not None:
                 continue
             assert isinstance(output, Mapping)
             noted = output.get(JOIN_ROW)
@@ -224,8 +224,7 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         when that decider asked no parallel (a definition's fork is not a decided one)."""
         decider_id = self.decider_at(place)["id"]
         output = self.outputs.get(decider_id)
-        fork = asked_step(output)
-        if fork is None or not _forks(fork):
+        if _parallel_asked(output) is None:
             return None
         assert isinstance(output, Mapping)
         return decider_id, {**output, JOIN_ROW: join_row}
@@ -268,6 +267,12 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
 _NONE: frozenset[str] = frozenset()
 
 JOIN_TYPE = "join"  # the step type a decider's `parallel` branches meet at (steptypes.JOIN)
+
+
+def _parallel_asked(decider_output: Any) -> Mapping[str, Any] | None:
+    """The `parallel` a decider's output asks for, if it asks for one."""
+    asked = asked_step(decider_output)
+    return asked if asked is not None and _forks(asked) else None
 
 
 def _forks(step: Mapping[str, Any]) -> bool:

@@ -577,7 +577,7 @@ class Walk:
         (workflows/code/budget.py) and counted as an inline step of the walk's budget."""
         if not self.decide_inline or not isinstance(self.steps, DecidedSteps):
             return False
-        if self.speculative and (self.carried is None or "parallel" in step):
+        if self.speculative and (self.carried is None or "within" in step):
             # Ahead of the transaction, a turn runs only from what the previous one knew:
             # reading the history is the ordinary walk's, under the run's lock.
             raise NeedsTransaction("a decider's turn without the run's history")
