@@ -30,6 +30,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from machine import (  # noqa: E402
+    DRAIN_POLL,
     WARM_UP,
     arguments,
     fresh_server,
@@ -99,12 +100,17 @@ class Side:
             return c.execute(sql, params).fetchall()
 
     def await_done(self, queue: str, n: int, poll: float = 0.01) -> None:
+        import psycopg
+
         sql = (
             "SELECT count(*) FROM dbos.workflow_status WHERE queue_name = %s"
             " AND status IN ('SUCCESS', 'ERROR')"
         )
-        while self.q(sql, (queue,))[0][0] < n:
-            time.sleep(poll)
+        # One connection for the whole wait: a connection per look costs the server a new
+        # backend each time, CPU taken from the work.
+        with psycopg.connect(self.uri, autocommit=True) as c:
+            while c.execute(sql, (queue,)).fetchall()[0][0] < n:
+                time.sleep(poll)
 
     def not_succeeded(self, queue: str) -> int:
         sql = (
@@ -132,7 +138,7 @@ class Side:
             before = server_commits(self.uri, SYSTEM_DB)
             began = time.monotonic()
             DBOS.register_queue(queue, worker_concurrency=CONCURRENCY, polling_interval_sec=POLL)
-        self.await_done(queue, n)
+        self.await_done(queue, n, poll=DRAIN_POLL)
         wall = time.monotonic() - began
         first, last, dequeued = self.q(
             "SELECT min(created_at), max(updated_at), min(started_at_epoch_ms)"

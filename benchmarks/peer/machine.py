@@ -86,6 +86,12 @@ def load_average() -> float:
 # Untimed runs each side makes before the serial work's timed ones.
 WARM_UP = 20
 
+# Seconds between two looks for a pass's last run, on both sides. A drain's rate is read
+# from the database's clock (first claim to last finish), not from the poll, so a seldom
+# poll changes no figure; a poll every 10 ms took about a tenth of the machine's CPU from
+# the work it waited for (Waymark's sent every run's id, the peer's opened a connection).
+DRAIN_POLL = 0.1
+
 
 def percentile(values: list[float], p: float) -> float:
     """Nearest-rank percentile of ``values`` (p from 0 to 100)."""
