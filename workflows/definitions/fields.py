@@ -131,17 +131,23 @@ def check_fields(
     ``"request."``) it defaults to the object's path.
     """
     allowed = tuple(allowed)
-    permitted = set(allowed) | (set(COMMON_STEP_FIELDS) if not prefix else set())
+    common = _COMMON if not prefix else _NO_FIELDS
+    unknown = [key for key in obj if key not in common and key not in allowed]
+    if not unknown:  # (every turn of a code run checks the step it asks: kept cheap)
+        return
     if what is None:
         what = f'a "{obj.get("type")}" step' if not prefix else prefix.rstrip(".")
     listing = ", ".join(allowed) if allowed else "none"
-    for key in obj:
-        if key not in permitted:
-            report.issue(
-                "unknown_field",
-                f"{prefix}{key}",
-                f"is not a field of {what} (its fields: {listing})",
-            )
+    for key in unknown:
+        report.issue(
+            "unknown_field",
+            f"{prefix}{key}",
+            f"is not a field of {what} (its fields: {listing})",
+        )
+
+
+_COMMON = frozenset(COMMON_STEP_FIELDS)
+_NO_FIELDS: frozenset[str] = frozenset()
 
 
 def check_string(

@@ -87,18 +87,24 @@ def step_at(steps: Steps, step_id: str, place: Place) -> Mapping[str, Any]:
 
 def asked_step(decider_output: Any) -> Mapping[str, Any] | None:
     """The step a decider's output asks for, if it asks for one."""
-    if isinstance(decider_output, Mapping):
+    if _is_mapping(decider_output):
         call = decider_output.get("call")
-        if isinstance(call, Mapping):
-            return call
+        if _is_mapping(call):
+            return call  # type: ignore[no-any-return]
     return None
 
 
 def compensation_asked(decider_output: Any) -> Mapping[str, Any] | None:
     """The compensation step the decider's output names while the run compensates."""
-    if isinstance(decider_output, Mapping) and decider_output.get(COMPENSATING):
+    if _is_mapping(decider_output) and decider_output.get(COMPENSATING):
         return asked_step(decider_output)
     return None
+
+
+def _is_mapping(value: Any) -> bool:
+    """isinstance(value, Mapping), a dict (what JSON gives) found without the ABC's check:
+    a walk of a decided run asks it several times per transition."""
+    return type(value) is dict or (value is not None and isinstance(value, Mapping))
 
 
 # In a decider's output among the run's outputs, once the `parallel` it asked has forked:

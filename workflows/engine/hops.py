@@ -30,7 +30,6 @@ finds out whether the hop wrote (sql.CLAIM_AFTER_HOPS).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -45,7 +44,7 @@ from .definition_cache import definition_for
 from .executors import StepResult
 from .faults import crash_point
 from .speculative import NoDatabase, walked_ahead
-from .sql.rows import json_or_null, query_prepared, transaction_pipelined
+from .sql.rows import dumps_cells, json_or_null, query_prepared, transaction_pipelined
 from .walk import RunState, TakeNext, Walk
 
 
@@ -122,7 +121,7 @@ def hops_together(planned: list[PlannedHop], take: TakeNext | None = None) -> li
     those slots would cost the worker's claim loop a claim and a commit of its own, and
     commits are what a start waits behind (docs/how-to/benchmarks.md)."""
     crash_point("settle.after_step_update")
-    hops = {"hops": Jsonb([_as_json(each.params) for each in planned])}
+    hops = {"hops": Jsonb([_as_json(each.params) for each in planned], dumps=dumps_cells)}
     claiming = [n for n, each in enumerate(planned) if each.claims_lane]
     if take is None or not claiming:
         with connection.cursor() as cursor:  # in autocommit: a transaction of its own
@@ -159,7 +158,7 @@ def _answered(planned: PlannedHop, answer: sql.HopAnswerRow) -> Hop | None:
 
 def _one_hop(params: dict[str, Any]) -> dict[str, str]:
     """SETTLE_HOP's parameter: the hop as one JSON document (as a member of SETTLE_HOPS)."""
-    return {"hop": json.dumps(_as_json(params))}
+    return {"hop": dumps_cells(_as_json(params))}
 
 
 def _as_json(params: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,6 @@ end, a continuation); so does a walk that touches the database (forks and joins)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -32,7 +31,7 @@ from django.db import connection
 from ..states import RunStatus
 from . import sql
 from .speculative import NeedsTransaction, NoDatabase, walked_ahead
-from .sql.rows import query_prepared
+from .sql.rows import dumps_cells, query_prepared
 from .walk import RunState, Walk
 
 # What the walk is given for the run's id and start time, which it must not read (see
@@ -84,6 +83,6 @@ def start_in_one_trip(
     if run_row.get("trace"):
         # Only while tracing is on: an untraced start's document is as it was.
         document = {**document, "trace": run_row["trace"]}
-    params["document"] = json.dumps({"input": run_input, **document})
+    params["document"] = dumps_cells({"input": run_input, **document})
     with connection.cursor() as cursor:
         return query_prepared(cursor, sql.START_RUN, {**params, **scalars, **admission})
