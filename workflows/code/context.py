@@ -20,9 +20,9 @@ import math
 import random as _random
 import uuid as _uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NoReturn, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol
 
 from ..definitions.fields import is_step_id
 from ..definitions.registry import StepReport, registry
@@ -61,9 +61,10 @@ MAX_PARALLEL_ID = 56
 MAX_BRANCHES = 100
 
 
-@dataclass(frozen=True)
-class Recorded:
-    """One step the run entered, as replay reads it (history.py), in call order."""
+class Recorded(NamedTuple):
+    """One step the run entered, as replay reads it (history.py), in call order. A named
+    tuple: each turn of a code run makes one or two, which cost a frozen dataclass several
+    times as much to make and to copy with a change."""
 
     step_id: str
     iteration: int
@@ -570,7 +571,7 @@ class Context(PeopleAndTime):
 
 def _handed(recorded: Recorded) -> Recorded:
     copied = plain_copy(recorded.output)
-    return recorded if copied is recorded.output else replace(recorded, output=copied)
+    return recorded if copied is recorded.output else recorded._replace(output=copied)
 
 
 def _http_fields(

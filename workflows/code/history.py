@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
@@ -147,7 +147,7 @@ def _with_outcome(history: list[Recorded], ended: Any) -> None:
         return
     last = history[-1]
     if last.step_id == ended.get("step") and isinstance(ended.get("outcome"), str):
-        history[-1] = replace(last, outcome=ended["outcome"])
+        history[-1] = last._replace(outcome=ended["outcome"])
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from .sql.rows import (
 from .transient import log_failure
 from .transport import own_connection
 from .waits import Wake, wake_step
-from .walk import ContinuationAttempt, TakeNext, Walk, lock_run, run_state
+from .walk import ContinuationAttempt, TakeNext, Walk, decider_context, lock_run, run_state
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +208,10 @@ def step_context(
 def run_context(step: ClaimedStep) -> tuple[Mapping[str, Any], dict[str, Any]]:
     """The step's definition and the run's template context, as returned by the claim."""
     definition = definition_for(step.version_id)
+    step_type = registry.get(step.type)
+    if step_type is not None and step_type.decides:  # a code run's turn on a worker
+        step_def = step_of(definition, step.step_id, step.run_outputs, step.place)
+        return step_def, decider_context(step.run_input, step.run_outputs)
     compensating = None
     if is_compensation_step(step.version_id, step.step_id, step.run_outputs):
         # What it undoes (a compensation is entered once per completed execution): read

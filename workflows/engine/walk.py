@@ -159,6 +159,17 @@ def run_state(rows: Sequence[RunRow], run_id: int) -> RunState:
     return RunState(**rows[0])
 
 
+def decider_context(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """A decider's context (StepType ``decides``: the engine's own, built in): the run's input
+    and outputs as they are, not a copy. It only reads them, and copies what it hands a
+    workflow's code (workflows/code), so a turn does not pay a copy of the whole run, as an
+    executor's context (build_context) does."""
+    return {
+        "input": run_input,
+        "steps": {step_id: {"output": output} for step_id, output in outputs.items()},
+    }
+
+
 FAILED_OUTCOME = "failed"  # an outcome a mapped `next` may follow when the step fails for good
 
 
@@ -296,10 +307,7 @@ class Walk:
         copy. A decider is the engine's own (StepType ``decides``, built in): it reads them,
         and copies what it hands a workflow's code (workflows/code), so a turn run inline on
         every step does not copy the whole run, as an executor's context does."""
-        return {
-            "input": self.run.input,
-            "steps": {step_id: {"output": output} for step_id, output in self.run.outputs.items()},
-        }
+        return decider_context(self.run.input, self.run.outputs)
 
     # --- transitions ------------------------------------------------------------------------
 
