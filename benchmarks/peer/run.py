@@ -197,6 +197,18 @@ def _failures(results: list[dict[str, Any]]) -> int:
     return 0
 
 
+def measured_commit() -> str:
+    """The commit measured, read before the first pass, with "-dirty" when the checkout has
+    changes not committed (the figures are then not that commit's)."""
+    return subprocess.run(
+        ["git", "describe", "--always", "--dirty", "--abbrev=7"],  # noqa: S607
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -208,6 +220,7 @@ def main() -> None:
     parser.add_argument("--works", default="", help="only these works, comma-separated")
     parser.add_argument("--no-peer", action="store_true", help="Waymark's side only")
     args = parser.parse_args()
+    commit = measured_commit()
     works = [w.strip() for w in args.works.split(",") if w.strip()]
     python = Path(sys.executable) if args.no_peer else peer_python()
     results: dict[str, list[dict[str, Any]]] = {"waymark": [], "dbos": []}
@@ -224,13 +237,6 @@ def main() -> None:
             results[engine].append(
                 side(interpreter, f"{engine}_side.py", WORK / f"pg_{engine}", args, ordered)
             )
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],  # noqa: S607
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
     path = WORK / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps({"commit": commit, "args": vars(args), **results}, indent=2))
     print(f"Waymark {commit}; {args.rounds} rounds, alternated; figures: {path}")
