@@ -226,7 +226,6 @@ def main() -> None:
     results: dict[str, list[dict[str, Any]]] = {"waymark": [], "dbos": []}
     for number in range(1, args.rounds + 1):
         for engine, interpreter in (("waymark", Path(sys.executable)), ("dbos", python)):
-            print(f"round {number}: {engine} …", file=sys.stderr, flush=True)
             ordered = works if number % 2 or engine == "dbos" else works[::-1]
             if engine == "dbos":
                 if args.no_peer:
@@ -234,6 +233,7 @@ def main() -> None:
                 ordered = [w for w in works if w not in CODE_WORKS and w not in PEER_WORK]
                 if works and not ordered:
                     continue
+            print(f"round {number}: {engine} …", file=sys.stderr, flush=True)
             results[engine].append(
                 side(interpreter, f"{engine}_side.py", WORK / f"pg_{engine}", args, ordered)
             )
