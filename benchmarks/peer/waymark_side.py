@@ -203,8 +203,6 @@ class Side:
             before = server_commits(self.uri, DATABASE)
             began = time.monotonic()
             self.start_engine()
-        # The rate is read from the database's clock, not the poll's: polled seldom, the
-        # poll takes nothing from the work.
         self.await_finished(ids, poll=DRAIN_POLL)
         wall = time.monotonic() - began
         self.stop_engine()

@@ -207,10 +207,9 @@ def step_context(
 
 def run_context(step: ClaimedStep) -> tuple[Mapping[str, Any], dict[str, Any]]:
     """The step's definition and the run's template context, as returned by the claim."""
-    definition = definition_for(step.version_id)
+    step_def = step_of(definition_for(step.version_id), step.step_id, step.run_outputs, step.place)
     step_type = registry.get(step.type)
     if step_type is not None and step_type.decides:  # a code run's turn on a worker
-        step_def = step_of(definition, step.step_id, step.run_outputs, step.place)
         return step_def, decider_context(step.run_input, step.run_outputs)
     compensating = None
     if is_compensation_step(step.version_id, step.step_id, step.run_outputs):
@@ -228,7 +227,7 @@ def run_context(step: ClaimedStep) -> tuple[Mapping[str, Any], dict[str, Any]]:
         started_at=step.run_created_at,
         compensating=compensating,
     )
-    return step_of(definition, step.step_id, step.run_outputs, step.place), context
+    return step_def, context
 
 
 @contextmanager

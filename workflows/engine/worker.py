@@ -731,16 +731,15 @@ def _count_settle(step: ClaimedStep, settled: object, result: str) -> None:
         return
     ok = settled.ok if isinstance(settled, Settled) else bool(settled)
     if ok:
-        ran = settled.ran_with_turn if isinstance(settled, Settled) else 0
         # Steps of this lane run in this settle with the turn that asked them: each is a step
         # of the lane done, as if claimed and settled on its own (counted with this one's
         # success in one increment: each costs the worker a locked write to its file).
-        if result == "succeeded":
-            metrics.step_settled(step.lane, result, 1 + ran)
-        else:
+        ran = settled.ran_with_turn if isinstance(settled, Settled) else 0
+        succeeded = ran + (result == "succeeded")
+        if result != "succeeded":
             metrics.step_settled(step.lane, result)
-            if ran:
-                metrics.step_settled(step.lane, "succeeded", ran)
+        if succeeded:
+            metrics.step_settled(step.lane, "succeeded", succeeded)
         if ran:
             metrics.steps_claimed(step.lane, ran)
     else:
