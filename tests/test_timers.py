@@ -42,6 +42,21 @@ def start(org, definition: dict, key: str = "k", run_input: dict | None = None) 
                      start_key=key).run_id  # fmt: skip
 
 
+def before_each_walk(monkeypatch, before) -> None:
+    """``before(step_pk, run_id)`` called before each woken step's run walks on, in a batch
+    fired together and in one fired timer by timer alike (waits.walk_on_woken): where a
+    test makes a wake raise or wait."""
+    from workflows.engine import waits
+
+    real = waits.walk_on_woken
+
+    def walk(cursor, run, row, wake):
+        before(row["id"], run.id)
+        return real(cursor, run, row, wake)
+
+    monkeypatch.setattr(waits, "walk_on_woken", walk)
+
+
 def make_due(**filters: object) -> None:
     """Bring timers' instants to now (the sweep compares with the database's clock)."""
     Timer.objects.filter(**filters).update(due_at=Now())
@@ -118,20 +133,16 @@ def test_a_timer_that_fails_to_fire_fails_alone_and_its_batch_goes_on(org, monke
     back, and the batch is fired again timer by timer: the others fire, the bad one keeps
     its error, and each fired step is woken once. The bad one's step fails for good (its
     run fails, saying why): before, it stayed waiting on a spent timer for ever."""
-    import timers.sweep as sweep
-
     runs = [start(org, waits({"type": "wait", "duration": "1h"}), key=f"k{i}") for i in range(5)]
     bad = Step.objects.get(run_id=runs[2], step_id="pause").pk
-    real_wake = sweep.wake_step
     calls: list[int] = []
 
-    def wake_step(*, step_pk: int, **kwargs: object) -> bool:
+    def before(step_pk: int, run_id: int) -> None:
         calls.append(step_pk)
         if step_pk == bad:
             raise RuntimeError("the walk broke")
-        return real_wake(step_pk=step_pk, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sweep, "wake_step", wake_step)
+    before_each_walk(monkeypatch, before)
     make_due()
     batch = fire_due_timers()
     assert batch.fired == 5 and bad in calls and len(calls) > 5  # fired again, one by one
@@ -155,7 +166,6 @@ def test_a_step_whose_timer_cannot_fire_takes_its_failure_path_or_can_be_retried
     """The failed step is an ordinary failure: its declared `on_failure` path runs; without
     one its run fails, and once the bug is fixed an operator's retry runs the step again (a
     new timer), which then fires."""
-    import timers.sweep as sweep
     from workflows.services.control import run_act
 
     with_path = {
@@ -171,14 +181,12 @@ def test_a_step_whose_timer_cannot_fire_takes_its_failure_path_or_can_be_retried
     guarded = start(org, with_path, key="guarded")
     plain = start(org, waits({"type": "wait", "duration": "1h"}), key="plain")
     broken = {"walk": True}  # until the bug is fixed, every wake raises
-    real_wake = sweep.wake_step
 
-    def wake_step(**kwargs: object) -> bool:
+    def before(step_pk: int, run_id: int) -> None:
         if broken["walk"]:
             raise RuntimeError("the walk broke")
-        return real_wake(**kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sweep, "wake_step", wake_step)
+    before_each_walk(monkeypatch, before)
     make_due()
     assert fire_due_timers().fired == 2
     steps = dict(Step.objects.filter(run_id=guarded).values_list("step_id", "status"))
@@ -198,15 +206,12 @@ def test_a_transient_database_error_is_retried_never_a_timers_error(org, monkeyp
     timer's fault: the batch is rolled back and fired again, each timer fires once and none
     records the error. In the one-by-one pass too (before, it marked the timer fired with
     'deadlock detected', and its step waited forever)."""
-    import timers.sweep as sweep
-
     runs = [start(org, waits({"type": "wait", "duration": "1h"}), key=f"k{i}") for i in range(4)]
     bad = Step.objects.get(run_id=runs[1], step_id="pause").pk
-    real_wake = sweep.wake_step
     # What each wake of the bad step meets, in turn: a bug first sends the batch one by one.
     meets = ["deadlock"] if failing_pass == "optimistic" else ["bug", "deadlock"]
 
-    def wake_step(*, step_pk: int, **kwargs: object) -> bool:
+    def before(step_pk: int, run_id: int) -> None:
         trouble = meets.pop(0) if step_pk == bad and meets else None
         if trouble == "bug":
             raise RuntimeError("a bug: the batch goes one by one")
@@ -214,9 +219,8 @@ def test_a_transient_database_error_is_retried_never_a_timers_error(org, monkeyp
             with connection.cursor() as cursor:  # a real server error, SQLSTATE 40P01
                 cursor.execute("DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' "
                                "USING ERRCODE = '40P01'; END $$")  # fmt: skip
-        return real_wake(step_pk=step_pk, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sweep, "wake_step", wake_step)
+    before_each_walk(monkeypatch, before)
     make_due()
     assert fire_due_timers().fired == 4
     timers = Timer.objects.filter(run_id__in=runs)
@@ -294,23 +298,19 @@ def test_a_firing_thread_busy_with_a_batch_does_not_hold_back_the_other_parts_ti
     """A sweeper's firing threads each serve one part of the timers (mod(run_id, parts)):
     while one is stuck in a batch, the other part's timers fire. Real threads, a real
     sweeper."""
-    import timers.sweep as sweep
-
     runs = [start(org, waits({"type": "wait", "duration": "1h"}), key=f"k{i}") for i in range(6)]
     timers = list(Timer.objects.filter(run_id__in=runs))
     stuck_runs = {t.run_id for t in timers if t.run_id % 2 == 0}
     free_runs = {t.run_id for t in timers if t.run_id % 2 == 1}
     assert stuck_runs and free_runs
     held, release = threading.Event(), threading.Event()
-    real_wake = sweep.wake_step
 
-    def wake_step(*, step_pk: int, run_id: int, **kwargs: object) -> bool:
+    def before(step_pk: int, run_id: int) -> None:
         if run_id in stuck_runs:
             held.set()
             release.wait(60)
-        return real_wake(step_pk=step_pk, run_id=run_id, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sweep, "wake_step", wake_step)
+    before_each_walk(monkeypatch, before)
     make_due()
     stop = threading.Event()
     sweeper = timer_sweeper("test-sweeper", tick=0.2, firers=2)
@@ -482,3 +482,142 @@ def test_a_zero_spread_is_accepted_on_a_step_as_on_the_definition(org):
     assert (timer.spread_seconds, timer.offset_seconds) == (0, 0)
     local = timer.due_at.astimezone(UTC)
     assert (local.hour, local.minute, local.second) == (9, 0, 0)
+
+
+# What users build around a wait: a wait after a write, a worker step after a wait (its lane
+# woken), a loop of waits, a branch's wait that completes its join, the one-step wait ending
+# the run with an output read from the wake, and a branch's wait ending the run while its
+# sibling waits (the live steps ended with it).
+AROUND_A_WAIT = {
+    "after a write": {
+        "start": "note",
+        "steps": [
+            {"id": "note", "type": "set", "values": {"seen": "{{ input.n }}"}, "next": "pause"},
+            {"id": "pause", "type": "wait", "duration": "1h", "next": "work"},
+            {"id": "work", "type": "noop", "next": "done"},
+            {"id": "done", "type": "end"},
+        ],
+    },
+    "a loop": {
+        "start": "pause",
+        "steps": [
+            {"id": "pause", "type": "wait", "duration": "1h", "next": "count"},
+            {"id": "count", "type": "set", "values": {"laps": "{{ vars.laps | default('') }}x"},
+             "next": "again"},
+            {"id": "again", "type": "branch",
+             "when": [{"outcome": "back", "if": "vars.laps | length < 2"}],
+             "next": {"back": "pause", "default": "done"}},
+            {"id": "done", "type": "end"},
+        ],
+    },
+    "a join": branches(
+        {"id": "pause", "type": "wait", "duration": "1h"},
+        {"id": "quick", "type": "set", "values": {"quick": True}},
+    ),
+    "the end": waits({"type": "wait", "duration": "1h"}),
+    "an end beside a wait": {
+        **branches(
+            {"id": "slow", "type": "wait", "duration": "2h"},
+            {"id": "pause", "type": "wait", "duration": "1h", "next": "stop"},
+        ),
+    },
+}  # fmt: skip
+AROUND_A_WAIT["an end beside a wait"]["steps"].append({"id": "stop", "type": "end"})
+
+
+def test_a_batch_fired_together_writes_what_firing_each_alone_writes(org, monkeypatch):
+    """Differential: the same runs, as twins, fired by a batch that wakes its steps together
+    (waits.wake_steps_together) and by one that wakes them one by one (wake_step) leave the
+    same rows: steps, history and run, ids and clocks aside."""
+    import timers.sweep as sweep
+
+    def started(tag: str) -> dict[str, int]:
+        runs: dict[str, int] = {}
+        for n, (name, definition) in enumerate(AROUND_A_WAIT.items()):
+            automation_publish_definition(org=org, slug=f"w-{n}", definition=definition)
+            runs[name] = run_start(org=org, automation_slug=f"w-{n}", run_input={"n": 7},
+                                   start_key=f"{tag}-{name}").run_id  # fmt: skip
+        return runs
+
+    def fire_all(runs: dict[str, int]) -> None:
+        while True:  # the loop waits again: each lap's timer is made due in turn
+            due = Timer.objects.filter(run_id__in=runs.values(), fired_at__isnull=True,
+                                       cancelled_at__isnull=True, step_id="pause")  # fmt: skip
+            if not due.exists():
+                return
+            count = due.update(due_at=Now())
+            assert fire_due_timers().fired == count
+
+    together, alone = started("together"), started("alone")
+    seen: list[object] = []
+    real = sweep.wake_steps_together
+
+    def spied(*args: object, **kwargs: object) -> object:
+        seen.append(result := real(*args, **kwargs))  # type: ignore[arg-type]
+        return result
+
+    monkeypatch.setattr(sweep, "wake_steps_together", spied)
+    fire_all(together)
+    assert seen and all(isinstance(woke, list) and len(woke) > 0 for woke in seen)
+    monkeypatch.setattr(sweep, "wake_steps_together", lambda *a, **k: None)  # one by one
+    fire_all(alone)
+    for name in AROUND_A_WAIT:
+        assert written(together[name]) == written(alone[name]), name
+    statuses = {name: Run.objects.get(pk=r).status for name, r in together.items()}
+    assert statuses == {**dict.fromkeys(AROUND_A_WAIT, "succeeded"), "after a write": "running"}
+    work = Step.objects.get(run_id=together["after a write"], step_id="work")
+    assert work.status == "ready"  # for the io lane's worker, woken in the same transaction
+
+
+def written(run_id: int) -> dict[str, object]:
+    """A run's rows as a user reads them: ids, clocks and workers' names aside."""
+    import json
+    import re
+
+    def plain(value: object) -> object:
+        text = json.dumps(value, default=str, sort_keys=True)
+        text = re.sub(r'("timer": |"join_row": |"timer:)\d+', r"\1<id>", text)  # row ids
+        return re.sub(r"\d{4}-\d\d-\d\d[T ][0-9:.+\-]+", "<time>", text)
+
+    run = Run.objects.get(pk=run_id)
+    steps = Step.objects.filter(run_id=run_id).order_by("id")
+    events = RunEvent.objects.filter(run_id=run_id).order_by("id")
+    return {
+        "run": plain([run.status, run.vars, run.outputs, run.entered, run.output, run.error,
+                      run.steps_executed]),
+        "steps": [plain([s.step_id, s.iteration, s.type, s.lane, s.status, s.attempt,
+                         s.output, s.error, s.wait_kind, s.branch, s.fork_join_id is None])
+                  for s in steps],
+        "events": [plain([e.kind, e.step_id, e.iteration, e.attempt, e.detail]) for e in events],
+    }  # fmt: skip
+
+
+def test_two_timers_of_one_run_in_a_batch_fire_one_after_the_other(org, monkeypatch):
+    """Two branches of one run wait for the same instant: their steps cannot wake together
+    (the second walk must see the first's writes), so the batch wakes them one by one, and
+    each fires once; the other runs of the batch fire as well."""
+    import timers.sweep as sweep
+
+    pair = branches(
+        {"id": "left", "type": "wait", "duration": "1h"},
+        {"id": "right", "type": "wait", "duration": "1h"},
+    )
+    both = start(org, pair, key="pair")
+    others = [start(org, waits({"type": "wait", "duration": "1h"}), key=f"o{i}") for i in range(2)]
+    seen: list[object] = []
+    real = sweep.wake_steps_together
+
+    def spied(*args: object, **kwargs: object) -> object:
+        seen.append(result := real(*args, **kwargs))  # type: ignore[arg-type]
+        return result
+
+    monkeypatch.setattr(sweep, "wake_steps_together", spied)
+    make_due()
+    assert fire_due_timers().fired == 4
+    assert seen == [None]  # refused: the batch went one by one
+    assert set(Run.objects.filter(pk__in=[both, *others]).values_list("status", flat=True)) == {
+        "succeeded"
+    }
+    fired = RunEvent.objects.filter(run_id=both, kind="step.timer_fired")
+    assert sorted(fired.values_list("step_id", flat=True)) == ["left", "right"]
+    assert fire_due_timers().fired == 0

@@ -7,8 +7,10 @@
 - **Fair batches** (``sql.DUE_BATCH``): the least recently served organisations with due
   timers, an equal share each, read from each one's own index range.
 - **Exactly once.** One batch is one transaction: waking each timer's step and walking its
-  run on (``waits.wake_step``) commit together with the timers marked fired. A sweeper
-  killed mid-batch rolls the whole batch back; the next one fires it.
+  run on (``waits.wake_steps_together``: every run locked and step woken in one round trip,
+  every walk's writes in another; ``waits.wake_step`` one by one when two timers share a
+  run) commit together with the timers marked fired. A sweeper killed mid-batch rolls the
+  whole batch back; the next one fires it.
 - **One lock order, and no lost timer.** A batch wakes its timers in run id order, so it
   takes their runs' locks in the engine's one order; a sweeper's firing threads split the
   timers by run, so two of them never meet on one run. A transient database error
@@ -53,6 +55,7 @@ from workflows.plugins.engine import (
     query_prepared,
     run_batch,
     wake_step,
+    wake_steps_together,
 )
 
 from . import metrics, sql
@@ -175,17 +178,27 @@ def _closing(due: list[sql.DueTimerRow], errors: list[str], orgs: list[int]) -> 
 
 def _fire_together(due: list[sql.DueTimerRow], by: str, closing: list[Statement]) -> bool:
     """Wake every timer's step; the closing writes go with the last wake's when it woke
-    one (True), else the caller sends them."""
-    closed = False
-    for timer in due:
-        last = timer is due[-1]
-        try:
-            closed = _wake(timer, by, also=closing if last else ())
-        except Exception as exc:
-            if is_transient(exc):
-                raise  # not this timer's doing: the whole batch is fired again
-            raise _FiringFailed from exc
-    return closed
+    one (True), else the caller sends them. The batch's steps of distinct runs wake
+    together (waits.wake_steps_together: their runs locked and steps woken in one round
+    trip); otherwise each wakes in turn."""
+    try:
+        # (A timer with no step: its run ended before its step was written, a failed walk.)
+        waking = [(t, t["step_pk"]) for t in due if t["step_pk"] is not None]
+        last = bool(waking) and waking[-1][0] is due[-1]
+        woke = wake_steps_together(
+            [(step_pk, t["run_id"], _wake_of(t, by)) for t, step_pk in waking],
+            also=closing if last else (),
+        )
+        if woke is not None:
+            return last and woke[-1]
+        closed = False
+        for timer in due:
+            closed = _wake(timer, by, also=closing if timer is due[-1] else ())
+        return closed
+    except Exception as exc:
+        if is_transient(exc):
+            raise  # not this timer's doing: the whole batch is fired again
+        raise _FiringFailed from exc
 
 
 def _fire_alone(timer: sql.DueTimerRow, by: str) -> str:
@@ -228,9 +241,13 @@ def _wake(timer: sql.DueTimerRow, by: str, also: Sequence[Statement] = ()) -> bo
     the walk's writes."""
     if timer["step_pk"] is None:
         return False  # the run ended before its step was written (a failed walk)
-    wake = Wake(outcome="fired", output={"due_at": timer["due_at"].isoformat()},
+    return wake_step(step_pk=timer["step_pk"], wake=_wake_of(timer, by), run_id=timer["run_id"],
+                     also=also)  # fmt: skip
+
+
+def _wake_of(timer: sql.DueTimerRow, by: str) -> Wake:
+    return Wake(outcome="fired", output={"due_at": timer["due_at"].isoformat()},
                 reason="timer_fired", by=by)  # fmt: skip
-    return wake_step(step_pk=timer["step_pk"], wake=wake, run_id=timer["run_id"], also=also)
 
 
 def _due_at(seconds: float | None) -> float | None:

@@ -743,6 +743,31 @@ class Walk:
         ``also``: the caller's own closing writes, sent in the same round trip after them.
         ``commit``: the transaction's COMMIT too (rows.run_batch), for a caller whose durable
         atomic block writes nothing after this."""
+        statements = self._writes()
+        taken = None
+        if self.taken is not None and self.finish is None:
+            taken, statements[1] = self._taken_query(statements[1])
+        updated, rows = run_batch(self.cursor, [*statements, *also], then=taken, commit=commit)
+        self.new_steps = []
+        self.check_updated(updated)
+        return self._taken_id(cast(list[TakenStepRow], rows))
+
+    def writes(self) -> list[Statement | None]:
+        """What flush would send, for a caller that sends several walks' writes together
+        (waits.wake_steps_together), the run's update first: its row count goes to
+        check_updated. Only for a walk that took no step for a worker."""
+        assert self.taken is None, "a walk that took a step reads its id back: flush it"
+        statements = self._writes()
+        self.new_steps = []
+        return statements
+
+    def check_updated(self, updated: int) -> None:
+        if self.dirty and updated != 1:
+            raise RuntimeError(f"run {self.run.id} changed under its lock")
+
+    def _writes(self) -> list[Statement | None]:
+        """The run's update (None when clean), the new steps, the ending of live steps, the
+        events and the lanes' wake-ups; counting the live steps first when a path ended."""
         none_live = False
         if self.path_ended and self.finish is None and self.live_added == 0:
             self.cursor.execute(LIVE_STEPS, {"run": self.run.id})
@@ -753,24 +778,15 @@ class Walk:
         if self.finish is not None and not none_live:  # (none live: nothing to end)
             ending = (CANCEL_LIVE_STEPS_LOGGED, {"run": self.run.id, "worker": self.worker})
         wakes = [(self.run.org_id, self.run.id, lane) for lane in sorted(self.wake_lanes)]
-        steps = insert_statement("workflows_step", STEP_COLUMNS, self.new_steps)
-        taken = None
-        if self.taken is not None and self.finish is None:
-            taken, steps = self._taken_query(steps)
         # Live steps end before this walk's events are written: a claim that holds one of
         # them commits first, and its event then precedes the run's end in the history too.
-        updated, rows = run_batch(self.cursor, [
+        return [
             self._update_run() if self.dirty else None,
-            steps,
+            insert_statement("workflows_step", STEP_COLUMNS, self.new_steps),
             ending,
             events_statement(self.events),
             wakes_statement(wakes),
-            *also,
-        ], then=taken, commit=commit)  # fmt: skip
-        self.new_steps = []
-        if self.dirty and updated != 1:
-            raise RuntimeError(f"run {self.run.id} changed under its lock")
-        return self._taken_id(cast(list[TakenStepRow], rows))
+        ]
 
     def hop(self, seen: str) -> dict[str, Any] | None:
         """This walk's writes as a hop's (sql.SETTLE_HOP's parameters, but for the settled

@@ -30,7 +30,7 @@ from ..engine.tracing import step_span
 from ..engine.tracing import use as use_tracer_provider
 from ..engine.transient import Outage, is_transient, log_failure, lost_connection
 from ..engine.transport import listen, own_connection
-from ..engine.waits import Wake, fail_waiting_step, wake_step
+from ..engine.waits import Wake, fail_waiting_step, wake_step, wake_steps_together
 from ..engine.walk import lock_run
 from ..states import RunStatus, StepStatus
 
@@ -63,4 +63,5 @@ __all__ = [
     "use_tracer_provider",
     "wait_for_stop_signal",
     "wake_step",
+    "wake_steps_together",
 ]

@@ -178,6 +178,21 @@ def run_batch(
         return int(cursors[0].rowcount), fetch_dicts(cursors[-1]) if then is not None else []
 
 
+def run_batches(cursor: Any, batches: Sequence[Sequence[Statement | None]]) -> list[int]:
+    """Several run_batch's in one round trip (one pipeline, in the caller's transaction):
+    the first statement's row count of each batch (0 for a batch with none)."""
+    parts: list[Statement] = []
+    firsts: list[int | None] = []
+    for batch in batches:
+        kept = [s for s in batch if s is not None]
+        firsts.append(len(parts) if kept else None)
+        parts += kept
+    if not parts:
+        return [0] * len(batches)
+    with _pipelined(cursor, parts) as cursors:
+        return [0 if first is None else int(cursors[first].rowcount) for first in firsts]
+
+
 def query_pipelined(cursor: Any, statements: list[Statement]) -> list[list[dict[str, Any]]]:
     """Several queries in one round trip (one pipeline, each server-side prepared, in the
     caller's transaction); the rows of each, by column name. For a single-threaded caller
