@@ -44,7 +44,13 @@ from .definition_cache import definition_for
 from .executors import StepResult
 from .faults import crash_point
 from .speculative import NoDatabase, walked_ahead
-from .sql.rows import dumps_cells, json_or_null, query_prepared, transaction_pipelined
+from .sql.rows import (
+    dumps_cells,
+    json_or_null,
+    json_params,
+    query_prepared,
+    transaction_pipelined,
+)
 from .walk import RunState, TakeNext, Walk
 
 
@@ -121,7 +127,7 @@ def hops_together(planned: list[PlannedHop], take: TakeNext | None = None) -> li
     those slots would cost the worker's claim loop a claim and a commit of its own, and
     commits are what a start waits behind (docs/how-to/benchmarks.md)."""
     crash_point("settle.after_step_update")
-    hops = {"hops": Jsonb([_as_json(each.params) for each in planned], dumps=dumps_cells)}
+    hops = {"hops": Jsonb([json_params(each.params) for each in planned], dumps=dumps_cells)}
     claiming = [n for n, each in enumerate(planned) if each.claims_lane]
     if take is None or not claiming:
         with connection.cursor() as cursor:  # in autocommit: a transaction of its own
@@ -158,18 +164,7 @@ def _answered(planned: PlannedHop, answer: sql.HopAnswerRow) -> Hop | None:
 
 def _one_hop(params: dict[str, Any]) -> dict[str, str]:
     """SETTLE_HOP's parameter: the hop as one JSON document (as a member of SETTLE_HOPS)."""
-    return {"hop": dumps_cells(_as_json(params))}
-
-
-def _as_json(params: dict[str, Any]) -> dict[str, Any]:
-    """SETTLE_HOP's parameters as one JSON object for SETTLE_HOPS: a JSON parameter is its
-    value, and a NULL is left out (a missing key reads as SQL NULL; a JSON null would be
-    jsonb 'null')."""
-    return {
-        name: value.obj if isinstance(value, Jsonb) else value
-        for name, value in params.items()
-        if value is not None
-    }
+    return {"hop": dumps_cells(json_params(params))}
 
 
 def _hop_and_claim(planned: PlannedHop, take: TakeNext) -> Hop | None:

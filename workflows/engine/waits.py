@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, cast
 
 from django.db import connection, transaction
@@ -30,19 +30,24 @@ from .definition_cache import definition_for
 from .executors import StepResult
 from .places import Place
 from .sql.rows import (
+    EVENT_COLUMNS,
+    STEP_COLUMNS,
     Statement,
+    dumps_cells,
     event_row,
     fetch_dicts,
     insert_events,
+    insert_statements,
     insert_wakes,
+    json_params,
     query_pipelined,
     query_prepared,
     run_batch,
-    run_batches,
+    wakes_statement,
 )
 from .sql.rows import json_or_null as _json
 from .transient import is_transient, log_failure
-from .walk import RunState, Walk, lock_run
+from .walk import RunState, Walk, WalkWrites, lock_run
 
 logger = logging.getLogger(__name__)
 
@@ -112,9 +117,11 @@ def wake_steps_together(
 ) -> list[bool] | None:
     """Several waiting steps woken with an outcome, each of its own run, inside the caller's
     transaction: ``wakes`` is (step pk, run id, wake) in run id order. What ``wake_step`` does
-    for each in turn, in fewer round trips: every run locked and every step marked done in
-    one (in run id order: the one lock order), then each run walked on and its writes sent
-    as ``wake_step`` sends them. ``also`` goes with the last walk's writes when that step woke.
+    for each in turn, in two round trips: every run locked (in run id order: the one lock
+    order) and every step marked done by one statement (sql.LOCK_RUNS_WAKE_DONE), then, each
+    run walked on as ``wake_step`` walks it, every walk's writes as one statement of each
+    kind (``also`` after them when the last step woke). Per timer of a batch, psycopg's work
+    on a statement of its own had cost more than the walk.
     Whether each woke; None, having done nothing, when they cannot go together (a wake
     without an outcome, two steps of one run, runs out of order): the caller wakes each
     alone."""
@@ -122,29 +129,60 @@ def wake_steps_together(
     runs = [run_id for _, run_id, _ in wakes]
     if any(w.outcome is None for _, _, w in wakes) or runs != sorted(set(runs)):
         return None
-    statements: list[Statement] = []
-    for step_pk, run_id, wake in wakes:
-        done = {"id": step_pk, "output": _json(wake.output), "due": False, "run": run_id}
-        statements += [(sql.LOCK_RUN, {"id": run_id}), (sql.WAKE_DONE, done)]
+    if not wakes:
+        return []
+    documents = [json_params({"id": step_pk, "run": run_id, "output": _json(wake.output)})
+                 for step_pk, run_id, wake in wakes]  # fmt: skip
     with connection.cursor() as cursor:
-        answers = query_pipelined(cursor, statements) if statements else []
+        rows = query_prepared(cursor, sql.LOCK_RUNS_WAKE_DONE, {"wakes": dumps_cells(documents)})
+        locked = {row["id"]: row for row in rows}
         woke: list[bool] = []
         walks: list[Walk] = []
-        for n, (_, run_id, wake) in enumerate(wakes):
-            locked, woken = answers[2 * n], answers[2 * n + 1]
-            if not locked:
+        for _, run_id, wake in wakes:
+            row = locked.get(run_id)
+            if row is None:
                 raise LookupError(f"run {run_id} does not exist")
-            woke.append(bool(woken))
-            if woken:
-                walks.append(walk_on_woken(cursor, RunState(**cast(sql.RunRow, locked[0])),
-                                     cast(sql.WokenStepRow, woken[0]), wake))  # fmt: skip
-        # Every walk's writes in one round trip, ``also`` after the last's when it woke.
-        batches = [walk.writes() for walk in walks]
-        if woke and woke[-1]:
-            batches[-1] = [*batches[-1], *also]
-        for walk, updated in zip(walks, run_batches(cursor, batches), strict=True):
-            walk.check_updated(updated)
+            woke.append(row["step_pk"] is not None)
+            if row["step_pk"] is not None:
+                run = RunState(**{name: row[name] for name in _RUN_FIELDS})
+                step = sql.WokenStepRow(
+                    id=row["step_pk"], org_id=row["org_id"], run_id=run_id,
+                    step_id=row["step_id"], iteration=row["iteration"], attempt=row["attempt"],
+                    wait_detail=row["wait_detail"], fork_join_id=row["fork_join_id"],
+                    branch=row["branch"],
+                )  # fmt: skip
+                walks.append(walk_on_woken(cursor, run, step, wake))
+        _write_together(
+            cursor, [walk.writes() for walk in walks], also if woke and woke[-1] else ()
+        )
     return woke
+
+
+_RUN_FIELDS = [each.name for each in fields(RunState)]  # LOCK_RUNS_WAKE_DONE's run columns
+
+
+def _write_together(cursor: Any, walks: list[WalkWrites], also: Sequence[Statement]) -> None:
+    """Several runs' walks written as one statement of each kind, in one round trip, in the
+    order a walk's own flush writes them: the runs' updates, the new steps, the ending of
+    the live steps of the runs that ended, the events, the lanes' wake-ups; then ``also``."""
+    runs = [json_params(walk.run) for walk in walks if walk.run is not None]
+    ending: dict[str, list[int]] = {}  # by the worker the cancellations are logged for
+    for walk in walks:
+        if walk.ends_live:
+            ending.setdefault(walk.worker, []).append(walk.run_id)
+    steps = [row for walk in walks for row in walk.steps]
+    events = [row for walk in walks for row in walk.events]
+    updated, _ = run_batch(cursor, [
+        (sql.UPDATE_RUNS, {"runs": dumps_cells(runs)}) if runs else None,
+        *insert_statements("workflows_step", STEP_COLUMNS, steps),
+        *((sql.CANCEL_LIVE_STEPS_OF_RUNS_LOGGED, {"runs": ids, "worker": worker})
+          for worker, ids in ending.items()),
+        *insert_statements("workflows_runevent", EVENT_COLUMNS, events),
+        wakes_statement([wake for walk in walks for wake in walk.wakes]),
+        *also,
+    ])  # fmt: skip
+    if runs and updated != len(runs):
+        raise RuntimeError("a run changed under its lock")
 
 
 def walk_on_woken(cursor: Any, run: RunState, row: sql.WokenStepRow, wake: Wake) -> Walk:

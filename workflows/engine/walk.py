@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from django.db import connection
 from psycopg.types.json import Jsonb
@@ -182,6 +182,21 @@ def next_step_ids(step: Mapping[str, Any], outcome: str | None) -> list[str]:
     # An outcome the mapping does not name ends this path (docs/reference/definitions.md, `next`).
     chosen = target.get(outcome) if outcome is not None else None
     return [chosen] if chosen else []
+
+
+class WalkWrites(NamedTuple):
+    """A walk's writes as rows (Walk.writes): its run and worker, the run's update
+    (UPDATE_RUN's parameters; None when the walk changed nothing of it), its new steps,
+    whether its live steps end with it (CANCEL_LIVE_STEPS_LOGGED), its events, and the lanes
+    to wake."""
+
+    run_id: int
+    worker: str
+    run: dict[str, Any] | None
+    steps: list[NewStep]
+    ends_live: bool
+    events: list[EventRow]
+    wakes: list[tuple[int, int, str]]
 
 
 class Walk:
@@ -752,28 +767,41 @@ class Walk:
         self.check_updated(updated)
         return self._taken_id(cast(list[TakenStepRow], rows))
 
-    def writes(self) -> list[Statement | None]:
-        """What flush would send, for a caller that sends several walks' writes together
-        (waits.wake_steps_together), the run's update first: its row count goes to
-        check_updated. Only for a walk that took no step for a worker."""
+    def writes(self) -> WalkWrites:
+        """What flush would send, as rows, for a caller that sends several walks' writes as
+        one statement of each kind (waits.wake_steps_together). Only for a walk that took
+        no step for a worker (flush reads that step's id back)."""
         assert self.taken is None, "a walk that took a step reads its id back: flush it"
-        statements = self._writes()
+        none_live = self._count_live_when_a_path_ended()
+        wakes = [(self.run.org_id, self.run.id, lane) for lane in sorted(self.wake_lanes)]
+        writes = WalkWrites(
+            run_id=self.run.id, worker=self.worker,
+            run=self._update_run()[1] if self.dirty else None, steps=self.new_steps,
+            ends_live=self.finish is not None and not none_live, events=self.events,
+            wakes=wakes,
+        )  # fmt: skip
         self.new_steps = []
-        return statements
+        return writes
 
     def check_updated(self, updated: int) -> None:
         if self.dirty and updated != 1:
             raise RuntimeError(f"run {self.run.id} changed under its lock")
 
+    def _count_live_when_a_path_ended(self) -> bool:
+        """A path ended with nothing else entered: the run's live steps counted, and the run
+        finished when none is left. Whether none was (then none is left to end)."""
+        if not (self.path_ended and self.finish is None and self.live_added == 0):
+            return False
+        self.cursor.execute(LIVE_STEPS, {"run": self.run.id})
+        none_live = fetch_dict(self.cursor) == {"live": 0}
+        if none_live:
+            self.finish_run(RunStatus.SUCCEEDED)
+        return none_live
+
     def _writes(self) -> list[Statement | None]:
         """The run's update (None when clean), the new steps, the ending of live steps, the
         events and the lanes' wake-ups; counting the live steps first when a path ended."""
-        none_live = False
-        if self.path_ended and self.finish is None and self.live_added == 0:
-            self.cursor.execute(LIVE_STEPS, {"run": self.run.id})
-            none_live = fetch_dict(self.cursor) == {"live": 0}
-            if none_live:
-                self.finish_run(RunStatus.SUCCEEDED)
+        none_live = self._count_live_when_a_path_ended()
         ending = None
         if self.finish is not None and not none_live:  # (none live: nothing to end)
             ending = (CANCEL_LIVE_STEPS_LOGGED, {"run": self.run.id, "worker": self.worker})

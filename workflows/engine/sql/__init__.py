@@ -497,6 +497,41 @@ SELECT id, org_id, version_id, status, input::json AS input, vars::json AS vars,
 LOCK_RUN = _LOCK_RUN_BY.format(key="id")
 
 
+# Several runs locked, in id order (the one lock order), and each one's waiting step woken
+# with its outcome as WAKE_DONE wakes it (waits.wake_steps_together): %(wakes)s is a JSON
+# array of {"id": the step's pk, "run": its run, "output": its output}. A step is woken only
+# once its run is locked (the update reads the runs locked). A row per run locked, LOCK_RUN's
+# columns with its woken step's (step_pk NULL: that step no longer waited).
+LOCK_RUNS_WAKE_DONE = """
+WITH wakes AS (
+    SELECT * FROM jsonb_to_recordset(%(wakes)s::jsonb) AS w(id bigint, run bigint, output jsonb)
+),
+locked AS MATERIALIZED (
+    SELECT id, org_id, version_id, status, input, vars, outputs, entered, steps_executed,
+           max_steps, deadline_at <= now() AS expired, created_at
+      FROM workflows_run WHERE id IN (SELECT run FROM wakes)
+     ORDER BY id
+       FOR NO KEY UPDATE
+),
+woken AS (
+    UPDATE workflows_step s
+       SET status = 'done', output = w.output, wait_kind = '', wake_at = NULL,
+           finished_at = now()
+      FROM wakes w
+     WHERE s.id = w.id AND s.run_id = w.run AND s.status = 'waiting'
+       AND s.wait_kind = 'external' AND w.run IN (SELECT id FROM locked)
+    RETURNING s.id, s.run_id, s.step_id, s.iteration, s.attempt, s.wait_detail,
+              s.fork_join_id, s.branch
+)
+SELECT l.id, l.org_id, l.version_id, l.status, l.input::json AS input, l.vars::json AS vars,
+       l.outputs::json AS outputs, l.entered::json AS entered, l.steps_executed, l.max_steps,
+       l.expired, l.created_at, k.id AS step_pk, k.step_id, k.iteration, k.attempt,
+       k.wait_detail::json AS wait_detail, k.fork_join_id, k.branch
+  FROM locked l LEFT JOIN woken k ON k.run_id = l.id
+ ORDER BY l.id
+"""
+
+
 class RunRow(TypedDict):
     """LOCK_RUN's row: the run as the walk holds it (walk.RunState is built from it)."""
 
@@ -551,6 +586,21 @@ UPDATE workflows_run
        steps_executed = %(steps)s, status = %(status)s, output = %(output)s, error = %(error)s,
        finished_at = CASE WHEN %(finished)s THEN now() ELSE NULL END
  WHERE id = %(id)s AND status = %(expected)s AND status IN ('running', 'paused')
+"""
+
+# Several runs' UPDATE_RUN in one statement (waits.wake_steps_together: a batch of timers
+# each ending its own run's wait): %(runs)s is a JSON array of UPDATE_RUN's parameters
+# (rows.json_params: a missing key is SQL NULL). Its row count says how many it updated.
+UPDATE_RUNS = """
+UPDATE workflows_run r
+   SET vars = r.vars || u.vars, outputs = r.outputs || u.outputs,
+       entered = r.entered || u.entered,
+       steps_executed = u.steps, status = u.status, output = u.output, error = u.error,
+       finished_at = CASE WHEN u.finished THEN now() ELSE NULL END
+  FROM jsonb_to_recordset(%(runs)s::jsonb) AS u(
+       id bigint, vars jsonb, outputs jsonb, entered jsonb, steps integer, status text,
+       output jsonb, error text, finished boolean, expected text)
+ WHERE r.id = u.id AND r.status = u.expected AND r.status IN ('running', 'paused')
 """
 
 # Sagas (engine/compensation.py): the completed executions of the run, in the order they
@@ -696,6 +746,22 @@ SELECT org_id, run_id, 'step.cancelled', step_id, iteration, attempt, %(worker)s
   FROM ended
 """
 )
+
+# The same for several runs that ended (waits.wake_steps_together), by one worker.
+CANCEL_LIVE_STEPS_OF_RUNS_LOGGED = """
+WITH ended AS (
+    UPDATE workflows_step
+       SET status = 'cancelled', owner = NULL, lease_until = NULL, wait_kind = '',
+           wake_at = NULL, finished_at = now()
+     WHERE run_id = ANY(%(runs)s) AND status IN ('ready', 'running', 'waiting')
+    RETURNING org_id, run_id, step_id, iteration, attempt
+)
+INSERT INTO workflows_runevent (org_id, run_id, kind, step_id, iteration, attempt, worker,
+                                detail, at)
+SELECT org_id, run_id, 'step.cancelled', step_id, iteration, attempt, %(worker)s,
+       '{"reason": "the run ended"}'::jsonb, now()
+  FROM ended
+"""
 
 # Pause: ready steps are parked (running ones finish; the claim parks any it meets later).
 PARK_READY_STEPS = """

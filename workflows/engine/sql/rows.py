@@ -178,21 +178,6 @@ def run_batch(
         return int(cursors[0].rowcount), fetch_dicts(cursors[-1]) if then is not None else []
 
 
-def run_batches(cursor: Any, batches: Sequence[Sequence[Statement | None]]) -> list[int]:
-    """Several run_batch's in one round trip (one pipeline, in the caller's transaction):
-    the first statement's row count of each batch (0 for a batch with none)."""
-    parts: list[Statement] = []
-    firsts: list[int | None] = []
-    for batch in batches:
-        kept = [s for s in batch if s is not None]
-        firsts.append(len(parts) if kept else None)
-        parts += kept
-    if not parts:
-        return [0] * len(batches)
-    with _pipelined(cursor, parts) as cursors:
-        return [0 if first is None else int(cursors[first].rowcount) for first in firsts]
-
-
 def query_pipelined(cursor: Any, statements: list[Statement]) -> list[list[dict[str, Any]]]:
     """Several queries in one round trip (one pipeline, each server-side prepared, in the
     caller's transaction); the rows of each, by column name. For a single-threaded caller
@@ -371,6 +356,31 @@ def event_row(
 
 def insert_events(cursor: Any, rows: list[EventRow]) -> None:
     execute(cursor, events_statement(rows))
+
+
+def json_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A statement's parameters as one JSON object, for a statement that reads its rows
+    from JSON (a hop's, several runs' updates): a JSON parameter is its value, and a NULL
+    is left out (a missing key reads as SQL NULL; a JSON null would be jsonb 'null')."""
+    return {
+        name: value.obj if isinstance(value, Jsonb) else value
+        for name, value in params.items()
+        if value is not None
+    }
+
+
+# Rows per INSERT when many are sent at once: well within the 65,535 parameters a statement
+# may carry (a step row has 21 columns).
+INSERT_CHUNK = 1_000
+
+
+def insert_statements(table: str, columns: Sequence[str], rows: Sequence[tuple]) -> list[Statement]:
+    """insert_statement's INSERTs of ``rows``, INSERT_CHUNK rows each, in their order."""
+    return [
+        statement
+        for at in range(0, len(rows), INSERT_CHUNK)
+        if (statement := insert_statement(table, columns, rows[at : at + INSERT_CHUNK]))
+    ]
 
 
 def events_statement(rows: list[EventRow]) -> Statement | None:
