@@ -758,63 +758,52 @@ class Walk:
         ``also``: the caller's own closing writes, sent in the same round trip after them.
         ``commit``: the transaction's COMMIT too (rows.run_batch), for a caller whose durable
         atomic block writes nothing after this."""
-        statements = self._writes()
+        rows = self._rows()
+        ending = None
+        if rows.ends_live:
+            ending = (CANCEL_LIVE_STEPS_LOGGED, {"run": self.run.id, "worker": self.worker})
+        steps = insert_statement("workflows_step", STEP_COLUMNS, rows.steps)
         taken = None
         if self.taken is not None and self.finish is None:
-            taken, statements[1] = self._taken_query(statements[1])
-        updated, rows = run_batch(self.cursor, [*statements, *also], then=taken, commit=commit)
-        self.new_steps = []
-        self.check_updated(updated)
-        return self._taken_id(cast(list[TakenStepRow], rows))
+            taken, steps = self._taken_query(steps)
+        # Live steps end before this walk's events are written: a claim that holds one of
+        # them commits first, and its event then precedes the run's end in the history too.
+        updated, taken_rows = run_batch(self.cursor, [
+            (UPDATE_RUN, rows.run) if rows.run is not None else None,
+            steps,
+            ending,
+            events_statement(rows.events),
+            wakes_statement(rows.wakes),
+            *also,
+        ], then=taken, commit=commit)  # fmt: skip
+        if self.dirty and updated != 1:
+            raise RuntimeError(f"run {self.run.id} changed under its lock")
+        return self._taken_id(cast(list[TakenStepRow], taken_rows))
 
     def writes(self) -> WalkWrites:
         """What flush would send, as rows, for a caller that sends several walks' writes as
         one statement of each kind (waits.wake_steps_together). Only for a walk that took
         no step for a worker (flush reads that step's id back)."""
         assert self.taken is None, "a walk that took a step reads its id back: flush it"
-        none_live = self._count_live_when_a_path_ended()
-        wakes = [(self.run.org_id, self.run.id, lane) for lane in sorted(self.wake_lanes)]
-        writes = WalkWrites(
+        return self._rows()
+
+    def _rows(self) -> WalkWrites:
+        """This walk's writes, once (the new steps are handed over); the run's live steps
+        counted first when a path ended with nothing else entered, and the run finished when
+        none is left (then none is left to end either)."""
+        none_live = False
+        if self.path_ended and self.finish is None and self.live_added == 0:
+            self.cursor.execute(LIVE_STEPS, {"run": self.run.id})
+            none_live = fetch_dict(self.cursor) == {"live": 0}
+            if none_live:
+                self.finish_run(RunStatus.SUCCEEDED)
+        steps, self.new_steps = self.new_steps, []
+        return WalkWrites(
             run_id=self.run.id, worker=self.worker,
-            run=self._update_run()[1] if self.dirty else None, steps=self.new_steps,
+            run=self._update_run()[1] if self.dirty else None, steps=steps,
             ends_live=self.finish is not None and not none_live, events=self.events,
-            wakes=wakes,
+            wakes=[(self.run.org_id, self.run.id, lane) for lane in sorted(self.wake_lanes)],
         )  # fmt: skip
-        self.new_steps = []
-        return writes
-
-    def check_updated(self, updated: int) -> None:
-        if self.dirty and updated != 1:
-            raise RuntimeError(f"run {self.run.id} changed under its lock")
-
-    def _count_live_when_a_path_ended(self) -> bool:
-        """A path ended with nothing else entered: the run's live steps counted, and the run
-        finished when none is left. Whether none was (then none is left to end)."""
-        if not (self.path_ended and self.finish is None and self.live_added == 0):
-            return False
-        self.cursor.execute(LIVE_STEPS, {"run": self.run.id})
-        none_live = fetch_dict(self.cursor) == {"live": 0}
-        if none_live:
-            self.finish_run(RunStatus.SUCCEEDED)
-        return none_live
-
-    def _writes(self) -> list[Statement | None]:
-        """The run's update (None when clean), the new steps, the ending of live steps, the
-        events and the lanes' wake-ups; counting the live steps first when a path ended."""
-        none_live = self._count_live_when_a_path_ended()
-        ending = None
-        if self.finish is not None and not none_live:  # (none live: nothing to end)
-            ending = (CANCEL_LIVE_STEPS_LOGGED, {"run": self.run.id, "worker": self.worker})
-        wakes = [(self.run.org_id, self.run.id, lane) for lane in sorted(self.wake_lanes)]
-        # Live steps end before this walk's events are written: a claim that holds one of
-        # them commits first, and its event then precedes the run's end in the history too.
-        return [
-            self._update_run() if self.dirty else None,
-            insert_statement("workflows_step", STEP_COLUMNS, self.new_steps),
-            ending,
-            events_statement(self.events),
-            wakes_statement(wakes),
-        ]
 
     def hop(self, seen: str) -> dict[str, Any] | None:
         """This walk's writes as a hop's (sql.SETTLE_HOP's parameters, but for the settled
