@@ -37,11 +37,11 @@ from .sql.rows import (
     event_row,
     fetch_dicts,
     insert_events,
-    insert_statements,
     insert_wakes,
     json_params,
     query_pipelined,
     query_prepared,
+    row_objects,
     run_batch,
     wakes_statement,
 )
@@ -158,6 +158,10 @@ def wake_steps_together(
     return woke
 
 
+def _json_rows(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> str:
+    return dumps_cells(row_objects(columns, rows))
+
+
 _RUN_FIELDS = [each.name for each in fields(RunState)]  # LOCK_RUNS_WAKE_DONE's run columns
 
 
@@ -174,10 +178,11 @@ def _write_together(cursor: Any, walks: list[WalkWrites], also: Sequence[Stateme
     events = [row for walk in walks for row in walk.events]
     updated, _ = run_batch(cursor, [
         (sql.UPDATE_RUNS, {"runs": dumps_cells(runs)}) if runs else None,
-        *insert_statements("workflows_step", STEP_COLUMNS, steps),
+        (sql.INSERT_STEPS_FROM_JSON, {"rows": _json_rows(STEP_COLUMNS, steps)}) if steps else None,
         *((sql.CANCEL_LIVE_STEPS_OF_RUNS_LOGGED, {"runs": ids, "worker": worker})
           for worker, ids in ending.items()),
-        *insert_statements("workflows_runevent", EVENT_COLUMNS, events),
+        (sql.INSERT_EVENTS_FROM_JSON, {"rows": _json_rows(EVENT_COLUMNS, events)})
+        if events else None,
         wakes_statement([wake for walk in walks for wake in walk.wakes]),
         *also,
     ])  # fmt: skip

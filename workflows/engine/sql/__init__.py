@@ -747,6 +747,43 @@ SELECT org_id, run_id, 'step.cancelled', step_id, iteration, attempt, %(worker)s
 """
 )
 
+# Several runs' new steps and events from one JSON array each (rows.json_rows: times as
+# seconds from now()), in the array's order (the ids, so each run's history, follow it): the
+# INSERTs of insert_statement, with one parameter each instead of one per cell (psycopg
+# parsed a statement of 10,000 placeholders in Python each time: waits.wake_steps_together).
+INSERT_STEPS_FROM_JSON = """
+INSERT INTO workflows_step (
+    org_id, run_id, step_id, iteration, type, lane, status, owner, attempt, release_count,
+    series_offset, max_attempts, lease_until, wait_kind, wake_at, wait_detail, output, error,
+    finished_at, fork_join_id, branch)
+SELECT s.org_id, s.run_id, s.step_id, s.iteration, s.type, s.lane, s.status, s.owner,
+       s.attempt, s.release_count, s.series_offset, s.max_attempts,
+       now() + make_interval(secs => s.lease_until), s.wait_kind,
+       now() + make_interval(secs => s.wake_at), s.wait_detail, s.output, s.error,
+       now() + make_interval(secs => s.finished_at), s.fork_join_id, s.branch
+  FROM ROWS FROM (jsonb_to_recordset(%(rows)s::jsonb) AS (
+       org_id bigint, run_id bigint, step_id text, iteration integer, type text, lane text,
+       status text, owner text, attempt integer, release_count integer,
+       series_offset integer, max_attempts integer, lease_until float8, wait_kind text,
+       wake_at float8, wait_detail jsonb, output jsonb, error text, finished_at float8,
+       fork_join_id bigint, branch smallint)) WITH ORDINALITY AS s(
+       org_id, run_id, step_id, iteration, type, lane, status, owner, attempt, release_count,
+       series_offset, max_attempts, lease_until, wait_kind, wake_at, wait_detail, output,
+       error, finished_at, fork_join_id, branch, n)
+ ORDER BY s.n
+"""
+
+INSERT_EVENTS_FROM_JSON = """
+INSERT INTO workflows_runevent (org_id, run_id, kind, step_id, iteration, attempt, worker,
+                                detail, at)
+SELECT e.org_id, e.run_id, e.kind, e.step_id, e.iteration, e.attempt, e.worker, e.detail, now()
+  FROM ROWS FROM (jsonb_to_recordset(%(rows)s::jsonb) AS (
+       org_id bigint, run_id bigint, kind text, step_id text, iteration integer,
+       attempt integer, worker text, detail jsonb)) WITH ORDINALITY AS e(
+       org_id, run_id, kind, step_id, iteration, attempt, worker, detail, n)
+ ORDER BY e.n
+"""
+
 # The same for several runs that ended (waits.wake_steps_together), by one worker.
 CANCEL_LIVE_STEPS_OF_RUNS_LOGGED = """
 WITH ended AS (

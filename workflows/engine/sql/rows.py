@@ -369,20 +369,6 @@ def json_params(params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# Rows per INSERT when many are sent at once: well within the 65,535 parameters a statement
-# may carry (a step row has 21 columns).
-INSERT_CHUNK = 1_000
-
-
-def insert_statements(table: str, columns: Sequence[str], rows: Sequence[tuple]) -> list[Statement]:
-    """insert_statement's INSERTs of ``rows``, INSERT_CHUNK rows each, in their order."""
-    return [
-        statement
-        for at in range(0, len(rows), INSERT_CHUNK)
-        if (statement := insert_statement(table, columns, rows[at : at + INSERT_CHUNK]))
-    ]
-
-
 def events_statement(rows: list[EventRow]) -> Statement | None:
     return insert_statement("workflows_runevent", EVENT_COLUMNS, rows)
 
