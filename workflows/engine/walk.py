@@ -248,8 +248,12 @@ class Walk:
         self.inline_left = self.inline_budget
         self.inline_until = time.monotonic() + engine_setting("WALK_INLINE_MS") / 1000
         # A speculative walk (a hop's, hops.py, or a start's, starts.py) runs before any
-        # transaction; its writes are checked against the database when they are made.
-        assert speculative or connection.in_atomic_block, "the walk runs in the caller's txn"
+        # transaction; its writes are checked against the database when they are made. (Asked
+        # of the cursor's own connection: Django's connection proxy looks the connection up
+        # per thread, a tenth of a batch of timer wakes.)
+        assert speculative or getattr(cursor, "db", connection).in_atomic_block, (
+            "the walk runs in the caller's transaction"
+        )
 
     # --- recording --------------------------------------------------------------------------
 
