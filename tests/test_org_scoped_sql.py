@@ -36,6 +36,8 @@ KEYS_OTHERWISE = {
     "workflows.engine.sql._LOCK_RUN_BY": "a fragment: its callers add `id = %(id)s`",
     "workflows.engine.sql.SETTLE_HOP": "the settle function takes the step's id",
     "workflows.engine.sql.SETTLE_HOPS": "the settle function takes the steps' ids",
+    "workflows.engine.sql.LOCK_RUNS_WAKE_DONE": "the batch's run and step ids, in a JSON array",
+    "workflows.engine.sql.UPDATE_RUNS": "the batch's run ids, in a JSON array",
     "workflows.engine.sql.API_KEY_WITH_ORG": "a key's prefix, which names its organisation",
     "timers.sql.MARK_FIRED": "the sweep's timer ids, unnested",
     "timers.sql.INSERT_TIMER": "one organisation's new row (an INSERT inside a WITH)",

@@ -71,6 +71,13 @@ STEP_CHANGES = [
         "status IN ('ready', 'running', 'waiting')",
     ),
     (sql.CANCEL_FORK, StepStatus.CANCELLED, "status IN ('ready', 'running', 'waiting')"),
+    # A batch of timers (waits.wake_steps_together): its steps woken, its ended runs' ended.
+    (sql.LOCK_RUNS_WAKE_DONE, StepStatus.DONE, "s.status = 'waiting'"),
+    (
+        sql.CANCEL_LIVE_STEPS_OF_RUNS_LOGGED,
+        StepStatus.CANCELLED,
+        "status IN ('ready', 'running', 'waiting')",
+    ),
     # Compensation begins: the run's live forward steps end (engine/compensation.py).
     (
         sql.CANCEL_FORWARD_STEPS,
@@ -116,6 +123,7 @@ def test_run_status_changes_use_declared_sources() -> None:
     for target in (RunStatus.SUCCEEDED, RunStatus.FAILED):
         assert sources_in(walk_guard) <= set(run_sources(target))
     assert "r.status IN ('running', 'paused')" in sql.FAIL_STEP_AND_RUN
+    assert "r.status IN ('running', 'paused')" in sql.UPDATE_RUNS  # a batch of timers' walks
     # Run control passes its sources from workflows.states (services/control.py).
     assert "status = ANY(%(sources)s)" in sql.SET_RUN_STATUS
 
