@@ -7,8 +7,8 @@ in the caller's transaction:
 - ``wake_step``: something from outside happened (a signal consumed, a decision taken, a
   timer fired). The caller makes its own write (marking the signal consumed, say) in the same
   transaction, so both commit or neither does. ``wake_steps_together`` is the same for many
-  steps of distinct runs at once (a batch of timers), in two statements' worth of round
-  trips instead of two per step.
+  steps of distinct runs at once (a batch of timers): two round trips in all, not two per
+  step.
 - ``fire_due_deadlines``: the step's deadline (``wake_at``) passed first.
 
 Whichever commits first wins; the other finds no waiting row and changes nothing. A wake
