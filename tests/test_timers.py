@@ -57,6 +57,22 @@ def before_each_walk(monkeypatch, before) -> None:
     monkeypatch.setattr(waits, "walk_on_woken", walk)
 
 
+def batches_seen(monkeypatch) -> list[object]:
+    """What each batch's waits.wake_steps_together answered (None: it refused, and the
+    batch woke its steps one by one), as the sweep calls it."""
+    import timers.sweep as sweep
+
+    seen: list[object] = []
+    real = sweep.wake_steps_together
+
+    def spied(*args: object, **kwargs: object) -> object:
+        seen.append(result := real(*args, **kwargs))  # type: ignore[arg-type]
+        return result
+
+    monkeypatch.setattr(sweep, "wake_steps_together", spied)
+    return seen
+
+
 def make_due(**filters: object) -> None:
     """Bring timers' instants to now (the sweep compares with the database's clock)."""
     Timer.objects.filter(**filters).update(due_at=Now())
@@ -549,14 +565,7 @@ def test_a_batch_fired_together_writes_what_firing_each_alone_writes(org, monkey
             assert fire_due_timers().fired == count
 
     together, alone = started("together"), started("alone")
-    seen: list[object] = []
-    real = sweep.wake_steps_together
-
-    def spied(*args: object, **kwargs: object) -> object:
-        seen.append(result := real(*args, **kwargs))  # type: ignore[arg-type]
-        return result
-
-    monkeypatch.setattr(sweep, "wake_steps_together", spied)
+    seen = batches_seen(monkeypatch)
     fire_all(together)
     assert seen and all(isinstance(woke, list) and len(woke) > 0 for woke in seen)
     monkeypatch.setattr(sweep, "wake_steps_together", lambda *a, **k: None)  # one by one
@@ -596,7 +605,6 @@ def test_two_timers_of_one_run_in_a_batch_fire_one_after_the_other(org, monkeypa
     """Two branches of one run wait for the same instant: their steps cannot wake together
     (the second walk must see the first's writes), so the batch wakes them one by one, and
     each fires once; the other runs of the batch fire as well."""
-    import timers.sweep as sweep
 
     pair = branches(
         {"id": "left", "type": "wait", "duration": "1h"},
@@ -604,14 +612,7 @@ def test_two_timers_of_one_run_in_a_batch_fire_one_after_the_other(org, monkeypa
     )
     both = start(org, pair, key="pair")
     others = [start(org, waits({"type": "wait", "duration": "1h"}), key=f"o{i}") for i in range(2)]
-    seen: list[object] = []
-    real = sweep.wake_steps_together
-
-    def spied(*args: object, **kwargs: object) -> object:
-        seen.append(result := real(*args, **kwargs))  # type: ignore[arg-type]
-        return result
-
-    monkeypatch.setattr(sweep, "wake_steps_together", spied)
+    seen = batches_seen(monkeypatch)
     make_due()
     assert fire_due_timers().fired == 4
     assert seen == [None]  # refused: the batch went one by one

@@ -804,7 +804,7 @@ class Walk:
         steps, self.new_steps = self.new_steps, []
         return WalkWrites(
             run_id=self.run.id, worker=self.worker,
-            run=self._update_run()[1] if self.dirty else None, steps=steps,
+            run=self._run_update() if self.dirty else None, steps=steps,
             ends_live=self.finish is not None and not none_live, events=self.events,
             wakes=[(self.run.org_id, self.run.id, lane) for lane in sorted(self.wake_lanes)],
         )  # fmt: skip
@@ -821,7 +821,7 @@ class Walk:
         taken = self.taken if self.finish is None else None
         if taken is not None and not self._taken_is_new():
             return None
-        _, run_update = self._update_run()  # the run's values as flush writes them
+        run_update = self._run_update()
         return {
             **run_update, "seen": seen,
             "new_steps": json_rows(STEP_COLUMNS, self.new_steps),
@@ -840,7 +840,7 @@ class Walk:
             return None
         if self.path_ended and self.live_added == 0:
             return None
-        _, run = self._update_run()  # the run's values as flush writes them
+        run = self._run_update()
         scalars = {"status": run["status"], "steps": run["steps"]}
         document = {
             "vars": run["vars"].obj, "outputs": run["outputs"].obj,
@@ -875,23 +875,22 @@ class Walk:
         key = (self.taken.step_id, self.taken.iteration)
         return next((int(r["id"]) for r in rows if (r["step_id"], r["iteration"]) == key), None)
 
-    def _update_run(self) -> Statement:
+    def _run_update(self) -> dict[str, Any]:
+        """UPDATE_RUN's parameters: the run's values as this walk leaves them (flush writes
+        them; a hop and a batch of wakes send them as JSON, a start as its row)."""
         status, output, error = self.finish or (self.run.status, None, "")
-        return (
-            UPDATE_RUN,
-            {
-                "vars": Jsonb(self.changed_vars),
-                "outputs": Jsonb(self.changed_outputs),
-                "entered": Jsonb(self.changed_entered),
-                "steps": self.run.steps_executed,
-                "status": status,
-                "output": json_or_null(output),
-                "error": error,
-                "finished": self.finish is not None,
-                "id": self.run.id,
-                "expected": self.run.status,
-            },
-        )
+        return {
+            "vars": Jsonb(self.changed_vars),
+            "outputs": Jsonb(self.changed_outputs),
+            "entered": Jsonb(self.changed_entered),
+            "steps": self.run.steps_executed,
+            "status": status,
+            "output": json_or_null(output),
+            "error": error,
+            "finished": self.finish is not None,
+            "id": self.run.id,
+            "expected": self.run.status,
+        }
 
 
 def _max_attempts(step: Mapping[str, Any], step_type: StepType) -> int:
