@@ -41,9 +41,9 @@ from .sql.rows import (
     insert_events,
     insert_wakes,
     json_params,
+    json_rows,
     query_pipelined,
     query_prepared,
-    row_objects,
     run_batch,
     wakes_statement,
 )
@@ -160,10 +160,6 @@ def wake_steps_together(
     return woke
 
 
-def _json_rows(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> str:
-    return dumps_cells(row_objects(columns, rows))
-
-
 _RUN_FIELDS = [each.name for each in fields(RunState)]  # LOCK_RUNS_WAKE_DONE's run columns
 
 
@@ -180,10 +176,10 @@ def _write_together(cursor: Any, walks: list[WalkWrites], also: Sequence[Stateme
     events = [row for walk in walks for row in walk.events]
     updated, _ = run_batch(cursor, [
         (sql.UPDATE_RUNS, {"runs": dumps_cells(runs)}) if runs else None,
-        (sql.INSERT_STEPS_FROM_JSON, {"rows": _json_rows(STEP_COLUMNS, steps)}) if steps else None,
+        (sql.INSERT_STEPS_FROM_JSON, {"rows": json_rows(STEP_COLUMNS, steps)}) if steps else None,
         *((sql.CANCEL_LIVE_STEPS_OF_RUNS_LOGGED, {"runs": ids, "worker": worker})
           for worker, ids in ending.items()),
-        (sql.INSERT_EVENTS_FROM_JSON, {"rows": _json_rows(EVENT_COLUMNS, events)})
+        (sql.INSERT_EVENTS_FROM_JSON, {"rows": json_rows(EVENT_COLUMNS, events)})
         if events else None,
         wakes_statement([wake for walk in walks for wake in walk.wakes]),
         *also,
