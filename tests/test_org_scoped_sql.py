@@ -34,6 +34,8 @@ KEYS_OTHERWISE = {
     "workflows.engine.sql.HEARTBEAT": "the worker's step ids and attempts, unnested",
     "workflows.engine.sql.RELEASE": "the worker's step ids and attempts, unnested",
     "workflows.engine.sql._LOCK_RUN_BY": "a fragment: its callers add `id = %(id)s`",
+    "workflows.engine.sql._CANCEL_LIVE_STEPS_OF": "a fragment: its statements name the run(s)",
+    "workflows.engine.sql._LOG_ENDED": "a fragment: logs the steps its statement ended",
     "workflows.engine.sql.SETTLE_HOP": "the settle function takes the step's id",
     "workflows.engine.sql.SETTLE_HOPS": "the settle function takes the steps' ids",
     "workflows.engine.sql.LOCK_RUNS_WAKE_DONE": "the batch's run and step ids, in a JSON array",

@@ -726,25 +726,28 @@ RETURNING id
 # A run ended (finished, failed, cancelled): every live step of it ends too, so no sibling is
 # claimed or settled afterwards. A running step's worker learns at its next heartbeat (the
 # step is no longer running) and drops its result.
-CANCEL_LIVE_STEPS = """
+_CANCEL_LIVE_STEPS_OF = """
 UPDATE workflows_step
    SET status = 'cancelled', owner = NULL, lease_until = NULL, wait_kind = '', wake_at = NULL,
        finished_at = now()
- WHERE run_id = %(run)s AND status IN ('ready', 'running', 'waiting')
+ WHERE run_id = {runs} AND status IN ('ready', 'running', 'waiting')
 RETURNING org_id, run_id, step_id, iteration, attempt
 """
+CANCEL_LIVE_STEPS = _CANCEL_LIVE_STEPS_OF.format(runs="%(run)s")
 
 # The same, in the walk's batch (no results read back): the cancellations are logged here.
-CANCEL_LIVE_STEPS_LOGGED = (
-    "WITH ended AS ("
-    + CANCEL_LIVE_STEPS
-    + """)
+_LOG_ENDED = """)
 INSERT INTO workflows_runevent (org_id, run_id, kind, step_id, iteration, attempt, worker,
                                 detail, at)
 SELECT org_id, run_id, 'step.cancelled', step_id, iteration, attempt, %(worker)s,
        '{"reason": "the run ended"}'::jsonb, now()
   FROM ended
 """
+CANCEL_LIVE_STEPS_LOGGED = "WITH ended AS (" + CANCEL_LIVE_STEPS + _LOG_ENDED
+
+# The same for several runs that ended (waits.wake_steps_together), by one worker.
+CANCEL_LIVE_STEPS_OF_RUNS_LOGGED = (
+    "WITH ended AS (" + _CANCEL_LIVE_STEPS_OF.format(runs="ANY(%(runs)s)") + _LOG_ENDED
 )
 
 # Several runs' new steps and events from one JSON array each (rows.json_rows: times as
@@ -782,22 +785,6 @@ SELECT e.org_id, e.run_id, e.kind, e.step_id, e.iteration, e.attempt, e.worker, 
        attempt integer, worker text, detail jsonb)) WITH ORDINALITY AS e(
        org_id, run_id, kind, step_id, iteration, attempt, worker, detail, n)
  ORDER BY e.n
-"""
-
-# The same for several runs that ended (waits.wake_steps_together), by one worker.
-CANCEL_LIVE_STEPS_OF_RUNS_LOGGED = """
-WITH ended AS (
-    UPDATE workflows_step
-       SET status = 'cancelled', owner = NULL, lease_until = NULL, wait_kind = '',
-           wake_at = NULL, finished_at = now()
-     WHERE run_id = ANY(%(runs)s) AND status IN ('ready', 'running', 'waiting')
-    RETURNING org_id, run_id, step_id, iteration, attempt
-)
-INSERT INTO workflows_runevent (org_id, run_id, kind, step_id, iteration, attempt, worker,
-                                detail, at)
-SELECT org_id, run_id, 'step.cancelled', step_id, iteration, attempt, %(worker)s,
-       '{"reason": "the run ended"}'::jsonb, now()
-  FROM ended
 """
 
 # Pause: ready steps are parked (running ones finish; the claim parks any it meets later).
