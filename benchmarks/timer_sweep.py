@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/timer_sweep.py fairness [--backlog 200000]
     .venv/bin/python benchmarks/timer_sweep.py batch [--backlog 200000] [--small-backlog 2000]
     .venv/bin/python benchmarks/timer_sweep.py lateness [--timers 10000] [--lead 90]
+    .venv/bin/python benchmarks/timer_sweep.py instant [--timers 10000] [--lead 90]
     .venv/bin/python benchmarks/timer_sweep.py sleep2 [--runs 200] [--repeats 3] [--no-peer]
     .venv/bin/python benchmarks/timer_sweep.py all
 
@@ -14,11 +15,14 @@ In its own database (bench_timers), emptied before each figure:
 - batch: the time of one sweep batch with a ``--backlog`` and a ``--small-backlog`` of due
   timers in one organisation (topped up after each batch, so the backlog stays the same),
   median of ``--batches``, their ratio (target <= 1.5), and EXPLAIN (ANALYZE, BUFFERS) of
-  the due query for both (in a transaction rolled back: the query locks its rows).
+  the due query for both (in a transaction rolled back: the query locks its rows); and the
+  CPU time the process spent per batch (the sweep's own work: the part the database's
+  speed does not move, and what a sweeper's firing threads share one interpreter for).
 - lateness: ``--timers`` runs whose ``wait_until`` names one instant ``--lead`` seconds
   ahead (no spread), a ``manage.py sweep`` process running, the fast path on and off; then
   the same number due evenly within one minute from that instant (each run's instant from
   its input), on and off.
+- instant: the first of lateness's four figures alone (at one instant, fast path on).
 - sleep2: ``--runs`` runs with a ``wait`` of 2s started one after the other, the sweeper
   running, ``--repeats`` times; then DBOS's 200 ``DBOS.sleep(2)`` workflows
   (``dbos_bench.py sleep`` of ../shared/bench, after ``bash ../shared/bench/setup.sh``)
@@ -46,6 +50,7 @@ organisations were not all served within two batches.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -270,6 +275,14 @@ def timed_batch() -> tuple[float, Any]:
     return time.perf_counter() - began, batch
 
 
+def cpu_timed_batch() -> tuple[float, float, Any]:
+    """A batch's wall time and this process's CPU time (the sweep's own Python and psycopg
+    work: what its firing threads share one interpreter lock for)."""
+    cpu = time.process_time()
+    seconds, batch = timed_batch()
+    return seconds, time.process_time() - cpu, batch
+
+
 # ---------------------------------------------------------------------------------------
 # 1. Fairness
 
@@ -329,17 +342,22 @@ def batch_times(size: int, batches: int) -> dict[str, Any]:
     reset()
     org = organisation("batch-backlog", WAIT_1H)
     pile = backlog(org, size)
-    times = []
+    # As the sweep process does (processes.engine_process): what start-up made is out of the
+    # collector's view, so a batch's collections scan only what came after.
+    gc.collect()
+    gc.freeze()
+    times, cpus = [], []
     for number in range(batches + 1):
-        seconds, batch = timed_batch()
+        seconds, cpu, batch = cpu_timed_batch()
         if batch.fired != BATCH:
             PROBLEMS.append(f"batch: a batch fired {batch.fired}, not {BATCH}")
         if number:
             times.append(seconds)
+            cpus.append(cpu)
         pile.add(batch.fired, -1.0)
     plan = explain()
     check(f"backlog {size:,}, fired", org=org.pk)
-    return {"times": times, "plan": plan}
+    return {"times": times, "cpus": cpus, "plan": plan}
 
 
 def plan_figures(plan: list[str]) -> str:
@@ -361,6 +379,11 @@ def batch(args: argparse.Namespace) -> None:
         medians[size] = statistics.median(result["times"])
         each = " ".join(f"{t * 1000:.0f}" for t in result["times"])
         print(f"backlog {size:>7,}: batch median {medians[size] * 1000:6.0f} ms  (each: {each})")
+        cpu = statistics.median(result["cpus"])
+        print(
+            f"                 CPU of this process: median {cpu * 1000:.1f} ms a batch, "
+            f"{cpu / BATCH * 1e6:.0f} us a timer"
+        )
         print(f"                 DUE_BATCH alone: {plan_figures(result['plan'])}")
     ratio = medians[args.backlog] / medians[args.small_backlog]
     print(f"ratio {args.backlog:,} / {args.small_backlog:,}: {ratio:.2f} (target <= 1.5)")
@@ -541,6 +564,11 @@ def burst(args: argparse.Namespace, fast_path: bool, *, over: float = 0.0) -> No
     check(f"fast path {mode}", runs)
 
 
+def instant(args: argparse.Namespace) -> None:
+    heading(f"instant: {args.timers:,} timers due at one instant, fast path on, sweeper running")
+    burst(args, fast_path=True)
+
+
 def lateness(args: argparse.Namespace) -> None:
     heading(f"lateness: {args.timers:,} timers due at one instant, no spread, sweeper running")
     burst(args, fast_path=True)
@@ -627,7 +655,10 @@ def side_by_side(ours: dict[str, dict[str, float]], dbos: dict | None) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-FIGURES = {"fairness": fairness, "batch": batch, "lateness": lateness, "sleep2": sleep2}
+FIGURES = {
+    "fairness": fairness, "batch": batch, "lateness": lateness, "instant": instant,
+    "sleep2": sleep2,
+}  # fmt: skip
 
 
 def main() -> None:
@@ -647,7 +678,9 @@ def main() -> None:
     args = parser.parse_args()
     global VACUUM
     VACUUM = not args.no_vacuum
-    for name in FIGURES if args.figure == "all" else [args.figure]:
+    # "all": every figure once ("instant" is lateness's first)
+    every = [name for name in FIGURES if name != "instant"]
+    for name in every if args.figure == "all" else [args.figure]:
         FIGURES[name](args)
     if PROBLEMS:
         print("\nPROBLEMS:\n" + "\n".join(f"- {p}" for p in PROBLEMS))

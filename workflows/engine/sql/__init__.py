@@ -500,8 +500,12 @@ LOCK_RUN = _LOCK_RUN_BY.format(key="id")
 # Several runs locked, in id order (the one lock order), and each one's waiting step woken
 # with its outcome as WAKE_DONE wakes it (waits.wake_steps_together): %(wakes)s is a JSON
 # array of {"id": the step's pk, "run": its run, "output": its output}. A step is woken only
-# once its run is locked (the update reads the runs locked). A row per run locked, LOCK_RUN's
-# columns with its woken step's (step_pk NULL: that step no longer waited).
+# once every run is locked: the runs locked are read as one array (an InitPlan, run before
+# the update's first row). Not as ``IN (SELECT id FROM locked)``: with the JSON's row count
+# unknown to the planner, the prepared statement's generic plan rescanned the locked runs for
+# every step (a semi join on a CTE scan: 36 of the statement's 38 ms for a batch of 500). A
+# row per run locked, LOCK_RUN's columns with its woken step's (step_pk NULL: that step no
+# longer waited).
 LOCK_RUNS_WAKE_DONE = """
 WITH wakes AS (
     SELECT * FROM jsonb_to_recordset(%(wakes)s::jsonb) AS w(id bigint, run bigint, output jsonb)
@@ -519,7 +523,7 @@ woken AS (
            finished_at = now()
       FROM wakes w
      WHERE s.id = w.id AND s.run_id = w.run AND s.status = 'waiting'
-       AND s.wait_kind = 'external' AND w.run IN (SELECT id FROM locked)
+       AND s.wait_kind = 'external' AND w.run = ANY (ARRAY(SELECT id FROM locked))
     RETURNING s.id, s.run_id, s.step_id, s.iteration, s.attempt, s.wait_detail,
               s.fork_join_id, s.branch
 )
