@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -17,9 +18,11 @@ from timers.calendar import spread_offset
 from timers.models import Timer
 from timers.sweep import fire_due_timers, seconds_until_next_due
 from workflows.models import Run, RunEvent, Step
+from workflows.plugins.code import Context, publish_code_workflow, workflow
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
+from .effect_setup import drive
 from .factories import OrganisationFactory, timer_sweeper
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -541,11 +544,39 @@ AROUND_A_WAIT = {
 AROUND_A_WAIT["an end beside a wait"]["steps"].append({"id": "stop", "type": "end"})
 
 
+def unchanged(n: int) -> int:
+    return n
+
+
+# The same around a code workflow's ctx.sleep: the turn after a wake runs on a worker (a woken
+# walk enters the decider for its lane), so these twins go between the worker and the sweep.
+@workflow("timers-batch-sleeps", version=1)
+def sleeps_between_steps(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    seen = ctx.step("before", "noop", output="{{ input.n }}")
+    for _lap in range(2):
+        ctx.sleep("pause", "1h")
+    return {"seen": seen, "after": ctx.run("after", unchanged, 3)}
+
+
+@workflow("timers-batch-branches", version=1)
+def a_branch_sleeps(ctx: Context, run_input: dict[str, Any]) -> list[Any]:
+    return ctx.parallel(
+        "both", lambda c: c.sleep("pause", "1h"), lambda c: c.step("quick", "noop", output=1)
+    )
+
+
+CODE_AROUND_A_WAIT = ("timers-batch-sleeps", "timers-batch-branches")
+
+
 def test_a_batch_fired_together_writes_what_firing_each_alone_writes(org, monkeypatch):
     """Differential: the same runs, as twins, fired by a batch that wakes its steps together
     (waits.wake_steps_together) and by one that wakes them one by one (wake_step) leave the
-    same rows: steps, history and run, ids and clocks aside."""
+    same rows: steps, history and run, ids and clocks aside. Definitions' runs and code
+    workflows' alike (a code run's sleeps, between its worker's turns)."""
     import timers.sweep as sweep
+
+    for name in CODE_AROUND_A_WAIT:
+        publish_code_workflow(org=org, name=name, version=1)
 
     def started(tag: str) -> dict[str, int]:
         runs: dict[str, int] = {}
@@ -553,10 +584,14 @@ def test_a_batch_fired_together_writes_what_firing_each_alone_writes(org, monkey
             automation_publish_definition(org=org, slug=f"w-{n}", definition=definition)
             runs[name] = run_start(org=org, automation_slug=f"w-{n}", run_input={"n": 7},
                                    start_key=f"{tag}-{name}").run_id  # fmt: skip
+        for name in CODE_AROUND_A_WAIT:
+            runs[name] = run_start(org=org, automation_slug=name, run_input={"n": 7},
+                                   start_key=f"{tag}-{name}").run_id  # fmt: skip
         return runs
 
     def fire_all(runs: dict[str, int]) -> None:
-        while True:  # the loop waits again: each lap's timer is made due in turn
+        while True:  # loops wait again: each lap's timer is made due in turn
+            drive(lane="io")  # the code runs' turns, before a sleep and after a wake
             due = Timer.objects.filter(run_id__in=runs.values(), fired_at__isnull=True,
                                        cancelled_at__isnull=True, step_id="pause")  # fmt: skip
             if not due.exists():
@@ -570,12 +605,16 @@ def test_a_batch_fired_together_writes_what_firing_each_alone_writes(org, monkey
     assert seen and all(isinstance(woke, list) and len(woke) > 0 for woke in seen)
     monkeypatch.setattr(sweep, "wake_steps_together", lambda *a, **k: None)  # one by one
     fire_all(alone)
-    for name in AROUND_A_WAIT:
+    for name in together:
         assert written(together[name]) == written(alone[name]), name
     statuses = {name: Run.objects.get(pk=r).status for name, r in together.items()}
-    assert statuses == {**dict.fromkeys(AROUND_A_WAIT, "succeeded"), "after a write": "running"}
+    assert statuses == dict.fromkeys(together, "succeeded")
     work = Step.objects.get(run_id=together["after a write"], step_id="work")
-    assert work.status == "ready"  # for the io lane's worker, woken in the same transaction
+    assert work.status == "done"  # entered ready by the wake, then run by the io lane's worker
+    sleeps = Run.objects.get(pk=together["timers-batch-sleeps"])
+    assert sleeps.output == {"seen": "7", "after": 3}  # a template renders text
+    fired = RunEvent.objects.filter(run_id=sleeps.pk, kind="step.timer_fired")
+    assert list(fired.values_list("step_id", "iteration")) == [("pause", 1), ("pause", 2)]
 
 
 def written(run_id: int) -> dict[str, object]:
