@@ -524,6 +524,7 @@ APPROVAL = StepType(
     waits=True,
     built=True,
     app="approvals",
+    context_on_read=True,  # it renders dict(context)
 )
 
 TASK = StepType(
@@ -536,6 +537,7 @@ TASK = StepType(
     waits=True,
     built=True,
     app="approvals",
+    context_on_read=True,  # it renders dict(context)
 )
 
 STEP_TYPES = (APPROVAL, TASK)

@@ -1,11 +1,12 @@
 """End-to-end engine throughput and fairness, on the embedded PostgreSQL by default.
 
-    .venv/bin/python benchmarks/throughput.py --runs 2000 [--shape mixed|three-io] [--drain]
+    .venv/bin/python benchmarks/throughput.py --runs 2000 [--shape mixed|three-io|code-3] [--drain]
     .venv/bin/python benchmarks/throughput.py --fairness --backlog 100000
 
 Throughput: starts N runs of a 5-step automation (set -> noop -> branch -> noop -> end: three
 quick steps inline in the walk, two io steps through a worker; or, with --shape three-io, the
-side-by-side harness's three no-op io steps) while a relay and the io worker processes run
+side-by-side harness's three no-op io steps; with --shape code-3, the same three as a code
+workflow, benchmarks/peer/peer_code.py) while a relay and the io worker processes run
 with the default `runengine` settings, and prints runs/s, steps/s, p50/p99 start-to-end
 latency and database commits (from pg_stat_database: everything counts, claims, settles,
 heartbeats, the relay, idle polls; the starts and this script's own polls are counted and
@@ -43,12 +44,19 @@ from common import (
     start_runs,
 )
 
+# The peer benchmark's code workflows (--shape code-3), registered in this process and in the
+# engine's, which inherit the environment, as a host's ready() would register them.
+PEER = ROOT / "benchmarks" / "peer"
+os.environ["WAYMARK_EXTRA_STEP_MODULES"] = "peer_code"
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PEER), os.environ.get("PYTHONPATH")]))
+sys.path.insert(0, str(PEER))
 setup("waymark_bench")
 
 from django.db import connection  # noqa: E402
 
 from workflows.engine.lanes import lane_policy  # noqa: E402
 from workflows.models import Organisation, Run  # noqa: E402
+from workflows.plugins.code import publish_code_workflow  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
 
 MIXED = {
@@ -63,8 +71,9 @@ MIXED = {
     ],
 }  # fmt: skip
 # name -> (definition, steps per run, io steps per run)
-SHAPES = {"mixed": (MIXED, 5, 2), "three-io": (THREE_IO, 4, 3)}
+SHAPES = {"mixed": (MIXED, 5, 2), "three-io": (THREE_IO, 4, 3), "code-3": (None, 4, 3)}
 DEFINITION, STEPS_PER_RUN, IO_STEPS_PER_RUN = SHAPES["mixed"]
+CODE_SLUG = "code-3"  # peer_code.py's
 
 
 def engine(*roles: list[str]) -> list[subprocess.Popen[bytes]]:
@@ -89,7 +98,10 @@ def stop(processes: list[subprocess.Popen[bytes]]) -> None:
 
 def setup(slug: str) -> Organisation:
     org, _ = Organisation.objects.get_or_create(slug=slug, defaults={"name": slug})
-    automation_publish_definition(org=org, slug="bench", definition=DEFINITION)
+    if DEFINITION is None:  # the code workflow: its automation is named after it
+        publish_code_workflow(org=org, name=CODE_SLUG, version=1)
+    else:
+        automation_publish_definition(org=org, slug="bench", definition=DEFINITION)
     return org
 
 
@@ -141,7 +153,8 @@ def throughput(args: argparse.Namespace) -> None:
     time.sleep(0 if args.drain else 3)  # let them start
     before, began = commits(), time.monotonic()
     cpu = Cpu()
-    ids = start_runs(org, "bench", args.runs, f"t{int(time.time())}", args.starters)
+    slug = CODE_SLUG if DEFINITION is None else "bench"
+    ids = start_runs(org, slug, args.runs, f"t{int(time.time())}", args.starters)
     if args.drain:
         cpu = Cpu()  # the engine's work only
         processes = engine(["relay"], *io_workers())
@@ -262,7 +275,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument(
         "--shape", choices=sorted(SHAPES), default="mixed",
-        help="mixed: set, noop, branch, noop, end; three-io: the side-by-side harness's shape",
+        help="mixed: set, noop, branch, noop, end; three-io: the side-by-side harness's shape; "
+        "code-3: three-io as a code workflow",
     )  # fmt: skip
     parser.add_argument("--starters", type=int, default=4, help="threads starting runs")
     parser.add_argument("--drain", action="store_true", help="start every run, then the engine")

@@ -106,6 +106,7 @@ HTTP = StepType(
     success_outcomes=OK,
     retry=EFFECT_RETRY,
     app="effects",
+    context_on_read=True,  # its provider renders dict(context)
 )
 
 
@@ -135,6 +136,7 @@ EMAIL = StepType(
     success_outcomes=OK,
     retry=EFFECT_RETRY,
     app="effects",
+    context_on_read=True,  # its provider renders dict(context)
 )
 
 
@@ -160,6 +162,7 @@ SLACK_MESSAGE = StepType(
     success_outcomes=OK,
     retry=EFFECT_RETRY,
     app="effects",
+    context_on_read=True,  # its provider renders dict(context)
 )
 
 
@@ -191,6 +194,7 @@ MODEL = StepType(
     success_outcomes=OK,
     retry=MODEL_RETRY,
     app="effects",
+    context_on_read=True,  # its provider renders dict(context)
 )
 
 # --- crm_upsert -----------------------------------------------------------------------------
@@ -217,6 +221,7 @@ CRM_UPSERT = StepType(
     success_outcomes=OK,
     retry=EFFECT_RETRY,
     app="effects",
+    context_on_read=True,  # its provider renders dict(context)
 )
 
 STEP_TYPES = (HTTP, EMAIL, SLACK_MESSAGE, MODEL, CRM_UPSERT)

@@ -222,6 +222,7 @@ def run_noop(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepConte
 NOOP = StepType(
     name="noop", lane="io", validate=validate_noop, execute=run_noop, built=True, app="workflows",
     pure=True,  # it renders its output, and nothing else
+    context_on_read=True,  # with no output, it copies nothing of the run
 )  # fmt: skip
 
 

@@ -58,6 +58,7 @@ __all__ = [
     "MAX_NESTING",
     "MAX_OUTPUT_BYTES",
     "Budget",
+    "ContextOnRead",
     "ExpressionError",
     "build_context",
     "collect_rendered",
@@ -536,6 +537,39 @@ def plain_copy(value: Any) -> Any:
     if kind is datetime or kind is date:  # (a run's start time, in every step's context)
         return value.isoformat()  # what the round trip gives back (_json_default)
     return _plain(value)
+
+
+class ContextOnRead(Mapping[str, Any]):
+    """``build_context(**arguments)``, made on its first read: a step that reads nothing of
+    the run's data (a noop, a step whose fields hold no template) pays no copy of the whole
+    run, which a worker made for every step it ran. Made once, then read as that dict: what a
+    step reads is exactly what build_context gives for the same arguments. Handed only to a
+    type that declares ``context_on_read`` (it reads the context as a Mapping or copies it
+    with ``dict()``); any other type's executor gets the dict itself, as it always did."""
+
+    __slots__ = ("_arguments", "_context")
+
+    def __init__(self, **arguments: Any) -> None:
+        self._arguments = arguments
+        self._context: dict[str, Any] | None = None
+
+    def _made(self) -> dict[str, Any]:
+        if self._context is None:
+            self._context = build_context(**self._arguments)
+            self._arguments = {}
+        return self._context
+
+    def __getitem__(self, key: str) -> Any:
+        return self._made()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._made()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._made())
+
+    def __len__(self) -> int:
+        return len(self._made())
 
 
 def build_context(

@@ -926,7 +926,9 @@ def _pool() -> RenderPool:
 def render_in_pool(op: str, source: Any, context: Any, max_bytes: int) -> Any:
     """Render in a child process: ``op`` is "template", "value" or "condition". Raises
     ExpressionError, with code ``template_limit`` when a limit was reached."""
-    return _pool().render(op, source, context, max_bytes)
+    # As plain JSON data: a context made on read (rendering.ContextOnRead) as the dict it is.
+    plain = context if isinstance(context, dict) else dict(context)
+    return _pool().render(op, source, plain, max_bytes)
 
 
 @atexit.register

@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 
 from ..definitions.expressions import build_context
 from ..definitions.registry import RetryPolicy, registry
+from ..definitions.rendering import ContextOnRead
 from . import hops, sql
 from .claimed import ClaimedStep
 from .compensation import compensated_execution, is_compensation_step
@@ -205,8 +206,9 @@ def step_context(
     )  # fmt: skip
 
 
-def run_context(step: ClaimedStep) -> tuple[Mapping[str, Any], dict[str, Any]]:
-    """The step's definition and the run's template context, as returned by the claim."""
+def run_context(step: ClaimedStep) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """The step's definition and the run's template context, as returned by the claim: for
+    a type declared ``context_on_read``, copied from the run when the step first reads it."""
     step_def = step_of(definition_for(step.version_id), step.step_id, step.run_outputs, step.place)
     step_type = registry.get(step.type)
     if step_type is not None and step_type.decides:  # a code run's turn on a worker
@@ -219,15 +221,14 @@ def run_context(step: ClaimedStep) -> tuple[Mapping[str, Any], dict[str, Any]]:
             compensating = compensated_execution(
                 cursor, run_id=step.run_id, step_id=step.step_id, iteration=step.iteration
             )
-    context = build_context(
-        run_input=step.run_input,
-        variables=step.run_vars,
-        step_outputs=step.run_outputs,
-        run_id=step.run_id,
-        started_at=step.run_created_at,
-        compensating=compensating,
-    )
-    return step_def, context
+    arguments = {
+        "run_input": step.run_input, "variables": step.run_vars,
+        "step_outputs": step.run_outputs, "run_id": step.run_id,
+        "started_at": step.run_created_at, "compensating": compensating,
+    }  # fmt: skip
+    if step_type is not None and step_type.context_on_read:  # copied if the step reads it
+        return step_def, ContextOnRead(**arguments)
+    return step_def, build_context(**arguments)
 
 
 @contextmanager
