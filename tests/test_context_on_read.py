@@ -65,7 +65,12 @@ def started_step(org: Organisation, step: dict[str, Any], run_input: dict[str, A
 def test_a_noop_that_renders_nothing_copies_nothing(org, monkeypatch):
     claimed = started_step(org, {"type": "noop"}, {"big": ["x"] * 1000})
     copies: list[object] = []
-    monkeypatch.setattr(rendering, "build_context", lambda **a: copies.append(a) or {})
+
+    def copied(**arguments: Any) -> dict[str, Any]:
+        copies.append(arguments)
+        return {}
+
+    monkeypatch.setattr(rendering, "build_context", copied)
     step_def, context = run_context(claimed)
     assert isinstance(context, ContextOnRead)
     result = executor_for("noop")(step_def, context, step_context(claimed))
