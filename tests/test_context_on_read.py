@@ -13,7 +13,12 @@ import pytest
 from workflows import plugins
 from workflows.definitions import rendering
 from workflows.definitions.registry import registry
-from workflows.definitions.rendering import ContextOnRead, build_context
+from workflows.definitions.rendering import (
+    CONTEXT_NAMES,
+    CONTEXT_PARTS,
+    ContextOnRead,
+    build_context,
+)
 from workflows.engine.executors import executor_for
 from workflows.engine.lanes import lane_policy
 from workflows.engine.steps import claim, run_context, step_context
@@ -33,22 +38,28 @@ ARGUMENTS: dict[str, Any] = {
 }
 
 
-def test_it_reads_as_build_context_and_copies_once(monkeypatch):
-    made: list[dict[str, Any]] = []
-    real = rendering.build_context
+def test_it_reads_as_build_context_copying_each_name_once(monkeypatch):
+    made: list[str] = []
+    real = rendering._context_part
 
-    def counted(**arguments: Any) -> dict[str, Any]:
-        made.append(arguments)
-        return real(**arguments)
+    def counted(name: str, **arguments: Any) -> Any:
+        made.append(name)
+        return real(name, **arguments)
 
-    monkeypatch.setattr(rendering, "build_context", counted)
+    assert set(CONTEXT_PARTS) == CONTEXT_NAMES
     context = ContextOnRead(**ARGUMENTS)
+    monkeypatch.setattr(rendering, "_context_part", counted)
+    assert "steps" in context and "nope" not in context and len(context) == 5
     assert made == []  # nothing copied until read
-    assert dict(context) == build_context(**ARGUMENTS)
     assert context["input"]["items"] == [1, [2, 3]]  # as a JSON round trip gives it back
-    assert "steps" in context and "nope" not in context
-    assert len(context) == 5 and list(context) == list(build_context(**ARGUMENTS))
-    assert len(made) == 1  # once, however often it is read
+    assert context["input"]["when"] == "2026-01-02T00:00:00+00:00"
+    assert made == ["input"]  # reading the input copies no step's output
+    with pytest.raises(KeyError):
+        context["nope"]
+    plain = build_context(**ARGUMENTS)
+    made.clear()
+    assert dict(context) == plain and list(context) == list(plain)
+    assert made == ["vars", "steps", "run", "compensating"]  # each once, however often read
     context["vars"]["who"] = "changed"  # a copy: the run's own values are not touched
     assert ARGUMENTS["variables"] == {"who": "Ada"}
 
@@ -66,11 +77,11 @@ def test_a_noop_that_renders_nothing_copies_nothing(org, monkeypatch):
     claimed = started_step(org, {"type": "noop"}, {"big": ["x"] * 1000})
     copies: list[object] = []
 
-    def copied(**arguments: Any) -> dict[str, Any]:
-        copies.append(arguments)
+    def copied(name: str, **arguments: Any) -> Any:
+        copies.append(name)
         return {}
 
-    monkeypatch.setattr(rendering, "build_context", copied)
+    monkeypatch.setattr(rendering, "_context_part", copied)
     step_def, context = run_context(claimed)
     assert isinstance(context, ContextOnRead)
     result = executor_for("noop")(step_def, context, step_context(claimed))

@@ -101,10 +101,10 @@ class StepType:
     context_on_read  (worker types) its ``execute`` reads the run's template context only as
               a Mapping (``context[name]``, ``name in context``, ``dict(context)``, handing it
               to ``render``), never as a dict (``json.dumps(context)``, an assignment into it):
-              a worker then hands it a context copied from the run on first read
-              (rendering.ContextOnRead), so a step that reads none of it (a noop, fields with
-              no template) pays no copy of the whole run. False, the default and a plugin's
-              that says nothing: the dict, copied before ``execute`` runs.
+              a worker then hands it a context whose names are copied from the run as the
+              step first reads them (rendering.ContextOnRead), so a step that reads none of
+              it (a noop, fields with no template) pays no copy of the whole run. False, the
+              default and a plugin's that says nothing: the dict, copied before ``execute``.
     decides   (worker types) the one step of a definition whose steps are decided as the run
               goes (engine/decided.py): its result names the step to enter next (a whole
               step, ``{"call": {...}}``) or ends the run. A code workflow's (workflows/code).

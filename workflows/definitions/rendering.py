@@ -54,6 +54,7 @@ from workflows.definitions.storable import UNSTORABLE_REASON, has_unstorable
 
 __all__ = [
     "CONTEXT_NAMES",
+    "CONTEXT_PARTS",
     "ENVIRONMENT",
     "MAX_NESTING",
     "MAX_OUTPUT_BYTES",
@@ -74,6 +75,8 @@ __all__ = [
 MAX_OUTPUT_BYTES = 64 * 1024
 #: The only top-level names a template or condition may use.
 CONTEXT_NAMES = frozenset({"input", "vars", "steps", "run", "compensating"})
+# The same names, in the order a context holds them.
+CONTEXT_PARTS = ("input", "vars", "steps", "run", "compensating")
 #: How deeply a value holding templates (``values``, ``request.body`` ...) may nest.
 MAX_NESTING = 64
 
@@ -540,36 +543,38 @@ def plain_copy(value: Any) -> Any:
 
 
 class ContextOnRead(Mapping[str, Any]):
-    """``build_context(**arguments)``, made on its first read: a step that reads nothing of
-    the run's data (a noop, a step whose fields hold no template) pays no copy of the whole
-    run, which a worker made for every step it ran. Made once, then read as that dict: what a
-    step reads is exactly what build_context gives for the same arguments. Handed only to a
-    type that declares ``context_on_read`` (it reads the context as a Mapping or copies it
-    with ``dict()``); any other type's executor gets the dict itself, as it always did."""
+    """``build_context(**arguments)``, each of its names copied from the run when a step
+    first reads it: a step that reads nothing of the run's data (a noop, a step whose fields
+    hold no template) copies none of it, and one that reads ``input`` does not copy every
+    step's output, where a worker copied the whole run for every step it ran. What a step
+    reads is exactly what build_context gives for the same arguments (``dict()`` of it is
+    that dict). Handed only to a type that declares ``context_on_read`` (it reads the context
+    as a Mapping or copies it with ``dict()``); any other type's executor gets the dict
+    itself, as it always did."""
 
-    __slots__ = ("_arguments", "_context")
+    __slots__ = ("_arguments", "_parts")
 
     def __init__(self, **arguments: Any) -> None:
         self._arguments = arguments
-        self._context: dict[str, Any] | None = None
-
-    def _made(self) -> dict[str, Any]:
-        if self._context is None:
-            self._context = build_context(**self._arguments)
-            self._arguments = {}
-        return self._context
+        self._parts: dict[str, Any] = {}
 
     def __getitem__(self, key: str) -> Any:
-        return self._made()[key]
+        try:
+            return self._parts[key]
+        except KeyError:
+            if key not in CONTEXT_PARTS:
+                raise
+        part = self._parts[key] = _context_part(key, **self._arguments)
+        return part
 
     def __contains__(self, key: object) -> bool:
-        return key in self._made()
+        return key in CONTEXT_PARTS
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._made())
+        return iter(CONTEXT_PARTS)
 
     def __len__(self) -> int:
-        return len(self._made())
+        return len(CONTEXT_PARTS)
 
 
 def build_context(
@@ -588,18 +593,32 @@ def build_context(
     (``step``, ``iteration``, ``output``); null in every other step. Datetimes become ISO 8601
     strings; other non-JSON values strings.
     """
-    # One copy of the whole, not one per part, as a JSON round trip gives it back (JSON's
-    # own values copied as they are, plain_copy): a context is made for every step a worker
-    # runs.
-    context: dict[str, Any] = plain_copy(
-        {
-            "input": run_input,
-            "vars": dict(variables or {}),
-            "steps": {
-                str(step_id): {"output": output} for step_id, output in (step_outputs or {}).items()
-            },
-            "run": {"id": None if run_id is None else str(run_id), "started_at": started_at},
-            "compensating": compensating,
-        }
-    )
-    return context
+    arguments = {
+        "run_input": run_input, "variables": variables, "step_outputs": step_outputs,
+        "run_id": run_id, "started_at": started_at, "compensating": compensating,
+    }  # fmt: skip
+    return {name: _context_part(name, **arguments) for name in CONTEXT_PARTS}
+
+
+def _context_part(
+    name: str,
+    *,
+    run_input: Any,
+    variables: Mapping[str, Any] | None = None,
+    step_outputs: Mapping[str, Any] | None = None,
+    run_id: object = None,
+    started_at: datetime | str | None = None,
+    compensating: Mapping[str, Any] | None = None,
+) -> Any:
+    """One name of a run's template context, a copy of the run's data as a JSON round trip
+    gives it back (JSON's own values copied as they are, plain_copy)."""
+    if name == "input":
+        return plain_copy(run_input)
+    if name == "vars":
+        return plain_copy(dict(variables or {}))
+    if name == "steps":
+        steps = (step_outputs or {}).items()
+        return plain_copy({str(step_id): {"output": output} for step_id, output in steps})
+    if name == "run":
+        return plain_copy({"id": None if run_id is None else str(run_id), "started_at": started_at})
+    return plain_copy(compensating)
