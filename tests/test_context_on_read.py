@@ -38,17 +38,23 @@ ARGUMENTS: dict[str, Any] = {
 }
 
 
-def test_it_reads_as_build_context_copying_each_name_once(monkeypatch):
+def copies_made(monkeypatch, *, fake: bool = False) -> list[str]:
+    """The names of a context copied from here on (``fake``: copied as {}, not made)."""
     made: list[str] = []
-    real = rendering._context_part
+    for name, real in dict(rendering._CONTEXT_PART).items():
 
-    def counted(name: str, **arguments: Any) -> Any:
-        made.append(name)
-        return real(name, **arguments)
+        def counted(arguments: Any, name: str = name, real: Any = real) -> Any:
+            made.append(name)
+            return {} if fake else real(arguments)
 
+        monkeypatch.setitem(rendering._CONTEXT_PART, name, counted)
+    return made
+
+
+def test_it_reads_as_build_context_copying_each_name_once(monkeypatch):
     assert set(CONTEXT_PARTS) == CONTEXT_NAMES
     context = ContextOnRead(**ARGUMENTS)
-    monkeypatch.setattr(rendering, "_context_part", counted)
+    made = copies_made(monkeypatch)
     assert "steps" in context and "nope" not in context and len(context) == 5
     assert made == []  # nothing copied until read
     assert context["input"]["items"] == [1, [2, 3]]  # as a JSON round trip gives it back
@@ -75,13 +81,7 @@ def started_step(org: Organisation, step: dict[str, Any], run_input: dict[str, A
 
 def test_a_noop_that_renders_nothing_copies_nothing(org, monkeypatch):
     claimed = started_step(org, {"type": "noop"}, {"big": ["x"] * 1000})
-    copies: list[object] = []
-
-    def copied(name: str, **arguments: Any) -> Any:
-        copies.append(name)
-        return {}
-
-    monkeypatch.setattr(rendering, "_context_part", copied)
+    copies = copies_made(monkeypatch, fake=True)
     step_def, context = run_context(claimed)
     assert isinstance(context, ContextOnRead)
     result = executor_for("noop")(step_def, context, step_context(claimed))

@@ -542,6 +542,11 @@ def plain_copy(value: Any) -> Any:
     return _plain(value)
 
 
+_CONTEXT_DEFAULTS: dict[str, Any] = dict.fromkeys(
+    ("variables", "step_outputs", "run_id", "started_at", "compensating")
+)
+
+
 class ContextOnRead(Mapping[str, Any]):
     """``build_context(**arguments)``, each of its names copied from the run when a step
     first reads it: a step that reads nothing of the run's data (a noop, a step whose fields
@@ -555,7 +560,8 @@ class ContextOnRead(Mapping[str, Any]):
     __slots__ = ("_arguments", "_parts")
 
     def __init__(self, **arguments: Any) -> None:
-        self._arguments = arguments
+        # build_context's keyword arguments, its defaults for those not given
+        self._arguments = {**_CONTEXT_DEFAULTS, **arguments}
         self._parts: dict[str, Any] = {}
 
     def __getitem__(self, key: str) -> Any:
@@ -564,7 +570,7 @@ class ContextOnRead(Mapping[str, Any]):
         except KeyError:
             if key not in CONTEXT_PARTS:
                 raise
-        part = self._parts[key] = _context_part(key, **self._arguments)
+        part = self._parts[key] = _CONTEXT_PART[key](self._arguments)
         return part
 
     def __contains__(self, key: object) -> bool:
@@ -597,28 +603,22 @@ def build_context(
         "run_input": run_input, "variables": variables, "step_outputs": step_outputs,
         "run_id": run_id, "started_at": started_at, "compensating": compensating,
     }  # fmt: skip
-    return {name: _context_part(name, **arguments) for name in CONTEXT_PARTS}
+    return {name: part(arguments) for name, part in _CONTEXT_PART.items()}
 
 
-def _context_part(
-    name: str,
-    *,
-    run_input: Any,
-    variables: Mapping[str, Any] | None = None,
-    step_outputs: Mapping[str, Any] | None = None,
-    run_id: object = None,
-    started_at: datetime | str | None = None,
-    compensating: Mapping[str, Any] | None = None,
-) -> Any:
-    """One name of a run's template context, a copy of the run's data as a JSON round trip
-    gives it back (JSON's own values copied as they are, plain_copy)."""
-    if name == "input":
-        return plain_copy(run_input)
-    if name == "vars":
-        return plain_copy(dict(variables or {}))
-    if name == "steps":
-        steps = (step_outputs or {}).items()
-        return plain_copy({str(step_id): {"output": output} for step_id, output in steps})
-    if name == "run":
-        return plain_copy({"id": None if run_id is None else str(run_id), "started_at": started_at})
-    return plain_copy(compensating)
+def _steps(outputs: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {str(step_id): {"output": output} for step_id, output in (outputs or {}).items()}
+
+
+# How each name of a run's template context is made from build_context's arguments: a copy of
+# the run's data as a JSON round trip gives it back (JSON's own values copied as they are,
+# plain_copy), in CONTEXT_PARTS's order. ContextOnRead makes each when it is first read.
+_CONTEXT_PART: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "input": lambda a: plain_copy(a["run_input"]),
+    "vars": lambda a: plain_copy(dict(a["variables"] or {})),
+    "steps": lambda a: plain_copy(_steps(a["step_outputs"])),
+    "run": lambda a: plain_copy(
+        {"id": None if a["run_id"] is None else str(a["run_id"]), "started_at": a["started_at"]}
+    ),
+    "compensating": lambda a: plain_copy(a["compensating"]),
+}
