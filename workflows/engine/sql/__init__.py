@@ -13,6 +13,7 @@ raw SQL here selects JSON columns cast to ``json``, which psycopg decodes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NotRequired, TypedDict
 
@@ -580,27 +581,31 @@ SELECT run.*, (SELECT count(*) FROM changed) AS changed FROM run
 """  # noqa: S608 (composed of this module's constant SQL)
 
 
+def _run_set(value: Callable[[str], str]) -> str:
+    """The SET list of a walk's update of its run: its values as the walk leaves them
+    (Walk._run_update's parameters), each read by ``value(name)``; the JSON columns merged
+    into the run's (a walk writes the keys it changed)."""
+    return f"""
+   SET vars = r.vars || {value("vars")}, outputs = r.outputs || {value("outputs")},
+       entered = r.entered || {value("entered")},
+       steps_executed = {value("steps")}, status = {value("status")},
+       output = {value("output")}, error = {value("error")},
+       finished_at = CASE WHEN {value("finished")} THEN now() ELSE NULL END"""
+
+
 # The walk's one write to the run: what changed of its template data (merged, never rewritten
 # whole), its budget and, when it ends, its outcome. The caller holds the row lock (LOCK_RUN)
 # and guards on the status it read under it.
-UPDATE_RUN = """
-UPDATE workflows_run
-   SET vars = vars || %(vars)s, outputs = outputs || %(outputs)s,
-       entered = entered || %(entered)s,
-       steps_executed = %(steps)s, status = %(status)s, output = %(output)s, error = %(error)s,
-       finished_at = CASE WHEN %(finished)s THEN now() ELSE NULL END
- WHERE id = %(id)s AND status = %(expected)s AND status IN ('running', 'paused')
+UPDATE_RUN = f"""
+UPDATE workflows_run r{_run_set(lambda name: f"%({name})s")}
+ WHERE r.id = %(id)s AND r.status = %(expected)s AND r.status IN ('running', 'paused')
 """
 
 # Several runs' UPDATE_RUN in one statement (waits.wake_steps_together: a batch of timers
 # each ending its own run's wait): %(runs)s is a JSON array of UPDATE_RUN's parameters
 # (rows.json_params: a missing key is SQL NULL). Its row count says how many it updated.
-UPDATE_RUNS = """
-UPDATE workflows_run r
-   SET vars = r.vars || u.vars, outputs = r.outputs || u.outputs,
-       entered = r.entered || u.entered,
-       steps_executed = u.steps, status = u.status, output = u.output, error = u.error,
-       finished_at = CASE WHEN u.finished THEN now() ELSE NULL END
+UPDATE_RUNS = f"""
+UPDATE workflows_run r{_run_set(lambda name: f"u.{name}")}
   FROM jsonb_to_recordset(%(runs)s::jsonb) AS u(
        id bigint, vars jsonb, outputs jsonb, entered jsonb, steps integer, status text,
        output jsonb, error text, finished boolean, expected text)
