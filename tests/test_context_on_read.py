@@ -1,7 +1,8 @@
-"""A worker step of the engine's own types gets the run's template context copied when it
-first reads it (rendering.ContextOnRead): a noop that renders nothing copies nothing; what a
-step reads is exactly build_context's dict; a template rendered in a child process gets it
-as plain JSON; a plugin's step is handed the dict itself."""
+"""A step of a type declaring ``context_on_read`` (the engine's own) gets the run's template
+context copied name by name as it first reads it (rendering.ContextOnRead), from a worker or
+in the walk: a noop that renders nothing copies nothing, nor does an end with no output;
+what a step reads is exactly build_context's dict; a template rendered in a child process
+gets it as plain JSON; a plugin's step is handed the dict itself."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from workflows.definitions.rendering import (
 from workflows.engine.executors import executor_for
 from workflows.engine.lanes import lane_policy
 from workflows.engine.steps import claim, run_context, step_context
-from workflows.models import Organisation
+from workflows.models import Organisation, Run
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
@@ -121,3 +122,19 @@ def test_a_plugins_step_is_handed_the_dict(org):
 @pytest.fixture
 def org() -> Organisation:
     return Organisation.objects.create(slug="lazy-org", name="lazy")
+
+
+def test_a_walks_inline_steps_copy_only_what_they_read(org, monkeypatch):
+    definition = {
+        "start": "note",
+        "steps": [
+            {"id": "note", "type": "set", "values": {"seen": "{{ input.n }}"}, "next": "done"},
+            {"id": "done", "type": "end"},
+        ],
+    }
+    automation_publish_definition(org=org, slug="inline", definition=definition)
+    made = copies_made(monkeypatch)
+    started = run_start(org=org, automation_slug="inline", run_input={"n": 4}, start_key="i")
+    assert made == ["input"]  # the set read its input; the end, with no output, nothing
+    run = Run.objects.get(pk=started.run_id)
+    assert (run.status, run.vars) == ("succeeded", {"seen": "4"})

@@ -59,6 +59,7 @@ def validate_wait(step: Mapping[str, Any], report: StepReport) -> None:
 WAIT = StepType(
     name="wait", lane="inline", validate=validate_wait, execute=enter_wait, built=True,
     waits=True, app="timers",
+    context_on_read=True,  # its zone and duration render from dict(context)
 )  # fmt: skip
 
 
@@ -121,6 +122,7 @@ def _check_zone(step: Mapping[str, Any], report: StepReport) -> None:
 WAIT_UNTIL = StepType(
     name="wait_until", lane="inline", validate=validate_wait_until, execute=enter_wait,
     built=True, waits=True, app="timers",
+    context_on_read=True,  # its instant and zone render from dict(context)
 )  # fmt: skip
 
 STEP_TYPES = (WAIT, WAIT_UNTIL)

@@ -86,6 +86,7 @@ def run_set(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContex
 SET = StepType(
     name="set", lane="inline", validate=validate_set, execute=run_set, built=True,
     app="workflows", pure=True,
+    context_on_read=True,  # it renders its values
 )  # fmt: skip
 
 
@@ -177,6 +178,7 @@ BRANCH = StepType(
     built=True,
     app="workflows",
     pure=True,
+    context_on_read=True,  # it evaluates its conditions
 )
 
 
@@ -203,6 +205,7 @@ END = StepType(
     built=True,
     app="workflows",
     pure=True,
+    context_on_read=True,  # it renders its output, if any
 )
 
 
@@ -279,6 +282,7 @@ WAIT_SIGNAL = StepType(
     waits=True,
     built=True,
     app="workflows",
+    context_on_read=True,  # it renders its correlation
 )
 
 
@@ -310,6 +314,7 @@ def run_join(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepConte
 JOIN = StepType(
     name="join", lane="inline", validate=validate_join, execute=run_join, built=True,
     app="workflows", joins=True,
+    context_on_read=True,  # it reads nothing of the run
 )  # fmt: skip
 
 

@@ -260,6 +260,7 @@ CODE = StepType(
 CODE_RESULT = StepType(
     name=RESULT_TYPE, lane="inline", validate=validate_code_result, execute=record_result,
     built=True, pure=True, app="workflows",
+    context_on_read=True,  # it reads nothing of the run
 )  # fmt: skip
 
 

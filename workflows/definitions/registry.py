@@ -98,13 +98,15 @@ class StepType:
     joins     (inline types) where a forking step's branches meet: its waiting row is opened
               when the fork is entered and each branch arrives at it (engine/forks.py); only
               entered outside a fork does its ``execute`` run. The engine's `join`.
-    context_on_read  (worker types) its ``execute`` reads the run's template context only as
+    context_on_read  its ``execute`` reads the run's template context only as
               a Mapping (``context[name]``, ``name in context``, ``dict(context)``, handing it
               to ``render``), never as a dict (``json.dumps(context)``, an assignment into it):
-              a worker then hands it a context whose names are copied from the run as the
-              step first reads them (rendering.ContextOnRead), so a step that reads none of
-              it (a noop, fields with no template) pays no copy of the whole run. False, the
-              default and a plugin's that says nothing: the dict, copied before ``execute``.
+              a worker, or the walk for an inline type, then hands it a context whose
+              names are copied from the run as the step first reads them
+              (rendering.ContextOnRead), so a step that reads none of it (a noop, an end
+              with no output, fields with no template) pays no copy of the whole run.
+              False, the default and a plugin's that says nothing: the dict, copied before
+              ``execute``.
     decides   (worker types) the one step of a definition whose steps are decided as the run
               goes (engine/decided.py): its result names the step to enter next (a whole
               step, ``{"call": {...}}``) or ends the run. A code workflow's (workflows/code).

@@ -28,6 +28,7 @@ from typing import Any
 
 from django.db import connection
 
+from ..definitions.registry import StepType
 from ..states import RunStatus
 from . import sql
 from .speculative import NeedsTransaction, NoDatabase, walked_ahead
@@ -45,7 +46,7 @@ class _NewRunWalk(Walk):
     and start time), as an inline step or a wait's duration does, ends it (the start goes
     the ordinary way)."""
 
-    def context(self) -> dict[str, Any]:
+    def context(self, step_type: StepType | None = None, compensating: Any = None) -> Any:
         raise NeedsTransaction("the run's context")
 
 

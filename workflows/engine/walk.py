@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb
 
 from ..definitions.expressions import build_context
 from ..definitions.registry import StepType, registry
+from ..definitions.rendering import ContextOnRead
 from ..states import RunStatus, StepStatus, WaitKind
 from .compensation import Compensation
 from .decided import DecidedSteps, step_at, steps_of
@@ -312,14 +313,20 @@ class Walk:
         insert_rows(self.cursor, "workflows_step", STEP_COLUMNS, self.new_steps)
         self.new_steps = []
 
-    def context(self) -> dict[str, Any]:
-        return build_context(
-            run_input=self.run.input,
-            variables=self.run.vars,
-            step_outputs=self.run.outputs,
-            run_id=self.run.id,
-            started_at=self.run.created_at,
-        )
+    def context(
+        self, step_type: StepType | None = None, compensating: Any = None
+    ) -> Mapping[str, Any]:
+        """The run's template context for an inline step of ``step_type``: copied as the step
+        reads it when the type declares ``context_on_read`` (rendering.ContextOnRead: an end
+        with no output copies nothing of the run), else the whole copy, made now."""
+        arguments = {
+            "run_input": self.run.input, "variables": self.run.vars,
+            "step_outputs": self.run.outputs, "run_id": self.run.id,
+            "started_at": self.run.created_at, "compensating": compensating,
+        }  # fmt: skip
+        if step_type is not None and step_type.context_on_read:
+            return ContextOnRead(**arguments)
+        return build_context(**arguments)
 
     def _decider_context(self) -> dict[str, Any]:
         """A decider's context: the run's input and outputs as the walk holds them, not a
@@ -557,9 +564,8 @@ class Walk:
             org_id=self.run.org_id, run_id=self.run.id, step_id=step_id, iteration=iteration,
             attempt=1, lane="inline", lease_lost=INLINE_LEASE,
         )  # fmt: skip
-        context = self.context()
-        if step_id in self.sagas.compensators:
-            context["compensating"] = self.sagas.execution(step_id)
+        undoes = self.sagas.execution(step_id) if step_id in self.sagas.compensators else None
+        context = self.context(step_type, compensating=undoes)
         try:
             result = executor_for(step_type.name)(step, context, ctx)
         except StepFailure as exc:
@@ -678,7 +684,7 @@ class Walk:
             lease_lost=INLINE_LEASE,
         )  # fmt: skip
         try:
-            result = executor_for(step_type.name)(step, self.context(), ctx)
+            result = executor_for(step_type.name)(step, self.context(step_type), ctx)
         except Exception:  # its own attempt meets it again, under its lane's policy
             return False
         if result.park is not None or result.finish is not None:
