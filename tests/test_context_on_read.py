@@ -119,11 +119,6 @@ def test_a_plugins_step_is_handed_the_dict(org):
     assert seen == [dict]
 
 
-@pytest.fixture
-def org() -> Organisation:
-    return Organisation.objects.create(slug="lazy-org", name="lazy")
-
-
 def test_a_walks_inline_steps_copy_only_what_they_read(org, monkeypatch):
     definition = {
         "start": "note",

@@ -69,6 +69,7 @@ __all__ = [
     "is_template",
     "render_template_here",
     "render_value_here",
+    "template_context",
 ]
 
 #: The largest rendered output (UTF-8 bytes) of one template, or of one ``render_value`` call.
@@ -581,6 +582,12 @@ class ContextOnRead(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(CONTEXT_PARTS)
+
+
+def template_context(on_read: bool, **arguments: Any) -> Mapping[str, Any]:
+    """The context a step's ``execute`` is handed, from build_context's arguments: made on
+    read (ContextOnRead) when its type declares ``context_on_read``, else the dict, now."""
+    return ContextOnRead(**arguments) if on_read else build_context(**arguments)
 
 
 def build_context(

@@ -46,7 +46,7 @@ class _NewRunWalk(Walk):
     and start time), as an inline step or a wait's duration does, ends it (the start goes
     the ordinary way)."""
 
-    def context(self, step_type: StepType | None = None, compensating: Any = None) -> Any:
+    def context(self, step_type: StepType, compensating: Any = None) -> Any:
         raise NeedsTransaction("the run's context")
 
 

@@ -20,9 +20,8 @@ from django.db import connection, transaction
 from django.db.backends.signals import connection_created
 from psycopg.rows import dict_row
 
-from ..definitions.expressions import build_context
 from ..definitions.registry import RetryPolicy, registry
-from ..definitions.rendering import ContextOnRead
+from ..definitions.rendering import template_context
 from . import hops, sql
 from .claimed import ClaimedStep
 from .compensation import compensated_execution, is_compensation_step
@@ -221,14 +220,11 @@ def run_context(step: ClaimedStep) -> tuple[Mapping[str, Any], Mapping[str, Any]
             compensating = compensated_execution(
                 cursor, run_id=step.run_id, step_id=step.step_id, iteration=step.iteration
             )
-    arguments = {
-        "run_input": step.run_input, "variables": step.run_vars,
-        "step_outputs": step.run_outputs, "run_id": step.run_id,
-        "started_at": step.run_created_at, "compensating": compensating,
-    }  # fmt: skip
-    if step_type is not None and step_type.context_on_read:  # copied if the step reads it
-        return step_def, ContextOnRead(**arguments)
-    return step_def, build_context(**arguments)
+    return step_def, template_context(
+        step_type is not None and step_type.context_on_read, run_input=step.run_input,
+        variables=step.run_vars, step_outputs=step.run_outputs, run_id=step.run_id,
+        started_at=step.run_created_at, compensating=compensating,
+    )  # fmt: skip
 
 
 @contextmanager

@@ -22,9 +22,8 @@ from typing import Any, NamedTuple, cast
 from django.db import connection
 from psycopg.types.json import Jsonb
 
-from ..definitions.expressions import build_context
 from ..definitions.registry import StepType, registry
-from ..definitions.rendering import ContextOnRead
+from ..definitions.rendering import template_context
 from ..states import RunStatus, StepStatus, WaitKind
 from .compensation import Compensation
 from .decided import DecidedSteps, step_at, steps_of
@@ -313,20 +312,15 @@ class Walk:
         insert_rows(self.cursor, "workflows_step", STEP_COLUMNS, self.new_steps)
         self.new_steps = []
 
-    def context(
-        self, step_type: StepType | None = None, compensating: Any = None
-    ) -> Mapping[str, Any]:
-        """The run's template context for an inline step of ``step_type``: copied as the step
-        reads it when the type declares ``context_on_read`` (rendering.ContextOnRead: an end
-        with no output copies nothing of the run), else the whole copy, made now."""
-        arguments = {
-            "run_input": self.run.input, "variables": self.run.vars,
-            "step_outputs": self.run.outputs, "run_id": self.run.id,
-            "started_at": self.run.created_at, "compensating": compensating,
-        }  # fmt: skip
-        if step_type is not None and step_type.context_on_read:
-            return ContextOnRead(**arguments)
-        return build_context(**arguments)
+    def context(self, step_type: StepType, compensating: Any = None) -> Mapping[str, Any]:
+        """The run's template context for a step of ``step_type`` the walk runs: copied as
+        the step reads it when the type declares ``context_on_read`` (an end with no output
+        copies nothing of the run), else the whole copy, made now."""
+        return template_context(
+            step_type.context_on_read, run_input=self.run.input, variables=self.run.vars,
+            step_outputs=self.run.outputs, run_id=self.run.id,
+            started_at=self.run.created_at, compensating=compensating,
+        )  # fmt: skip
 
     def _decider_context(self) -> dict[str, Any]:
         """A decider's context: the run's input and outputs as the walk holds them, not a
