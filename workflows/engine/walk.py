@@ -51,22 +51,23 @@ from .sql import (
     TakenStepRow,
 )
 from .sql.rows import (
-    EVENT_COLUMNS,
+    HOP_EVENT_CELLS,
+    NEW_STEP_CELLS,
     NOW,
+    START_EVENT_CELLS,
     STEP_COLUMNS,
     EventRow,
     NewStep,
     NowPlus,
     Statement,
+    dumps_cells,
     event_row,
     events_statement,
     fetch_dict,
     insert_rows,
     insert_statement,
     json_or_null,
-    json_rows,
     query_prepared,
-    row_objects,
     run_batch,
     wakes_statement,
 )
@@ -824,8 +825,9 @@ class Walk:
         run_update = self._run_update()
         return {
             **run_update, "seen": seen,
-            "new_steps": json_rows(STEP_COLUMNS, self.new_steps),
-            "events": json_rows(EVENT_COLUMNS, self.events), "worker": self.worker,
+            "new_steps": Jsonb(NEW_STEP_CELLS.objects(self.new_steps), dumps=dumps_cells),
+            "events": Jsonb(HOP_EVENT_CELLS.objects(self.events), dumps=dumps_cells),
+            "worker": self.worker,
             "taken_step": taken.step_id if taken else None,
             "taken_iteration": taken.iteration if taken else None,
         }  # fmt: skip
@@ -845,8 +847,8 @@ class Walk:
         document = {
             "vars": run["vars"].obj, "outputs": run["outputs"].obj,
             "entered": run["entered"].obj,
-            "new_steps": row_objects(STEP_COLUMNS, self.new_steps),
-            "events": row_objects(EVENT_COLUMNS, self.events), "lanes": sorted(self.wake_lanes),
+            "new_steps": NEW_STEP_CELLS.objects(self.new_steps),
+            "events": START_EVENT_CELLS.objects(self.events), "lanes": sorted(self.wake_lanes),
         }  # fmt: skip
         return scalars, document
 
