@@ -1,7 +1,7 @@
 """Instructions a start's client and a worker spend, counted by callgrind: figures the
 machine's noise does not move (CPU times on a shared 2-core machine vary by ±20 %).
 
-    .venv/bin/python benchmarks/instructions.py [--side start|worker|both]
+    .venv/bin/python benchmarks/instructions.py [--side start|worker|both] [--shape three-io|code-3]
 
 Needs valgrind (``apt-get install valgrind``). Each side runs twice under callgrind, small
 and large, and the totals are differenced, so start-up (imports, migrations check, the first
@@ -12,7 +12,8 @@ connection) cancels out:
   server is another process);
 - worker: ``--runs`` (100 and 700) runs are queued, then `manage.py worker --lane io` runs
   under callgrind until none is running and is stopped (SIGTERM); prints instructions per
-  run (three io steps each).
+  run (three io steps each). With ``--shape code-3``, the runs are the same three steps as a
+  code workflow (benchmarks/peer/peer_code.py): what a code run's turns add to the worker.
 
 Both run in the database waymark_bench (WAYMARK_DB_NAME wins). Asserts nothing; exits
 non-zero when a run did not succeed. Under callgrind a process is about 50 times slower: a
@@ -32,12 +33,21 @@ import time
 
 from common import ROOT, THREE_IO, empty_run_tables, setup, start_runs
 
+# The peer benchmark's code workflows (--shape code-3), registered in this process and in the
+# worker's, which inherits the environment.
+PEER = ROOT / "benchmarks" / "peer"
+os.environ["WAYMARK_EXTRA_STEP_MODULES"] = "peer_code"
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PEER), os.environ.get("PYTHONPATH")]))
+sys.path.insert(0, str(PEER))
 setup("waymark_bench")
 
 from django.db import connection  # noqa: E402
 
 from workflows.models import Organisation  # noqa: E402
+from workflows.plugins.code import publish_code_workflow  # noqa: E402
 from workflows.services.automations import automation_publish_definition  # noqa: E402
+
+SHAPES = ("three-io", "code-3")  # code-3: its automation is named after the workflow
 
 VALGRIND = shutil.which("valgrind") or "valgrind"
 SMALL_STARTS, LARGE_STARTS = 200, 1200
@@ -47,12 +57,14 @@ SMALL_RUNS, LARGE_RUNS = 100, 700
 def organisation() -> Organisation:
     org, _ = Organisation.objects.get_or_create(slug="instructions", defaults={"name": "i"})
     automation_publish_definition(org=org, slug="three", definition=THREE_IO)
+    publish_code_workflow(org=org, name="code-3", version=1)
     return org
 
 
-def start_three(count: int, tag: str) -> None:
-    """``count`` runs of the side-by-side shape, one after the other (one thread)."""
-    start_runs(organisation(), "three", count, tag, threads=1)
+def start_three(count: int, tag: str, shape: str = "three-io") -> None:
+    """``count`` runs of the side-by-side shape (or the same as a code workflow), one after
+    the other (one thread)."""
+    start_runs(organisation(), "three" if shape == "three-io" else shape, count, tag, threads=1)
 
 
 def counted(command: list[str], *, until_done: bool = False) -> int:
@@ -89,11 +101,11 @@ def per_start() -> float:
     return (totals[1] - totals[0]) / (LARGE_STARTS - SMALL_STARTS)
 
 
-def per_run() -> float:
+def per_run(shape: str) -> float:
     totals = []
     for count in (SMALL_RUNS, LARGE_RUNS):
         empty_run_tables()
-        start_three(count, f"w{int(time.time())}")
+        start_three(count, f"w{int(time.time())}", shape)
         worker = [sys.executable, "manage.py", "worker", "--lane", "io"]
         totals.append(counted(worker, until_done=True))
         with connection.cursor() as cursor:
@@ -107,6 +119,7 @@ def per_run() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--side", choices=["start", "worker", "both"], default="both")
+    parser.add_argument("--shape", choices=SHAPES, default="three-io", help="the worker's runs")
     parser.add_argument("--starts", type=int, help=argparse.SUPPRESS)  # the counted child
     parser.add_argument("--tag", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -120,7 +133,8 @@ def main() -> None:
     if args.side in ("start", "both"):
         print(f"client instructions per start: {per_start() / 1e3:,.0f} k")
     if args.side in ("worker", "both"):
-        print(f"worker instructions per run (three io steps): {per_run() / 1e3:,.0f} k")
+        per = per_run(args.shape)
+        print(f"worker instructions per run (three io steps, {args.shape}): {per / 1e3:,.0f} k")
 
 
 if __name__ == "__main__":
