@@ -1,0 +1,115 @@
+"""The io worker's Python for one settle: its hop planned and its JSON document encoded
+(hops.plan_hop, then what hops_together sends), for the side-by-side shape and for the same
+three steps as a code workflow. Figures for comparing two versions of the code, taken in one
+process, where a drain's rates move with the machine by a fifth from one pass to the next.
+
+    .venv/bin/python benchmarks/settle_python.py [--runs 300] [--repeats 15]
+
+It first drains ``--runs`` runs of each shape through a real worker's code path in this
+process (workflows.code.testing.run_due_steps: claim, execute, settle), keeping the
+arguments of every settle as the worker planned it. Then it plans and encodes each kept
+settle again, the two shapes alternated, ``--repeats`` times, and prints per settle the
+median and lowest microseconds and the document's bytes. Planning writes nothing: a hop's
+walk runs ahead of its transaction, on the run as the worker saw it. A code-3 run settles
+three times as a three-io run does (its first step runs with its first turn), so the two
+figures compare per io step too. Uses the database waymark_bench; exits non-zero when a run
+did not succeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from common import ROOT, THREE_IO, empty_run_tables, setup, start_runs
+
+# The peer benchmark's code workflows (code-3), registered in this process.
+PEER = ROOT / "benchmarks" / "peer"
+os.environ["WAYMARK_EXTRA_STEP_MODULES"] = "peer_code"
+sys.path.insert(0, str(PEER))
+setup("waymark_bench")
+
+from workflows.code.testing import run_due_steps  # noqa: E402
+from workflows.engine import group_settle  # noqa: E402
+from workflows.engine.hops import json_params, plan_hop  # noqa: E402
+from workflows.engine.lanes import lane_policy  # noqa: E402
+from workflows.engine.sql.rows import dumps_cells  # noqa: E402
+from workflows.engine.worker import Worker  # noqa: E402
+from workflows.models import Organisation, Run  # noqa: E402
+from workflows.plugins.code import publish_code_workflow  # noqa: E402
+from workflows.services.automations import automation_publish_definition  # noqa: E402
+
+SHAPES = {"three-io": "three", "code-3": "code-3"}  # shape -> automation slug
+
+Settle = tuple[Any, Any, Any, str]  # the step, its result, the worker's offer, the worker
+
+
+def organisation() -> Organisation:
+    org, _ = Organisation.objects.get_or_create(slug="settle-python", defaults={"name": "s"})
+    automation_publish_definition(org=org, slug="three", definition=THREE_IO)
+    publish_code_workflow(org=org, name="code-3", version=1)
+    return org
+
+
+def kept_settles(org: Organisation, slug: str, runs: int) -> list[Settle]:
+    """Drain ``runs`` runs of ``slug`` in this process; the settles the worker planned."""
+    empty_run_tables()
+    start_runs(org, slug, runs, f"{slug}-{time.time()}", threads=1)
+    kept: list[Settle] = []
+    planner = group_settle.plan_hop
+
+    def keeping(step: Any, result: Any, *, worker: str, take: Any) -> Any:
+        kept.append((step, result, take, worker))
+        return planner(step, result, worker=worker, take=take)
+
+    group_settle.plan_hop = keeping
+    try:
+        worker = Worker(lane_policy("io"), concurrency=1, name="settle-python")
+        while run_due_steps(worker, limit=16):
+            pass
+    finally:
+        group_settle.plan_hop = planner
+    failed = Run.objects.exclude(status="succeeded").count()
+    if failed:
+        raise SystemExit(f"{slug}: {failed} runs did not succeed")
+    return kept
+
+
+def planned_and_encoded(settles: list[Settle]) -> tuple[float, float]:
+    """Microseconds per settle to plan and encode them all once; the mean document size."""
+    size = 0
+    began = time.perf_counter()
+    for step, result, take, worker in settles:
+        planned = plan_hop(step, result, worker=worker, take=take)
+        if planned is not None:
+            size += len(dumps_cells(json_params(planned.params)))
+    return (time.perf_counter() - began) / len(settles) * 1e6, size / len(settles)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    org = organisation()
+    settles = {shape: kept_settles(org, slug, args.runs) for shape, slug in SHAPES.items()}
+    timings: dict[str, list[float]] = {shape: [] for shape in SHAPES}
+    sizes: dict[str, float] = {}
+    for _ in range(args.repeats):
+        for shape, kept in settles.items():
+            took, sizes[shape] = planned_and_encoded(kept)
+            timings[shape].append(took)
+    for shape, taken in timings.items():
+        print(
+            f"{shape}: {len(settles[shape])} settles; planned and encoded in "
+            f"{statistics.median(taken):.1f} us a settle (median of {args.repeats}; lowest "
+            f"{min(taken):.1f}), a document of {sizes[shape]:,.0f} bytes"
+        )
+
+
+if __name__ == "__main__":
+    main()
