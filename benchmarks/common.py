@@ -25,6 +25,18 @@ THREE_IO: dict[str, Any] = {
 }
 
 
+def use_peer_code_workflows() -> None:
+    """Register the peer benchmark's code workflows (benchmarks/peer/peer_code.py: code-3 and
+    its kin) in this process and in the engine processes it starts, which inherit the
+    environment, as a host's ready() would register them. Call before ``setup``."""
+    peer = ROOT / "benchmarks" / "peer"
+    os.environ["WAYMARK_EXTRA_STEP_MODULES"] = "peer_code"
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(peer), os.environ.get("PYTHONPATH")])
+    )
+    sys.path.insert(0, str(peer))
+
+
 def setup(database: str, **environment: str) -> None:
     """Django with the project's settings, on ``database`` (WAYMARK_DB_NAME wins), quiet, with
     no statement timeout (benchmarks fill tables), and the migrations applied. The quotas are

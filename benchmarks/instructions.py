@@ -31,14 +31,9 @@ import sys
 import tempfile
 import time
 
-from common import ROOT, THREE_IO, empty_run_tables, setup, start_runs
+from common import ROOT, THREE_IO, empty_run_tables, setup, start_runs, use_peer_code_workflows
 
-# The peer benchmark's code workflows (--shape code-3), registered in this process and in the
-# worker's, which inherits the environment.
-PEER = ROOT / "benchmarks" / "peer"
-os.environ["WAYMARK_EXTRA_STEP_MODULES"] = "peer_code"
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PEER), os.environ.get("PYTHONPATH")]))
-sys.path.insert(0, str(PEER))
+use_peer_code_workflows()  # --shape code-3
 setup("waymark_bench")
 
 from django.db import connection  # noqa: E402

@@ -19,18 +19,13 @@ did not succeed.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 from typing import Any
 
-from common import ROOT, THREE_IO, empty_run_tables, setup, start_runs
+from common import THREE_IO, empty_run_tables, setup, start_runs, use_peer_code_workflows
 
-# The peer benchmark's code workflows (code-3), registered in this process.
-PEER = ROOT / "benchmarks" / "peer"
-os.environ["WAYMARK_EXTRA_STEP_MODULES"] = "peer_code"
-sys.path.insert(0, str(PEER))
+use_peer_code_workflows()  # code-3
 setup("waymark_bench")
 
 from workflows.code.testing import run_due_steps  # noqa: E402

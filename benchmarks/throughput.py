@@ -42,14 +42,10 @@ from common import (
     empty_run_tables,
     setup,
     start_runs,
+    use_peer_code_workflows,
 )
 
-# The peer benchmark's code workflows (--shape code-3), registered in this process and in the
-# engine's, which inherit the environment, as a host's ready() would register them.
-PEER = ROOT / "benchmarks" / "peer"
-os.environ["WAYMARK_EXTRA_STEP_MODULES"] = "peer_code"
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PEER), os.environ.get("PYTHONPATH")]))
-sys.path.insert(0, str(PEER))
+use_peer_code_workflows()  # --shape code-3
 setup("waymark_bench")
 
 from django.db import connection  # noqa: E402
