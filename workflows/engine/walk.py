@@ -60,7 +60,6 @@ from .sql.rows import (
     NewStep,
     NowPlus,
     Statement,
-    dumps_cells,
     event_row,
     events_statement,
     fetch_dict,
@@ -825,8 +824,8 @@ class Walk:
         run_update = self._run_update()
         return {
             **run_update, "seen": seen,
-            "new_steps": Jsonb(NEW_STEP_CELLS.objects(self.new_steps), dumps=dumps_cells),
-            "events": Jsonb(HOP_EVENT_CELLS.objects(self.events), dumps=dumps_cells),
+            "new_steps": NEW_STEP_CELLS.json(self.new_steps),
+            "events": HOP_EVENT_CELLS.json(self.events),
             "worker": self.worker,
             "taken_step": taken.step_id if taken else None,
             "taken_iteration": taken.iteration if taken else None,

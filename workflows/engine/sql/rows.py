@@ -85,13 +85,7 @@ def json_rows(columns: Sequence[str], rows: Sequence[tuple]) -> Jsonb:
     """Rows as one JSON array of objects keyed by column name, for a server-side function
     (sql/functions.py): NOW is 0 and NowPlus(s) is s (the function adds now()), a Jsonb cell
     is its value."""
-    return Jsonb(row_objects(columns, rows), dumps=dumps_cells)
-
-
-def row_objects(columns: Sequence[str], rows: Sequence[tuple]) -> list[dict[str, Any]]:
-    """The objects of json_rows, to go inside a larger JSON document: their cells as they
-    are, so that document is encoded by ``dumps_cells``."""
-    return [dict(zip(columns, row, strict=True)) for row in rows]
+    return Jsonb([dict(zip(columns, row, strict=True)) for row in rows], dumps=dumps_cells)
 
 
 def _cell(value: Any) -> Any:
@@ -110,8 +104,8 @@ _CELLS = json.JSONEncoder(default=_cell)  # json.dumps's defaults otherwise
 
 
 def dumps_cells(document: Any) -> str:
-    """A JSON document holding row_objects (json.dumps's text, their cells as json_rows
-    says)."""
+    """A JSON document holding rows as objects (json_rows, RowCells): json.dumps's text,
+    their cells as json_rows says."""
     return _CELLS.encode(document)
 
 
@@ -290,7 +284,7 @@ def _database_errors(cursor: Any) -> Any:
 class NewStep(NamedTuple):
     """A step row to insert (workflows_step), its fields the columns in the INSERT's order
     (STEP_COLUMNS): built by name, sent as the plain tuple it is (insert_statement), or as
-    objects keyed by column (row_objects) for the hop's and the start's server functions."""
+    objects keyed by column (json_rows, RowCells) for the server functions that read JSON."""
 
     org_id: int
     run_id: int
@@ -336,10 +330,9 @@ EVENT_COLUMNS = EventRow._fields
 class RowCells:
     """The cells of rows that a server function reads from JSON (jsonb_to_recordset): only
     those it names, and none that is null, since a missing key reads as NULL as a JSON null
-    does. The hop's and the start's documents are encoded in the worker or the web process
-    and parsed by the server on every hop and start: their rows carried the run's
-    organisation and id, the worker and the time, which the functions take from the
-    statement, and a dozen nulls (a hop's document is a third of its former size)."""
+    does. A hop's and a start's documents are encoded in the worker or the web process and
+    parsed by the server on every hop and start, so they carry no cell the function takes
+    from elsewhere (the run's organisation and id, the worker, the time) and no null."""
 
     def __init__(self, columns: Sequence[str], fields: Sequence[str]) -> None:
         self.fields = tuple(fields)
@@ -351,6 +344,10 @@ class RowCells:
             {name: cell for name, cell in zip(fields, cells(row), strict=True) if cell is not None}
             for row in rows
         ]
+
+    def json(self, rows: Sequence[tuple]) -> Jsonb:
+        """The objects as one JSON parameter, encoded as json_rows encodes rows."""
+        return Jsonb(self.objects(rows), dumps=dumps_cells)
 
 
 # sql/functions.py (waymark_settle_hop_v1, waymark_settle_hops_v3) and sql.START_RUN read
