@@ -474,22 +474,25 @@ def render_value_here(
     value: Any, context: Mapping[str, Any], *, max_bytes: int = MAX_OUTPUT_BYTES
 ) -> Any:
     """render_value in this process, without a CPU or memory budget."""
-    budget = Budget(max_bytes)
+    return _rendered(value, 0, context, Budget(max_bytes))
 
-    def walk(item: Any, depth: int) -> Any:
-        if isinstance(item, str):
-            return _render(item, context, budget)
-        if isinstance(item, Mapping | list | tuple):
-            if depth >= MAX_NESTING:
-                raise ExpressionError(
-                    f"the value nests deeper than {MAX_NESTING} levels", code="too_deep"
-                )
-            if isinstance(item, Mapping):
-                return {key: walk(child, depth + 1) for key, child in item.items()}
-            return [walk(child, depth + 1) for child in item]
-        return item
 
-    return walk(value, 0)
+def _rendered(item: Any, depth: int, context: Mapping[str, Any], budget: Budget) -> Any:
+    """``item`` with every string in it rendered. (Not a closure over its own name: that is
+    a reference cycle, left for the garbage collector, on every step whose fields render.)"""
+    if isinstance(item, str):
+        return _render(item, context, budget)
+    if isinstance(item, Mapping | list | tuple):
+        if depth >= MAX_NESTING:
+            raise ExpressionError(
+                f"the value nests deeper than {MAX_NESTING} levels", code="too_deep"
+            )
+        if isinstance(item, Mapping):
+            return {
+                key: _rendered(child, depth + 1, context, budget) for key, child in item.items()
+            }
+        return [_rendered(child, depth + 1, context, budget) for child in item]
+    return item
 
 
 def evaluate_condition_here(expr: str, context: Mapping[str, Any]) -> bool:

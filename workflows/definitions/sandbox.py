@@ -567,22 +567,26 @@ def render(op: str, source: Any, context: Mapping[str, Any], max_bytes: int) -> 
     else:
         trees: dict[str, nodes.Template] = {}
         if _fast_value(source, 0, trees):
-            budget = _expr.Budget(max_bytes)
-
-            def walk(item: Any) -> Any:
-                if isinstance(item, str):
-                    if item in trees:
-                        return _render_fast(trees[item], context, budget)
-                    budget.take(item)
-                    return item
-                if isinstance(item, Mapping):
-                    return {key: walk(child) for key, child in item.items()}
-                if isinstance(item, list | tuple):
-                    return [walk(child) for child in item]
-                return item
-
-            return walk(source)
+            return _rendered_fast(source, trees, context, _expr.Budget(max_bytes))
     return render_in_pool(op, source, context, max_bytes)
+
+
+def _rendered_fast(
+    item: Any, trees: Mapping[str, nodes.Template], context: Mapping[str, Any], budget: Any
+) -> Any:
+    """A value on the fast path, each of its templates (``trees``) rendered. (Not a closure
+    over its own name: that is a reference cycle, left for the garbage collector, on every
+    step whose fields render.)"""
+    if isinstance(item, str):
+        if item in trees:
+            return _render_fast(trees[item], context, budget)
+        budget.take(item)
+        return item
+    if isinstance(item, Mapping):
+        return {key: _rendered_fast(child, trees, context, budget) for key, child in item.items()}
+    if isinstance(item, list | tuple):
+        return [_rendered_fast(child, trees, context, budget) for child in item]
+    return item
 
 
 # --- frames ---------------------------------------------------------------------------------

@@ -100,10 +100,11 @@ class GroupSettler:
             if member.done:
                 return member.outcome
         assert member.group is not None and member.group[0] is member
+        group, member.group = member.group, None  # (it holds the member: a cycle to the collector)
         try:
-            self._settle(member.group)
+            self._settle(group)
         finally:
-            self._hand_on(member.group)
+            self._hand_on(group)
         return member.outcome
 
     def _hand_on(self, group: list[_Member]) -> None:
