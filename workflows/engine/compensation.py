@@ -173,7 +173,7 @@ class Compensation:
         self.walk = walk
         # A code run's compensations are recorded as it goes, not declared (see the module).
         self.decided = walk.steps if isinstance(walk.steps, DecidedSteps) else None
-        declared = () if self.decided else walk.definition["steps"]
+        declared = () if self.decided is not None else walk.definition["steps"]
         self.declared = frozenset(compensation_targets(declared))
         self.plan: dict[str, Any] | None = None
         self.position = 0  # the entry entered last
