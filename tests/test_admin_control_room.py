@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
+from django.db.models import DateTimeField
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from django.test import Client, RequestFactory
 from django.test.utils import CaptureQueriesContext
@@ -31,6 +33,8 @@ from .factories import IO_DEFINITION, SIGNAL_WAIT_DEFINITION, OrganisationFactor
 from .test_admin_scoping import staff_user
 from .test_approvals_setup import approval_definition, person
 from .test_doctor import TIMER_DEFINITION, read
+
+TRANSACTION_NOW = RawSQL("now()", [], output_field=DateTimeField())
 
 pytestmark = pytest.mark.django_db
 
@@ -225,8 +229,10 @@ def test_the_most_overdue_timer_of_the_organisations_is_shown() -> None:
     mine, theirs = OrganisationFactory.create(), OrganisationFactory.create()
     late = start(mine, TIMER_DEFINITION, slug="late", key="late")
     later = start(theirs, TIMER_DEFINITION, slug="later", key="later")
-    Timer.objects.filter(run_id=late).update(due_at=Now() - timedelta(seconds=90))
-    Timer.objects.filter(run_id=later).update(due_at=Now() - timedelta(hours=3))
+    # By the transaction's clock, which the panel reads (now()); Django's Now() is the
+    # statement's, later by however long the test took so far (89.9 s late on a busy machine).
+    Timer.objects.filter(run_id=late).update(due_at=TRANSACTION_NOW - timedelta(seconds=90))
+    Timer.objects.filter(run_id=later).update(due_at=TRANSACTION_NOW - timedelta(hours=3))
 
     (line,) = panel(room_for(staff_user("olga", mine)), "Timers").lines
     (everyone,) = panel(room_for(User.objects.create_superuser("root")), "Timers").lines
