@@ -17,50 +17,29 @@ from __future__ import annotations
 
 import argparse
 import gc
-import time
 from collections import Counter
 
-from common import THREE_IO, empty_run_tables, setup, start_runs, use_peer_code_workflows
+from common import drain_here, setup, shapes_organisation, use_peer_code_workflows
 
 use_peer_code_workflows()  # code-3
 setup("waymark_bench")
 
-from workflows.code.testing import run_due_steps  # noqa: E402
 from workflows.engine.lanes import lane_policy  # noqa: E402
 from workflows.engine.worker import Worker  # noqa: E402
-from workflows.models import Organisation, Run  # noqa: E402
-from workflows.plugins.code import publish_code_workflow  # noqa: E402
-from workflows.services.automations import automation_publish_definition  # noqa: E402
+from workflows.models import Organisation  # noqa: E402
 
 SHAPES = {"three-io": "three", "code-3": "code-3"}  # shape -> automation slug
 WARM_UP_RUNS = 20  # what a process makes once and keeps (caches) is not a run's
 
 
-def organisation() -> Organisation:
-    org, _ = Organisation.objects.get_or_create(slug="collector", defaults={"name": "c"})
-    automation_publish_definition(org=org, slug="three", definition=THREE_IO)
-    publish_code_workflow(org=org, name="code-3", version=1)
-    return org
-
-
-def drain(org: Organisation, slug: str, runs: int, worker: Worker) -> None:
-    empty_run_tables()
-    start_runs(org, slug, runs, f"{slug}-{time.time()}", threads=1)
-    while run_due_steps(worker, limit=16):
-        pass
-    failed = Run.objects.exclude(status="succeeded").count()
-    if failed:
-        raise SystemExit(f"{slug}: {failed} runs did not succeed")
-
-
 def left_to_the_collector(org: Organisation, slug: str, runs: int) -> Counter[str]:
     """The objects a collection found after ``runs`` runs of ``slug``, by module and type."""
     worker = Worker(lane_policy("io"), concurrency=1, name="collector")
-    drain(org, slug, WARM_UP_RUNS, worker)
+    drain_here(org, slug, WARM_UP_RUNS, worker)
     gc.collect()
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
-        drain(org, slug, runs, worker)
+        drain_here(org, slug, runs, worker)
         gc.collect()
         return Counter(f"{type(each).__module__}.{type(each).__qualname__}" for each in gc.garbage)
     finally:
@@ -72,7 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=300)
     args = parser.parse_args()
-    org = organisation()
+    org = shapes_organisation("collector")
     for shape, slug in SHAPES.items():
         found = left_to_the_collector(org, slug, args.runs)
         engine = sum(n for name, n in found.items() if name.startswith("workflows."))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -164,3 +165,33 @@ def start_runs(
     for thread in workers:
         thread.join()
     return ids
+
+
+def shapes_organisation(slug: str) -> Any:
+    """The organisation ``slug`` (made on first use) with the side-by-side shape published as
+    ``three`` and the same three steps as the code workflow ``code-3``
+    (use_peer_code_workflows). Call after ``setup``."""
+    from workflows.models import Organisation
+    from workflows.plugins.code import publish_code_workflow
+    from workflows.services.automations import automation_publish_definition
+
+    org, _ = Organisation.objects.get_or_create(slug=slug, defaults={"name": slug})
+    automation_publish_definition(org=org, slug="three", definition=THREE_IO)
+    publish_code_workflow(org=org, name="code-3", version=1)
+    return org
+
+
+def drain_here(org: Any, slug: str, runs: int, worker: Any) -> None:
+    """``runs`` runs of ``slug`` started on empty run tables, then drained in this process
+    through ``worker``'s own code path (claim, execute, settle:
+    workflows.code.testing.run_due_steps); exits when one did not succeed."""
+    from workflows.code.testing import run_due_steps
+    from workflows.models import Run
+
+    empty_run_tables()
+    start_runs(org, slug, runs, f"{slug}-{time.time()}", threads=1)
+    while run_due_steps(worker, limit=16):
+        pass
+    failed = Run.objects.exclude(status="succeeded").count()
+    if failed:
+        raise SystemExit(f"{slug}: {failed} runs did not succeed")

@@ -33,16 +33,19 @@ import sys
 import tempfile
 import time
 
-from common import ROOT, THREE_IO, empty_run_tables, setup, start_runs, use_peer_code_workflows
+from common import (
+    ROOT,
+    empty_run_tables,
+    setup,
+    shapes_organisation,
+    start_runs,
+    use_peer_code_workflows,
+)
 
 use_peer_code_workflows()  # --shape code-3
 setup("waymark_bench")
 
 from django.db import connection  # noqa: E402
-
-from workflows.models import Organisation  # noqa: E402
-from workflows.plugins.code import publish_code_workflow  # noqa: E402
-from workflows.services.automations import automation_publish_definition  # noqa: E402
 
 SHAPES = ("three-io", "code-3")  # code-3: its automation is named after the workflow
 
@@ -51,17 +54,11 @@ SMALL_STARTS, LARGE_STARTS = 200, 1200
 SMALL_RUNS, LARGE_RUNS = 100, 700
 
 
-def organisation() -> Organisation:
-    org, _ = Organisation.objects.get_or_create(slug="instructions", defaults={"name": "i"})
-    automation_publish_definition(org=org, slug="three", definition=THREE_IO)
-    publish_code_workflow(org=org, name="code-3", version=1)
-    return org
-
-
 def start_three(count: int, tag: str, shape: str = "three-io") -> None:
     """``count`` runs of the side-by-side shape (or the same as a code workflow), one after
     the other (one thread)."""
-    start_runs(organisation(), "three" if shape == "three-io" else shape, count, tag, threads=1)
+    slug = "three" if shape == "three-io" else shape
+    start_runs(shapes_organisation("instructions"), slug, count, tag, threads=1)
 
 
 def counted(command: list[str], *, until_done: bool = False) -> int:

@@ -23,37 +23,25 @@ import statistics
 import time
 from typing import Any
 
-from common import THREE_IO, empty_run_tables, setup, start_runs, use_peer_code_workflows
+from common import drain_here, setup, shapes_organisation, use_peer_code_workflows
 
 use_peer_code_workflows()  # code-3
 setup("waymark_bench")
 
-from workflows.code.testing import run_due_steps  # noqa: E402
 from workflows.engine import group_settle  # noqa: E402
 from workflows.engine.hops import json_params, plan_hop  # noqa: E402
 from workflows.engine.lanes import lane_policy  # noqa: E402
 from workflows.engine.sql.rows import dumps_cells  # noqa: E402
 from workflows.engine.worker import Worker  # noqa: E402
-from workflows.models import Organisation, Run  # noqa: E402
-from workflows.plugins.code import publish_code_workflow  # noqa: E402
-from workflows.services.automations import automation_publish_definition  # noqa: E402
+from workflows.models import Organisation  # noqa: E402
 
 SHAPES = {"three-io": "three", "code-3": "code-3"}  # shape -> automation slug
 
 Settle = tuple[Any, Any, Any, str]  # the step, its result, the worker's offer, the worker
 
 
-def organisation() -> Organisation:
-    org, _ = Organisation.objects.get_or_create(slug="settle-python", defaults={"name": "s"})
-    automation_publish_definition(org=org, slug="three", definition=THREE_IO)
-    publish_code_workflow(org=org, name="code-3", version=1)
-    return org
-
-
 def kept_settles(org: Organisation, slug: str, runs: int) -> list[Settle]:
     """Drain ``runs`` runs of ``slug`` in this process; the settles the worker planned."""
-    empty_run_tables()
-    start_runs(org, slug, runs, f"{slug}-{time.time()}", threads=1)
     kept: list[Settle] = []
     planner = group_settle.plan_hop
 
@@ -63,14 +51,9 @@ def kept_settles(org: Organisation, slug: str, runs: int) -> list[Settle]:
 
     group_settle.plan_hop = keeping
     try:
-        worker = Worker(lane_policy("io"), concurrency=1, name="settle-python")
-        while run_due_steps(worker, limit=16):
-            pass
+        drain_here(org, slug, runs, Worker(lane_policy("io"), concurrency=1, name="settle-python"))
     finally:
         group_settle.plan_hop = planner
-    failed = Run.objects.exclude(status="succeeded").count()
-    if failed:
-        raise SystemExit(f"{slug}: {failed} runs did not succeed")
     return kept
 
 
@@ -90,7 +73,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
-    org = organisation()
+    org = shapes_organisation("settle-python")
     settles = {shape: kept_settles(org, slug, args.runs) for shape, slug in SHAPES.items()}
     timings: dict[str, list[float]] = {shape: [] for shape in SHAPES}
     sizes: dict[str, float] = {}
