@@ -10,6 +10,7 @@ from django.db.models.functions import Now
 from effects.models import Connection, EgressAllow
 from effects.secrets import encrypt
 from workflows.code.testing import run_due_steps
+from workflows.engine import group_settle, hops
 from workflows.engine.lanes import lane_policy
 from workflows.engine.worker import Worker
 from workflows.models import Organisation, RunEvent, Step
@@ -64,6 +65,13 @@ def start(org: Organisation, definition: dict[str, Any], *, key: str = "k1",
     started = run_start(org=org, automation_slug=slug, run_input=run_input or {"n": 1},
                         start_key=key)  # fmt: skip
     return started.run_id
+
+
+def settle_slowly(monkeypatch: Any) -> None:
+    """Every settle the slow way from here on (the test's end undoes it): under the run's
+    lock, its walk in the transaction, none planned as a hop (engine/hops.py)."""
+    for module in (hops, group_settle):
+        monkeypatch.setattr(module, "plan_hop", lambda *args, **kwargs: None)
 
 
 def drive(*, lane: str = "io", rounds: int = 50, fast_forward: bool = True) -> int:

@@ -26,7 +26,7 @@ from workflows.plugins.code import Context, publish_code_workflow, workflow
 from workflows.services.runs import run_start
 from workflows.services.signals import signal_send
 
-from .effect_setup import drive
+from .effect_setup import drive, settle_slowly
 from .test_timers import make_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -116,9 +116,8 @@ def history_reads(queries: CaptureQueriesContext) -> int:
 def test_a_run_of_100_steps_resumed_100_times_reads_its_history_at_most_100_times(
     org: Organisation, monkeypatch: pytest.MonkeyPatch, settles: str
 ) -> None:
-    if settles == "slow":  # every settle under the run's lock, its walk reading the history
-        for module in (hops, group_settle):
-            monkeypatch.setattr(module, "plan_hop", lambda *args, **kwargs: None)
+    if settles == "slow":  # its walk reading the history
+        settle_slowly(monkeypatch)
     publish_code_workflow(org=org, name="inline-hundred", version=1)
     run_id = run_start(org=org, automation_slug="inline-hundred", run_input={},
                        start_key="h").run_id  # fmt: skip
@@ -210,8 +209,7 @@ def test_a_change_the_code_makes_to_what_it_is_handed_reaches_no_later_turn(
 def test_a_settle_that_cannot_hop_runs_the_turn_under_the_run_lock_from_the_history(
     org: Organisation, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for module in (hops, group_settle):  # every settle the slow way
-        monkeypatch.setattr(module, "plan_hop", lambda *args, **kwargs: None)
+    settle_slowly(monkeypatch)
     publish_code_workflow(org=org, name="inline-steps", version=1)
     run_id = run_start(org=org, automation_slug="inline-steps", run_input={},
                        start_key="slow").run_id  # fmt: skip

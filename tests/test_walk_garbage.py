@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 
-from workflows.engine import group_settle, hops
 from workflows.models import Organisation, Run
 from workflows.plugins.code import Context, publish_code_workflow, workflow
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
-from .effect_setup import drive
+from .effect_setup import drive, settle_slowly
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,9 +85,8 @@ def start(org: Organisation, slug: str, count: int) -> list[int]:
 def test_drained_runs_leave_no_engine_object_to_the_collector(
     org: Organisation, monkeypatch: pytest.MonkeyPatch, settles: str
 ) -> None:
-    if settles == "slow":  # every settle under the run's lock, the walk in its transaction
-        for module in (hops, group_settle):
-            monkeypatch.setattr(module, "plan_hop", lambda *args, **kwargs: None)
+    if settles == "slow":
+        settle_slowly(monkeypatch)
     automation_publish_definition(org=org, slug="forked", definition=FORKED)
     publish_code_workflow(org=org, name="garbage-free", version=1)
     start(org, "forked", 1)
