@@ -13,9 +13,13 @@ from django.test import override_settings
 from django.utils import timezone
 
 from timers.models import Timer
-from workflows.models import Organisation, RunEvent
-from workflows.plugins.code import Context, workflow
+from workflows.code.testing import run_due_steps
+from workflows.engine.lanes import lane_policy
+from workflows.engine.worker import Attempt, Worker
+from workflows.models import Organisation, Run, RunEvent
+from workflows.plugins.code import Context, publish_code_workflow, workflow
 from workflows.plugins.testing import WorkflowTest, WorkflowTestError
+from workflows.services.runs import run_start
 
 from .effect_setup import connect
 from .stubs import ProviderStub
@@ -165,3 +169,34 @@ def test_skipping_time_moves_only_its_own_runs_waits(org: Organisation) -> None:
     other = Timer.objects.get(run_id=second.run().id, step_id="cool_off")
     assert other.fired_at is None
     assert other.due_at > timezone.now() + timedelta(days=2)  # still 3 days out
+
+
+@workflow("code-chained", version=1)
+def chained(ctx: Context, run_input: dict[str, Any]) -> str:
+    for n in (1, 2, 3):
+        ctx.step(f"s{n}", "noop")
+    return "done"
+
+
+def test_running_due_steps_holds_each_attempt_only_while_it_runs(org: Organisation) -> None:
+    """run_due_steps runs a settle's next step as the worker's threads do: held (counted in
+    the worker's fair share) while it runs, let go after, so a long test or drain never
+    piles up attempts the worker believes it still holds."""
+    publish_code_workflow(org=org, name="code-chained", version=1)
+    run_id = run_start(org=org, automation_slug="code-chained", run_input={},
+                       start_key="c1").run_id  # fmt: skip
+    worker = Worker(lane_policy("io"), concurrency=1, name="test-worker")
+    held_while_running: list[list[str]] = []
+    execute = worker._execute
+
+    def spied(attempt: Attempt) -> Attempt | None:
+        held_while_running.append([a.step.step_id for a in worker.inflight.values()])
+        return execute(attempt)
+
+    worker._execute = spied  # type: ignore[method-assign]
+    # The first turn with s1 (a pure step run with it), then s2 and s3, each handed over by
+    # the settle before it.
+    assert run_due_steps(worker) == 3
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+    assert held_while_running == [["decide"], ["s2"], ["s3"]]
+    assert worker.inflight == {}

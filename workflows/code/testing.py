@@ -275,6 +275,13 @@ def run_due_steps(worker: Worker, limit: int = 10) -> int:
         attempt: Attempt | None = Attempt(step, deadline=time.monotonic() + 60,
                                           extended=time.monotonic())  # fmt: skip
         while attempt is not None:
-            attempt = worker._execute(attempt)
+            # Held while it runs and let go after, as the worker's own threads do
+            # (Worker._execute_one): a next step the settle hands over is held by _adopt, and
+            # the worker's fair share counts what it holds.
+            with worker.lock:
+                worker.inflight[attempt.key] = attempt
+            finished, attempt = attempt, worker._execute(attempt)
+            with worker.lock:
+                worker.inflight.pop(finished.key, None)
             ran += 1
     return ran
