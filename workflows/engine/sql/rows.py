@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, NamedTuple, TypeVar
 
-import orjson
 import psycopg
 from django.db import connection, models
 from psycopg.types.json import Jsonb
@@ -103,25 +102,11 @@ def _cell(value: Any) -> Any:
 
 _CELLS = json.JSONEncoder(default=_cell)  # json.dumps's defaults otherwise
 
-# orjson writes what json.dumps writes for these documents (the same JSON values; no spaces,
-# non-ASCII characters as themselves), about ten times as fast: a hop's document took 35-50
-# us a run to encode, in the io worker's one thread that holds the GIL. NowPlus is a
-# dataclass and orjson would write it as an object of its own: dataclasses and datetimes go
-# to ``_cell``, as every cell that is not JSON does with json.
-_FAST_CELLS = (
-    orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_NON_STR_KEYS
-)
-
 
 def dumps_cells(document: Any) -> str:
-    """A JSON document holding rows as objects (json_rows, RowCells): json.dumps's JSON,
+    """A JSON document holding rows as objects (json_rows, RowCells): json.dumps's text,
     their cells as json_rows says."""
-    try:
-        return orjson.dumps(document, default=_cell, option=_FAST_CELLS).decode()
-    except orjson.JSONEncodeError:
-        # What orjson refuses and json may write (an integer past 64 bits, a string that is
-        # not UTF-8), or what neither writes, which json then refuses with its own message.
-        return _CELLS.encode(document)
+    return _CELLS.encode(document)
 
 
 def execute(cursor: Any, statement: Statement | None) -> None:
