@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import DataError, connection
 from django.db.models import F
 from django.utils import timezone
 
@@ -138,6 +138,24 @@ def test_a_hop_writes_what_the_slow_settle_writes(org) -> None:
         "step.succeeded", "step.succeeded", "step.ready", "step.claimed",  # note, route; b
         "step.succeeded", "step.succeeded", "run.succeeded",  # b, done
     ]  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)  # each settle commits or fails alone, as a worker's
+def test_a_result_json_cannot_carry_is_refused_alike_by_a_hop_and_the_slow_settle(org) -> None:
+    """NaN: Python's json writes it and PostgreSQL refuses it, so the slow settle's statement
+    fails and writes nothing. A hop's document must not store something else in its place (an
+    encoder that writes NaN as null, as orjson does, would store null where the slow settle
+    fails): both ways fail the same and leave the run as it was."""
+    for hops in (True, False):
+        run = start(org, f"nan-{hops}")
+        step = claim_of(run)
+        if not hops:
+            step = replace(step, run_seen=None)
+        before = (run_row(run), step_rows(run), history(run))
+        result = StepResult(output={"x": float("nan")})
+        with pytest.raises(DataError, match="json"):
+            settle_and_take_next(step, result, worker="w", take=TAKE)
+        assert (run_row(run), step_rows(run), history(run)) == before
 
 
 @pytest.mark.django_db
