@@ -29,6 +29,14 @@ from .tracing_setup import exported  # noqa: F401
 FLUSH_TRIES = 5
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files marked ``long_running`` first, each file's tests in their order. ./waymark
+    test hands files to its two processes in this order (pytest-xdist's --dist loadfile,
+    not reordered): started last, a file of minutes would leave one process alone at the
+    end for most of its length; started first, the short files fill the gaps."""
+    items.sort(key=lambda item: item.get_closest_marker("long_running") is None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def flush_outlasts_a_deadlock() -> Iterator[None]:
     """A test that shares a running engine (engine_harness's, module-scoped) is emptied by

@@ -28,6 +28,8 @@ from workflows.models import Organisation
 from workflows.services.automations import automation_publish_definition
 from workflows.services.tenancy import api_key_create
 
+pytestmark = pytest.mark.long_running
+
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 # Fuzzed cases an operation. The coverage phase's cases come besides and are most of the
 # run's ~3,000 requests and of its time (about two minutes on a 2-core machine): 5 took as

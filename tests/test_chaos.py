@@ -35,7 +35,7 @@ from .chaos import (
 from .chaos_checks import Report, check
 from .engine_harness import Engine, make_harness, stub_servers
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.long_running, pytest.mark.django_db(transaction=True)]
 
 SECONDS = float(os.environ.get("WAYMARK_CHAOS_SECONDS", "120"))
 FLOOR = float(os.environ.get("WAYMARK_CHAOS_FLOOR", "2"))

@@ -47,7 +47,7 @@ from workflows.services.tenancy import api_key_create
 
 from .processes import ROOT, engine_env, spawn, spawn_worker, stop, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.long_running, pytest.mark.django_db(transaction=True)]
 
 SKEW_SECONDS = 600.0
 # How far the child's clock may be from the skew asked for: a process start and two queries

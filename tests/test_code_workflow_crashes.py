@@ -58,6 +58,7 @@ from .test_approvals_setup import (
 )
 
 pytestmark = [
+    pytest.mark.long_running,
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("slack_signing_secret", "alice"),
 ]

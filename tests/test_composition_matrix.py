@@ -39,7 +39,7 @@ from .composition import (
 )
 from .engine_harness import Harness
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.long_running, pytest.mark.django_db(transaction=True)]
 
 FIRST = [kind for kind in KINDS if kind != "end"]  # nothing follows an end
 

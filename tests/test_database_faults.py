@@ -38,6 +38,8 @@ from .listen_proxy import ListenProxy
 from .processes import kill_tree
 from .stubs import ProviderStub
 
+pytestmark = pytest.mark.long_running
+
 DATABASE = "waymark_faults"
 PROBES = {"WAYMARK_EXTRA_STEP_MODULES": "tests.probe_steps"}  # the tests' `probe` step type
 

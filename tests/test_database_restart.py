@@ -42,6 +42,8 @@ from .clusters import ROOT, Cluster, bounded, free_port, server_home
 from .processes import kill_tree
 from .stubs import ProviderStub
 
+pytestmark = pytest.mark.long_running
+
 DATABASE = "waymark_restart"
 RUNS = 20
 STOPPED_SECONDS = 3.0  # as in the report: stop, sleep 3, start

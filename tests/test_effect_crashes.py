@@ -22,7 +22,7 @@ from workflows.services.control import run_act
 from .effect_setup import connect, one_step, post_item, start
 from .processes import running, spawn, stop, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.long_running, pytest.mark.django_db(transaction=True)]
 
 FAST: dict[str, str] = {
     "WAYMARK_EFFECTS_LEASE_MARGIN_SECONDS": "1",

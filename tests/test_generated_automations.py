@@ -45,7 +45,7 @@ from .generated_automations import (
     run_inputs,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.long_running, pytest.mark.django_db(transaction=True)]
 
 # Always tried first: the reproduction that opened "Correct together" (a worker step, then a
 # wait: the settle's walk ahead entered the wait and failed the run).

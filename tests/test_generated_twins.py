@@ -58,7 +58,7 @@ from .generated_automations import Automation, RunInput, model_marker, run_input
 from .generated_twins import has_parallel, module_source, structural_ids, twin_automations
 from .test_generated_automations import RUNS_PER_AUTOMATION, People
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.long_running, pytest.mark.django_db(transaction=True)]
 
 EXAMPLES = int(os.environ.get("WAYMARK_GENERATED_EXAMPLES", "8"))
 # Automations per engine: the engine's processes register the twins when they start.

@@ -33,6 +33,8 @@ from .clusters import Cluster, api, bounded, free_port
 from .processes import kill_tree
 from .stubs import ProviderStub
 
+pytestmark = pytest.mark.long_running
+
 SERVER = os.environ.get("WAYMARK_HOSTS_SERVER", "postgres://postgres@127.0.0.1:5432")
 RUNS = 60
 DEFINITION = {

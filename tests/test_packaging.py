@@ -35,6 +35,8 @@ from psycopg.conninfo import make_conninfo
 
 from .processes import kill_tree
 
+pytestmark = pytest.mark.long_running
+
 ROOT = Path(__file__).resolve().parent.parent
 HOST_PROJECT = Path(__file__).resolve().parent / "host_project"
 EMBEDDING = ROOT / "docs" / "how-to" / "embed-in-django.md"

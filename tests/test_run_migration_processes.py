@@ -30,7 +30,7 @@ from .migration_setup import (
 )
 from .processes import exit_code, spawn, stop, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.long_running, pytest.mark.django_db(transaction=True)]
 
 RUNS = 3_000
 SAMPLE = 10  # runs of each kind woken on each side of the migration

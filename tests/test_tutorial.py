@@ -41,6 +41,8 @@ from .stubs.slack import SlackStub
 from .test_approvals_setup import click_body, click_payload, slack_signature
 from .tutorial_blocks import Block, tutorial_blocks
 
+pytestmark = pytest.mark.long_running
+
 TUTORIAL = ROOT / "docs" / "tutorial"
 # The repository as a fresh clone has it; .venv is this test's own environment (nothing is
 # installed into it: pyproject.toml is the same), .data is the copy's own.
