@@ -74,11 +74,10 @@ def test_a_claim_racing_a_settle_on_the_same_run_does_not_deadlock(org) -> None:
         holder.execute(sql.LOCK_RUN, {"id": run_id})  # the engine's own lock of a run
         settler = threading.Thread(target=settle_a)
         settler.start()
-        # A waits for the holder's transaction (a row lock's wait, as pg_locks shows it), on
-        # this test's database (the suite's other process tests on a database of its own).
-        waiting = ("SELECT count(*) FROM pg_locks JOIN pg_stat_activity USING (pid)"
-                   " WHERE NOT granted AND locktype = 'transactionid'"
-                   " AND datname = current_database()")  # fmt: skip
+        # A waits for the holder's transaction (a row lock's wait), on this test's database
+        # (the suite's other process tests on a database of its own).
+        waiting = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                   " AND wait_event_type = 'Lock' AND wait_event = 'transactionid'")  # fmt: skip
         for _ in range(3000):
             row = watch.execute(waiting).fetchone()
             if row and row[0]:
