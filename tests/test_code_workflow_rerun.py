@@ -71,6 +71,16 @@ def nap_between(ctx: Context, run_input: dict[str, Any]) -> str:
     return "rested"
 
 
+@workflow("code-rerun-inline", version=1)
+def receipt_then_notes(ctx: Context, run_input: dict[str, Any]) -> Any:
+    # Inline steps after a ctx.run: after a retry or a re-run (a cut in the run's history),
+    # each turn reads the history, which must hold the steps its own settle just entered.
+    made = ctx.run("receipt", receipt_for, "item", 1)
+    ctx.step("noted", "set", values={"noted": True})
+    ctx.step("filed", "set", values={"filed": True})
+    return made
+
+
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
     CALLS.clear()
@@ -157,6 +167,23 @@ def test_a_rerun_from_a_step_keeps_the_steps_before_it_and_replays_into_new_work
         ("charge", 3, "done"),
         ("receipt", 3, "done"),
     ]
+
+
+def test_a_second_rerun_from_the_same_step_takes_the_same_settled_answer(
+    org: Organisation, provider_stub: ProviderStub
+) -> None:
+    run_id = finished(org, provider_stub.url, "r4")
+    for entry in (2, 3):  # charge/2 reused charge/1's answer; charge/3 takes it again
+        CALLS.clear()
+        done = rerun(org=org, run_id=run_id, from_step="charge", actor="ops", dry_run=False)
+        assert [(e.key, e.action, e.new_key) for e in done.effects] == [
+            (f"{run_id}/charge/1", "reuse", f"{run_id}/charge/{entry}")
+        ]
+        drive()
+        run = Run.objects.get(pk=run_id)
+        assert (run.status, run.error) == ("succeeded", ""), run.error
+        assert CALLS == ["receipt"]
+        assert len(provider_stub.created) == 1  # never sent again
 
 
 def test_a_rerun_chooses_the_iteration_of_a_step_called_again(
@@ -257,6 +284,32 @@ def test_retry_of_a_run_its_code_failed_replays_the_code_deployed_since(
     with pytest.raises(NothingToRetry):  # nothing failed any more
         Run.objects.filter(pk=run_id).update(status="failed")
         run_act(org=org, run_id=run_id, action="retry", actor="ops")
+
+
+def test_after_a_retry_and_a_rerun_each_inline_step_is_entered_once(org: Organisation) -> None:
+    BROKEN["receipt"] = True
+    run_id = start(org, "code-rerun-inline", {}, "i1")
+    drive()
+    assert Run.objects.get(pk=run_id).status == "failed"
+
+    BROKEN["receipt"] = False
+    run_act(org=org, run_id=run_id, action="retry", actor="ops")
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    # The failed call's row stays; the function's new call is its next iteration.
+    before = [("receipt", 1, "failed"), ("receipt", 2, "done"), ("noted", 1, "done"),
+              ("filed", 1, "done")]  # fmt: skip
+    assert taken(run_id) == before
+
+    rerun(org=org, run_id=run_id, from_step="receipt", actor="ops", dry_run=False)
+    drive()
+    run.refresh_from_db()
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    assert taken(run_id) == [
+        *before, ("receipt", 3, "done"), ("noted", 2, "done"), ("filed", 2, "done"),
+    ]  # fmt: skip
+    assert CALLS == ["receipt", "receipt", "receipt"]
 
 
 def test_pause_resume_and_cancel_act_on_a_code_run_and_a_rerun_goes_on_after_cancel(

@@ -21,6 +21,7 @@ from workflows.code.context import RetryCall, Suspended
 from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.plugins.code import Context, StepFailed, publish_code_workflow, workflow
 from workflows.services.control import run_act
+from workflows.services.rerun import rerun
 from workflows.services.runs import run_start
 
 from . import code_saga_steps  # noqa: F401 (registers the workflows here too)
@@ -116,6 +117,35 @@ def test_a_charge_then_a_failure_is_refunded_once_and_the_run_ends_compensated(
         ("reserve", "undo_reserve"), ("charge", "undo_charge")]  # fmt: skip
     drive()  # nothing moves any more
     assert len(provider_stub.created) == 2
+
+
+def test_a_rerun_of_a_compensated_run_makes_again_what_its_compensations_undid(
+    org: Organisation, provider_stub: ProviderStub
+) -> None:
+    set_up(org, provider_stub)
+    run_id = start(org, "code-saga", {"url": provider_stub.url, "fail": "fail"})
+    drive()
+    assert Run.objects.get(pk=run_id).status == "compensated"
+    assert undone(provider_stub) == [("undo_charge", 0), ("undo_reserve", None)]
+
+    # The reservation is before the chosen step (kept); the charge was refunded, so its
+    # answer is not taken again; the compensations' own effects are never reused.
+    fixed = {"url": provider_stub.url}
+    preview = rerun(org=org, run_id=run_id, from_step="charge", actor="ops", run_input=fixed)
+    assert [(e.step_id, e.action) for e in preview.effects] == [("charge", "repeat")]
+    assert preview.effects[0].why == "a compensation undid it: made again under the new key"
+
+    rerun(org=org, run_id=run_id, from_step="charge", actor="ops", run_input=fixed,
+          dry_run=False)  # fmt: skip
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    assert provider_stub.count("POST", "/echo/charge") == 2  # charged again
+    assert provider_stub.count("POST", "/echo/reserve") == 1  # kept, still reserved
+    assert len(provider_stub.created) == 2  # no compensation ran again
+    # Each registration of the new walk once (the re-run's turns read their own steps).
+    records = Step.objects.filter(run_id=run_id, step_id="ctx.compensate")
+    assert records.count() == 3  # reserve's and the first charge's, then the new charge's
 
 
 def test_a_step_completed_in_a_loop_is_compensated_per_iteration_latest_first(

@@ -614,8 +614,11 @@ class Walk:
             # Ahead of the transaction, a turn runs only from what the previous one knew:
             # reading the history is the ordinary walk's, under the run's lock.
             raise NeedsTransaction("a decider's turn without the run's history")
-        if self.carried is None and self.new_steps:
-            self.insert_new_steps()  # the turn reads the run's steps: this walk's among them
+        if self.new_steps and not self.speculative:
+            # The turn may read the run's steps (without a carried history, and always after
+            # a re-run's or a retry's cut, which a carried history cannot apply): this
+            # walk's must be among them, or it asks again for the step just entered.
+            self.insert_new_steps()
         step_id, place, type_name = entry.step_id, entry.place, str(step["type"])
         ctx = StepContext(
             org_id=self.run.org_id, run_id=self.run.id, step_id=step_id, iteration=iteration,

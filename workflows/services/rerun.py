@@ -299,22 +299,20 @@ def _effect_choices(cursor: Any, plan: _Plan) -> list[EffectChoice]:
         compensators = {s["compensate"] for s in definition["steps"] if "compensate" in s}
         downstream = reached([plan.from_step], successors(definition)) - compensators
         order = [s["id"] for s in definition["steps"] if s["id"] in downstream]
-    # A code run's steps entered before the cut keep their effects: they are not entered
-    # again (a ctx.parallel's branches that met before it included).
     kept: set[tuple[str, int]] = set()
+    compensations: set[str] = set()
     if plan.cut is not None:
-        chosen, iteration = plan.cut.set_aside[0]
-        cursor.execute(sql.STEPS_ENTERED_BEFORE,
-                       {"run": run.id, "step": chosen, "iteration": iteration})  # fmt: skip
-        kept = {(row["step_id"], row["iteration"]) for row in fetch_dicts(cursor)}
+        kept = _kept_before_cut(cursor, run.id, plan.cut)
+        undone, compensations = _undone_by_plans(cursor, run.id)
+    else:
+        undone = _undone(cursor, run.id, definition)
     by_step: dict[str, list[SettledEffect]] = {}
     for effect in settled_effects(cursor, run.org_id, run.id):
-        if (effect.step_id, effect.iteration) not in kept:
+        if (effect.step_id, effect.iteration) not in kept and effect.step_id not in compensations:
             by_step.setdefault(effect.step_id, []).append(effect)
     if plan.cut is not None:  # a code run: the steps set aside, whatever the code does next
         # (its top level's, then a branch's of a ctx.parallel from the cut on)
         order = list(dict.fromkeys([*(step_id for step_id, _ in plan.cut.set_aside), *by_step]))
-    undone = _undone(cursor, run.id, definition)
     choices = []
     for step_id in order:
         for k, effect in enumerate(by_step.get(step_id, []), start=1):
@@ -328,6 +326,36 @@ def _effect_choices(cursor: Any, plan: _Plan) -> list[EffectChoice]:
             choices.append(EffectChoice(step_id, effect.iteration, effect.key, effect.provider,
                                         action, new_key, why))  # fmt: skip
     return choices
+
+
+def _kept_before_cut(cursor: Any, run_id: int, cut: CodeCut) -> set[tuple[str, int]]:
+    """A code run's executions that keep their effects: the steps entered before the chosen
+    entry (a ctx.parallel's branches that met before it included), which the new walk does
+    not enter again. Not the top level's rows an earlier re-run set aside: the replay no
+    longer reads them, so the new walk enters their steps anew and may take their answers,
+    as a definition's re-run takes the answers of every entry of a step it reaches."""
+    chosen, iteration = cut.set_aside[0]
+    cursor.execute(sql.STEPS_ENTERED_BEFORE, {"run": run_id, "step": chosen,
+                                              "iteration": iteration})  # fmt: skip
+    read = set(cut.history[: cut.kept])
+    return {
+        (row["step_id"], row["iteration"]) for row in fetch_dicts(cursor)
+        if not row["top"] or (row["step_id"], row["iteration"]) in read
+    }  # fmt: skip
+
+
+def _undone_by_plans(cursor: Any, run_id: int) -> tuple[set[tuple[str, int]], set[str]]:
+    """A code run's executions that a compensation completing undid, and the steps its
+    compensation plans entered (only a plan enters them again: their effects are never a
+    forward step's to take), from the compensation.entered events."""
+    cursor.execute(sql.COMPENSATIONS_ENTERED, {"run": run_id})
+    undone: set[tuple[str, int]] = set()
+    compensations: set[str] = set()
+    for row in fetch_dicts(cursor):
+        compensations.add(row["step_id"])
+        if row["completed"]:
+            undone.add((row["compensates"], row["compensates_iteration"]))
+    return undone, compensations
 
 
 def _undone(cursor: Any, run_id: int, definition: dict[str, Any]) -> set[tuple[str, int]]:

@@ -672,10 +672,26 @@ SELECT output FROM workflows_step
 # (its first row of that iteration), in whatever place: the top level's and the branches'
 # of a ctx.parallel that met before it. Their effects are kept, not chosen among.
 STEPS_ENTERED_BEFORE = """
-SELECT step_id, iteration FROM workflows_step
+SELECT step_id, iteration, fork_join_id IS NULL AS top FROM workflows_step
  WHERE run_id = %(run)s
    AND id < (SELECT min(id) FROM workflows_step
               WHERE run_id = %(run)s AND step_id = %(step)s AND iteration = %(iteration)s)
+"""
+
+# The compensations a run's plans entered (engine/compensation.py, the compensation.entered
+# event): each entry's step, whether its row completed, and the execution it undoes. A code
+# run's re-run reads what its compensations undid here: its plan came from the code, not
+# from its definition's ``compensate`` fields.
+COMPENSATIONS_ENTERED = """
+SELECT entered.step_id, entered.detail ->> 'compensates' AS compensates,
+       (entered.detail ->> 'compensates_iteration')::int AS compensates_iteration,
+       COALESCE(done.status = 'done', false) AS completed
+  FROM workflows_runevent entered
+  LEFT JOIN workflows_step done
+    ON done.run_id = entered.run_id AND done.step_id = entered.step_id
+   AND done.iteration = entered.iteration
+ WHERE entered.run_id = %(run)s AND entered.kind = 'compensation.entered'
+ ORDER BY entered.id
 """
 
 LATEST_ROW_OF = """
