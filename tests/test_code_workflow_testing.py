@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -16,6 +17,7 @@ from timers.models import Timer
 from workflows.code.testing import run_due_steps
 from workflows.engine.lanes import lane_policy
 from workflows.engine.worker import Attempt, Worker
+from workflows.errors import InvalidInput
 from workflows.models import Organisation, Run, RunEvent
 from workflows.plugins.code import Context, publish_code_workflow, workflow
 from workflows.plugins.testing import WorkflowTest, WorkflowTestError
@@ -45,6 +47,38 @@ def refund(ctx: Context, request: dict[str, Any]) -> dict[str, Any]:
     asked = ctx.step_result("approve", "approval", approvers=["group:finance"],
                             message="Refund {{ input.amount }}?", deadline="1d")  # fmt: skip
     return {"outcome": asked.outcome, "by": asked.output["by"]}
+
+
+@workflow("code-undone", version=1)
+def reserve_then_give_up(ctx: Context, run_input: dict[str, Any]) -> None:
+    ctx.step("reserve", "noop")
+    ctx.compensate_with("release", "noop")
+    ctx.fail("out_of_stock")
+
+
+def test_a_run_that_compensated_has_finished(org: Organisation) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-undone", version=1)
+    run = t.run_until_finished()
+    assert (run.status, run.error) == ("compensated", "workflow_failed: out_of_stock")
+    assert [(s.step_id, s.status) for s in run.steps] == [
+        ("reserve", "done"), ("ctx.compensate", "done"), ("release", "done")]  # fmt: skip
+
+
+def test_an_input_that_is_not_an_object_is_refused_as_the_api_refuses_it(
+    org: Organisation,
+) -> None:
+    for bad in ([1], [], ""):
+        with pytest.raises(InvalidInput, match="input must be a JSON object"):
+            WorkflowTest(org=org).start("code-undone", version=1, input=bad)  # type: ignore[arg-type]
+    assert not Run.objects.exists()
+
+
+def test_the_helper_says_so_under_a_tests_wrapping_transaction(org: Organisation) -> None:
+    with transaction.atomic(), pytest.raises(WorkflowTestError) as refused:
+        WorkflowTest(org=org).start("code-undone", version=1)
+    assert "test_helper_in_transaction" in str(refused.value)
+    assert "TransactionTestCase" in str(refused.value)
 
 
 def test_a_3_day_sleep_a_zoned_morning_a_signal_and_a_stub_call_run_in_seconds(

@@ -21,7 +21,7 @@ from effects.models import Effect
 from timers.models import Timer
 from timers.sweep import fire_due_timers
 from workflows.code.publish import code_definition
-from workflows.code.registry import unregister
+from workflows.code.registry import registered, unregister
 from workflows.engine.executors import StepResult
 from workflows.engine.health import EXIT_BROKEN
 from workflows.engine.places import TOP
@@ -288,6 +288,34 @@ def test_a_name_and_version_registered_twice_is_refused_at_registration() -> Non
 
     assert refused.value.code == "workflow_already_registered"
     assert "code-order" in refused.value.detail
+    # Both places named: the registration kept, and the one refused.
+    assert "tests.test_code_workflows.test_a_name_and_version_registered_twice" in (
+        refused.value.detail
+    )
+
+
+def test_a_function_the_engine_cannot_call_as_a_workflow_is_refused_at_registration() -> None:
+    async def awaited(ctx: Context, run_input: dict[str, Any]) -> None:
+        return None
+
+    def input_only(run_input: dict[str, Any]) -> None:
+        return None
+
+    def three(ctx: Context, run_input: dict[str, Any], more: int) -> None:
+        return None
+
+    def with_defaults(ctx: Context, run_input: Any = None, more: int = 1) -> None:
+        return None
+
+    for bad, why in ((awaited, "an async function"), (input_only, "takes (run_input"),
+                     (three, "takes (ctx"), ("fulfil", "not a function")):  # fmt: skip
+        with pytest.raises(CodeWorkflowError) as refused:
+            workflow("code-uncallable", version=1)(bad)  # type: ignore[type-var]
+        assert refused.value.code == "invalid_workflow"
+        assert why in refused.value.detail, refused.value.detail
+        assert registered("code-uncallable", 1) is None
+    workflow("code-uncallable", version=1)(with_defaults)  # two it can be called with
+    unregister("code-uncallable", 1)
 
 
 def test_publishing_a_version_that_is_not_registered_is_refused(org: Organisation) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -69,8 +70,7 @@ def workflow(
     allowed = _organisations(name, organisations)
 
     def register(function: F) -> F:
-        if not callable(function):
-            raise CodeWorkflowError("invalid_workflow", f"{name!r}: not a function")
+        _check_function(name, function)
         given_in, given_out = _schemas(name, function, input_schema, output_schema)
         with _lock:
             existing = _workflows.get((name, version))
@@ -78,7 +78,8 @@ def workflow(
                 raise CodeWorkflowError(
                     "workflow_already_registered",
                     f"{name!r} version {version} is already registered "
-                    f"({_where(existing.function)}); give the new code another version",
+                    f"({_where(existing.function)}), and {_where(function)} registers it "
+                    "again: give the new code another version",
                 )
             _workflows[(name, version)] = CodeWorkflow(
                 name, version, function, allowed, given_in, given_out
@@ -168,6 +169,30 @@ def _schemas(
         )
     except SchemaProblem as problem:
         raise CodeWorkflowError("invalid_workflow", f"{name!r}: {problem.detail}") from None
+
+
+def _check_function(name: str, function: object) -> None:
+    """A function the engine can call as ``function(ctx, input)`` and replay: a plain one
+    (an ``async def`` would hand back a coroutine, never run), taking those two."""
+    if not callable(function):
+        raise CodeWorkflowError("invalid_workflow", f"{name!r}: not a function")
+    if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+        raise CodeWorkflowError(
+            "invalid_workflow",
+            f"{name!r}: an async function; a workflow is a plain function (def), replayed "
+            "step by step on a worker",
+        )
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a callable Python cannot describe: called as it is
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise CodeWorkflowError(
+            "invalid_workflow",
+            f"{name!r}: called as function(ctx, input), but it takes {signature}",
+        ) from None
 
 
 def _where(function: WorkflowFunction) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 from django.db.models.functions import Now
 
 from ..definitions.registry import WORKER_LANES
@@ -31,7 +32,7 @@ from ..engine.worker import Attempt, Worker
 from ..models import Organisation, Run, Step
 from ..services.runs import run_start
 from ..services.signals import signal_send
-from ..states import StepStatus
+from ..states import RUN_FINISHED, StepStatus
 from .publish import publish_code_workflow
 from .steptypes import CODE
 
@@ -52,8 +53,6 @@ TIME_SKIPS: dict[str, TimeSkip] = {}
 # raising WorkflowTestError when the request is missing or the decision refused.
 Decider = Callable[[int, int, str, Any, str, str, Mapping[str, Any] | None], None]
 DECIDERS: dict[str, Decider] = {}
-
-FINISHED = ("succeeded", "failed", "cancelled")
 
 
 class WorkflowTestError(AssertionError):
@@ -111,6 +110,18 @@ def refuse_in_production() -> None:
         )
 
 
+def refuse_in_a_transaction() -> None:
+    """The engine commits in transactions of its own, as in production: under a test's
+    wrapping transaction (Django's TestCase, pytest-django's default) nothing it did could
+    be seen as committed, and a worker refuses to run a step there."""
+    if connection.in_atomic_block:
+        raise WorkflowTestError(
+            "test_helper_in_transaction: the workflow test helper drives the engine, which "
+            "commits as it goes: use django.test.TransactionTestCase, or "
+            "@pytest.mark.django_db(transaction=True), not TestCase"
+        )
+
+
 class WorkflowTest:
     """One run of a code workflow driven by a test.
 
@@ -141,9 +152,12 @@ class WorkflowTest:
         start_key: str = "test",
     ) -> RunView:
         """Publish ``name`` at ``version`` for the organisation and start a run of it through
-        the ordinary start path (start keys, quotas); nothing runs yet."""
+        the ordinary start path (start keys, quotas, the input checked as the API checks
+        it); nothing runs yet."""
+        refuse_in_a_transaction()
         publish_code_workflow(org=self.org, name=name, version=version)
-        started = run_start(org=self.org, automation_slug=name, run_input=dict(input or {}),
+        started = run_start(org=self.org, automation_slug=name,
+                            run_input={} if input is None else input,
                             start_key=start_key)  # fmt: skip
         self.run_id = started.run_id
         return self.run()
@@ -173,7 +187,7 @@ class WorkflowTest:
         was not skipped) raises WorkflowTestError naming the steps it waits on: it never
         hangs."""
         run = self.run_until_waiting(max_turns=max_turns)
-        if run.status in FINISHED:
+        if run.status in RUN_FINISHED:
             return run
         waits = "; ".join(self._describe(s) for s in run.waiting) or "no step (nothing ready)"
         raise WorkflowTestError(
@@ -251,6 +265,7 @@ class WorkflowTest:
     def _drive_once(self) -> int:
         """One round over every worker lane: what ran."""
         refuse_in_production()
+        refuse_in_a_transaction()
         ran = 0
         for lane in WORKER_LANES:
             worker = Worker(lane_policy(lane), concurrency=1, name=TESTER)
