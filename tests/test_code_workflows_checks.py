@@ -200,6 +200,56 @@ def test_a_mistake_in_the_code_fails_the_run_at_its_step_with_its_code(
         assert [s.step_id for s in run.steps] == []  # nothing of it was stored
 
 
+@workflow("code-conflict-in-branch", version=1)
+def top_then_branch(ctx: Context, run_input: dict[str, Any]) -> Any:
+    ctx.run("x", str, "top")
+    return ctx.parallel("fan", lambda c: c.sleep("x", "1s"), lambda c: c.run("y", str, "y"))
+
+
+@workflow("code-conflict-across-branches", version=1)
+def sibling_branches(ctx: Context, run_input: dict[str, Any]) -> Any:
+    return ctx.parallel("fan", lambda c: c.run("s", str, "left"), lambda c: c.step("s", "noop"))
+
+
+@workflow("code-conflict-compensation", version=1)
+def compensation_then_call(ctx: Context, run_input: dict[str, Any]) -> Any:
+    ctx.run("reserve", str, "r")
+    ctx.compensate_with("undo", "noop")
+    return ctx.run("undo", str, "u")
+
+
+@workflow("code-conflict-call-then-compensation", version=1)
+def call_then_compensation(ctx: Context, run_input: dict[str, Any]) -> Any:
+    ctx.run("undo", str, "u")
+    ctx.compensate_with("undo", "noop")
+    return "unreachable"
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "conflict"),
+    [
+        ("code-conflict-in-branch", "failed", "'x' was entered as ctx.run in this run, and "
+         "the code now calls it as a wait step"),
+        # Whichever branch asked first, the other meets its step.
+        ("code-conflict-across-branches", "failed", "'s' was entered as "),
+        # The code failed after registering a compensation: it runs, as for any failure.
+        ("code-conflict-compensation", "compensated", "'undo' was entered as a noop step in "
+         "this run, and the code now calls it as ctx.run"),
+        ("code-conflict-call-then-compensation", "failed", "'undo' was entered as ctx.run in "
+         "this run, and the code now calls it as a noop step"),
+    ],
+)  # fmt: skip
+def test_one_step_id_as_two_types_fails_in_a_branch_and_for_a_compensation_too(
+    org: Organisation, name: str, status: str, conflict: str
+) -> None:
+    t = WorkflowTest(org=org)
+    t.start(name, version=1)
+    run = t.run_until_finished()
+    assert run.status == status, run.error
+    # (A branch's failure is its decider's: "step 'fan.0' failed: <code>: ...".)
+    assert f"step_type_conflict: step {conflict}" in run.error, run.error
+
+
 @workflow("code-big-output", version=1)
 def big_output(ctx: Context, run_input: dict[str, Any]) -> str:
     return "x" * int(run_input["size"])

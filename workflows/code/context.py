@@ -100,6 +100,9 @@ class Forks(Protocol):
 
     def of(self, where: tuple[int | None, int | None]) -> list[Recorded]: ...
 
+    @property
+    def places(self) -> Mapping[tuple[int | None, int | None], list[Recorded]]: ...
+
 
 class Stop(BaseException):
     """The function stops here (see the module's note on BaseException)."""
@@ -225,7 +228,10 @@ class Context(PeopleAndTime):
         self.attempts_allowed = lost_claims_allowed  # the new call's (ctx.run's retry raises it)
         self._last: Recorded | None = None  # the workflow's own call replayed last
         self._compensated: set[tuple[str, int]] = set()  # executions given a compensation
-        self._types: dict[str, str] = {}  # each step id's type, as replayed (step_type_conflict)
+        # Each step id's type (step_type_conflict): as the history holds it in every place
+        # (a branch's new call meets a sibling branch's steps, which this turn never
+        # replays), then as this replay calls it.
+        self._types: dict[str, str] = {} if forks is None else _types_recorded(forks)
 
     # --- values recorded once ------------------------------------------------------------------
 
@@ -380,6 +386,9 @@ class Context(PeopleAndTime):
                 f"compensate_with({step_id!r}) follows {what}: it must follow the completed "
                 "step it undoes",
             )
+        # Its id names one step of one type too: a plan enters it as any other step.
+        _check_type(step_id, step_type, self._types.get(step_id))
+        self._types[step_id] = step_type
         execution = (target.step_id, target.iteration)
         if execution in self._compensated:
             raise CodeFailure(
@@ -608,6 +617,20 @@ def _max_attempts(step_id: str, retry: Mapping[str, Any] | None) -> int:
             f"{MOST_ATTEMPTS}",
         )
     return most
+
+
+def _types_recorded(forks: Forks) -> dict[str, str]:
+    """Each step id's type in the run's history, in every place, compensations registered
+    included (the step a ``ctx.compensate`` record names)."""
+    types: dict[str, str] = {}
+    for place in forks.places.values():
+        for recorded in place:
+            types.setdefault(recorded.step_id, recorded.type)
+            if recorded.step_id == COMPENSATE_ID and isinstance(recorded.output, Mapping):
+                call = recorded.output.get("call")
+                if isinstance(call, Mapping):
+                    types.setdefault(str(call.get("id")), str(call.get("type")))
+    return types
 
 
 def _check_type(step_id: str, step_type: str, entered_as: str | None) -> None:
