@@ -35,13 +35,16 @@ from workflows.errors import InvalidInput
 from workflows.models import ApiKey, AuditEntry, Erasure, Membership, Organisation, Run, RunEvent
 from workflows.models import Step as StepRow
 from workflows.plugins.audit import Actor, record_audit
+from workflows.plugins.code import CodeWorkflowError, Context, publish_code_workflow, workflow
 from workflows.plugins.erasure import MARKER, Matcher, scrub_json
 from workflows.services.automations import automation_publish_definition
 from workflows.services.erasure import erase_person, subject_of
 from workflows.services.erasure.scrub import Value
 from workflows.services.runs import run_start
+from workflows.services.signals import signal_send
 from workflows.services.tenancy import api_key_create
 
+from .effect_setup import drive
 from .test_erasure import ANN, ANN_TRACES, BOB, NUDGE, REFUND, erase, eraser, hits, world  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -314,3 +317,63 @@ def test_the_command_gives_a_key_the_erasure_scope_and_refuses_an_unknown_one(or
                      stdout=StringIO(), stderr=StringIO())  # fmt: skip
     with pytest.raises(InvalidInput):
         api_key_create(org=org, name="x", scopes=["everything"])
+
+
+def greeting(name: str) -> str:
+    return f"Dear {name}"
+
+
+DECLARED = {"identifiers": ["input.customer_id"], "fields": ["input.name"], "on_erasure": "finish"}
+
+
+@workflow("code-greeting", version=1, personal_data=DECLARED)
+def greet_then_wait(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    said = ctx.run("greeting", greeting, run_input["name"])
+    ctx.wait_signal("reply", signal="reply", correlation=run_input["order"], timeout="1d")
+    return {"said": said}
+
+
+def test_a_code_workflow_declares_its_personal_data_as_a_definition_does(
+    org: Organisation, eraser: APIClient
+) -> None:
+    # The organisation's only automation is a code workflow: its declaration is the one an
+    # erasure by identifier needs.
+    publish_code_workflow(org=org, name="code-greeting", version=1)
+    run_id = run_start(
+        org=org,
+        automation_slug="code-greeting",
+        run_input={**ANN, "order": "o-ann"},
+        start_key="greeting:ann",
+    ).run_id
+    other = run_start(
+        org=org,
+        automation_slug="code-greeting",
+        run_input={**BOB, "order": "o-bob"},
+        start_key="greeting:bob",
+    ).run_id
+    drive()
+    assert hits([ANN["name"]]), "the scan must find her name before (else it proves nothing)"
+
+    answer = erase(eraser, identifier=ANN["customer_id"])
+
+    assert answer.status_code == 201, answer.json()
+    assert answer.json()["runs_finishing"] == [run_id]  # on_erasure: finish
+    assert hits([ANN["name"]]) == []  # her input, the ctx.run result, the decider's record
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "running" and run.input["name"] == MARKER
+    assert Run.objects.get(pk=other).input == {**BOB, "order": "o-bob"}
+    # It goes on without her name: the signal it waits on ends it.
+    signal_send(org=org, name="reply", correlation="o-ann", payload={})
+    drive()
+    run.refresh_from_db()
+    assert run.status == "succeeded", run.error
+    assert ANN["name"] not in json.dumps(run.output)
+
+
+def test_a_code_workflows_personal_data_is_checked_at_registration() -> None:
+    with pytest.raises(CodeWorkflowError) as refused:
+        workflow("code-bad-personal", version=1,
+                 personal_data={"fields": ["name"], "on_erasure": "later"})  # fmt: skip
+    assert refused.value.code == "invalid_workflow"
+    assert "'name' is not a path like" in refused.value.detail
+    assert "on_erasure must be one of cancel, finish" in refused.value.detail

@@ -4,6 +4,7 @@ its runs start, count against quotas and take start keys as every run does."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..models import AutomationVersion, Organisation
@@ -13,10 +14,16 @@ from .context import DECIDER_ID
 from .registry import CodeWorkflowError, host_publishing, registered
 
 
-def code_definition(name: str, version: int) -> dict[str, Any]:
-    """The definition a code workflow's versions hold: its decider, and nothing else."""
+def code_definition(
+    name: str, version: int, personal_data: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The definition a code workflow's versions hold: its decider, and what the workflow
+    declares of its runs' personal data (erasure reads it there, as a definition's)."""
     decider = {"id": DECIDER_ID, "type": "code", "workflow": name, "version": version}
-    return {"start": DECIDER_ID, "steps": [decider]}
+    definition: dict[str, Any] = {"start": DECIDER_ID, "steps": [decider]}
+    if personal_data is not None:
+        definition["personal_data"] = dict(personal_data)
+    return definition
 
 
 def publish_code_workflow(
@@ -36,5 +43,8 @@ def publish_code_workflow(
         )
     with host_publishing():
         return automation_publish_definition(
-            org=org, slug=name, definition=code_definition(name, version), actor=actor
+            org=org,
+            slug=name,
+            actor=actor,
+            definition=code_definition(name, version, found.personal_data),
         )

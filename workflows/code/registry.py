@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
 
+from ..definitions.personal_data import declaration_problems
 from .schemas import SchemaProblem, checked_schema
 from .type_hints import hinted_schemas
 
@@ -42,6 +43,9 @@ class CodeWorkflow:
     organisations: frozenset[str] | None = None  # the slugs it may run for; None: all
     input_schema: Mapping[str, Any] | None = None  # JSON Schemas (schemas.py); None: none
     output_schema: Mapping[str, Any] | None = None
+    # Which values of a run name its person and are their data (a definition's
+    # ``personal_data``, docs/reference/definitions.md): its versions hold it.
+    personal_data: Mapping[str, Any] | None = None
 
     def allows(self, org_slug: str) -> bool:
         return self.organisations is None or org_slug in self.organisations
@@ -58,6 +62,7 @@ def workflow(
     organisations: str | Iterable[str] = ALL,
     input_schema: Mapping[str, Any] | None = None,
     output_schema: Mapping[str, Any] | None = None,
+    personal_data: Mapping[str, Any] | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as the code workflow ``name`` at ``version``. It is
     called as ``function(ctx, input)`` with a ``Context`` and the run's input, and returns
@@ -65,9 +70,13 @@ def workflow(
     organisations it may be published for and started in (publish_code_workflow, and every
     start of its runs, refuse the others: ``workflow_not_allowed``). ``input_schema`` and
     ``output_schema``: JSON Schemas the input and output must match; without one, a
-    TypedDict hint of the input or the return value gives it (schemas.py)."""
+    TypedDict hint of the input or the return value gives it (schemas.py).
+    ``personal_data``: which values of a run name its person and are their data, and what
+    erasing the person does to a live run, as a definition declares it (docs/reference/
+    definitions.md, "Personal data"); its published versions hold it."""
     _check_name(name, version)
     allowed = _organisations(name, organisations)
+    _check_personal_data(name, personal_data)
 
     def register(function: F) -> F:
         _check_function(name, function)
@@ -82,8 +91,9 @@ def workflow(
                     "again: give the new code another version",
                 )
             _workflows[(name, version)] = CodeWorkflow(
-                name, version, function, allowed, given_in, given_out
-            )
+                name, version, function, allowed, given_in, given_out,
+                None if personal_data is None else dict(personal_data),
+            )  # fmt: skip
         return function
 
     return register
@@ -169,6 +179,16 @@ def _schemas(
         )
     except SchemaProblem as problem:
         raise CodeWorkflowError("invalid_workflow", f"{name!r}: {problem.detail}") from None
+
+
+def _check_personal_data(name: str, personal_data: object) -> None:
+    if personal_data is None:
+        return
+    problems = declaration_problems(personal_data)
+    if problems:
+        raise CodeWorkflowError(
+            "invalid_workflow", f"{name!r}: " + "; ".join(message for _, _, message in problems)
+        )
 
 
 def _check_function(name: str, function: object) -> None:
