@@ -5,6 +5,7 @@ API and the admin: bad input named by field, organisations isolated, read-only k
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -28,7 +29,9 @@ from timers.schedules import (
     occurrences_to_start,
     start_key,
 )
+from workflows.code.registry import unregister
 from workflows.models import Automation, Membership, Organisation, Run
+from workflows.plugins.code import Context, publish_code_workflow, workflow
 from workflows.services import quotas
 from workflows.services.automations import automation_create, automation_publish_definition
 from workflows.services.runs import run_start
@@ -540,6 +543,46 @@ def test_bad_input_is_a_400_naming_the_field(org, api, change, field, says) -> N
         assert api.post("/api/v1/schedules", BODY, format="json").status_code == 201
         patched = api.patch(f"/api/v1/schedules/{BODY['name']}", change, format="json")
         assert patched.status_code == 400 and list(patched.json()["errors"]) == [field]
+
+
+COUNTED = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
+
+
+@workflow("code-counted", version=1, input_schema=COUNTED)
+def counted(ctx: Context, run_input: dict[str, Any]) -> int:
+    return int(run_input["n"])
+
+
+@db
+def test_a_schedule_of_a_code_workflow_is_checked_as_its_starts_are(org, api) -> None:
+    publish_code_workflow(org=org, name="code-counted", version=1)
+    body = {**BODY, "automation": "code-counted", "input": {"n": "many"}}
+    refused = api.post("/api/v1/schedules", body, format="json")
+    assert refused.status_code == 400, refused.json()
+    assert refused.json()["code"] == "invalid_input"
+    assert "'many' is not of type 'integer'" in json.dumps(refused.json())
+    assert not Schedule.objects.exists()
+
+    made = api.post("/api/v1/schedules", {**body, "input": {"n": 3}}, format="json")
+    assert made.status_code == 201, made.json()
+    patched = api.patch(f"/api/v1/schedules/{BODY['name']}", {"input": {}}, format="json")
+    assert patched.status_code == 400 and patched.json()["code"] == "invalid_input"
+    assert Schedule.objects.get().input == {"n": 3}
+
+    # Narrowed to another organisation (a later deploy): a new schedule is refused, as a
+    # start is (the existing one's occurrences are refused when they fire).
+    unregister("code-counted", 1)
+    workflow("code-counted", version=1, organisations=["elsewhere"],
+             input_schema={"type": "object"})(counted)  # fmt: skip
+    try:
+        narrowed = api.post("/api/v1/schedules", {**body, "name": "again", "input": {"n": 1}},
+                            format="json")  # fmt: skip
+        assert narrowed.status_code == 403, narrowed.json()
+        assert narrowed.json()["code"] == "workflow_not_allowed"
+        assert Schedule.objects.count() == 1
+    finally:
+        unregister("code-counted", 1)
+        workflow("code-counted", version=1, input_schema=COUNTED)(counted)
 
 
 @db

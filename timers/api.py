@@ -37,6 +37,7 @@ from workflows.plugins.api import (
     request_key,
 )
 from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable
+from workflows.plugins.runs import check_startable
 
 from .calendar import zone_named
 from .cron import cron_problem, first_occurrence, input_problem
@@ -219,19 +220,22 @@ class ScheduleListView(ListEndpoint):
     @extend_schema(
         operation_id="schedules_create",
         request=ScheduleIn,
-        responses={201: ScheduleOut, 400: ErrorOut, 409: ErrorOut},
+        responses={201: ScheduleOut, 400: ErrorOut, 403: ErrorOut, 409: ErrorOut},
         description="Create a schedule: from its next occurrence on, each occurrence of "
         "`cron` in `timezone` starts a run of `automation` with `input`, once (start key "
         "`schedule:<id>:<instant>`). A bad cron, an unknown zone, a cron that never fires or "
-        "an input that is not an object is 400 `invalid_input` naming the field; a name "
-        "already taken is 409 `already_exists`; past the organisation's quota of schedules, "
-        "409 `quota_exceeded`.",
+        "an input that is not an object is 400 `invalid_input` naming the field, and so is an "
+        "input a code workflow's schema refuses; a code workflow the organisation may not run "
+        "is 403 `workflow_not_allowed`; a name already taken is 409 `already_exists`; past "
+        "the organisation's quota of schedules, 409 `quota_exceeded`.",
     )
     def post(self, request: Request) -> Response:
         org = _org(request)
         data = ScheduleIn(data=request.data, context={"org": org})
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
+        # Refused now, as its every occurrence would be (each is checked again when it fires).
+        check_startable(org, fields["automation"], fields.get("input", {}))
         schedule = Schedule(org=org, **fields)
         schedule.next_at = first_occurrence(schedule.cron, schedule.timezone)
         try:
@@ -251,10 +255,11 @@ class ScheduleDetailView(APIView):
     @extend_schema(
         operation_id="schedules_update",
         request=SchedulePatchIn,
-        responses={200: ScheduleOut, 400: ErrorOut, 404: ErrorOut},
+        responses={200: ScheduleOut, 400: ErrorOut, 403: ErrorOut, 404: ErrorOut},
         description="Change a schedule; `name` is fixed. A new `cron` or `timezone`, or "
         "enabling it again, counts from now: its next occurrence after now is the next to "
-        "start (the ones it missed while disabled are not caught up).",
+        "start (the ones it missed while disabled are not caught up). A new `automation` or "
+        "`input` is checked as at creation (400 `invalid_input`, 403 `workflow_not_allowed`).",
     )
     def patch(self, request: Request, name: str) -> Response:
         org = _org(request)
@@ -264,6 +269,9 @@ class ScheduleDetailView(APIView):
         fields = dict(data.validated_data)
         if not fields:
             return Response(ScheduleOut(schedule).data)
+        if "automation" in fields or "input" in fields:
+            check_startable(org, fields.get("automation", schedule.automation),
+                            fields.get("input", schedule.input))  # fmt: skip
         retimed = any(fields.get(f, getattr(schedule, f)) != getattr(schedule, f)
                       for f in TIMING_FIELDS)  # fmt: skip
         enabled_again = fields.get("enabled") is True and not schedule.enabled

@@ -7,6 +7,8 @@ from __future__ import annotations
 from ..management.base import MigratedCommand
 from ..selectors import organisation_get
 from ..services import quotas
-from ..services.runs import check_input, run_start
+from ..services.runs import check_input, check_startable, run_start
 
-__all__ = ["MigratedCommand", "check_input", "organisation_get", "quotas", "run_start"]
+__all__ = [
+    "MigratedCommand", "check_input", "check_startable", "organisation_get", "quotas", "run_start",
+]  # fmt: skip

@@ -289,6 +289,15 @@ def check_start_guards(org: Organisation, definition: Mapping[str, Any], run_inp
         guard(org, definition, run_input)
 
 
+def check_startable(org: Organisation, automation: Any, run_input: Any) -> None:
+    """Refuse (raise) what the start guards would refuse of a start of ``automation`` (an
+    Automation of ``org``) with ``run_input`` now, on its current version; writes nothing.
+    A schedule is checked so when it is made or changed, not only at each occurrence."""
+    version_id = getattr(automation, "current_version_id", None)
+    if version_id is not None:
+        check_start_guards(org, definition_for(version_id), run_input)
+
+
 def _guarded(start: _Start, target: _Target) -> _Target:
     check_start_guards(start.org, target.definition, start.run_input)
     return target
