@@ -7,6 +7,7 @@ traceback in the worker's log."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from workflows.code.registry import registered, unregister
-from workflows.models import Organisation, Run, RunEvent
+from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.plugins.code import CodeWorkflowError, Context, publish_code_workflow, workflow
 from workflows.plugins.testing import WorkflowTest
 
@@ -248,6 +249,26 @@ def test_one_step_id_as_two_types_fails_in_a_branch_and_for_a_compensation_too(
     assert run.status == status, run.error
     # (A branch's failure is its decider's: "step 'fan.0' failed: <code>: ...".)
     assert f"step_type_conflict: step {conflict}" in run.error, run.error
+
+
+@workflow("code-big-call", version=1)
+def big_call(ctx: Context, run_input: dict[str, Any]) -> None:
+    ctx.step("noted", "set", values={"text": "x" * int(run_input["size"])})
+
+
+def test_a_step_call_past_the_size_limit_fails_the_run_before_anything_stores_it(
+    org: Organisation, settings: Any
+) -> None:
+    settings.WAYMARK = {**settings.WAYMARK, "MAX_INPUT_BYTES": 1000}
+    t = WorkflowTest(org=org)
+    t.start("code-big-call", version=1, input={"size": 2000})
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert run.error.startswith("invalid_code_step: The call of step 'noted' is "), run.error
+    assert run.steps == []
+    stored = Step.objects.filter(run_id=run.id).values_list("output", flat=True)
+    assert all("x" * 1000 not in json.dumps(output) for output in stored)
+    assert "x" * 1000 not in json.dumps(Run.objects.get(pk=run.id).outputs)
 
 
 @workflow("code-big-output", version=1)

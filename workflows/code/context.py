@@ -720,6 +720,8 @@ def _checked_step(step_id: str, step_type: str, fields: Mapping[str, Any]) -> di
             raise CodeFailure("invalid_code_step", f"step {step_id!r}: {reserved!r} is not a field")
     step = {"id": step_id, "type": step_type, **fields}
     check_json(step_id, step)
+    # Stored as the turn's record and in the run's outputs: held to the input's limits.
+    check_stored_size(step_id, step, "invalid_code_step", f"The call of step {step_id!r}")
     report = StepReport(step_id)
     step_type_obj = registry.get(step_type)
     assert step_type_obj is not None
