@@ -1,5 +1,4 @@
-"""A test helper for a host's own tests of its code workflows (docs/how-to/test-a-code-workflow.md,
-"Testing a code workflow"). FOR TESTS ONLY: it moves a run's waits to now and runs steps in
+"""A test helper for a host's own tests of its code workflows (docs/how-to/test-a-code-workflow.md). FOR TESTS ONLY: it moves a run's waits to now and runs steps in
 the calling process; it refuses to run where ``WAYMARK_PRODUCTION`` is set.
 
 It drives the real engine on the real database: a run is started through the ordinary start

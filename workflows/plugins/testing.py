@@ -1,6 +1,5 @@
 """The workflow test helper, for a host's own tests of its code workflows (FOR TESTS ONLY:
-it refuses to run where WAYMARK_PRODUCTION is set); docs/reference/code-workflows.md, "Testing a
-code workflow"::
+it refuses to run where WAYMARK_PRODUCTION is set); docs/how-to/test-a-code-workflow.md::
 
     from workflows.plugins.testing import WorkflowTest
 
