@@ -81,6 +81,22 @@ def receipt_then_notes(ctx: Context, run_input: dict[str, Any]) -> Any:
     return made
 
 
+@workflow("code-rerun-fan", version=1)
+def charge_beside_a_price(ctx: Context, run_input: dict[str, Any]) -> Any:
+    url = run_input["url"]
+
+    def charge(c: Context) -> Any:
+        created = c.http("charge", connection="api", method="POST", url=f"{url}/items",
+                         body={"total": 1})  # fmt: skip
+        return created["body"]["id"]
+
+    def price(c: Context) -> Any:
+        return c.run("price", priced, [1])
+
+    both = ctx.parallel("fan", charge, price)
+    return ctx.run("receipt", receipt_for, both[0], both[1])
+
+
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
     CALLS.clear()
@@ -183,6 +199,24 @@ def test_a_second_rerun_from_the_same_step_takes_the_same_settled_answer(
         run = Run.objects.get(pk=run_id)
         assert (run.status, run.error) == ("succeeded", ""), run.error
         assert CALLS == ["receipt"]
+        assert len(provider_stub.created) == 1  # never sent again
+
+
+def test_reruns_from_a_parallel_take_its_branches_settled_answers_each_time(
+    org: Organisation, provider_stub: ProviderStub
+) -> None:
+    connect(org, base_url=provider_stub.url)
+    run_id = start(org, "code-rerun-fan", {"url": provider_stub.url}, "fan")
+    drive()
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+    for entry in (2, 3):  # the branch's charge/1 holds the only settled answer
+        done = rerun(org=org, run_id=run_id, from_step="fan", actor="ops", dry_run=False)
+        assert [(e.key, e.action, e.new_key) for e in done.effects] == [
+            (f"{run_id}/charge/1", "reuse", f"{run_id}/charge/{entry}")
+        ]
+        drive()
+        run = Run.objects.get(pk=run_id)
+        assert (run.status, run.error) == ("succeeded", ""), run.error
         assert len(provider_stub.created) == 1  # never sent again
 
 

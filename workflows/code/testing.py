@@ -1,5 +1,6 @@
-"""A test helper for a host's own tests of its code workflows (docs/how-to/test-a-code-workflow.md). FOR TESTS ONLY: it moves a run's waits to now and runs steps in
-the calling process; it refuses to run where ``WAYMARK_PRODUCTION`` is set.
+"""A test helper for a host's own tests of its code workflows
+(docs/how-to/test-a-code-workflow.md). FOR TESTS ONLY: it moves a run's waits to now and runs
+steps in the calling process; it refuses to run where ``WAYMARK_PRODUCTION`` is set.
 
 It drives the real engine on the real database: a run is started through the ordinary start
 path, its steps are claimed, executed and settled through a real Worker's code path (in this

@@ -34,6 +34,7 @@ age are counted afresh from the re-run. A preview admits nothing.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
 from ..definitions.reach import enclosing_fork, reached, successors
+from ..definitions.registry import registry
 from ..engine import sql
 from ..engine.definition_cache import definition_for
 from ..engine.settled import SettledEffect, settled_effects
@@ -338,10 +340,27 @@ def _kept_before_cut(cursor: Any, run_id: int, cut: CodeCut) -> set[tuple[str, i
     cursor.execute(sql.STEPS_ENTERED_BEFORE, {"run": run_id, "step": chosen,
                                               "iteration": iteration})  # fmt: skip
     read = set(cut.history[: cut.kept])
-    return {
-        (row["step_id"], row["iteration"]) for row in fetch_dicts(cursor)
-        if not row["top"] or (row["step_id"], row["iteration"]) in read
-    }  # fmt: skip
+    kept: set[tuple[str, int]] = set()
+    kept_joins: set[int] = set()  # the joins of the ctx.parallels kept: their branches are
+    for row in fetch_dicts(cursor):  # (in the order entered: a fork before its branches)
+        execution = (row["step_id"], row["iteration"])
+        place = row["fork_join_id"]
+        if execution in read if place is None else place in kept_joins:
+            kept.add(execution)
+            joined = _join_row_of(row)
+            if joined is not None:
+                kept_joins.add(joined)
+    return kept
+
+
+def _join_row_of(row: dict[str, Any]) -> int | None:
+    """The join row of a fork's row (its output names it), else None."""
+    step_type = registry.get(str(row["type"]))
+    if step_type is None or not step_type.forks or row["output"] is None:
+        return None
+    output = json.loads(row["output"])
+    joined = output.get("join_row") if isinstance(output, dict) else None
+    return joined if isinstance(joined, int) else None
 
 
 def _undone_by_plans(cursor: Any, run_id: int) -> tuple[set[tuple[str, int]], set[str]]:

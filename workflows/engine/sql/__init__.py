@@ -672,10 +672,11 @@ SELECT output FROM workflows_step
 # (its first row of that iteration), in whatever place: the top level's and the branches'
 # of a ctx.parallel that met before it. Their effects are kept, not chosen among.
 STEPS_ENTERED_BEFORE = """
-SELECT step_id, iteration, fork_join_id IS NULL AS top FROM workflows_step
+SELECT step_id, iteration, type, fork_join_id, output::text AS output FROM workflows_step
  WHERE run_id = %(run)s
    AND id < (SELECT min(id) FROM workflows_step
               WHERE run_id = %(run)s AND step_id = %(step)s AND iteration = %(iteration)s)
+ ORDER BY id
 """
 
 # The compensations a run's plans entered (engine/compensation.py, the compensation.entered
