@@ -667,12 +667,14 @@ SELECT output FROM workflows_step
  WHERE run_id = %(run)s AND step_id = %(step_id)s AND iteration = %(iteration)s
 """
 
-# The newest row of a step (a retry of a compensating run resumes the plan from it).
 # A code run's re-run (services/rerun.py): the steps entered before the step it re-runs from
-# (its first row of that iteration), in whatever place: the top level's and the branches'
-# of a ctx.parallel that met before it. Their effects are kept, not chosen among.
+# (its first row of that iteration), in whatever place, in the order entered, each with the
+# join row its output names (a fork's: its branches' place). The re-run keeps the effects of
+# those its replay still reads: the top level's kept steps, and the branches of the forks
+# among them.
 STEPS_ENTERED_BEFORE = """
-SELECT step_id, iteration, type, fork_join_id, output::text AS output FROM workflows_step
+SELECT step_id, iteration, type, fork_join_id, (output -> 'join_row')::text AS join_row
+  FROM workflows_step
  WHERE run_id = %(run)s
    AND id < (SELECT min(id) FROM workflows_step
               WHERE run_id = %(run)s AND step_id = %(step)s AND iteration = %(iteration)s)
@@ -695,6 +697,7 @@ SELECT entered.step_id, entered.detail ->> 'compensates' AS compensates,
  ORDER BY entered.id
 """
 
+# The newest row of a step (a retry of a compensating run resumes the plan from it).
 LATEST_ROW_OF = """
 SELECT id, step_id, iteration, status, lane, fork_join_id, branch FROM workflows_step
  WHERE run_id = %(run)s AND step_id = %(step_id)s
