@@ -97,6 +97,28 @@ def charge_beside_a_price(ctx: Context, run_input: dict[str, Any]) -> Any:
     return ctx.run("receipt", receipt_for, both[0], both[1])
 
 
+@workflow("code-rerun-sends", version=1)
+def send_twice(ctx: Context, run_input: dict[str, Any]) -> Any:
+    url = run_input["url"]
+    first = ctx.http("send", connection="api", method="POST", url=f"{url}/items", body={"n": 1})
+    ctx.run("mid", polled, 0)
+    second = ctx.http("send", connection="api", method="POST", url=f"{url}/items", body={"n": 2})
+    return [first["body"]["body"], second["body"]["body"]]
+
+
+@workflow("code-rerun-refund", version=1)
+def charge_maybe_refund(ctx: Context, run_input: dict[str, Any]) -> Any:
+    url = run_input["url"]
+    made = ctx.http("charge", connection="api", method="POST", url=f"{url}/items",
+                    body={"op": "charge"})  # fmt: skip
+    if run_input.get("register"):
+        ctx.compensate_with_http("refund", connection="api", method="POST", url=f"{url}/items",
+                                 body={"op": "refund"})  # fmt: skip
+    if run_input.get("fail"):
+        ctx.fail("out_of_stock")
+    return made["body"]["id"]
+
+
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
     CALLS.clear()
@@ -218,6 +240,57 @@ def test_reruns_from_a_parallel_take_its_branches_settled_answers_each_time(
         run = Run.objects.get(pk=run_id)
         assert (run.status, run.error) == ("succeeded", ""), run.error
         assert len(provider_stub.created) == 1  # never sent again
+
+
+def test_a_kept_step_keeps_the_answer_it_took_from_an_earlier_rerun(
+    org: Organisation, provider_stub: ProviderStub
+) -> None:
+    connect(org, base_url=provider_stub.url)
+    run_id = start(org, "code-rerun-sends", {"url": provider_stub.url}, "s1")
+    drive()
+    first = Run.objects.get(pk=run_id).output
+    assert first == [{"n": 1}, {"n": 2}]
+    rerun(org=org, run_id=run_id, from_step="send", actor="ops", dry_run=False)
+    drive()  # send/3 took send/1's answer, send/4 send/2's
+    # From mid: send/3 is kept with send/1's answer; only send/2's is the next call's.
+    preview = rerun(org=org, run_id=run_id, from_step="mid", actor="ops")
+    assert [(e.key, e.action, e.new_key) for e in preview.effects] == [
+        (f"{run_id}/send/2", "reuse", f"{run_id}/send/5")
+    ]
+    rerun(org=org, run_id=run_id, from_step="mid", actor="ops", dry_run=False)
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == ("succeeded", first), run.error
+    assert len(provider_stub.created) == 2
+    reused = RunEvent.objects.filter(run_id=run_id, kind="effect.reused").order_by("id")
+    assert [(e.iteration, (e.detail or {})["reused"]) for e in reused][-1:] == [
+        (5, f"{run_id}/send/2")
+    ]
+
+
+def test_an_answer_a_compensation_undid_after_a_rerun_reused_it_is_made_again(
+    org: Organisation, provider_stub: ProviderStub
+) -> None:
+    connect(org, base_url=provider_stub.url)
+    url = provider_stub.url
+    run_id = start(org, "code-rerun-refund", {"url": url}, "u1")
+    drive()
+    # charge/2 takes charge/1's answer, registers its refund, and the run fails: the one
+    # charge at the provider is refunded.
+    rerun(org=org, run_id=run_id, from_step="charge", actor="ops", dry_run=False,
+          run_input={"url": url, "register": True, "fail": True})  # fmt: skip
+    drive()
+    assert Run.objects.get(pk=run_id).status == "compensated"
+    assert [item["body"]["op"] for item in provider_stub.created] == ["charge", "refund"]
+    fixed = {"url": url, "register": True}
+    preview = rerun(org=org, run_id=run_id, from_step="charge", actor="ops", run_input=fixed)
+    assert [(e.key, e.action) for e in preview.effects] == [(f"{run_id}/charge/1", "repeat")]
+    rerun(org=org, run_id=run_id, from_step="charge", actor="ops", dry_run=False,
+          run_input=fixed)  # fmt: skip
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "succeeded", run.error
+    assert [item["body"]["op"] for item in provider_stub.created] == ["charge", "refund", "charge"]
 
 
 def test_a_rerun_chooses_the_iteration_of_a_step_called_again(

@@ -303,15 +303,22 @@ def _effect_choices(cursor: Any, plan: _Plan) -> list[EffectChoice]:
         order = [s["id"] for s in definition["steps"] if s["id"] in downstream]
     kept: set[tuple[str, int]] = set()
     compensations: set[str] = set()
+    kept_keys: set[str] = set()  # the older answers a kept execution took (not its own)
+    undone_keys: set[str] = set()  # the older answers an undone execution took
     if plan.cut is not None:
         kept = _kept_before_cut(cursor, run.id, plan.cut)
         undone, compensations = _undone_by_plans(cursor, run.id)
+        reused = _effects_reused(cursor, run.id)
+        kept_keys = {reused[e] for e in kept if e in reused}
+        undone_keys = {reused[e] for e in undone if e in reused}
     else:
         undone = _undone(cursor, run.id, definition)
     by_step: dict[str, list[SettledEffect]] = {}
     for effect in settled_effects(cursor, run.org_id, run.id):
-        if (effect.step_id, effect.iteration) not in kept and effect.step_id not in compensations:
-            by_step.setdefault(effect.step_id, []).append(effect)
+        if ((effect.step_id, effect.iteration) in kept or effect.key in kept_keys
+                or effect.step_id in compensations):  # fmt: skip
+            continue
+        by_step.setdefault(effect.step_id, []).append(effect)
     if plan.cut is not None:  # a code run: the steps set aside, whatever the code does next
         # (its top level's, then a branch's of a ctx.parallel from the cut on)
         order = list(dict.fromkeys([*(step_id for step_id, _ in plan.cut.set_aside), *by_step]))
@@ -321,7 +328,7 @@ def _effect_choices(cursor: Any, plan: _Plan) -> list[EffectChoice]:
             new_key = f"{run.id}/{step_id}/{run.entered.get(step_id, 0) + k}"
             if plan.repeat_effects:
                 action, why = REPEAT, "repeat_effects: a new call under the new key"
-            elif (step_id, effect.iteration) in undone:
+            elif (step_id, effect.iteration) in undone or effect.key in undone_keys:
                 action, why = REPEAT, "a compensation undid it: made again under the new key"
             else:
                 action, why = REUSE, "settled: its answer is taken, nothing is called"
@@ -360,6 +367,14 @@ def _join_row_of(row: dict[str, Any]) -> int | None:
         return None
     joined = json.loads(row["join_row"])
     return joined if isinstance(joined, int) else None
+
+
+def _effects_reused(cursor: Any, run_id: int) -> dict[tuple[str, int], str]:
+    """The executions of a code run that took an older effect's answer (an earlier re-run's
+    new entries), and its key: kept, such an execution keeps that answer; undone, that
+    answer was undone."""
+    cursor.execute(sql.EFFECTS_REUSED, {"run": run_id})
+    return {(row["step_id"], row["iteration"]): row["reused"] for row in fetch_dicts(cursor)}
 
 
 def _undone_by_plans(cursor: Any, run_id: int) -> tuple[set[tuple[str, int]], set[str]]:

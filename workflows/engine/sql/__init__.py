@@ -697,6 +697,13 @@ SELECT entered.step_id, entered.detail ->> 'compensates' AS compensates,
  ORDER BY entered.id
 """
 
+# The executions of a run that took an older effect's answer (effects/reruns.py, the
+# effect.reused event): which key each took. A re-run counts that key as theirs.
+EFFECTS_REUSED = """
+SELECT DISTINCT step_id, iteration, detail ->> 'reused' AS reused FROM workflows_runevent
+ WHERE run_id = %(run)s AND kind = 'effect.reused'
+"""
+
 # The newest row of a step (a retry of a compensating run resumes the plan from it).
 LATEST_ROW_OF = """
 SELECT id, step_id, iteration, status, lane, fork_join_id, branch FROM workflows_step
