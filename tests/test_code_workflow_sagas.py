@@ -141,11 +141,40 @@ def test_a_rerun_of_a_compensated_run_makes_again_what_its_compensations_undid(
     run = Run.objects.get(pk=run_id)
     assert (run.status, run.error) == ("succeeded", ""), run.error
     assert provider_stub.count("POST", "/echo/charge") == 2  # charged again
-    assert provider_stub.count("POST", "/echo/reserve") == 1  # kept, still reserved
+    # Kept as it was: released by the compensation, and not made again (a re-run from a
+    # later step keeps the steps before it; re-run from reserve to reserve again).
+    assert provider_stub.count("POST", "/echo/reserve") == 1
     assert len(provider_stub.created) == 2  # no compensation ran again
     # Each registration of the new walk once (the re-run's turns read their own steps).
     records = Step.objects.filter(run_id=run_id, step_id="ctx.compensate")
     assert records.count() == 3  # reserve's and the first charge's, then the new charge's
+
+
+def test_after_a_rerun_each_execution_is_undone_once(
+    org: Organisation, provider_stub: ProviderStub
+) -> None:
+    set_up(org, provider_stub)
+    url = provider_stub.url
+    # A run that succeeded, re-run from its charge to fail: the new entry took the one
+    # charge's answer and registered its own refund; the set-aside entry's is not the run's.
+    run_id = start(org, "code-saga", {"url": url}, key="once-a")
+    drive()
+    rerun(org=org, run_id=run_id, from_step="charge", actor="ops",
+          run_input={"url": url, "fail": "fail"}, dry_run=False)  # fmt: skip
+    drive()
+    assert Run.objects.get(pk=run_id).status == "compensated"
+    assert provider_stub.count("POST", "/echo/charge") == 1
+    assert undone(provider_stub) == [("undo_charge", 0), ("undo_reserve", None)]
+    assert entered(run_id) == [("undo_charge", "charge", 2), ("undo_reserve", "reserve", 1)]
+
+    # Re-run again from the charge, failing again: the refunded charge is made again and
+    # refunded; the reservation, released already, is not released twice.
+    rerun(org=org, run_id=run_id, from_step="charge", actor="ops",
+          run_input={"url": url, "fail": "fail"}, dry_run=False)  # fmt: skip
+    drive()
+    assert Run.objects.get(pk=run_id).status == "compensated"
+    assert provider_stub.count("POST", "/echo/charge") == 2
+    assert undone(provider_stub) == [("undo_charge", 0), ("undo_reserve", None), ("undo_charge", 0)]
 
 
 def test_a_step_completed_in_a_loop_is_compensated_per_iteration_latest_first(

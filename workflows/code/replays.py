@@ -8,12 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..definitions.registry import registry
 from ..engine.decided import deciding_step
 from ..engine.places import TOP as TOP_PLACE
 from ..engine.places import Place
 from ..services.replays import Replays, RunData
 from .budget import TurnOverBudget, turn_budget_seconds, within
-from .context import CODE_TYPE, DECIDER_ID, CodeFailure, Context, Suspended
+from .context import CODE_TYPE, COMPENSATE_ID, DECIDER_ID, CodeFailure, Context, Suspended
 from .history import REPLAY_CUTS, TOP, Cut, Where, newest_row, read_history, replay_cuts
 from .registry import registered
 
@@ -25,6 +26,38 @@ def replay_history(run: RunData, at: Place = TOP_PLACE) -> list[tuple[str, int]]
                            decider_id=DECIDER_ID, latest=None,
                            cuts=run.outputs.get(REPLAY_CUTS))  # fmt: skip
     return [(step.step_id, step.iteration) for step in history.of(_where(at))]
+
+
+def compensation_records_read(
+    org_id: int, run_id: int, outputs: Mapping[str, Any]
+) -> frozenset[int] | None:
+    """The iterations of the run's compensation records (``ctx.compensate``) its replay
+    still reads, in every place it reaches (the top level's, and the branches of the
+    ctx.parallels it keeps); None when no re-run or retry cut the history (every record)."""
+    cuts = outputs.get(REPLAY_CUTS)
+    if not cuts:
+        return None
+    history = read_history(org_id=org_id, run_id=run_id, decider_type=CODE_TYPE,
+                           decider_id=DECIDER_ID, latest=None, cuts=cuts)  # fmt: skip
+    places, reached = [TOP], set()
+    read: set[int] = set()
+    while places:
+        where = places.pop()
+        reached.add(where)
+        for recorded in history.of(where):
+            if recorded.step_id == COMPENSATE_ID:
+                read.add(recorded.iteration)
+            joined = (
+                recorded.output.get("join_row") if isinstance(recorded.output, Mapping) else None
+            )
+            if _forks(recorded.type) and isinstance(joined, int):
+                places.extend(p for p in history.places if p[0] == joined and p not in reached)
+    return frozenset(read)
+
+
+def _forks(step_type: str) -> bool:
+    found = registry.get(step_type)
+    return found is not None and found.forks
 
 
 def restart_outputs(

@@ -10,6 +10,7 @@ from typing import Any
 from ..definitions.fields import check_fields
 from ..definitions.registry import RetryPolicy, StepReport, StepType, registry
 from ..definitions.rendering import plain_copy
+from ..engine.compensation import register_records_read
 from ..engine.decided import deciding_step
 from ..engine.definition_cache import definition_for
 from ..engine.executors import NotInline, StepContext, StepDeferred, StepFailure, StepResult
@@ -44,7 +45,7 @@ from .history import (
     read_history,
 )
 from .registry import publishing_as_host, registered
-from .replays import CODE_REPLAYS
+from .replays import CODE_REPLAYS, compensation_records_read
 from .schemas import check_output, check_start_input
 
 # A run whose workflow version is not registered in this worker's process (a deploy that
@@ -269,3 +270,4 @@ def register_code_step_types() -> None:
     registry.register(CODE_RESULT)
     register_start_guard(allowed_to_start)
     register_replays(CODE.name, CODE_REPLAYS)
+    register_records_read(CODE.name, compensation_records_read)

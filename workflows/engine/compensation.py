@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from ..definitions.registry import registry
@@ -48,6 +48,7 @@ from .sql import (
     CANCEL_FORWARD_STEPS,
     COMPENSATED_EXECUTION,
     COMPENSATION_PLAN,
+    COMPENSATIONS_ENTERED,
     COMPLETED_STEPS,
     RECORDED_COMPENSATIONS,
     STEP_OUTPUT,
@@ -55,6 +56,20 @@ from .sql import (
 from .sql.rows import NOW, NewStep, fetch_dict, fetch_dicts
 
 LIVE = (StepStatus.READY, StepStatus.RUNNING, StepStatus.WAITING)
+
+# Which of a code run's compensation records (``COMPENSATION_RECORD`` rows) its replay still
+# reads, by their iterations; None: all of them. A re-run sets aside the records of the steps
+# it sets aside (their executions are not the run's any more: a step entered again that took
+# the old answer registers its own). Said by the app of the deciding step type (workflows/
+# code), which this module cannot import: (org_id, run_id, the run's outputs) -> iterations.
+RecordsRead = Callable[[int, int, Mapping[str, Any]], frozenset[int] | None]
+RECORDS_READ: dict[str, RecordsRead] = {}
+
+
+def register_records_read(decider_type: str, records_read: RecordsRead) -> None:
+    RECORDS_READ[decider_type] = records_read
+
+
 CANCELLED_FOR = {"reason": "the run compensates"}
 
 
@@ -76,6 +91,19 @@ def still_done(
             kept = [(s, i) for s, i in kept if s not in undoes[step_id]]
         kept.append((step_id, iteration))
     return kept
+
+
+def undone_by_plans(cursor: Any, run_id: int) -> tuple[set[tuple[str, int]], set[str]]:
+    """The executions the run's plans undid (their entries whose step completed), and the
+    steps those plans entered (services/rerun.py never offers their effects again)."""
+    cursor.execute(COMPENSATIONS_ENTERED, {"run": run_id})
+    undone: set[tuple[str, int]] = set()
+    compensations: set[str] = set()
+    for row in fetch_dicts(cursor):
+        compensations.add(row["step_id"])
+        if row["completed"]:
+            undone.add((row["compensates"], row["compensates_iteration"]))
+    return undone, compensations
 
 
 def _plain(detail: Any) -> Any:
@@ -246,17 +274,27 @@ class Compensation:
 
     def _recorded_plan(self) -> list[dict[str, Any]]:
         """A code run's plan: one entry per compensation its function registered, latest
-        registered first (each follows the execution it undoes), with the whole step."""
+        registered first (each follows the execution it undoes), with the whole step. Not
+        the records a re-run set aside, nor an execution an earlier plan undid already (a
+        run re-run after it compensated, as ``still_done`` for a definition's)."""
         walk = self.walk
+        assert self.decided is not None
         # A record this walk made (a turn decided inline) is read with the others.
         walk.insert_new_steps()
-        params = {"org": walk.run.org_id, "run": walk.run.id, "record": COMPENSATION_RECORD}
-        walk.cursor.execute(RECORDED_COMPENSATIONS, params)
-        recorded = [_plain(row["output"]) for row in fetch_dicts(walk.cursor)]
+        run = walk.run
+        params = {"org": run.org_id, "run": run.id, "record": COMPENSATION_RECORD}
+        walk.cursor.execute(RECORDED_COMPENSATIONS, params)  # (a hop's walk stops here)
+        rows = fetch_dicts(walk.cursor)
+        reader = RECORDS_READ.get(str(self.decided.decider["type"]))
+        read = None if reader is None else reader(run.org_id, run.id, run.outputs)
+        recorded = [_plain(row["output"]) for row in rows
+                    if read is None or row["iteration"] in read]  # fmt: skip
+        undone, _ = undone_by_plans(walk.cursor, run.id)
         return [
             {"step": r["call"]["id"], "compensates": r["compensates"],
              "iteration": r["iteration"], "call": r["call"]}
             for r in reversed(recorded)
+            if (r["compensates"], r["iteration"]) not in undone
         ]  # fmt: skip
 
     def _cancel_forward(self) -> None:

@@ -44,6 +44,7 @@ from psycopg.types.json import Jsonb
 from ..definitions.reach import enclosing_fork, reached, successors
 from ..definitions.registry import registry
 from ..engine import sql
+from ..engine.compensation import undone_by_plans
 from ..engine.definition_cache import definition_for
 from ..engine.settled import SettledEffect, settled_effects
 from ..engine.sql.rows import event_row, fetch_dicts, insert_events
@@ -307,7 +308,9 @@ def _effect_choices(cursor: Any, plan: _Plan) -> list[EffectChoice]:
     undone_keys: set[str] = set()  # the older answers an undone execution took
     if plan.cut is not None:
         kept = _kept_before_cut(cursor, run.id, plan.cut)
-        undone, compensations = _undone_by_plans(cursor, run.id)
+        # What its compensations undid is made again; their own effects are never a forward
+        # step's to take (only a plan enters them again).
+        undone, compensations = undone_by_plans(cursor, run.id)
         reused = _effects_reused(cursor, run.id)
         kept_keys = {reused[e] for e in kept if e in reused}
         undone_keys = {reused[e] for e in undone if e in reused}
@@ -375,20 +378,6 @@ def _effects_reused(cursor: Any, run_id: int) -> dict[tuple[str, int], str]:
     answer was undone."""
     cursor.execute(sql.EFFECTS_REUSED, {"run": run_id})
     return {(row["step_id"], row["iteration"]): row["reused"] for row in fetch_dicts(cursor)}
-
-
-def _undone_by_plans(cursor: Any, run_id: int) -> tuple[set[tuple[str, int]], set[str]]:
-    """A code run's executions that a compensation completing undid, and the steps its
-    compensation plans entered (only a plan enters them again: their effects are never a
-    forward step's to take), from the compensation.entered events."""
-    cursor.execute(sql.COMPENSATIONS_ENTERED, {"run": run_id})
-    undone: set[tuple[str, int]] = set()
-    compensations: set[str] = set()
-    for row in fetch_dicts(cursor):
-        compensations.add(row["step_id"])
-        if row["completed"]:
-            undone.add((row["compensates"], row["compensates_iteration"]))
-    return undone, compensations
 
 
 def _undone(cursor: Any, run_id: int, definition: dict[str, Any]) -> set[tuple[str, int]]:

@@ -626,7 +626,7 @@ SELECT step_id, iteration FROM workflows_step
 # their own, engine/decided.py), in the order registered; found by the (org_id, run_id, ...)
 # index every step lookup of a run uses.
 RECORDED_COMPENSATIONS = """
-SELECT output::text AS output FROM workflows_step
+SELECT iteration, output::text AS output FROM workflows_step
  WHERE org_id = %(org)s AND run_id = %(run)s AND step_id = %(record)s AND status = 'done'
  ORDER BY id
 """
