@@ -24,13 +24,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, NoReturn, Protocol
 
+from django.conf import settings
+
 from ..definitions.fields import is_step_id
 from ..definitions.registry import StepReport, registry
 from ..definitions.rendering import plain_copy
 from ..definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
 from ..engine.decided import COMPENSATION_RECORD, branch_decider_id
 from ..errors import InvalidInput, PayloadTooLarge
-from ..services.runs import check_json_value
+from ..services.runs import MAX_INPUT_DEPTH, check_json_value
 from ..states import StepStatus
 from .budget import outside_budget
 from .people_and_time import PeopleAndTime
@@ -499,6 +501,7 @@ class Context(PeopleAndTime):
                          attempts_used=self._attempts_used,
                          lost_claims_allowed=self._lost_claims_allowed,
                          calls_functions=self._calls_functions)  # fmt: skip
+        branch._types.update(self._types)  # the top level's, replayed up to this parallel
         try:
             value = branches[number](branch)
         except Suspended:
@@ -620,10 +623,14 @@ def _max_attempts(step_id: str, retry: Mapping[str, Any] | None) -> int:
 
 
 def _types_recorded(forks: Forks) -> dict[str, str]:
-    """Each step id's type in the run's history, in every place, compensations registered
-    included (the step a ``ctx.compensate`` record names)."""
+    """Each step id's type in the run's history, in the branches of its ctx.parallels,
+    compensations registered included (the step a ``ctx.compensate`` record names). The top
+    level's need no reading ahead: a turn replays all of them (calls and registrations,
+    which record their types) before any new call of its own."""
     types: dict[str, str] = {}
-    for place in forks.places.values():
+    for where, place in forks.places.items():
+        if where == (None, None):
+            continue
         for recorded in place:
             types.setdefault(recorded.step_id, recorded.type)
             if recorded.step_id == COMPENSATE_ID and isinstance(recorded.output, Mapping):
@@ -720,8 +727,15 @@ def _checked_step(step_id: str, step_type: str, fields: Mapping[str, Any]) -> di
             raise CodeFailure("invalid_code_step", f"step {step_id!r}: {reserved!r} is not a field")
     step = {"id": step_id, "type": step_type, **fields}
     check_json(step_id, step)
-    # Stored as the turn's record and in the run's outputs: held to the input's limits.
-    check_stored_size(step_id, step, "invalid_code_step", f"The call of step {step_id!r}")
+    # Stored as the turn's record and in the run's outputs: held to the input's limits,
+    # checked exactly only when the quick look (its JSON's length and brackets, read in C)
+    # cannot tell it is within them: most calls are a few fields.
+    # (json.dumps writes ASCII with spaces: never shorter than the stored, compact UTF-8 text;
+    # and a value cannot nest deeper than it has brackets.)
+    written = json.dumps(step)
+    too_long = len(written) > int(settings.WAYMARK["MAX_INPUT_BYTES"])
+    if too_long or written.count("{") + written.count("[") > MAX_INPUT_DEPTH:
+        check_stored_size(step_id, step, "invalid_code_step", f"The call of step {step_id!r}")
     report = StepReport(step_id)
     step_type_obj = registry.get(step_type)
     assert step_type_obj is not None
