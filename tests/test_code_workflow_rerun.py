@@ -211,17 +211,8 @@ def test_a_second_rerun_from_the_same_step_takes_the_same_settled_answer(
     org: Organisation, provider_stub: ProviderStub
 ) -> None:
     run_id = finished(org, provider_stub.url, "r4")
-    for entry in (2, 3):  # charge/2 reused charge/1's answer; charge/3 takes it again
-        CALLS.clear()
-        done = rerun(org=org, run_id=run_id, from_step="charge", actor="ops", dry_run=False)
-        assert [(e.key, e.action, e.new_key) for e in done.effects] == [
-            (f"{run_id}/charge/1", "reuse", f"{run_id}/charge/{entry}")
-        ]
-        drive()
-        run = Run.objects.get(pk=run_id)
-        assert (run.status, run.error) == ("succeeded", ""), run.error
-        assert CALLS == ["receipt"]
-        assert len(provider_stub.created) == 1  # never sent again
+    # charge/2 reuses charge/1's answer; charge/3 takes it again
+    rerun_twice_taking_charge_1(org, run_id, "charge", provider_stub, calls=["receipt"])
 
 
 def test_reruns_from_a_parallel_take_its_branches_settled_answers_each_time(
@@ -231,15 +222,27 @@ def test_reruns_from_a_parallel_take_its_branches_settled_answers_each_time(
     run_id = start(org, "code-rerun-fan", {"url": provider_stub.url}, "fan")
     drive()
     assert Run.objects.get(pk=run_id).status == "succeeded"
-    for entry in (2, 3):  # the branch's charge/1 holds the only settled answer
-        done = rerun(org=org, run_id=run_id, from_step="fan", actor="ops", dry_run=False)
+    # The branch's charge/1 holds the only settled answer, each time.
+    rerun_twice_taking_charge_1(org, run_id, "fan", provider_stub, calls=["price", "receipt"])
+
+
+def rerun_twice_taking_charge_1(
+    org: Organisation, run_id: int, from_step: str, stub: ProviderStub, *, calls: list[str]
+) -> None:
+    """Re-run ``run_id`` from ``from_step`` twice: each time charge's new entry takes the
+    one settled answer (charge/1), the provider is never called again, and the ctx.run
+    functions called are ``calls``."""
+    for entry in (2, 3):
+        CALLS.clear()
+        done = rerun(org=org, run_id=run_id, from_step=from_step, actor="ops", dry_run=False)
         assert [(e.key, e.action, e.new_key) for e in done.effects] == [
             (f"{run_id}/charge/1", "reuse", f"{run_id}/charge/{entry}")
         ]
         drive()
         run = Run.objects.get(pk=run_id)
         assert (run.status, run.error) == ("succeeded", ""), run.error
-        assert len(provider_stub.created) == 1  # never sent again
+        assert calls == CALLS
+        assert len(stub.created) == 1  # never sent again
 
 
 def test_a_kept_step_keeps_the_answer_it_took_from_an_earlier_rerun(

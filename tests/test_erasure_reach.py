@@ -339,18 +339,11 @@ def test_a_code_workflow_declares_its_personal_data_as_a_definition_does(
     # The organisation's only automation is a code workflow: its declaration is the one an
     # erasure by identifier needs.
     publish_code_workflow(org=org, name="code-greeting", version=1)
-    run_id = run_start(
-        org=org,
-        automation_slug="code-greeting",
-        run_input={**ANN, "order": "o-ann"},
-        start_key="greeting:ann",
-    ).run_id
-    other = run_start(
-        org=org,
-        automation_slug="code-greeting",
-        run_input={**BOB, "order": "o-bob"},
-        start_key="greeting:bob",
-    ).run_id
+    run_id, other = (
+        run_start(org=org, automation_slug="code-greeting", run_input={**who, "order": order},
+                  start_key=f"greeting:{order}").run_id
+        for who, order in ((ANN, "o-ann"), (BOB, "o-bob"))
+    )  # fmt: skip
     drive()
     assert hits([ANN["name"]]), "the scan must find her name before (else it proves nothing)"
 
