@@ -156,8 +156,9 @@ class WorkflowTest:
         it); nothing runs yet."""
         refuse_in_a_transaction()
         publish_code_workflow(org=self.org, name=name, version=version)
-        started = run_start(org=self.org, automation_slug=name,
-                            run_input={} if input is None else input,
+        # A mapping as the object it is; anything else as given, for the start to refuse.
+        given = dict(input) if isinstance(input, Mapping) else {} if input is None else input
+        started = run_start(org=self.org, automation_slug=name, run_input=given,
                             start_key=start_key)  # fmt: skip
         self.run_id = started.run_id
         return self.run()
