@@ -32,7 +32,7 @@ class ProviderStub(HttpStub):
 
     def route(self, request: Request) -> Response:
         method, path = request.method, request.path
-        if path == "/items" and method == "POST":
+        if path in ("/items", "/charges") and method == "POST":  # (/charges: the docs' example)
             return self._create(request)
         if path == "/items" and method == "GET":
             return self._find(request)
