@@ -65,7 +65,9 @@ def check_start_input(schema: Schema | None, run_input: Any) -> None:
     found = problems(schema, run_input, "input")
     if found:
         place, messages = next(iter(found.items()))
-        raise InputDoesNotMatchSchema(reason=f"{place}: {messages[0]}", errors=found)
+        more = sum(map(len, found.values())) - 1
+        also = f" (and {more} more: see errors)" if more else ""
+        raise InputDoesNotMatchSchema(reason=f"{place}: {messages[0]}{also}", errors=found)
 
 
 def check_output(schema: Schema | None, output: Any) -> None:
