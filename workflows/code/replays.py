@@ -50,14 +50,9 @@ def compensation_records_read(
             joined = (
                 recorded.output.get("join_row") if isinstance(recorded.output, Mapping) else None
             )
-            if _forks(recorded.type) and isinstance(joined, int):
+            if registry.forking(recorded.type) and isinstance(joined, int):
                 places.extend(p for p in history.places if p[0] == joined and p not in reached)
     return frozenset(read)
-
-
-def _forks(step_type: str) -> bool:
-    found = registry.get(step_type)
-    return found is not None and found.forks
 
 
 def restart_outputs(

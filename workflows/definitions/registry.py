@@ -175,6 +175,12 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._types)
 
+    def forking(self, name: str) -> bool:
+        """Whether the step type ``name`` declares ``forks`` (its row names the join row its
+        branches meet at)."""
+        found = self._types.get(name)
+        return found is not None and found.forks
+
     def joining(self) -> list[str]:
         """The names of the types that declare ``joins``: the types of join rows."""
         return [t.name for t in self if t.joins]

@@ -282,5 +282,4 @@ def _parallel_asked(decider_output: Any) -> Mapping[str, Any] | None:
 
 
 def _forks(step: Mapping[str, Any]) -> bool:
-    step_type = registry.get(str(step.get("type")))
-    return step_type is not None and step_type.forks
+    return registry.forking(str(step.get("type")))

@@ -365,8 +365,7 @@ def _kept_before_cut(cursor: Any, run_id: int, cut: CodeCut) -> set[tuple[str, i
 
 def _join_row_of(row: dict[str, Any]) -> int | None:
     """The join row of a fork's row (its output names it), else None."""
-    step_type = registry.get(str(row["type"]))
-    if step_type is None or not step_type.forks or row["join_row"] is None:
+    if not registry.forking(str(row["type"])) or row["join_row"] is None:
         return None
     joined = json.loads(row["join_row"])
     return joined if isinstance(joined, int) else None
