@@ -348,7 +348,7 @@ class Context(PeopleAndTime):
                 raise RetryCall(step_id, attempt, most, error) from None
             self._failed(step_id, f"{error} (attempt {attempt} of {most})")
         check_json(step_id, output)
-        check_stored_size(step_id, output, "result_too_large", f"The result of step {step_id!r}")
+        within_stored_limits(step_id, output, "result_too_large", f"The result of step {step_id!r}")
         raise Suspended({"id": step_id, "type": RESULT_TYPE, "output": output})
 
     @staticmethod
@@ -721,21 +721,45 @@ def _check_branch_ids(step_id: str, ids: Sequence[str]) -> None:
 
 def _checked_step(step_id: str, step_type: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     """The step as a definition would hold it, checked by its type's validator."""
+    known = registry.get(step_type)
+    key = _call_key(step_id, step_type, fields)
+    if key is not None:
+        seen = _checked_calls.get(key)
+        if seen is not None and seen[0] is known:
+            return dict(seen[1])
+    step = _checked_anew(step_id, step_type, fields)
+    if key is not None:
+        if len(_checked_calls) >= MOST_CALLS_KEPT:
+            _checked_calls.clear()
+        _checked_calls[key] = (known, step)
+    return dict(step)
+
+
+# The calls found valid, by their id, type and fields, when every field is a plain scalar:
+# a workflow makes the same calls run after run (a replay only checks the call it stops
+# at, but every turn stops at one), and a check of the same call against the same step type
+# (the object registered now: a type registered again is checked again) finds the same.
+_checked_calls: dict[tuple[Any, ...], tuple[Any, dict[str, Any]]] = {}
+MOST_CALLS_KEPT = 4096
+_KEY_SCALARS = (str, int, bool, type(None))
+
+
+def _call_key(step_id: str, step_type: str, fields: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    if not fields:
+        return (step_id, step_type)
+    if len(fields) > 8 or not all(type(value) in _KEY_SCALARS for value in fields.values()):
+        return None
+    return (step_id, step_type, *sorted((key, type(value), value) for key, value in fields.items()))
+
+
+def _checked_anew(step_id: str, step_type: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     _check_call(step_id, step_type)
     for reserved in ("id", "type", "next", "on_failure", "compensate"):
         if reserved in fields:
             raise CodeFailure("invalid_code_step", f"step {step_id!r}: {reserved!r} is not a field")
     step = {"id": step_id, "type": step_type, **fields}
     check_json(step_id, step)
-    # Stored as the turn's record and in the run's outputs: held to the input's limits,
-    # checked exactly only when the quick look (its JSON's length and brackets, read in C)
-    # cannot tell it is within them: most calls are a few fields.
-    # (json.dumps writes ASCII with spaces: never shorter than the stored, compact UTF-8 text;
-    # and a value cannot nest deeper than it has brackets.)
-    written = json.dumps(step)
-    too_long = len(written) > int(settings.WAYMARK["MAX_INPUT_BYTES"])
-    if too_long or written.count("{") + written.count("[") > MAX_INPUT_DEPTH:
-        check_stored_size(step_id, step, "invalid_code_step", f"The call of step {step_id!r}")
+    within_stored_limits(step_id, step, "invalid_code_step", f"The call of step {step_id!r}")
     report = StepReport(step_id)
     step_type_obj = registry.get(step_type)
     assert step_type_obj is not None
@@ -746,6 +770,18 @@ def _checked_step(step_id: str, step_type: str, fields: Mapping[str, Any]) -> di
         )
         raise CodeFailure("invalid_code_step", f"step {step_id!r}: {problems}")
     return step
+
+
+def within_stored_limits(label: str, value: Any, code: str, what: str) -> None:
+    """``check_stored_size``, checked exactly only when the quick look (the value's JSON's
+    length and brackets, read in C) cannot tell it is within the limits: most calls,
+    results and outputs are a few fields. (json.dumps writes ASCII with spaces: never
+    shorter than the stored, compact UTF-8 text; and a value cannot nest deeper than it has
+    brackets.) ``value`` has passed ``check_json``."""
+    written = json.dumps(value)
+    too_long = len(written) > int(settings.WAYMARK["MAX_INPUT_BYTES"])
+    if too_long or written.count("{") + written.count("[") > MAX_INPUT_DEPTH:
+        check_stored_size(label, value, code, what)
 
 
 def check_json(step_id: str, value: Any) -> None:

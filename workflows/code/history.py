@@ -223,13 +223,17 @@ def history_after(
     ended = outputs.get(str(asked["id"]))
     if not isinstance(ended, Mapping) or "output" not in ended:
         return None
+    step_id = str(asked["id"])
     # One live step at a time: the asked step's iteration follows its earlier ones.
-    iteration = 1 + list(map(_STEP_ID, turn.history)).count(asked["id"])
+    iteration = 1 + list(map(_STEP_ID, turn.history)).count(step_id)
+    # Its outcome, as the decider's output notes it (the same step: it asked for it).
+    outcome = latest.get("outcome")
+    outcome = outcome if type(outcome) is str else None
     # The run's own value: the replay hands the workflow's code a copy (Context._replayed).
-    history = [*turn.history, Recorded(str(asked["id"]), iteration, str(asked["type"]),
-                                       StepStatus.DONE, ended["output"])]  # fmt: skip
-    _with_outcome(history, ended_before(latest))
-    return history
+    last = Recorded(
+        step_id, iteration, str(asked["type"]), StepStatus.DONE, ended["output"], outcome
+    )
+    return [*turn.history, last]
 
 
 def _without_reentered(place: list[Recorded]) -> list[Recorded]:

@@ -19,7 +19,7 @@ from jsonschema import Draft202012Validator, SchemaError
 from jsonschema.exceptions import ValidationError
 
 from ..errors import InputDoesNotMatchSchema
-from .context import CodeFailure, check_json, check_stored_size
+from .context import CodeFailure, check_json, within_stored_limits
 
 Schema = Mapping[str, Any]
 MAX_ERRORS = 20  # the most places of a refused input named in one answer
@@ -48,10 +48,29 @@ def checked_schema(schema: object, what: str) -> Schema:
 def problems(schema: Schema, value: Any, root: str) -> dict[str, list[str]]:
     """Each place of ``value`` that fails ``schema`` (``input.items.0``), with its messages."""
     found: dict[str, list[str]] = {}
-    errors = sorted(Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.path))
+    validator = _validator(schema)
+    if validator.is_valid(value):
+        return found
+    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
     for error in errors[:MAX_ERRORS]:
         found.setdefault(_place(root, error), []).append(error.message)
     return found
+
+
+# By the schema object a registration holds (kept here too, so its id is never another's):
+# a validator is made once, not at every start and every run's end.
+_validators: dict[int, tuple[Schema, Draft202012Validator]] = {}
+
+
+def _validator(schema: Schema) -> Draft202012Validator:
+    made = _validators.get(id(schema))
+    if made is not None and made[0] is schema:
+        return made[1]
+    validator = Draft202012Validator(schema)
+    if len(_validators) >= 1024:
+        _validators.clear()
+    _validators[id(schema)] = (schema, validator)
+    return validator
 
 
 def _place(root: str, error: ValidationError) -> str:
@@ -73,7 +92,7 @@ def check_start_input(schema: Schema | None, run_input: Any) -> None:
 def check_output(schema: Schema | None, output: Any) -> None:
     """What the function returned: JSON, within the size limit, matching the output schema."""
     check_json("output", output)
-    check_stored_size("output", output, "output_too_large", "The workflow's output")
+    within_stored_limits("output", output, "output_too_large", "The workflow's output")
     if schema is None:
         return
     found = problems(schema, output, "output")

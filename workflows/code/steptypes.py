@@ -101,12 +101,13 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     # is noted there (engine/decided.py), to be recorded by this turn.
     decider_id = str(step["id"])
     latest = context["steps"].get(decider_id, {}).get("output")
-    latest = latest if isinstance(latest, Mapping) else None
+    latest = latest if type(latest) is dict or isinstance(latest, Mapping) else None
     history = _turn_history(step, context, ctx, decider_id, latest)
     # A branch's decider (engine/decided.py) replays the top level up to its ctx.parallel,
     # then its own branch (through the branches around it, when parallels nest): the step
     # the branch asks for next, or what it returned.
-    deciding = tuple((str(p), int(b)) for p, b in step.get("within", ())) or None
+    branch_path = step.get("within")
+    deciding = tuple((str(p), int(b)) for p, b in branch_path) or None if branch_path else None
     # A turn's attempts are the decider's, under its type's policy (enough for the largest
     # ctx.run retry); a turn whose call is no such retry gets the lane's usual number.
     usual = lane_policy(CODE.lane).max_attempts
@@ -215,7 +216,7 @@ def _carried(step: Mapping[str, Any], history: History, asked: Mapping[str, Any]
     """What the next turn may replay without a query: the top level's history and the step
     asked, when the run has no ctx.parallel (its forks' rows and joins are read, not
     carried) and the step asked is not one either."""
-    plain = "within" not in step and not history.joins and set(history.places) <= {TOP}
+    plain = "within" not in step and not history.joins and all(at == TOP for at in history.places)
     if not plain or asked.get("type") == "parallel":
         return None
     return Turn(tuple(history.of(TOP)), asked)

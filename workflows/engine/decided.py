@@ -145,6 +145,12 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         self.decider = decider
         self.outputs = outputs  # the run's, as the walk updates them
         self.speculative = speculative
+        # The compensation step the run is in, found from the run decider's output for as
+        # long as that output is the very object the outputs hold: the walk replaces a
+        # decider's output (record_output), never changes it in place, and asks at every
+        # step it enters (eight times in the settle of a code run's step).
+        self._seen_output: Any = _UNSEEN
+        self._compensators: frozenset[str] = _NONE
 
     def __getitem__(self, step_id: str) -> Mapping[str, Any]:
         return self.at(step_id, TOP)
@@ -254,8 +260,12 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
 
     def compensators(self) -> frozenset[str]:
         """The compensation step the run is in, if it compensates (compensation.py)."""
-        asked = compensation_asked(self.outputs.get(self.decider["id"]))
-        return frozenset([asked["id"]]) if asked is not None else _NONE
+        output = self.outputs.get(self.decider["id"])
+        if output is not self._seen_output:
+            asked = compensation_asked(output)
+            self._compensators = frozenset([asked["id"]]) if asked is not None else _NONE
+            self._seen_output = output
+        return self._compensators
 
     def decides(self, step_id: str, place: Place) -> bool:
         """Whether ``step_id`` at ``place`` is a decider (the run's, or a branch's): the only
@@ -271,6 +281,7 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
 
 
 _NONE: frozenset[str] = frozenset()
+_UNSEEN = object()  # no output looked at yet (None is an output: the decider's not run yet)
 
 JOIN_TYPE = "join"  # the step type a decider's `parallel` branches meet at (steptypes.JOIN)
 
