@@ -21,6 +21,7 @@ from workflows.errors import InvalidInput
 from workflows.models import Organisation, Run, RunEvent
 from workflows.plugins.code import Context, publish_code_workflow, workflow
 from workflows.plugins.testing import WorkflowTest, WorkflowTestError
+from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
 from .effect_setup import connect
@@ -234,3 +235,24 @@ def test_running_due_steps_holds_each_attempt_only_while_it_runs(org: Organisati
     assert Run.objects.get(pk=run_id).status == "succeeded"
     assert held_while_running == [["decide"], ["s2"], ["s3"]]
     assert worker.inflight == {}
+
+
+def test_skipping_time_passes_only_the_waits_pending_when_it_began(org: Organisation) -> None:
+    """A definition's sleep fired by the skip walks on inline into a signal wait: that wait
+    begins now, and its 2-day timeout is not passed by the same skip."""
+    automation_publish_definition(org=org, slug="slept-then-signalled", definition={
+        "start": "cool_off",
+        "steps": [
+            {"id": "cool_off", "type": "wait", "duration": "1d", "next": "kyc"},
+            {"id": "kyc", "type": "wait_signal", "signal": "kyc", "correlation": "c",
+             "timeout": "2d", "next": {"received": "done", "timed_out": "done"}},
+            {"id": "done", "type": "end"},
+        ],
+    })  # fmt: skip
+    t = WorkflowTest(org=org)
+    t.run_id = run_start(org=org, automation_slug="slept-then-signalled", run_input={}).run_id
+    assert [s.step_id for s in t.run_until_waiting().waiting] == ["cool_off"]
+    assert t.skip_time() == 1
+    assert [s.step_id for s in t.run_until_waiting().waiting] == ["kyc"]
+    assert t.skip_time() == 1
+    assert t.run_until_finished().status == "succeeded"

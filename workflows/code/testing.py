@@ -204,15 +204,20 @@ class WorkflowTest:
         Run the run on (run_until_waiting/finished) to see what follows."""
         refuse_in_production()
         run_id = self._id()
-        fired = sum(skip(self.org.pk, run_id) for skip in TIME_SKIPS.values())
         # Deadlines kept on the steps themselves (a signal wait's timeout, a human step's):
         # the engine's sweep fires them when wake_at has passed, by the database's clock.
-        deadlines = (
+        # Only those pending now: a wait that a firing below enters (a definition's sleep
+        # walks on inline into a signal wait) has not begun to wait yet.
+        pending = list(
             Step.objects.filter(org_id=self.org.pk, run_id=run_id, status=StepStatus.WAITING,
                                 wake_at__isnull=False)
             .exclude(wait_kind="retry")
-            .update(wake_at=Now())
+            .values_list("pk", flat=True)
         )  # fmt: skip
+        fired = sum(skip(self.org.pk, run_id) for skip in TIME_SKIPS.values())
+        deadlines = Step.objects.filter(
+            org_id=self.org.pk, pk__in=pending, status=StepStatus.WAITING
+        ).update(wake_at=Now())
         if deadlines:
             fired += sweep_once(name=TESTER).deadlines
         return fired
