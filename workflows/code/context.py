@@ -259,6 +259,11 @@ class Context(PeopleAndTime):
         the run's replay, wherever the same patch is asked again."""
         _check_patch(patch)
         if patch in self._patches:
+            if self._patch_recorded_next(patch):
+                # A branch's own record of it, made before a branch shared the answer of the
+                # replay around it: the branch took the patch then, and its history says so.
+                self._replayed(PATCH_ID, RESULT_TYPE)
+                return True
             return self._patches[patch]
         if self._position >= len(self._history):  # new work: this run takes the patch
             self._new_work(PATCH_ID)
@@ -468,7 +473,8 @@ class Context(PeopleAndTime):
         join = forks.joins.get(join_row)
         if join is not None and join.status == StepStatus.DONE:
             return [forks.returned.get((join_row, number)) for number in range(len(branches))]
-        if self._dry:  # the branches have not met: the history fits up to here
+        if self._dry:  # the branches have not met: each must fit its own history too
+            self._dry_branches(branches, join_row)
             raise Suspended({"id": step_id, "type": PARALLEL_TYPE})
         if not self._deciding or self._deciding[0][0] != step_id:
             raise CodeFailure(
@@ -477,6 +483,22 @@ class Context(PeopleAndTime):
             )
         (_, number), *inner = self._deciding
         self._decide_branch(step_id, branches, join_row, number, tuple(inner))
+
+    def _dry_branches(self, branches: Sequence[Callable[[Context], Any]], join_row: int) -> None:
+        """A dry replay (a migration's check) of each branch against its own history, up to
+        its first new work or the step it is at: a misfit raises CodeFailure."""
+        assert self._forks is not None
+        for number, branch_function in enumerate(branches):
+            branch = Context(run_id=self.run_id, history=self._forks.of((join_row, number)),
+                             forks=self._forks, at=(*self._at, number), dry=True)  # fmt: skip
+            branch._types.update(self._types)
+            try:
+                branch_function(branch)
+            except Suspended:
+                continue  # new work, or the step it is at: it fits up to there
+            except Exception as exc:
+                raise CodeFailure("workflow_failed", f"{type(exc).__name__}: {exc}") from None
+            branch.returned()
 
     def _decide_branch(
         self,
@@ -502,6 +524,7 @@ class Context(PeopleAndTime):
                          lost_claims_allowed=self._lost_claims_allowed,
                          calls_functions=self._calls_functions)  # fmt: skip
         branch._types.update(self._types)  # the top level's, replayed up to this parallel
+        branch._patches.update(self._patches)  # one answer per patch in the run's replay
         try:
             value = branches[number](branch)
         except Suspended:

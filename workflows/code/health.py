@@ -33,7 +33,12 @@ WITH missing AS (
        AND (SELECT e.detail->>'error' FROM workflows_runevent e
              WHERE e.run_id = s.run_id AND e.kind = 'step.deferred'
                AND e.step_id = s.step_id AND e.iteration = s.iteration
-             ORDER BY e.id DESC LIMIT 1) LIKE %(missing)s
+             ORDER BY e.id DESC LIMIT 1) LIKE (
+           -- the version the run has now (a migration may have moved it to a registered one)
+           SELECT %(missing)s || (v.definition->'steps'->0->>'workflow')
+                  || chr(39) || ' version ' || (v.definition->'steps'->0->>'version') || ' %%'
+             FROM workflows_run r JOIN workflows_automationversion v ON v.id = r.version_id
+            WHERE r.id = s.run_id)
      ORDER BY s.id
      LIMIT %(cap)s
 )
@@ -50,7 +55,7 @@ SELECT (SELECT count(*) FROM missing) AS total, m.org_id, m.run_id, m.step_id, m
 def missing_versions(limits: Limits) -> Iterator[Finding]:
     with connection.cursor() as cursor:
         cursor.execute(DEFERRED_FOR_MISSING_VERSION,
-                       {**limits.params(), "missing": f"{MISSING}:%"})  # fmt: skip
+                       {**limits.params(), "missing": f"{MISSING}: '"})  # fmt: skip
         rows = fetch_dicts(cursor)
     count, at_least = counted(rows, limits)
     if not count:

@@ -193,10 +193,19 @@ def _check_personal_data(name: str, personal_data: object) -> None:
 
 def _check_function(name: str, function: object) -> None:
     """A function the engine can call as ``function(ctx, input)`` and replay: a plain one
-    (an ``async def`` would hand back a coroutine, never run), taking those two."""
+    (an ``async def`` would hand back a coroutine, a generator function a generator, and
+    neither would run its body), taking those two."""
     if not callable(function):
         raise CodeWorkflowError("invalid_workflow", f"{name!r}: not a function")
-    if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+    # An object called as a function: what runs is its class's __call__.
+    call = function if inspect.isroutine(function) else type(function).__call__
+    if inspect.isgeneratorfunction(call):
+        raise CodeWorkflowError(
+            "invalid_workflow",
+            f"{name!r}: a generator function (it yields); a workflow returns its output",
+        )
+    if any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
+           for f in (function, call)):  # fmt: skip
         raise CodeWorkflowError(
             "invalid_workflow",
             f"{name!r}: an async function; a workflow is a plain function (def), replayed "

@@ -178,6 +178,20 @@ UPDATE workflows_run
 RETURNING id
 """
 
+# A decided run's decider deferred for want of its version's code (a worker without it
+# defers the turn, 30 s at a time: workflows/code, workflow_version_missing): due now, so
+# the turn runs on the version the run has just moved to. Only a deferral that is the
+# step's latest event: a ctx.run's retry backoff keeps its own time.
+WAKE_DEFERRED_DECIDER = r"""
+UPDATE workflows_step s
+   SET wake_at = now()
+ WHERE s.run_id = %(run)s AND s.step_id = %(decider)s AND s.status = 'waiting'
+   AND s.wait_kind = 'retry' AND s.wake_at > now()
+   AND (SELECT e.kind || ' ' || coalesce(e.detail->>'error', '') FROM workflows_runevent e
+         WHERE e.run_id = s.run_id AND e.step_id = s.step_id AND e.iteration = s.iteration
+         ORDER BY e.id DESC LIMIT 1) LIKE 'step.deferred workflow\_version\_missing:%%'
+"""
+
 # A step row (live but not running, or finished) takes its new id, and iteration. A live
 # one's wait (wait_kind, wake_at, wait_detail: a deadline, a signal's name and key) stays as
 # it was made; a finished one keeps its outcome. No step of the run runs (checked under the

@@ -43,6 +43,7 @@ import psycopg
 from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
+from ...engine.decided import deciding_step
 from ...engine.definition_cache import definition_for
 from ...engine.forks import JOIN_WAIT
 from ...engine.places import Entry, Place
@@ -172,6 +173,9 @@ def _move_locked(
     if cursor.rowcount != 1:
         raise RuntimeError(f"run {run.id} changed under its lock")
     _rename_rows(cursor, renames)
+    decider = deciding_step(plan.to_version.definition) if plan.decided else None
+    if decider is not None:
+        cursor.execute(sql.WAKE_DEFERRED_DECIDER, {"run": run.id, "decider": decider["id"]})
     moved_away = [s for s in steps if s.how == "move_to"]
     event = _migrated_event(plan, run, steps, renames, migration_id, actor, failed_before)
     insert_events(cursor, [event])
