@@ -309,3 +309,33 @@ def test_retry_of_a_call_that_failed_for_good_in_a_nested_branch_calls_it_again_
     outer = Step.objects.get(run_id=run_id, step_id="pair.join", status="done")
     assert (inner.fork_join_id, inner.branch) == (outer.id, 0)
     assert calls.last().fork_join_id == inner.id  # type: ignore[union-attr]
+
+
+@workflow("code-compose-bytes", version=1)
+def charged_after_a_step(ctx: Context, run_input: dict[str, Any]) -> Any:
+    ctx.step("first", "noop")
+    # Keys in an order jsonb does not keep (it sorts shorter keys first).
+    body = {"charge": "x", "run": 7, "amount": {"value": 10, "currency": "EUR"}, "é": "ü"}
+    return ctx.http("charge", connection="api", method="POST", url=f"{run_input['url']}/items",
+                    body=body)  # fmt: skip
+
+
+def test_every_send_of_an_effect_sends_the_same_bytes(
+    org: Organisation, stub: ProviderStub
+) -> None:
+    """The charge's first attempt is taken straight from the settle that asked it (the call
+    as the code wrote it), its retry after a 503 claimed from the database (jsonb's key
+    order): a provider that fingerprints an Idempotency-Key's request sees one body."""
+    stub.fail_next(1, status=503, path_prefix="/items")
+    run_id = start(org, "code-compose-bytes", {"url": stub.url})
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "succeeded", run.error
+    sends = [r for r in stub.requests if r["path"] == "/items"]
+    assert len(sends) == 2
+    assert sends[0]["headers"]["idempotency-key"] == sends[1]["headers"]["idempotency-key"]
+    assert sends[0]["raw"] == sends[1]["raw"]
+    assert sends[0]["headers"]["content-type"] == "application/json"
+    assert sends[0]["raw"] == (
+        '{"amount":{"currency":"EUR","value":10},"charge":"x","run":7,"é":"ü"}'
+    )

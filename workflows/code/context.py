@@ -351,7 +351,9 @@ class Context(PeopleAndTime):
             error = f"{type(exc).__name__}: {exc}"
             if attempt < most:
                 raise RetryCall(step_id, attempt, most, error) from None
-            self._failed(step_id, f"{error} (attempt {attempt} of {most})")
+            # Its last attempt: of those it allows, or later, after attempts whose worker
+            # died in the call (which the io lane's attempts allow more of).
+            self._failed(step_id, f"{error} (attempt {attempt} of {max(attempt, most)})")
         check_json(step_id, output)
         within_stored_limits(step_id, output, "result_too_large", f"The result of step {step_id!r}")
         raise Suspended({"id": step_id, "type": RESULT_TYPE, "output": output})

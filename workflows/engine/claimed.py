@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .places import Place
+from .places import TOP, Place
 from .sql import ClaimedRow
 from .walk import CONTINUATION_TYPE
 
@@ -77,6 +77,8 @@ class ClaimedStep:
 
     @property
     def place(self) -> Place:
+        if self.fork_join_id is None and self.branch is None:
+            return TOP  # (a frozen dataclass costs a few microseconds to make, on every settle)
         return Place(self.fork_join_id, self.branch)
 
     @property
