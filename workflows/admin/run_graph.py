@@ -286,21 +286,28 @@ def steps_taken(run: Run, decider_type: str) -> tuple[dict[str, Mapping[str, Any
     joins, forks = set(registry.joining()), {t.name for t in registry if t.forks}
     for row_id, step_id, step_type, fork_join_id, branch in rows:
         fork_join: int | None = fork_join_id  # null at the top level
+        place = (fork_join, branch)
         taken.steps.setdefault(step_id, {"id": step_id, "type": step_type})
         if step_type in joins:  # its row is written as its fork is entered, just before it
             taken.joins[row_id] = step_id
-            taken.opening = row_id
+            taken.opening_at[place] = row_id
         elif fork_join is None:
             taken.link(taken.top, step_id, "next")
             taken.top = step_id
-            if step_type in forks and taken.opening is not None:
-                taken.forks[taken.opening] = step_id
-                taken.top = taken.joins[taken.opening]  # the top level goes on after it
+            opening = taken.opening_at.pop(place, None)
+            if step_type in forks and opening is not None:
+                taken.forks[opening] = step_id
+                taken.top = taken.joins[opening]  # the top level goes on after it
         else:
-            before = taken.branch_last.get((fork_join, branch))
+            on_branch = (fork_join, branch)
+            before = taken.branch_last.get(on_branch)
             taken.link(before or taken.forks.get(fork_join), step_id,
                        "next" if before else "branch")  # fmt: skip
-            taken.branch_last[(fork_join, branch)] = step_id
+            taken.branch_last[on_branch] = step_id
+            opening = taken.opening_at.pop(place, None)
+            if step_type in forks and opening is not None:  # a parallel nested in a branch
+                taken.forks[opening] = step_id
+                taken.branch_last[on_branch] = taken.joins[opening]  # it goes on after it
     for (fork_join, _), last in taken.branch_last.items():
         if fork_join in taken.joins:
             taken.link(last, taken.joins[fork_join], "join")
@@ -319,7 +326,7 @@ class _Taken:
         self.branch_last: dict[tuple[int, int | None], str] = {}  # each branch's last step
         self.joins: dict[int, str] = {}  # join row id -> its step id
         self.forks: dict[int, str] = {}  # join row id -> the parallel step that opened it
-        self.opening: int | None = None  # the join row written last
+        self.opening_at: dict[tuple[int | None, int | None], int] = {}  # place -> join row
 
     def link(self, before: str | None, step_id: str, kind: str) -> None:
         if before is None or (before, step_id) in self.found:
@@ -375,7 +382,8 @@ def picture(run: Run, definition: Mapping[str, Any], *, on_page: Set[str] = froz
     ``#step-<id>``, on this page when ``on_page`` holds it, else on the page of its rows."""
     decider = _decider(definition)
     took = steps_taken(run, str(decider["type"])) if decider is not None else None
-    if took is not None and took[0]:  # before its first step: the decider alone
+    decided = took is not None and bool(took[0])  # before its first step: the decider alone
+    if took is not None and decided:
         steps, every_link = took
         start: Any = next(iter(steps))
     else:
@@ -396,7 +404,9 @@ def picture(run: Run, definition: Mapping[str, Any], *, on_page: Set[str] = froz
         _node(sid, steps[sid], place[sid], marks.get(sid), sid in on_page) for sid in drawn_ids
     ]
     edges = [
-        _edge(link, place, row_of, arranged.routes.get(index, []), taken(link, marks))
+        # A decided run's links are the steps it went along, each of them taken (a step
+        # that failed and whose StepFailed the code caught was left for the next one too).
+        _edge(link, place, row_of, arranged.routes.get(index, []), decided or taken(link, marks))
         for index, link in enumerate(shown_links)
     ]
     edges.sort(key=lambda edge: edge.taken)  # the path taken last: drawn over the others

@@ -244,6 +244,11 @@ def _checked_start(
     history = replays.history(run)
     entries = [n for n, (sid, it) in enumerate(history)
                if sid == step_id and (iteration is None or it == iteration)]  # fmt: skip
+    with connection.cursor() as cursor:
+        if not entries:
+            _refuse_a_branch_step(cursor, run.id, step_id)
+        else:
+            _refuse_a_compensation(cursor, run.id, step_id, history[entries[0]][1])
     if not entries:
         which = step_id if iteration is None else f"{step_id} (iteration {iteration})"
         raise UnknownStep(
@@ -255,6 +260,24 @@ def _checked_start(
         )  # fmt: skip
     kept = entries[0]
     return CodeCut(str(decider["id"]), replays, history[kept][1], kept, history)
+
+
+def _refuse_a_branch_step(cursor: Any, run_id: int, step_id: str) -> None:
+    """A code run's step entered only in a ctx.parallel's branches: refused as a
+    definition's branch step is, naming the top-level parallel it ran under."""
+    cursor.execute(sql.TOP_JOIN_ABOVE_STEP, {"run": run_id, "step": step_id})
+    row = cursor.fetchone()
+    if row is not None:
+        raise RerunStepNotTopLevel(step=step_id, fork=str(row[0]).removesuffix(".join"))
+
+
+def _refuse_a_compensation(cursor: Any, run_id: int, step_id: str, iteration: int) -> None:
+    """A code run's step entry its compensation plan entered: refused as a definition's
+    compensation step is (only a plan enters one)."""
+    cursor.execute(sql.COMPENSATION_ENTRY, {"run": run_id, "step": step_id, "iteration": iteration})
+    row = cursor.fetchone()
+    if row is not None:
+        raise RerunStepIsCompensation(step=step_id, compensates=row[0])
 
 
 def _check_step(definition: dict[str, Any], step_id: str, version_id: int) -> None:

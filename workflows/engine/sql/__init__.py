@@ -697,6 +697,32 @@ SELECT entered.step_id, entered.detail ->> 'compensates' AS compensates,
  ORDER BY entered.id
 """
 
+# A code run's re-run may not start from a step entered only in ctx.parallel branches: the
+# top-level join its first such row is under (up through the joins of nested parallels; a
+# join row's own place is its parallel's), whose step id names the parallel
+# (``<parallel>.join``).
+TOP_JOIN_ABOVE_STEP = """
+WITH RECURSIVE up(join_row) AS (
+    (SELECT fork_join_id FROM workflows_step
+      WHERE run_id = %(run)s AND step_id = %(step)s AND fork_join_id IS NOT NULL
+      ORDER BY id LIMIT 1)
+    UNION ALL
+    SELECT j.fork_join_id FROM up JOIN workflows_step j ON j.id = up.join_row
+     WHERE j.fork_join_id IS NOT NULL
+)
+SELECT s.step_id FROM up JOIN workflows_step s ON s.id = up.join_row
+ WHERE s.fork_join_id IS NULL
+"""
+
+# Whether an entry of a code run's step was its compensation plan's (not one a re-run may
+# start from), and the execution it undid.
+COMPENSATION_ENTRY = """
+SELECT detail ->> 'compensates' AS compensates FROM workflows_runevent
+ WHERE run_id = %(run)s AND kind = 'compensation.entered' AND step_id = %(step)s
+   AND iteration = %(iteration)s
+ LIMIT 1
+"""
+
 # The executions of a run that took an older effect's answer (effects/reruns.py, the
 # effect.reused event): which key each took. A re-run counts that key as theirs.
 EFFECTS_REUSED = """
