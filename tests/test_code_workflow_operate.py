@@ -14,6 +14,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from workflows.admin.run_graph import steps_taken
+from workflows.engine import metrics
 from workflows.models import Organisation, Run
 from workflows.plugins.code import Context, StepFailed, publish_code_workflow, workflow
 from workflows.services.runs import run_start
@@ -110,3 +111,18 @@ def test_a_rerun_from_a_compensation_step_is_refused(org: Organisation, api: API
         assert refused.json()["code"] == "rerun_step_is_compensation", refused.json()
     run.refresh_from_db()
     assert run.status == "compensated"
+
+
+def io_failed_for_good() -> float:
+    """This process's io steps failed with no retry left (engine/metrics.py)."""
+    return float(metrics.STEPS_FAILED.labels(lane="io", final="true")._value.get())
+
+
+def test_a_ctx_run_that_fails_for_good_counts_as_a_failed_step_of_its_lane(
+    org: Organisation,
+) -> None:
+    """As a definition's io step failing on its last attempt does: the function failed on
+    an io worker; its record is written in that worker's settle."""
+    before = io_failed_for_good()
+    finished(org, "code-caught-drawn")
+    assert io_failed_for_good() - before == 1

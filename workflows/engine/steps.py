@@ -262,6 +262,7 @@ class Settled:
     next_step: ClaimedStep | None = None  # the run's next step, claimed for this worker
     from_lane: bool = False  # next_step is another ready step of the lane (TakeNext.claim_lane)
     ran_with_turn: int = 0  # pure steps of the lane its walk ran with a turn (Walk._ran_with_turn)
+    failed_with_turn: int = 0  # steps a turn asked that failed for good at once (Walk)
 
 
 def settle_success(step: ClaimedStep, result: StepResult, *, worker: str) -> bool:
@@ -297,21 +298,23 @@ def settle_and_take_next(
         taken_id = walk.flush()
         next_step = _taken_step(walk, taken_id)
         if next_step is not None or take is None or not take.claim_lane:
-            return Settled(True, next_step, ran_with_turn=walk.ran_with_turn)
+            return Settled(True, next_step, ran_with_turn=walk.ran_with_turn,
+                           failed_with_turn=walk.failed_with_turn)  # fmt: skip
         claimed = _claim_for(walk.cursor, take)
-    return Settled(True, claimed, from_lane=claimed is not None, ran_with_turn=walk.ran_with_turn)
+    return Settled(True, claimed, from_lane=claimed is not None, ran_with_turn=walk.ran_with_turn,
+                   failed_with_turn=walk.failed_with_turn)  # fmt: skip
 
 
 def settled_by_hop(step: ClaimedStep, hopped: Hop) -> Settled:
     """What a hop that reached the database did, as a settle's answer."""
     if not hopped.ok:
         return _fenced_out(step)
-    ran = hopped.walk.ran_with_turn
+    ran, failed = hopped.walk.ran_with_turn, hopped.walk.failed_with_turn
     if hopped.claimed is not None:
         claimed = ClaimedStep.from_row(hopped.claimed)
-        return Settled(True, claimed, from_lane=True, ran_with_turn=ran)
+        return Settled(True, claimed, from_lane=True, ran_with_turn=ran, failed_with_turn=failed)
     return Settled(True, _taken_step(hopped.walk, hopped.taken_id, seen=hopped.seen),
-                   ran_with_turn=ran)  # fmt: skip
+                   ran_with_turn=ran, failed_with_turn=failed)  # fmt: skip
 
 
 def _fenced_out(step: ClaimedStep) -> Settled:

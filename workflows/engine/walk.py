@@ -247,6 +247,10 @@ class Walk:
         self.carried: Any = None  # what the run's last turn knew (StepResult.carried)
         self.turn_asked = False  # the next step entered is the one a worker's turn asked
         self.ran_with_turn = 0  # steps run with the turn that asked them (_ran_with_turn)
+        # Steps a worker's turn asked that failed for good as they were entered: the record
+        # of a code run's ctx.run function that failed on its last attempt, on that worker
+        # (counted as a failed step of its lane, as a definition's step failing there is).
+        self.failed_with_turn = 0
         # Inline work is bounded per transaction: past either limit, the rest is continued
         # by a worker from a continuation row, so no definition can make a start request or
         # a settle hold the run's lock for long.
@@ -577,6 +581,8 @@ class Walk:
             )  # fmt: skip
             self.event("step.failed", step_id, iteration=iteration, attempt=1,
                        detail={"error": str(exc)})  # fmt: skip
+            if asked:
+                self.failed_with_turn += 1
             self.step_failed(step_id, str(exc), place)
             return
         if result.park is not None:

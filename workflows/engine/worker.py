@@ -742,6 +742,8 @@ def _count_settle(step: ClaimedStep, settled: object, result: str) -> None:
             metrics.step_settled(step.lane, "succeeded", succeeded)
         if ran:
             metrics.steps_claimed(step.lane, ran)
+        for _ in range(settled.failed_with_turn if isinstance(settled, Settled) else 0):
+            metrics.step_failed(step.lane, final=True)
     else:
         metrics.step_fenced_out(step.lane)
 
