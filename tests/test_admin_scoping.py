@@ -264,3 +264,18 @@ def test_unmatched_signals_are_shown_with_their_age_to_their_organisation_only(
     assert b"pending" in page.content and b"minute" in page.content  # "0 minutes" old
     theirs_signal = Signal.objects.get(correlation="theirs-9")
     assert client.get(f"/admin/workflows/signal/{theirs_signal.pk}/change/").status_code == 404
+
+
+def test_a_member_renames_the_organisation_but_never_changes_its_slug_nor_its_quotas(
+    mine: Tenant, member_client: Client
+) -> None:
+    """The host's code names organisations by slug (@workflow(organisations=[...])): a
+    member taking a slug listed there would start what only that organisation may."""
+    answer = member_client.post(
+        f"{ADMIN}/organisation/{mine.org.pk}/change/",
+        {"slug": "vip-customer", "name": "Renamed Ltd", "quota_running_runs": "999999"},
+    )
+    assert answer.status_code == 302, answer.context["adminform"].form.errors
+    mine.org.refresh_from_db()
+    assert (mine.org.name, mine.org.slug, mine.org.quota_running_runs) == (
+        "Renamed Ltd", "acme", None)  # fmt: skip

@@ -269,3 +269,42 @@ def test_a_callable_whose_body_never_runs_is_refused_at_registration(function: A
     finally:
         if registered("code-never-runs", 1) is not None:
             unregister("code-never-runs", 1)
+
+
+# --- a migration onto code the organisation may not run ----------------------------------------
+
+
+@workflow("code-narrowed-move", version=1)
+def narrowed_v1(ctx: Context, run_input: Any) -> str:
+    ctx.sleep("nap", "1h")
+    return "v1"
+
+
+def narrowed_v2(ctx: Context, run_input: Any) -> str:
+    ctx.sleep("nap", "1h")
+    return "v2"
+
+
+def test_runs_are_not_moved_onto_code_their_organisation_may_not_run(
+    org: Organisation, api: APIClient
+) -> None:
+    """Version 2 was published while it allowed every organisation, then narrowed: the
+    organisation's runs may not start on it, nor move onto it (they would run its code)."""
+    v1 = publish_code_workflow(org=org, name="code-narrowed-move", version=1).number
+    run_id = run_start(org=org, automation_slug="code-narrowed-move", run_input={},
+                       start_key="m").run_id  # fmt: skip
+    drive()
+    workflow("code-narrowed-move", version=2)(narrowed_v2)
+    try:
+        v2 = publish_code_workflow(org=org, name="code-narrowed-move", version=2).number
+        unregister("code-narrowed-move", 2)
+        workflow("code-narrowed-move", version=2, organisations=["someone-else"])(narrowed_v2)
+        answer = api.post(
+            "/api/v1/automations/code-narrowed-move/migrations",
+            {"from_version": v1, "to_version": v2, "dry_run": False}, format="json",
+        )  # fmt: skip
+    finally:
+        unregister("code-narrowed-move", 2)
+    assert answer.status_code == 403, answer.json()
+    assert answer.json()["code"] == "workflow_not_allowed"
+    assert Run.objects.get(pk=run_id).version.number == v1

@@ -27,9 +27,12 @@ class OrganisationAdmin(OrgScopedMixin, admin.ModelAdmin):
     search_fields = ["slug", "name"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        # An organisation's members may rename it, never raise its own quotas.
+        # An organisation's members may rename it (its name), never raise its own quotas,
+        # nor change its slug: the host's code names organisations by slug (a code
+        # workflow's @workflow(organisations=[...])), and a member taking a slug listed
+        # there would start what only that organisation may.
         fixed = list(super().get_readonly_fields(request, obj))
-        return fixed if request.user.is_superuser else [*fixed, *QUOTA_FIELDS]
+        return fixed if request.user.is_superuser else [*fixed, "slug", *QUOTA_FIELDS]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         # A new organisation has no members: only a superuser could ever see it.

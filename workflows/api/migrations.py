@@ -156,7 +156,13 @@ class MigrationListView(ListEndpoint):
     @extend_schema(
         operation_id="automations_migrations_create",
         request=MigrationIn,
-        responses={200: MIGRATION_ANSWER, 400: ErrorOut, 404: ErrorOut, 409: ErrorOut},
+        responses={
+            200: MIGRATION_ANSWER,
+            400: ErrorOut,
+            403: ErrorOut,
+            404: ErrorOut,
+            409: ErrorOut,
+        },
         description="Move runs of this automation from one version to another. `dry_run` is "
         "true unless set to false: the answer says, per current step, how many runs would "
         "move where and which would not, and why. With `dry_run: false` a migration job moves "

@@ -12,6 +12,8 @@ from ..definitions.registry import registry
 from ..engine.decided import deciding_step
 from ..engine.places import TOP as TOP_PLACE
 from ..engine.places import Place
+from ..errors import WorkflowNotAllowed
+from ..models import Organisation
 from ..services.replays import Replays, RunData
 from .budget import TurnOverBudget, turn_budget_seconds, within
 from .context import CODE_TYPE, COMPENSATE_ID, DECIDER_ID, CodeFailure, Context, Suspended
@@ -116,9 +118,23 @@ def missing_here(definition: Mapping[str, Any]) -> tuple[str, int] | None:
     return None if registered(name, version) is not None else (name, version)
 
 
+def refuse_moving_in(org: Organisation, definition: Mapping[str, Any]) -> None:
+    """Runs of ``org`` may not move onto code its ``@workflow(organisations=...)`` does not
+    name (WorkflowNotAllowed, 403), as they may not start on it: once there, they would run
+    it. (A version not registered here is refused by ``missing`` first.)"""
+    decider = deciding_step(definition)
+    if decider is None:
+        return
+    name, version = str(decider.get("workflow")), int(decider.get("version", 0))
+    found = registered(name, version)
+    if found is not None and not found.allows(org.slug):
+        raise WorkflowNotAllowed(name=found.name, version=found.version, org=org.slug)
+
+
 CODE_REPLAYS = Replays(
-    history=replay_history, restart=restart_outputs, misfit=replay_misfit, missing=missing_here
-)
+    history=replay_history, restart=restart_outputs, misfit=replay_misfit, missing=missing_here,
+    refuse_moving_in=refuse_moving_in,
+)  # fmt: skip
 
 
 def _replayed(function: Callable[[Context, Any], Any], replay: Context, run_input: Any) -> None:

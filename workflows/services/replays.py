@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from ..engine.decided import deciding_step
 from ..engine.executors import StepResult
 from ..engine.places import TOP, Place
+from ..models import Organisation
 
 
 class RunData(Protocol):
@@ -53,6 +54,9 @@ class Replays:
     restart: Restart
     misfit: Callable[[RunData, Mapping[str, Any]], str | None]
     missing: Callable[[Mapping[str, Any]], tuple[str, int] | None]
+    # Refuse (raise) runs of the organisation moving onto the version whose definition this
+    # is (a code workflow's organisations list): a migration's check, once per plan.
+    refuse_moving_in: Callable[[Organisation, Mapping[str, Any]], None] = lambda org, d: None
 
 
 REPLAYS: dict[str, Replays] = {}

@@ -203,6 +203,7 @@ def _decided(plan: MigrationPlan) -> bool:
     missing = new[1].missing(plan.to_version.definition)
     if missing is not None:
         raise WorkflowVersionMissing(name=missing[0], version=missing[1])
+    new[1].refuse_moving_in(plan.org, plan.to_version.definition)
     return True
 
 
