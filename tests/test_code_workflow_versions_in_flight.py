@@ -81,20 +81,26 @@ def fanned_v3(ctx: Context, run_input: Any) -> Any:
     return got
 
 
-def test_a_run_inside_a_parallel_is_not_moved_to_code_its_branch_history_does_not_fit(
-    org: Organisation, api: APIClient
-) -> None:
+def fanned_run_then_version(org: Organisation, version: int) -> tuple[int, Any]:
+    """A run of version 1 waiting in the first branch of its ctx.parallel, and the plan to
+    move it onto ``version``, published since."""
     v1 = publish_code_workflow(org=org, name="code-fanned", version=1).number
     run_id = run_start(org=org, automation_slug="code-fanned", run_input={}, start_key="p").run_id
     drive()
     assert Step.objects.get(run_id=run_id, step_id="go").status == "waiting"
-    v2 = publish_code_workflow(org=org, name="code-fanned", version=2).number
+    to = publish_code_workflow(org=org, name="code-fanned", version=version).number
+    return run_id, migration_plan(org=org, automation_slug="code-fanned", from_version=v1,
+                                  to_version=to)  # fmt: skip
 
-    plan = migration_plan(org=org, automation_slug="code-fanned", from_version=v1, to_version=v2)
+
+def test_a_run_inside_a_parallel_is_not_moved_to_code_its_branch_history_does_not_fit(
+    org: Organisation, api: APIClient
+) -> None:
+    run_id, plan = fanned_run_then_version(org, 2)
     report = dry_run(plan)
     assert (report.would_move, migration_start(plan=plan, actor="ops").moved_now) == (0, 0)
     assert report.cannot["nondeterministic_workflow"]["sample"] == [run_id]
-    assert Run.objects.get(pk=run_id).version.number == v1
+    assert Run.objects.get(pk=run_id).version_id == plan.from_version.pk
     assert RunEvent.objects.filter(run_id=run_id, kind="run.migration_refused").exists()
 
     send_go(api, "fan")  # it goes on, on its own version
@@ -106,11 +112,7 @@ def test_a_run_inside_a_parallel_is_not_moved_to_code_its_branch_history_does_no
 def test_a_run_inside_a_parallel_moves_to_code_that_fits_its_branches(
     org: Organisation, api: APIClient
 ) -> None:
-    v1 = publish_code_workflow(org=org, name="code-fanned", version=1).number
-    run_id = run_start(org=org, automation_slug="code-fanned", run_input={}, start_key="p").run_id
-    drive()
-    v3 = publish_code_workflow(org=org, name="code-fanned", version=3).number
-    plan = migration_plan(org=org, automation_slug="code-fanned", from_version=v1, to_version=v3)
+    run_id, plan = fanned_run_then_version(org, 3)
     assert dry_run(plan).would_move == 1
     assert migration_start(plan=plan, actor="ops").moved_now == 1
     send_go(api, "fan")

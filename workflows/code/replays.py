@@ -18,7 +18,7 @@ from ..services.replays import Replays, RunData
 from .budget import TurnOverBudget, turn_budget_seconds, within
 from .context import CODE_TYPE, COMPENSATE_ID, DECIDER_ID, CodeFailure, Context, Suspended
 from .history import REPLAY_CUTS, TOP, Cut, Where, newest_row, read_history, replay_cuts
-from .registry import registered
+from .registry import CodeWorkflow, registered
 
 
 def replay_history(run: RunData, at: Place = TOP_PLACE) -> list[tuple[str, int]]:
@@ -108,32 +108,38 @@ def replay_misfit(run: RunData, definition: Mapping[str, Any]) -> str | None:
     return None
 
 
+def code_of(definition: Mapping[str, Any]) -> tuple[str, int, CodeWorkflow | None] | None:
+    """The name and version of the code ``definition`` runs, with its registration here
+    (None: this process does not register it); None for a definition that runs no code."""
+    decider = deciding_step(definition)
+    if decider is None or decider.get("type") != CODE_TYPE:
+        return None
+    name, version = str(decider.get("workflow")), int(decider.get("version", 0))
+    return name, version, registered(name, version)
+
+
 def missing_here(definition: Mapping[str, Any]) -> tuple[str, int] | None:
     """The name and version of the code ``definition`` runs, when this process does not
     register it."""
-    decider = deciding_step(definition)
-    if decider is None:
-        return None
-    name, version = str(decider.get("workflow")), int(decider.get("version", 0))
-    return None if registered(name, version) is not None else (name, version)
+    code = code_of(definition)
+    return None if code is None or code[2] is not None else (code[0], code[1])
 
 
-def refuse_moving_in(org: Organisation, definition: Mapping[str, Any]) -> None:
-    """Runs of ``org`` may not move onto code its ``@workflow(organisations=...)`` does not
-    name (WorkflowNotAllowed, 403), as they may not start on it: once there, they would run
-    it. (A version not registered here is refused by ``missing`` first.)"""
-    decider = deciding_step(definition)
-    if decider is None:
-        return
-    name, version = str(decider.get("workflow")), int(decider.get("version", 0))
-    found = registered(name, version)
+def refuse_not_allowed(org: Organisation, definition: Mapping[str, Any]) -> CodeWorkflow | None:
+    """The registration of the code ``definition`` runs (None: none here), when ``org`` may
+    run it; WorkflowNotAllowed (403) when its ``@workflow(organisations=...)`` leaves ``org``
+    out: a start is refused so, and a migration of ``org``'s runs onto it (once there, they
+    would run it; a version not registered here is refused by ``missing`` first)."""
+    code = code_of(definition)
+    found = None if code is None else code[2]
     if found is not None and not found.allows(org.slug):
         raise WorkflowNotAllowed(name=found.name, version=found.version, org=org.slug)
+    return found
 
 
 CODE_REPLAYS = Replays(
     history=replay_history, restart=restart_outputs, misfit=replay_misfit, missing=missing_here,
-    refuse_moving_in=refuse_moving_in,
+    refuse_moving_in=refuse_not_allowed,
 )  # fmt: skip
 
 

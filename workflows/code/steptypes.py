@@ -16,7 +16,6 @@ from ..engine.definition_cache import definition_for
 from ..engine.executors import NotInline, StepContext, StepDeferred, StepFailure, StepResult
 from ..engine.lanes import lane_policy
 from ..engine.speculative import NeedsTransaction
-from ..errors import WorkflowNotAllowed
 from ..models import Organisation
 from ..services.replays import register_replays
 from ..services.runs import register_start_guard
@@ -45,7 +44,7 @@ from .history import (
     read_history,
 )
 from .registry import publishing_as_host, registered
-from .replays import CODE_REPLAYS, compensation_records_read
+from .replays import CODE_REPLAYS, compensation_records_read, refuse_not_allowed
 from .schemas import check_output, check_start_input
 
 # A run whose workflow version is not registered in this worker's process (a deploy that
@@ -227,15 +226,9 @@ def allowed_to_start(org: Organisation, definition: Mapping[str, Any], run_input
     or with an input its input schema refuses (services/runs.py calls it before the run is
     written). A version not registered here starts, and waits as every run of it does
     (decide)."""
-    decider = deciding_step(definition)
-    if decider is None or decider.get("type") != CODE.name:
-        return
-    found = registered(str(decider.get("workflow")), int(decider.get("version", 0)))
-    if found is None:
-        return
-    if not found.allows(org.slug):
-        raise WorkflowNotAllowed(name=found.name, version=found.version, org=org.slug)
-    check_start_input(found.input_schema, run_input)
+    found = refuse_not_allowed(org, definition)
+    if found is not None:
+        check_start_input(found.input_schema, run_input)
 
 
 def validate_code_result(step: Mapping[str, Any], report: StepReport) -> None:

@@ -55,8 +55,9 @@ class Replays:
     misfit: Callable[[RunData, Mapping[str, Any]], str | None]
     missing: Callable[[Mapping[str, Any]], tuple[str, int] | None]
     # Refuse (raise) runs of the organisation moving onto the version whose definition this
-    # is (a code workflow's organisations list): a migration's check, once per plan.
-    refuse_moving_in: Callable[[Organisation, Mapping[str, Any]], None] = lambda org, d: None
+    # is (a code workflow's organisations list): a migration's check, once per plan. What
+    # it returns is not read.
+    refuse_moving_in: Callable[[Organisation, Mapping[str, Any]], object] = lambda org, d: None
 
 
 REPLAYS: dict[str, Replays] = {}
