@@ -33,6 +33,7 @@ from machine import (  # noqa: E402
     DRAIN_POLL,
     WARM_UP,
     arguments,
+    busy_cpu_seconds,
     fresh_server,
     load_average,
     measure,
@@ -136,10 +137,12 @@ class Side:
                 DBOS.enqueue_workflow(queue, workflow, i)
             time.sleep(1.0)
             before = server_commits(self.uri, SYSTEM_DB)
+            busy = busy_cpu_seconds()
             began = time.monotonic()
             DBOS.register_queue(queue, worker_concurrency=CONCURRENCY, polling_interval_sec=POLL)
         self.await_done(queue, n, poll=DRAIN_POLL)
         wall = time.monotonic() - began
+        busy = busy_cpu_seconds() - busy if mode == "drain" else 0.0
         first, last, dequeued = self.q(
             "SELECT min(created_at), max(updated_at), min(started_at_epoch_ms)"
             " FROM dbos.workflow_status WHERE queue_name = %s",
@@ -157,6 +160,7 @@ class Side:
             time.sleep(1.0)  # pg_stat_database lags the commits
             used = server_commits(self.uri, SYSTEM_DB) - before
             row["commits_per_step"] = round(used / (steps * n), 2)
+            row["cpu_us_per_step"] = round(busy / (steps * n) * 1e6, 1)
         self.retire(queue)
         return row
 

@@ -134,7 +134,9 @@ def report_code(waymark: list[dict[str, Any]], dbos: list[dict[str, Any]]) -> No
             print(
                 f"  round {number}: code {code['steps_per_s']} steps/s (load "
                 f"{code['load_before']}), definition {chain['steps_per_s']} (load "
-                f"{chain['load_before']}): {code['steps_per_s'] / chain['steps_per_s']:.2f}x"
+                f"{chain['load_before']}): {code['steps_per_s'] / chain['steps_per_s']:.2f}x;"
+                f" CPU a step {_cpu(code)} against {_cpu(chain)} us:"
+                f" {_cpu(chain) / _cpu(code):.2f}x"
             )
         ours, chain = median(waymark, work, "steps_per_s"), median(waymark, same, "steps_per_s")
         theirs = median(dbos, same, "steps_per_s") if dbos else float("nan")
@@ -142,6 +144,16 @@ def report_code(waymark: list[dict[str, Any]], dbos: list[dict[str, Any]]) -> No
             f"  median: {ours} steps/s; {ours / chain:.2f}x the definition ({chain}); "
             f"{ours / theirs:.1f}x DBOS {same} ({theirs})"
         )
+        cpu, cpu_chain = median(waymark, work, "cpu_us_per_step"), median(
+            waymark, same, "cpu_us_per_step")  # fmt: skip
+        print(
+            f"  the machine's CPU a step (every process, the server's too), median: {cpu} us"
+            f" against {cpu_chain}: {cpu_chain / cpu:.2f}x the definition's cost"
+        )
+
+
+def _cpu(row: dict[str, Any]) -> float:
+    return float(row.get("cpu_us_per_step", float("nan")))
 
 
 def report(results: dict[str, list[dict[str, Any]]]) -> int:
@@ -163,6 +175,10 @@ def report(results: dict[str, list[dict[str, Any]]]) -> int:
         print(
             f"{work:28} {'commits/step':14} {median(waymark, work, 'commits_per_step'):>10}"
             f" {median(dbos, work, 'commits_per_step'):>10}"
+        )
+        print(
+            f"{work:28} {'CPU us/step':14} {median(waymark, work, 'cpu_us_per_step'):>10}"
+            f" {median(dbos, work, 'cpu_us_per_step'):>10}"
         )
     if not dbos:
         return _failures(waymark)

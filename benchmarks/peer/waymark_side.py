@@ -41,6 +41,7 @@ from machine import (  # noqa: E402
     DRAIN_POLL,
     WARM_UP,
     arguments,
+    busy_cpu_seconds,
     load_average,
     measure,
     percentile,
@@ -219,10 +220,12 @@ class Side:
             self.wait_engine_ready()
             time.sleep(1.0)
             before = server_commits(self.uri, DATABASE)
+            busy = busy_cpu_seconds()
             began = time.monotonic()
             self.q(RELEASE_READY)
         self.await_finished(ids, poll=DRAIN_POLL)
         wall = time.monotonic() - began
+        busy = busy_cpu_seconds() - busy if mode == "drain" else 0.0
         self.stop_engine()
         if mode == "e2e":
             span = self.q(
@@ -244,6 +247,7 @@ class Side:
             time.sleep(1.0)  # pg_stat_database lags the commits
             used = server_commits(self.uri, DATABASE) - before
             row["commits_per_step"] = round(used / (steps * n), 2)
+            row["cpu_us_per_step"] = round(busy / (steps * n) * 1e6, 1)
         self.empty()
         return row
 
