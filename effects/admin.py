@@ -50,6 +50,7 @@ from .api import (
     provider_names,
 )
 from .checks import check_connection, check_seconds
+from .destinations import moves_secret
 from .egress import NotAllowable, allowable_entry, in_force, tenant_ceiling
 from .limits import limit_problem
 from .models import Connection, Effect, EgressAllow, ModelBudget, Suppression
@@ -163,6 +164,22 @@ class ConnectionForm(forms.ModelForm):
         if problem is not None:
             raise ValidationError(f"The secret {problem}.")
         return secret
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        stored = self.instance
+        base_url = cleaned.get("base_url", stored.base_url)
+        options = cleaned.get("options", stored.options)
+        given = cleaned.get("secret")
+        if stored.pk is not None and not given and moves_secret(stored, base_url, options):
+            # Settings alone never take the stored secret elsewhere (destinations.py).
+            moved = ValidationError(
+                "This change sends the secret somewhere else (another origin, SMTP server "
+                "or encryption): enter the secret again to make it.",
+                code="secret_required",
+            )
+            self.add_error("secret", moved)
+        return cleaned
 
     def clean_max_concurrency(self) -> int:
         value: int = self.cleaned_data["max_concurrency"]

@@ -45,6 +45,7 @@ from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable, uns
 from .allowlist import allow_add, allow_delete, allow_get
 from .checks import check_connection
 from .consent import stored_address
+from .destinations import moves_secret, where_it_goes
 from .egress import in_force, tenant_ceiling
 from .limits import limit_problem, operator_limit
 from .models import Connection, Effect, EgressAllow, Suppression
@@ -85,6 +86,17 @@ class UnknownSuppression(NotFound):
 class UnknownEffect(NotFound):
     code = "unknown_effect"
     default_detail = "No effect {effect_id} in this organisation."
+
+
+class SecretRequired(WaymarkError):
+    """Settings that would send the connection's stored secret somewhere else, without the
+    secret given again (models.Connection.moves_secret)."""
+
+    code = "secret_required"
+    default_detail = (
+        "This change sends the connection's secret to {where}: give the secret again in "
+        "the same request (`secret`), or keep where it goes."
+    )
 
 
 class ResolveRefused(WaymarkError):
@@ -409,7 +421,9 @@ class ConnectionDetailView(APIView):
         responses={200: ConnectionOut, 400: ErrorOut, 404: ErrorOut},
         description="Change a connection's settings; `name` and `provider` are fixed. A new "
         "`secret` replaces the old one (write-only) and, on a broken connection, repairs it: "
-        "the steps parked on it wake.",
+        "the steps parked on it wake. A change that would send the stored secret elsewhere "
+        "(`base_url` on another origin; for email another SMTP host or port, or TLS turned "
+        "off) needs the secret in the same request: 400 `secret_required` otherwise.",
     )
     def patch(self, request: Request, name: str) -> Response:
         conn = connection_get(_org(request), name)
@@ -417,6 +431,9 @@ class ConnectionDetailView(APIView):
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
         new_secret = fields.pop("secret", None)
+        base_url = fields.get("base_url", conn.base_url)
+        if new_secret is None and moves_secret(conn, base_url, fields.get("options", conn.options)):
+            raise SecretRequired(where=where_it_goes(conn.provider))
         for field, value in fields.items():
             setattr(conn, field, value)
         changed = list(fields)

@@ -612,7 +612,9 @@ def test_the_admin_stores_the_secret_encrypted_and_never_shows_it(
 def test_saving_the_admin_form_without_a_secret_keeps_the_current_one(
     admin_client: Client, org: Organisation
 ) -> None:
-    conn = make_connection(org)
+    conn = make_connection(org, base_url="https://crm.example/v1")
+    # (The same origin: settings that would send the secret elsewhere need it again,
+    # tests/test_connection_secret_destination.py.)
     form = {"base_url": "https://crm.example", "options": '{"auth_scheme": "Token"}',
             "secret": "", "max_concurrency": "2", "timeout_seconds": "10"}  # fmt: skip
 

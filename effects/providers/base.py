@@ -20,11 +20,12 @@ permanent failure with nothing made, never an unknown outcome for a person to re
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from ..egress import Allowlist
 
@@ -182,6 +183,15 @@ class Provider:
         CallError); the health check of a connection."""
         raise NotImplementedError
 
+    def secret_destination(self, base_url: str, options: Mapping[str, Any]) -> Hashable:
+        """Where a connection with these settings sends its secret: the origin of
+        ``base_url`` (every URL a call builds from it, and any other URL only without the
+        secret: http.auth_headers). A change of settings that moves it needs the secret
+        given again (effects/destinations.py): a person allowed to change a
+        connection's settings but never given its secret cannot have it sent to their own
+        host."""
+        return url_origin(base_url)
+
     def supports_key(self, conn: ConnectionInfo | None) -> bool:
         """Whether a repeat with the same key is safe on this connection."""
         return self.idempotency_keys
@@ -198,3 +208,18 @@ class Provider:
         again). Option ``lookup_settle_seconds`` of the connection; 60 s by default."""
         value = (conn.options if conn else {}).get("lookup_settle_seconds", 60)
         return float(value)
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def url_origin(url: str) -> tuple[str, str, int | None]:
+    """A URL's scheme, host and port, as a browser compares origins (the scheme's default
+    port written or not, host names in any case). A URL that is not one is its own text."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return ("", url, None)
+    scheme = parts.scheme.lower()
+    return (scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme))

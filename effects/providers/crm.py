@@ -41,16 +41,17 @@ class CrmUpsertProvider(Provider):
         return Request(payload=payload, summary=payload)
 
     def call(self, request: Request, key: str, conn: ConnectionInfo | None) -> Answer:
-        headers = {**auth_headers(conn), "Idempotency-Key": key}
-        response = send(conn, "PUT", record_url(conn, request.payload),
-                        json=request.payload["fields"], headers=headers)  # fmt: skip
+        url = record_url(conn, request.payload)
+        headers = {**auth_headers(conn, url), "Idempotency-Key": key}
+        response = send(conn, "PUT", url, json=request.payload["fields"], headers=headers)
         refuse_redirect(response, "the CRM")
         raise_for_status(response, keyed=False)
         said = summary(response)
         return Answer(result=said, response=said)
 
     def lookup(self, request: Request, key: str, conn: ConnectionInfo | None) -> Answer | None:
-        response = send(conn, "GET", record_url(conn, request.payload), headers=auth_headers(conn))
+        url = record_url(conn, request.payload)
+        response = send(conn, "GET", url, headers=auth_headers(conn, url))
         if response.status_code == 404:
             return None
         refuse_redirect(response, "the CRM")
@@ -59,6 +60,6 @@ class CrmUpsertProvider(Provider):
 
     def probe(self, conn: ConnectionInfo) -> None:
         url = str(conn.options.get("health_url") or conn.base_url)
-        response = send(conn, "GET", url, headers=auth_headers(conn))
+        response = send(conn, "GET", url, headers=auth_headers(conn, url))  # base_url's origin only
         refuse_redirect(response, "the CRM")
         raise_for_status(response, keyed=False)

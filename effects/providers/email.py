@@ -26,7 +26,7 @@ import hashlib
 import re
 import smtplib
 import socket
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from functools import partial
 from typing import Any
 
@@ -210,6 +210,13 @@ def check_header_text(name: str, value: str) -> None:
 
 class EmailProvider(Provider):
     name = "email"
+
+    def secret_destination(self, base_url: str, options: Mapping[str, Any]) -> Hashable:
+        """The SMTP server the password is sent to, and whether it goes encrypted."""
+        return (
+            str(options.get("host", "localhost")).strip().lower(), str(options.get("port", 25)),
+            bool(options.get("use_tls", False)), bool(options.get("use_ssl", False)),
+        )  # fmt: skip
 
     def prepare(
         self, step: Mapping[str, Any], context: Mapping[str, Any], conn: ConnectionInfo | None

@@ -8,7 +8,8 @@ credentials and no idempotency):
 - ``lookup_url``: a URL with ``{key}`` that answers 200 with the effect made under the key
   (a non-empty JSON object, list, or ``{"items": [...]}``) or 404 / an empty list;
 - ``auth_header`` (default ``Authorization``) and ``auth_scheme`` (default ``Bearer``) for
-  the secret.
+  the secret, which goes only to ``base_url``'s origin (``auth_headers``): a step's URL, a
+  ``lookup_url`` or a ``health_url`` elsewhere is called without it.
 
 Redirects are never followed by an effect call (``send``): the request already acted, and a
 hop would carry the connection's credentials (a custom ``auth_header`` too, which httpx keeps
@@ -295,8 +296,9 @@ class HttpProvider(Provider):
 
     def lookup(self, request: Request, key: str, conn: ConnectionInfo | None) -> Answer | None:
         template = str((conn.options if conn else {}).get("lookup_url", ""))
-        response = send(conn, "GET", template.replace("{key}", quote(key, safe="")),
-                        headers=auth_headers(conn))  # fmt: skip
+        url = template.replace("{key}", quote(key, safe=""))
+        # Credentials only where base_url is: a lookup URL elsewhere is asked without them.
+        response = send(conn, "GET", url, headers=auth_headers(conn, url))
         if response.status_code == 404:
             return None
         refuse_redirect(response, "the lookup URL")  # a 3xx is no record of the effect
@@ -315,7 +317,7 @@ class HttpProvider(Provider):
         url = str(conn.options.get("health_url") or conn.base_url)
         if not url:
             return
-        raise_for_status(send(conn, "GET", url, headers=auth_headers(conn)), keyed=False)
+        raise_for_status(send(conn, "GET", url, headers=auth_headers(conn, url)), keyed=False)
 
     def supports_key(self, conn: ConnectionInfo | None) -> bool:
         return bool(conn and conn.options.get("idempotency_keys"))

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -53,6 +53,7 @@ from .base import (
     Refused,
     Request,
     Unreachable,
+    url_origin,
 )
 from .http import EgressDenied, refuse_redirect, send
 
@@ -192,6 +193,9 @@ def slack_call(conn: ConnectionInfo | None, method: str, **kwargs: Any) -> Slack
 class SlackMessageProvider(Provider):
     name = "slack_message"
     can_lookup = True
+
+    def secret_destination(self, base_url: str, options: Mapping[str, Any]) -> Hashable:
+        return url_origin(base_url or DEFAULT_BASE_URL)  # the bot token goes there
 
     def prepare(
         self, step: Mapping[str, Any], context: Mapping[str, Any], conn: ConnectionInfo | None
