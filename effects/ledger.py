@@ -27,7 +27,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
@@ -40,9 +40,11 @@ from django.db import connection, transaction
 from workflows.plugins import Park, StepContext, StepDeferred, StepFailure, StepResult
 from workflows.plugins.engine import (
     crash_point,
+    engine_setting,
     event_row,
     fetch_dict,
     insert_events,
+    is_transient,
     json_or_null,
     log_failure,
     own_connection,
@@ -449,17 +451,45 @@ def _make_call(call: Call, effect: dict[str, Any]) -> Answer:
             answer = call.provider.call(call.request, effect["external_key"], call.conn)
     except CallError as exc:
         crash_point("effect.after_answer")
-        _record_failure(call, effect, exc)
+        _waiting_out_the_database(call, partial(_record_failure, call, effect, exc))
         raise _step_failure(call, effect, exc) from exc
     except Exception as exc:
         # A bug in a provider, or an error nobody classified: the request may have left.
         logger.exception("effect %s: provider %s raised", call.key, call.provider.name)
         unknown = CallError(call.scrub(f"{type(exc).__name__}: {exc}"))
-        _record_failure(call, effect, unknown)
+        _waiting_out_the_database(call, partial(_record_failure, call, effect, unknown))
         raise _step_failure(call, effect, unknown) from exc
     crash_point("effect.after_answer")
-    _record_answer(call, effect, answer, time.monotonic() - started)
+    seconds = time.monotonic() - started
+    _waiting_out_the_database(call, partial(_record_answer, call, effect, answer, seconds))
     return answer
+
+
+def _waiting_out_the_database(call: Call, record: Callable[[bool], None]) -> None:
+    """Record how a call ended, waiting out a database that went away meanwhile (a restart,
+    a failover, a terminated backend) for as long as a worker's settle does
+    (WAYMARK_SETTLE_PATIENCE_SECONDS), on a fresh connection each try. What the provider
+    answered is known only to this process: dropped, a call with no key to repeat safely
+    and no lookup would leave its effect to a person (needs_review) though it was made.
+    ``record(retried)``: a try after a failed one may find its own earlier commit (its
+    acknowledgement lost with the connection)."""
+    give_up = time.monotonic() + float(engine_setting("SETTLE_PATIENCE_SECONDS"))
+    tries = 0
+    while True:
+        try:
+            record(tries > 0)
+            return
+        except Exception as exc:
+            if not is_transient(exc) or connection.in_atomic_block:
+                raise
+            tries += 1
+            connection.close()
+            pause = min(2.0, 0.05 * 2 ** min(tries - 1, 6))
+            if time.monotonic() + pause > give_up:
+                raise
+            if tries == 1:
+                log_failure(logger, exc, "effect %s: its answer waits for the database", call.key)
+            time.sleep(pause)
 
 
 @contextmanager
@@ -494,7 +524,9 @@ def _lease_kept(call: Call, effect: dict[str, Any]) -> Iterator[None]:
         done.set()
 
 
-def _record_answer(call: Call, effect: dict[str, Any], answer: Answer, seconds: float) -> None:
+def _record_answer(
+    call: Call, effect: dict[str, Any], answer: Answer, seconds: float, retried: bool = False
+) -> None:
     params: dict[str, Any] = {
         "id": effect["id"], "token": effect["token"], "result": json_or_null(answer.result),
         "response": json_or_null(dict(answer.response) if answer.response else None),
@@ -509,7 +541,7 @@ def _record_answer(call: Call, effect: dict[str, Any], answer: Answer, seconds: 
         cursor.execute(sql.SETTLE, params)
         row = fetch_dict(cursor)
         if row is None:
-            _answered_too_late(cursor, call, effect, answer)
+            _answered_too_late(cursor, call, effect, answer, retried=retried)
             return
         # A person's retry released the call's reservation already (resolve_effect).
         held = Decimal(0) if row["was"] == EffectState.FAILED else effect["reserved_cost"]
@@ -527,18 +559,22 @@ def _record_answer(call: Call, effect: dict[str, Any], answer: Answer, seconds: 
                         {"settled": "answer arrived"}, "effect_settled", "ledger")  # fmt: skip
 
 
-def _answered_too_late(cursor: Any, call: Call, effect: dict[str, Any], answer: Answer) -> None:
+def _answered_too_late(
+    cursor: Any, call: Call, effect: dict[str, Any], answer: Answer, *, retried: bool = False
+) -> None:
     """This call's answer came after the effect moved on without it: another call under the
     key began (its lease lapsed and the key was called again, or a person chose "retry" and
     the retry was sent), or a person resolved it ("done", "fail"). What the effect holds
     stays; the run's history says that this call answered too, so a person can check at the
     provider whether it was made twice. Its result is not kept there: an answer fenced out
     by an erasure (sql.FENCE_IN_FLIGHT) may name the erased person."""
-    cursor.execute(sql.EFFECT_CALLS, {"id": effect["id"]})
+    cursor.execute(sql.EFFECT_CALLS, {"id": effect["id"], "token": effect["token"]})
     now = fetch_dict(cursor)
-    logger.warning("effect %s: answered after the effect moved on without it", call.key)
     if now is None:
         return
+    if retried and now["settled_by_this_call"] and now["calls"] == effect["calls"]:
+        return  # this call's own answer, recorded by a try whose commit was not acknowledged
+    logger.warning("effect %s: answered after the effect moved on without it", call.key)
     call_no, calls = effect["calls"], now["calls"]
     if calls > call_no:
         note = (f"the answer of call {call_no} arrived after call {calls} was sent under the "
@@ -554,7 +590,9 @@ def _answered_too_late(cursor: Any, call: Call, effect: dict[str, Any], answer: 
     _event(cursor, call.ctx, "effect.late_answer", detail)
 
 
-def _record_failure(call: Call, effect: dict[str, Any], exc: CallError) -> None:
+def _record_failure(
+    call: Call, effect: dict[str, Any], exc: CallError, retried: bool = False
+) -> None:
     state = EffectState.FAILED if exc.made == "no" else EffectState.OUTCOME_UNKNOWN
     error = call.scrub(str(exc))[:2000]
     params: dict[str, Any] = {

@@ -144,7 +144,13 @@ RETURNING e.id, before.state AS was
 
 # An answer that came too late to settle its effect: how many calls have begun since (a
 # retry sent?) and who moved it, to tell the person.
-EFFECT_CALLS = "SELECT state, calls, resolved_by FROM effects_effect WHERE id = %(id)s"
+# (settled_by_this_call: settled under this call's token by no person and no lookup: a try
+# of its own whose commit was not acknowledged.)
+EFFECT_CALLS = """
+SELECT state, calls, resolved_by,
+       state = 'settled' AND token = %(token)s AND resolved_by = '' AS settled_by_this_call
+  FROM effects_effect WHERE id = %(id)s
+"""
 
 # Reconciled, or resolved by a person: settled with what was found (no token: nobody owns
 # the call any more). Also a person's retry not yet begun, when a lookup finds the call it

@@ -17,6 +17,7 @@ import json
 import secrets
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -44,9 +45,9 @@ DATABASE = "waymark_faults"
 PROBES = {"WAYMARK_EXTRA_STEP_MODULES": "tests.probe_steps"}  # the tests' `probe` step type
 
 
-def _call(step_id: str, after: str) -> dict[str, Any]:
+def _call(step_id: str, after: str, connection: str = "api") -> dict[str, Any]:
     """An http step that creates an item at the stub, under its effect key."""
-    return {"id": step_id, "type": "http", "connection": "api",
+    return {"id": step_id, "type": "http", "connection": connection,
             "request": {"method": "POST", "url": "{{ input.api_url }}/items",
                         "body": {"run": "{{ run.id }}"}},
             "next": after}  # fmt: skip
@@ -69,6 +70,9 @@ BUSY = {
 THREE_CALLS = {"start": "a", "steps": [_call("a", "b"), _call("b", "c"), _call("c", "done"),
                                        {"id": "done", "type": "end"}]}  # fmt: skip
 ONE_CALL = {"start": "a", "steps": [_call("a", "done"), {"id": "done", "type": "end"}]}
+# Through the connection "plain": an endpoint that honours no key and cannot be asked, so a
+# call whose answer is lost can only go to a person.
+PLAIN_CALL = {"start": "a", "steps": [_call("a", "done", "plain"), {"id": "done", "type": "end"}]}
 # A step that takes a while (the tests' probe type), so a test can lock its run meanwhile.
 SLOW = {"start": "p", "steps": [{"id": "p", "type": "probe", "sleep_seconds": 8, "next": "done"},
                                 {"id": "done", "type": "end"}]}  # fmt: skip
@@ -90,6 +94,8 @@ if args["do"] == "setup":
     Connection.objects.get_or_create(org=org, name="api", defaults={
         "provider": "http", "base_url": args["url"], "options": {"idempotency_keys": True},
         "max_concurrency": 64})
+    Connection.objects.get_or_create(org=org, name="plain", defaults={
+        "provider": "http", "base_url": args["url"], "max_concurrency": 64})
     for slug, definition in args["automations"].items():
         automation_publish_definition(org=org, slug=slug, definition=definition)
     print(json.dumps([]))
@@ -276,6 +282,46 @@ def test_a_restarted_server_loses_no_run_counts_no_attempt_and_the_engine_listen
     print(f"restart: attempts used {dict(used)}, deferred "
           f"{faults.events(ids, 'step.deferred')}, warnings "
           f"{log.count('the database is unavailable')}")  # fmt: skip
+
+
+# --- calls answered while the server is down ----------------------------------------------------
+
+IN_FLIGHT_RUNS = 12
+
+
+def test_calls_answered_while_the_server_is_down_are_recorded_once_it_is_back(
+    faults: Faults,
+) -> None:
+    """An outside call under way when the server goes down, answered before it is back: the
+    answer is known only to the worker that made the call. Kept until the database answers
+    again (as a settle is), the effect is settled and the run goes on; dropped, an endpoint
+    that honours no key and cannot be asked leaves the effect to a person (needs_review)
+    though it was made."""
+    faults.setup(plain=PLAIN_CALL)
+    faults.stub.hold()
+    faults.run("engine", "runengine", "--no-web", "--grace", "2",
+               WAYMARK_IO_LEASE_SECONDS="5")  # fmt: skip
+    ids = faults.start("plain", _keys("p", IN_FLIGHT_RUNS))
+    bounded("calls under way at the stub", lambda: faults.stub.arrived >= 4)
+
+    assert stop_server(faults.data_dir)
+    faults.stub.release()  # answered 200 while the server is down
+    bounded("every call held answered", lambda: len(faults.stub.created) >= faults.stub.arrived)
+    time.sleep(3)  # down past the answers, as a restart is
+    assert start_server(faults.data_dir) == faults.address
+
+    def ended_or_waits_for_a_person() -> bool:
+        return faults.unfinished(ids) == 0 or faults.events(ids, "effect.needs_review") > 0
+
+    bounded("every run to finish (or a call left to a person)", ended_or_waits_for_a_person,
+            seconds=300)  # fmt: skip
+    assert faults.events(ids, "effect.needs_review") == 0
+    assert faults.events(ids, "effect.outcome_unknown") == 0
+    assert faults.statuses(ids) == {"succeeded": IN_FLIGHT_RUNS}
+    faults.assert_made_once(ids, calls_per_run=1)
+    faults.assert_settled_once(ids)
+    log = faults.log("engine")
+    assert "Traceback" not in log, log[log.find("Traceback") - 500 :][:6000]
 
 
 # --- backends terminated mid-settle ----------------------------------------------------------

@@ -44,7 +44,7 @@ from workflows.services.runs import run_start
 from workflows.services.signals import signal_send
 from workflows.services.tenancy import api_key_create
 
-from .effect_setup import drive
+from .effect_setup import connect, drive
 from .test_erasure import ANN, ANN_TRACES, BOB, NUDGE, REFUND, erase, eraser, hits, world  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -370,3 +370,62 @@ def test_a_code_workflows_personal_data_is_checked_at_registration() -> None:
     assert refused.value.code == "invalid_workflow"
     assert "'name' is not a path like" in refused.value.detail
     assert "on_erasure must be one of cancel, finish" in refused.value.detail
+
+
+# --- a phone number's digits in ids, an address in a URL --------------------------------------
+
+ORDERS = {"start": "nap", "steps": [{"id": "nap", "type": "wait", "duration": "1d", "next": "done"},
+                                    {"id": "done", "type": "end"}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "held", [{"order": 7946012}, {"invoice": "INV-7946012"}, {"ref": "7946012x"}]
+)
+def test_an_id_holding_a_phone_numbers_digits_is_not_the_persons(
+    org: Organisation, eraser: APIClient, held: dict[str, Any]
+) -> None:
+    """A run whose definition declares nothing is the person's when a value of its input is
+    their phone number: written as one (digits and separators), not a JSON number (an order
+    number, a count) nor an id with letters that happens to hold the same digits."""
+    automation_publish_definition(org=org, slug="orders", definition=ORDERS)
+    ann = run_start(
+        org=org,
+        automation_slug="orders",
+        start_key="ann",
+        run_input={"contact": "ann@example.org", "phone": "794 6012"},
+    ).run_id
+    bob_input = {"contact": "bob@example.org", **held}
+    bob = run_start(org=org, automation_slug="orders", start_key="bob", run_input=bob_input).run_id
+
+    answer = erase(eraser, phone="794 6012")
+
+    assert answer.status_code == 201, answer.json()
+    assert ann in answer.json()["runs_cancelled"]
+    assert bob not in answer.json()["runs_cancelled"] + answer.json()["runs_scrubbed"]
+    bob_run = Run.objects.get(pk=bob)
+    assert (bob_run.status, bob_run.input) == ("running", bob_input)
+
+
+def test_an_address_a_template_percent_encoded_in_a_url_is_erased(
+    org: Organisation, eraser: APIClient, provider_stub: Any
+) -> None:
+    """Her run looks her up by her address in a query string (`urlencode`): the effect's
+    stored request holds it as `ann%40example.org`, the same address written whole."""
+    connect(org, base_url=provider_stub.url)
+    url = provider_stub.url + "/items?email={{ input.email | urlencode }}&tag=a%2Bb"
+    definition = {"start": "look", "steps": [
+        {"id": "look", "type": "http", "connection": "api", "next": "done",
+         "request": {"method": "POST", "url": url, "body": {"n": 1}}},
+        {"id": "done", "type": "end"}]}  # fmt: skip
+    automation_publish_definition(org=org, slug="lookup", definition=definition)
+    ann = run_start(org=org, automation_slug="lookup", start_key="k-ann",
+                    run_input={"email": "ann+crm@example.org"}).run_id  # fmt: skip
+    drive(lane="io")
+    assert "ann%2Bcrm%40example.org" in Effect.objects.get(run_id=ann).request["url"]
+
+    answer = erase(eraser, email="ann+crm@example.org")
+
+    assert answer.status_code == 201, answer.json()
+    assert ann in answer.json()["runs_scrubbed"]
+    assert hits(["ann%2Bcrm%40example.org", "ann+crm@example.org"]) == []
+    assert Effect.objects.get(run_id=ann).request["url"] == MARKER  # a string holding it

@@ -41,6 +41,7 @@ from .subject import (
     NotOneAddress,
     Subject,
     canonical_email,
+    looks_like_phone,
     phone_digits,
 )
 
@@ -133,13 +134,16 @@ def _owned(row: Mapping[str, Any], declaration: Declaration | None, values: set[
         held = [item for path in declaration.identifiers
                 for item in _leaves(value_at({"input": row["input"]}, path))]  # fmt: skip
         return any(_same(item, value) for item in held for value in values)
-    # Declared nowhere in this run's definition: an identifier is not one here.
+    # Declared nowhere in this run's definition: an identifier is not one here, and a JSON
+    # number is an id or a count (an order number with a phone number's digits), not theirs.
     addresses = [value for value in values if value.kind in ("email", "phone")]
-    return any(_same(item, value) for item in _leaves(row["input"]) for value in addresses)
+    texts = [item for item in _leaves(row["input"]) if isinstance(item, str)]
+    return any(_same(item, value) for item in texts for value in addresses)
 
 
 def _same(item: Any, value: Value) -> bool:
-    """Is this stored value the person's ``value``: exactly, by the rules of its kind?"""
+    """Is this stored value the person's ``value``: exactly, by the rules of its kind (a
+    phone number written as one: an id with letters and the same digits is not)?"""
     if isinstance(item, bool) or not isinstance(item, str | int | float):
         return False
     text = str(item).strip()
@@ -151,7 +155,7 @@ def _same(item: Any, value: Value) -> bool:
         except NotOneAddress:
             return False
     if value.kind == "phone":
-        return phone_digits(text) == value.text and len(text) <= 40
+        return len(text) <= 40 and looks_like_phone(text) and phone_digits(text) == value.text
     return text == value.text
 
 

@@ -129,8 +129,17 @@ def _email(raw: str) -> str:
         raise InvalidPerson(reason=f"email is not one email address ({exc})") from exc
 
 
+# A phone number as written: digits, separated by spaces, dashes, dots, brackets or slashes,
+# after a leading + (a text with a letter in it, "INV-794601", is an id, not a number).
+PHONE_SHAPE = re.compile(r"\s*\+?[\d\s().\-/]+\s*")
+
+
+def looks_like_phone(text: str) -> bool:
+    return PHONE_SHAPE.fullmatch(text) is not None
+
+
 def _phone(raw: str) -> str:
-    if re.fullmatch(r"\s*\+?[\d\s().\-/]+\s*", raw) is None:
+    if not looks_like_phone(raw):
         raise InvalidPerson(
             reason="phone may hold only digits, spaces, dashes, dots, brackets and a leading +"
         )
@@ -152,13 +161,30 @@ def keyed_hash(text: str) -> str:
     return "hmac-sha256:" + hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
+# An address in a URL (a query's ``?email=ann%40example.org``, a template's ``urlencode``) has
+# its @ and + percent-encoded: the same address, written whole.
+_PERCENT_ENCODED = {"@": "%40", "+": "%2B"}
+
+
+def _encoded_too(address: str) -> str:
+    """The regular expression of ``address`` as written or percent-encoded in a URL."""
+    return "".join(
+        f"(?:{re.escape(char)}|{_PERCENT_ENCODED[char]})" if char in _PERCENT_ENCODED
+        else re.escape(char)
+        for char in address
+    )  # fmt: skip
+
+
 def like_patterns(values: Iterable[str]) -> list[str]:
-    """ILIKE patterns that find each value inside a column's text: as written and as JSON
-    escapes it (a quote, a backslash, a control character); a superset of what the
-    matcher then recognises."""
+    """ILIKE patterns that find each value inside a column's text: as written, as JSON
+    escapes it (a quote, a backslash, a control character) and, for an address, as a URL
+    encodes it; a superset of what the matcher then recognises."""
     patterns: set[str] = set()
     for value in values:
-        for form in {value, _json_escaped(value)}:
+        encoded = value
+        for char, code in _PERCENT_ENCODED.items():
+            encoded = encoded.replace(char, code) if "@" in value else encoded
+        for form in {value, _json_escaped(value), encoded}:
             patterns.add("%" + _LIKE_SPECIAL.sub(r"\\\1", form) + "%")
     return sorted(patterns)
 
@@ -177,7 +203,7 @@ def value_pattern(kind: str, value: str, *, strict: bool = False) -> str | None:
     """The regular expression that finds ``value`` (of ``kind``) inside a text; None when it
     is found only as a whole text (an identifier or a field, ``strict``)."""
     if kind == "email":
-        return rf"(?<![\w.+\-]){re.escape(value)}(?![\w\-]|\.\w)"
+        return rf"(?<![\w.+\-]){_encoded_too(value)}(?![\w\-]|\.\w)"
     if kind == "phone":
         digits = _PHONE_SEPARATORS.join(re.escape(d) for d in value)
         if strict:
