@@ -358,7 +358,8 @@ def audit_connection(conn: Connection, actor: Actor, action: str, **detail: Any)
 
 
 def connection_get(org: Organisation, name: str) -> Connection:
-    conn = Connection.objects.filter(org=org, name=name).first()
+    # A name the database cannot hold (a NUL from the path) names none: asking would fail.
+    conn = None if has_unstorable(name) else Connection.objects.filter(org=org, name=name).first()
     if conn is None:
         raise UnknownConnection(name=name)
     return conn

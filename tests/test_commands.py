@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 
 from workflows.demo.bootstrap import DEMO_ORG, bootstrap_demo
 from workflows.errors import WaymarkError
-from workflows.models import ApiKey, AutomationVersion, Organisation
+from workflows.models import ApiKey, Automation, AutomationVersion, Organisation
 from workflows.services.tenancy import api_key_authenticate
 
 from .factories import linear_definition
@@ -62,6 +62,30 @@ def test_publish_automation_command(tmp_path: Path) -> None:
     with pytest.raises(CommandError, match="unreadable_definition"):
         _call("publish_automation", "--org", "acme", "--slug", "x", "--file", str(path))
     assert AutomationVersion.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ('{"start": "a", "steps": [{"id": "a", "type": "set", "values": {"x": NaN}, '
+         '"next": "b"}, {"id": "b", "type": "end"}]}', "unreadable_definition"),
+        ('{"start": "a", "steps": [{"id": "a", "type": "end", "output": "\\u0000"}]}',
+         "invalid_definition"),
+        ("[" * 100_000 + "]" * 100_000, "unreadable_definition"),
+    ],
+)  # fmt: skip
+def test_a_definition_file_refused_leaves_nothing_behind(
+    tmp_path: Path, text: str, code: str
+) -> None:
+    """NaN (which PostgreSQL's json refuses), nesting too deep to read, text the database
+    cannot store: a CommandError with its code, and no automation created for a definition
+    that was never published (one was left behind with no version)."""
+    _call("create_organisation", "acme")
+    path = tmp_path / "def.json"
+    path.write_text(text)
+    with pytest.raises(CommandError, match=f"^{code}"):
+        _call("publish_automation", "--org", "acme", "--slug", "fresh", "--file", str(path))
+    assert not Automation.objects.filter(slug="fresh").exists()
 
 
 def test_bootstrap_demo_is_idempotent(settings, tmp_path: Path) -> None:

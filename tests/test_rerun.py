@@ -412,10 +412,12 @@ def test_the_command_prints_the_preview_and_acts_only_with_yes(
 
     with pytest.raises(CommandError, match="unknown_step"):
         call_command("runs", "rerun", "--org", org.slug, str(run_id), "--from", "zzz", "--yes")
-    new_input.write_text("[1, 2]")
-    with pytest.raises(CommandError, match="invalid_input"):
-        call_command("runs", "rerun", "--org", org.slug, str(run_id), "--from", "first",
-                     "--input-file", str(new_input), "--yes")  # fmt: skip
+    for refused in ("[1, 2]", '{"a": NaN}', '{"a": Infinity}', "[" * 100_000):
+        new_input.write_text(refused)
+        with pytest.raises(CommandError, match="invalid_input"):
+            call_command("runs", "rerun", "--org", org.slug, str(run_id), "--from", "first",
+                         "--input-file", str(new_input), "--yes")  # fmt: skip
+    assert Run.objects.get(pk=run_id).input == {"a": 3}
 
 
 # --- a re-run is a start for the quotas ---------------------------------------------------------

@@ -61,6 +61,8 @@ def _org(request: Request) -> Organisation:
 
 
 def schedule_get(org: Organisation, name: str) -> Schedule:
+    if has_unstorable(name):  # a NUL from the path names none: asking would fail
+        raise UnknownSchedule(name=name)
     found = Schedule.objects.select_related("automation").filter(org=org, name=name).first()
     if found is None:
         raise UnknownSchedule(name=name)

@@ -66,7 +66,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["workflows.api.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["workflows.api.auth.IsOrganisationKey"],
     "DEFAULT_PARSER_CLASSES": ["workflows.api.parsers.SafeJSONParser"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_RENDERER_CLASSES": ["workflows.api.renderers.JSONRenderer"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "workflows.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,

@@ -113,10 +113,19 @@ class NoPublishedVersion(Conflict):
     default_detail = 'Automation "{slug}" has no published version; publish one first.'
 
 
+class SignalIdTaken(Conflict):
+    code = "signal_id_conflict"
+    default_detail = (
+        'Signal id "{identity}" is already another signal\'s (name "{name}", correlation '
+        '"{correlation}"): a signal-with-start under it would start a run its signal never '
+        "reaches. Use a new id; nothing was started."
+    )
+
+
 class StartKeyConflict(Conflict):
     code = "start_key_conflict"
     default_detail = (
-        'Start key "{start_key}" already started run {run_id} with a different input; '
+        'Start key "{start_key}" already started run {run_id} {differs}; '
         "use a new key for a new run."
     )
 

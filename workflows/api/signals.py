@@ -126,7 +126,8 @@ class SignalListView(ListEndpoint):
         description="Send a signal to the step waiting for it (by `name` and `correlation`), "
         "or keep it until one waits. The same `id` again is the same signal (200, "
         '`"duplicate": true`). With `start`, it goes to the run of that start key, started '
-        "first when needed.",
+        "first when needed; an `id` another signal (another name or correlation) holds is "
+        "then 409 `signal_id_conflict`, and nothing is started.",
     )  # fmt: skip
     def post(self, request: Request) -> Response:
         data = SignalIn(data=request.data)

@@ -10,11 +10,16 @@ guarantees as a definition.
 
 The exceptions that stop the function derive from BaseException: a workflow's own
 ``except Exception`` cannot swallow them. ``StepFailed``, a step that failed for good, is an
-ordinary exception: the function may catch it and go on.
+ordinary exception: the function may catch it and go on. A bare ``except:``, an ``except
+BaseException`` or a ``finally`` around a call does see the stop; the turn still ends with
+it: every later call of the same turn raises it again, and a function that returns after it
+(the stop swallowed) is stopped by it all the same (``_keeping_stops``). So a ``finally``'s
+own calls run in the turn where the block really ends, as the code reads.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random as _random
@@ -234,6 +239,8 @@ class Context(PeopleAndTime):
         # (a branch's new call meets a sibling branch's steps, which this turn never
         # replays), then as this replay calls it.
         self._types: dict[str, str] = {} if forks is None else _types_recorded(forks)
+        # The turn's stop, once a call raised one: shared with the branches' contexts.
+        self._stopped: list[Stop] = []
 
     # --- values recorded once ------------------------------------------------------------------
 
@@ -527,8 +534,10 @@ class Context(PeopleAndTime):
                          calls_functions=self._calls_functions)  # fmt: skip
         branch._types.update(self._types)  # the top level's, replayed up to this parallel
         branch._patches.update(self._patches)  # one answer per patch in the run's replay
+        branch._stopped = self._stopped  # one turn, one stop
         try:
             value = branches[number](branch)
+            branch.raise_stop()
         except Suspended:
             # The branch's new call sets the turn's attempts (a ctx.run's retry raises them).
             self.attempts_allowed = branch.attempts_allowed
@@ -595,8 +604,16 @@ class Context(PeopleAndTime):
                 f"{self._deciding[0][0]!r}, whose branch this turn decides",
             )
 
+    def raise_stop(self) -> None:
+        """The function returned, or a call began, after a call of this turn stopped it (a
+        bare ``except``, ``except BaseException`` or ``finally`` around the call saw the
+        stop): the turn ends with that stop."""
+        if self._stopped:
+            raise self._stopped[0]
+
     def returned(self) -> None:
         """The function returned: every recorded step must have been called again."""
+        self.raise_stop()
         if self._position < len(self._history):
             left = self._history[self._position]
             raise CodeFailure(
@@ -604,6 +621,33 @@ class Context(PeopleAndTime):
                 f"the history has step {left.step_id!r} ({left.type}) at call "
                 f"{self._position + 1}, but the code returned before calling it",
             )
+
+
+def _keeping_stops(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A call of the workflow's: after a stop of its turn, the stop again; a stop it raises,
+    kept as the turn's (Context.raise_stop)."""
+
+    @functools.wraps(method)
+    def call(self: Context, *args: Any, **kwargs: Any) -> Any:
+        stopped = self._stopped
+        if stopped:
+            raise stopped[0]
+        try:
+            return method(self, *args, **kwargs)
+        except Stop as stop:
+            if not stopped:
+                stopped.append(stop)
+            raise
+
+    return call
+
+
+# Every call a workflow makes on its context (not the engine's own: returned, raise_stop).
+for _name in [name for name in dir(Context) if not name.startswith("_")]:
+    if _name not in ("returned", "raise_stop", "attempts_allowed", "run_id") and callable(
+        getattr(Context, _name)
+    ):
+        setattr(Context, _name, _keeping_stops(getattr(Context, _name)))
 
 
 def _handed(recorded: Recorded) -> Recorded:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
@@ -32,3 +36,20 @@ class MigratedCommand(BaseCommand):
                 f"database_not_migrated: {len(plan)} migration(s) not applied ({apps}); "
                 "run `./waymark manage migrate` first (`./waymark run` does it)"
             )
+
+
+def read_json_file(path: str | Path, code: str) -> Any:
+    """The JSON a file holds, read as the API reads a body: NaN and Infinity (which
+    PostgreSQL's json refuses) and nesting too deep to read are the file's error, a
+    ``CommandError`` starting with ``code``, never a traceback."""
+    try:
+        with open(path, encoding="utf-8") as given:
+            return json.load(given, parse_constant=_not_json)
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"{code}: {path}: {exc}") from exc
+    except RecursionError as exc:
+        raise CommandError(f"{code}: {path}: the document nests too deeply") from exc
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value")

@@ -111,8 +111,16 @@ def automation_publish_definition(
     """Create the automation if needed and publish ``definition`` unless it is already current.
 
     Used by the demo bootstrap and ``manage.py publish_automation``: publishing the same
-    definition twice returns the current version instead of making an identical new one.
+    definition twice returns the current version instead of making an identical new one. All
+    of it or nothing: a definition refused leaves no automation it created behind.
     """
+    with transaction.atomic():
+        return _publish_definition(org, slug, definition, name, actor)
+
+
+def _publish_definition(
+    org: Organisation, slug: str, definition: Any, name: str, actor: Actor | None
+) -> AutomationVersion:
     automation = Automation.objects.filter(org=org, slug=slug).first()
     if automation is None:
         try:

@@ -388,11 +388,14 @@ def _existing(start: _Start, target: _Target) -> StartResult:
     assert existing is not None
     # Start keys are unique per organisation: the same key for another automation, or with
     # another input, is a different start and must not return this run.
-    if (
-        existing["input_digest"] != start.digest
-        or existing["automation_id"] != target.automation_id
-    ):
-        raise StartKeyConflict(start_key=key, run_id=existing["id"])
+    if existing["automation_id"] != target.automation_id:
+        raise StartKeyConflict(
+            start_key=key, run_id=existing["id"], differs="of another automation"
+        )
+    if existing["input_digest"] != start.digest:
+        raise StartKeyConflict(
+            start_key=key, run_id=existing["id"], differs="with a different input"
+        )
     return StartResult(
         run_id=existing["id"], created=False, status=existing["status"], start_key=key,
         version_id=existing["version_id"],

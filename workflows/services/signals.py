@@ -23,8 +23,8 @@ from ..definitions.storable import UNSTORABLE_REASON, unstorable_path
 from ..engine import sql
 from ..engine.signals import Delivered, deliver
 from ..engine.sql.rows import fetch_dict
-from ..errors import InvalidInput, PendingSignalsQuota
-from ..models import Organisation, Run
+from ..errors import InvalidInput, PendingSignalsQuota, SignalIdTaken
+from ..models import Organisation, Run, Signal
 from . import quotas
 from .runs import check_json_value, run_start
 
@@ -57,6 +57,8 @@ def signal_send(
         sent = _deliver(org, name=name, correlation=correlation, payload=payload,
                         identity=identity)  # fmt: skip
         return SignalSent(sent)
+    if identity is not None:
+        _refuse_id_of_another(org, identity, name, correlation)
     run_id, created = _run_of_start_key(org, start)
     # The signal of the run this call just started is kept whatever the pending-signals
     # quota says: refused, it would leave that run started without the signal it was started
@@ -75,6 +77,15 @@ def _deliver(org: Organisation, *, quota: bool = True, **signal: Any) -> Deliver
     except PendingSignalsQuota as refused:
         quotas.remember_count(org, refused)
         raise
+
+
+def _refuse_id_of_another(org: Organisation, identity: str, name: str, correlation: str) -> None:
+    """A signal-with-start whose id another signal (another name or correlation) holds:
+    refused before anything starts. Sent on, its signal would be that other one's duplicate
+    (nothing stored) and the run it started would wait for a signal never kept."""
+    held = Signal.objects.filter(org=org, identity=identity).values("name", "correlation").first()
+    if held is not None and (held["name"], held["correlation"]) != (name, correlation):
+        raise SignalIdTaken(identity=identity, name=held["name"], correlation=held["correlation"])
 
 
 def _run_of_start_key(org: Organisation, start: dict[str, Any]) -> tuple[int, bool]:

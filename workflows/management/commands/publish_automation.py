@@ -1,11 +1,10 @@
-import json
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
 from workflows.errors import InvalidDefinitionError, WaymarkError
-from workflows.management.base import MigratedCommand
+from workflows.management.base import MigratedCommand, read_json_file
 from workflows.selectors import organisation_get
 from workflows.services.audit import Actor
 from workflows.services.automations import automation_publish_definition
@@ -21,10 +20,7 @@ class Command(MigratedCommand):
         parser.add_argument("--name", default="")
 
     def handle(self, *args: Any, org: str, slug: str, file: Path, name: str, **opts: Any) -> None:
-        try:
-            content = json.loads(file.read_text())
-        except (OSError, ValueError) as exc:
-            raise CommandError(f"unreadable_definition: {file}: {exc}") from exc
+        content = read_json_file(file, "unreadable_definition")
         definition = _definition_in(content, file)
         try:
             version = automation_publish_definition(

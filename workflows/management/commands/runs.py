@@ -45,7 +45,7 @@ from workflows.api.filters import RunFilter
 from workflows.definitions.fields import parse_duration
 from workflows.errors import UnknownRun, WaymarkError
 from workflows.management import run_report as report
-from workflows.management.base import MigratedCommand
+from workflows.management.base import MigratedCommand, read_json_file
 from workflows.models import Organisation, Run
 from workflows.services.audit import Actor
 from workflows.services.rerun import rerun
@@ -279,11 +279,7 @@ def _json_file(path: str | None, option: str) -> Any:
     """The JSON a file holds (None: no file given)."""
     if path is None:
         return None
-    try:
-        with open(path, encoding="utf-8") as given:
-            return json.load(given)
-    except (OSError, ValueError) as exc:
-        raise CommandError(f"invalid_input: {option}: {exc}") from exc
+    return read_json_file(path, f"invalid_input: {option}")
 
 
 def _filtered(org: Organisation, options: dict[str, Any]) -> Any:

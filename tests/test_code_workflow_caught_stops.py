@@ -1,0 +1,104 @@
+"""A workflow that catches more than it should: a bare ``except:``, an ``except BaseException``
+or a ``finally`` around a ctx call sees the exception that stops the function at a call with
+no recorded result (docs/reference/code-workflows-at-run-time.md). The turn ends with that
+stop all the same: a return after it, or another call, does not take the run anywhere else.
+Before, a bare ``except`` around a signal wait returned at once (the run succeeded without
+ever waiting), a retry loop catching BaseException returned None without calling its
+function, and a ``finally`` ran its cleanup before the step it guarded, then failed the run
+as nondeterministic."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from workflows.models import Organisation
+from workflows.plugins.code import Context, workflow
+from workflows.plugins.testing import WorkflowTest
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CALLED: list[str] = []
+
+
+def charge(order: str) -> dict[str, str]:
+    CALLED.append(order)
+    return {"charged": order}
+
+
+@workflow("caught-bare", version=1)
+def bare_except(ctx: Context, run_input: dict[str, Any]) -> dict[str, Any]:
+    try:
+        paid = ctx.wait_signal("paid", signal="paid", correlation=run_input["order"], timeout="1d")
+    except:  # noqa: E722 (the mistake this test is about)
+        return {"paid": "unknown"}
+    return {"paid": paid.payload}
+
+
+@workflow("caught-retry-loop", version=1)
+def retry_loop(ctx: Context, run_input: dict[str, Any]) -> Any:
+    for attempt in range(3):
+        try:
+            return ctx.run(f"charge_{attempt}", charge, run_input["order"])
+        except BaseException:  # noqa: S112 (the mistake this test is about)
+            continue
+    return None
+
+
+@workflow("caught-finally", version=1)
+def cleanup_in_finally(ctx: Context, run_input: dict[str, Any]) -> str:
+    try:
+        ctx.sleep("nap", "1h")
+    finally:
+        ctx.step("cleanup", "noop")
+    return "done"
+
+
+@workflow("caught-fail", version=1)
+def swallowed_fail(ctx: Context, run_input: dict[str, Any]) -> str:
+    try:  # noqa: SIM105
+        ctx.fail("out_of_stock")
+    except:  # noqa: E722, S110 (the mistake this test is about)
+        pass
+    return "sold"
+
+
+def test_a_bare_except_around_a_wait_still_waits(org: Organisation) -> None:
+    t = WorkflowTest(org=org)
+    t.start("caught-bare", version=1, input={"order": "o-1"})
+    run = t.run_until_waiting()
+    assert [s.step_id for s in run.waiting] == ["paid"]  # not finished with "unknown"
+    t.signal("paid", correlation="o-1", payload={"amount": 5})
+    run = t.run_until_finished()
+    assert (run.status, run.output) == ("succeeded", {"paid": {"amount": 5}})
+
+
+def test_a_retry_loop_catching_base_exception_calls_its_function(org: Organisation) -> None:
+    CALLED.clear()
+    t = WorkflowTest(org=org)
+    t.start("caught-retry-loop", version=1, input={"order": "o-2"})
+    run = t.run_until_finished()
+    assert (run.status, run.output) == ("succeeded", {"charged": "o-2"})
+    assert CALLED == ["o-2"]
+    assert [s.step_id for s in run.steps if s.type == "code_result"] == ["charge_0"]
+
+
+def test_a_finally_runs_its_calls_once_the_guarded_step_has_ended(org: Organisation) -> None:
+    t = WorkflowTest(org=org)
+    t.start("caught-finally", version=1, input={})
+    run = t.run_until_waiting()
+    assert [s.step_id for s in run.waiting] == ["nap"]
+    assert "cleanup" not in [s.step_id for s in run.steps]
+    t.skip_time()
+    run = t.run_until_finished()
+    assert (run.status, run.output) == ("succeeded", "done")
+    taken = [s.step_id for s in run.steps if s.type != "code"]
+    assert taken == ["nap", "cleanup"]
+
+
+def test_a_fail_the_code_swallows_still_fails_the_run(org: Organisation) -> None:
+    t = WorkflowTest(org=org)
+    t.start("caught-fail", version=1, input={})
+    run = t.run_until_finished()
+    assert run.status == "failed" and "out_of_stock" in run.error
