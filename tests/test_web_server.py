@@ -141,6 +141,27 @@ def test_the_servers_own_errors_are_json(procs, tmp_path) -> None:
         assert set(json.loads(body)) == {"code", "detail"}
 
 
+def test_a_head_answer_has_no_body_and_the_connection_stays_in_step(procs, tmp_path) -> None:
+    """HEAD answers with the headers a GET has and no body (RFC 9110 9.3.2): a body sent was
+    read by the next request on the same connection as the start of its answer."""
+    port = start_web(procs, tmp_path)
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        head_then_get = (
+            b"HEAD /livez HTTP/1.1\r\nHost: localhost\r\n\r\n"
+            b"GET /livez HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        sock.sendall(head_then_get)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    answers = b"".join(chunks)
+    head, _, rest = answers.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), answers[:300]
+    # What follows the HEAD's headers is the GET's answer, whole, not a body.
+    assert rest.startswith(b"HTTP/1.1 200"), answers[:600]
+    assert json.loads(rest.partition(b"\r\n\r\n")[2]) == {"status": "ok"}
+
+
 def test_a_taken_port_stops_runengine_with_one_line(procs) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -207,6 +207,24 @@ def logged(application: Any) -> Any:
     return app
 
 
+def without_head_bodies(application: Any) -> Any:
+    """The application, answering HEAD with its GET's status and headers and no body (RFC 9110
+    9.3.2). Neither Django's handler nor waitress drops the body Django writes for HEAD: sent,
+    it was read by a keep-alive client as the start of its next answer ("illegal status
+    line"), and a proxy pooling connections could hand it to another client."""
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        answer = application(environ, start_response)
+        if environ.get("REQUEST_METHOD") != "HEAD":
+            return answer
+        close = getattr(answer, "close", None)
+        if close is not None:
+            close()  # the request's end (Django's request_finished) as for any answer
+        return []
+
+    return app
+
+
 def make_server(listener: socket.socket, application: Any) -> Server:
     web = web_settings()
     adj = Adjustments(
@@ -223,8 +241,9 @@ def make_server(listener: socket.socket, application: Any) -> Server:
     sockinfo = (listener.family, listener.type, listener.proto, listener.getsockname())
     socket_map: dict[int, Any] = {}
     server = Server(
-        application, socket_map, _sock=listener, adj=adj, bind_socket=False, sockinfo=sockinfo
-    )
+        without_head_bodies(application), socket_map, _sock=listener, adj=adj,
+        bind_socket=False, sockinfo=sockinfo,
+    )  # fmt: skip
     server.socket_map = socket_map
     return server
 
