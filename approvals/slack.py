@@ -50,7 +50,6 @@ import json
 import logging
 import os
 import threading
-import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -62,10 +61,13 @@ from django.urls import reverse
 
 from effects.public import (
     EVENT_TYPE,
+    Allowlist,
     Answer,
+    CallDeadline,
     ConnectionInfo,
     Request,
     SlackMessageProvider,
+    egress_client,
     load_connection,
     slack_call,
     vet_base_url,
@@ -82,6 +84,8 @@ TOKEN_GRACE_SECONDS = 60
 DEFAULT_TOKEN_MAX_AGE = 35 * 86_400
 TEXT_CHARS = 2900  # a section's text holds 3000
 SLACK_RESPONSE_HOSTS = ("hooks.slack.com",)
+# The whole of a click's ephemeral reply, from connecting to its status (CallDeadline).
+RESPOND_SECONDS = 5.0
 
 
 def signing_secret() -> str:
@@ -359,6 +363,7 @@ def respond(approval_id: int | None, url: str, text: str) -> None:
     host of the request's own connection (a stub in the tests)."""
     host = urlsplit(url).hostname or ""
     allowed = host in SLACK_RESPONSE_HOSTS and url.startswith("https://")
+    conn = None
     if not allowed and approval_id is not None:
         approval = ApprovalRequest.objects.filter(pk=approval_id).first()
         conn = connection_for(approval) if approval is not None else None
@@ -371,20 +376,23 @@ def respond(approval_id: int | None, url: str, text: str) -> None:
     if not allowed:
         return
     data = json.dumps({"response_type": "ephemeral", "replace_original": False, "text": text})
-    req = urllib.request.Request(  # noqa: S310 (an https hooks URL, or the connection's host)
-        url, data=data.encode(), method="POST", headers={"Content-Type": "application/json"}
-    )
-    # Vetted above; a 3xx or an error status raises. Its body says nothing we keep: closed
-    # unread, so however large it is, none of it is received.
-    _NO_REDIRECTS.open(req, timeout=5).close()
+    # Through the egress guard, bounded as a whole (a host trickling its answer a byte at a
+    # time kept a sweep or a click's thread for as long as it liked: urllib's timeout bounds
+    # each read only), never following a redirect.
+    deadline = CallDeadline(RESPOND_SECONDS)
+    try:
+        with egress_client(allow=conn.allow if conn is not None else Allowlist(),
+                           timeout=RESPOND_SECONDS, deadline=deadline) as http:  # fmt: skip
+            request = http.build_request("POST", url, content=data.encode(),
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+            answer = http.send(request, follow_redirects=False, stream=True)
+            # Its body says nothing we keep: closed unread, none of it is received.
+            answer.close()
+    finally:
+        deadline.close()
+    if not answer.is_success:  # a 3xx is refused too: the reply goes only where it was vetted
+        raise SlackReplyRefused(f"the response_url answered {answer.status_code}")
 
 
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """A reply goes to the host vetted, never where a 3xx would send it: urllib's default
-    follows redirects to any host, past the check above."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None  # urllib then raises HTTPError for the 3xx
-
-
-_NO_REDIRECTS = urllib.request.build_opener(_RefuseRedirects)
+class SlackReplyRefused(Exception):
+    """The reply's endpoint did not take it (its status says why)."""

@@ -3,7 +3,7 @@ it; webhooks sends its deliveries through the egress guard and keeps its secrets
 like connections'): an outside call through the effect ledger (``run_effect`` with a
 ``Call``: keyed, leased, recorded, never sent twice), a step's connection
 (``load_connection``), the provider types, Slack's provider and Web API call; the egress
-guard (``egress_client``, ``CallDeadline``, ``EgressRefused``, an organisation's
+guard (``egress_client``, ``CallDeadline``, ``Allowlist``, ``EgressRefused``, an organisation's
 ``allowlist_in_force``); an outside answer read capped (``read_capped``) and its Retry-After
 read one way (``retry_after_of``, ``retry_after_seconds``); secrets at rest (``encrypt``,
 ``decrypt``, ``rotate``, ``SecretUnreadable``, under ``WAYMARK_EFFECTS_SECRET_KEYS``). The
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .allowlist import allowlist_in_force
 from .answers import read_capped, retry_after_of, retry_after_seconds
-from .egress import CallDeadline, EgressRefused, egress_client
+from .egress import Allowlist, CallDeadline, EgressRefused, egress_client
 from .ledger import Call, run_effect
 from .perform import load_connection
 from .providers.base import Ambiguous, Answer, ConnectionInfo, Request
@@ -24,6 +24,7 @@ from .secrets import SecretUnreadable, decrypt, encrypt, rotate, under_derived_k
 
 __all__ = [
     "EVENT_TYPE",
+    "Allowlist",
     "Ambiguous",
     "Answer",
     "Call",

@@ -5,7 +5,9 @@ after a decision, and every attempt in the audit."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import threading
 import time
 from typing import Any
 
@@ -352,19 +354,42 @@ def test_an_escalation_posts_a_new_message_and_retires_the_old_buttons(
 def test_a_reply_whose_url_redirects_is_not_followed(org, slack_stub) -> None:
     """The reply goes to Slack's hooks host or the connection's own host; a 3xx there must
     not take it (and what it says) to another place, which nobody vetted."""
-    import urllib.error
-
-    from approvals.slack import respond
+    from approvals.slack import SlackReplyRefused, respond
     from tests.stubs.redirect import RecordingStub, RedirectingStub
 
     _, approval = open_in_slack(org, slack_stub)
     with RecordingStub() as elsewhere, RedirectingStub(elsewhere.url) as moved:
         Connection.objects.filter(org=org).update(base_url=moved.url + "/api/")
-        with pytest.raises(urllib.error.HTTPError) as refused:
+        with pytest.raises(SlackReplyRefused, match="answered 302"):
             respond(approval.pk, moved.url + "/hooks/reply", "Approved by alice.")
-        refused.value.close()
-        assert refused.value.code == 302
         assert moved.requests and not elsewhere.requests
+
+
+def test_a_reply_to_a_host_that_trickles_its_answer_ends_at_its_bound(org, slack_stub) -> None:
+    """The reply is bounded as a whole (RESPOND_SECONDS), not each read: a host sending one
+    byte a second (within a per-read timeout) kept the sweep's approvals pass, or a click's
+    thread, for as long as it liked."""
+    from approvals.slack import respond
+
+    from .stubs.tarpit import Tarpit
+
+    _, approval = open_in_slack(org, slack_stub)
+    with Tarpit(trickle=1.0) as tarpit:
+        Connection.objects.filter(org=org).update(base_url=tarpit.url + "/api/")
+        ended = threading.Event()
+
+        def reply() -> None:
+            try:
+                with contextlib.suppress(Exception):
+                    respond(approval.pk, tarpit.url + "/hooks/reply", "Approved by alice.")
+            finally:
+                connection.close()  # this thread's own
+                ended.set()
+
+        threading.Thread(target=reply, daemon=True).start()
+        tarpit.wait_accepted(1, timeout=30)
+        # Waited for far past the bound (5 s; a loaded machine is slow), never for ever.
+        assert ended.wait(60), "the reply was still reading the trickle"
 
 
 def test_a_reply_answered_with_300_mib_is_closed_unread(org, slack_stub) -> None:
