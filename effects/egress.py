@@ -108,9 +108,12 @@ class EgressRefused(Exception):
         self.host = host
         self.address = address
         self.reason = reason
+        # An organisation's entry opens only what the operator's ceiling also covers: an
+        # entry made and still refused is outside it.
         remedy = (
-            "no allowlist can open it" if never else "allowlist it for this organisation to permit"
-        )
+            "no allowlist can open it" if never else "allowlist it for this organisation, "
+            "within what the operator allows (WAYMARK_EGRESS_ALLOWABLE), to permit"
+        )  # fmt: skip
         super().__init__(f"refused {address} for host {host!r}: {reason} ({remedy})")
 
 

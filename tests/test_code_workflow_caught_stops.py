@@ -102,3 +102,39 @@ def test_a_fail_the_code_swallows_still_fails_the_run(org: Organisation) -> None
     t.start("caught-fail", version=1, input={})
     run = t.run_until_finished()
     assert run.status == "failed" and "out_of_stock" in run.error
+
+
+@workflow("nested-in-run", version=1)
+def step_inside_run(ctx: Context, run_input: dict[str, Any]) -> Any:
+    return ctx.run("outer", lambda: ctx.sleep("inner", "1s"))
+
+
+@workflow("truthy-signal", version=1)
+def if_signal(ctx: Context, run_input: dict[str, Any]) -> str:
+    paid = ctx.wait_signal("paid", signal="paid", correlation="o-9", timeout="1h")
+    return "paid" if paid else "not paid"
+
+
+def test_a_step_called_inside_a_ctx_run_function_is_refused_and_enters_nothing(
+    org: Organisation,
+) -> None:
+    """Entered from inside, the step ran before the function's own result was recorded,
+    and the run then failed as nondeterministic, naming neither."""
+    t = WorkflowTest(org=org)
+    t.start("nested-in-run", version=1, input={})
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert run.error.startswith("invalid_code_step: ctx.sleep is called inside the ctx.run")
+    assert "inner" not in [s.step_id for s in run.steps]
+
+
+def test_a_signals_result_is_not_read_as_true_or_false(org: Organisation) -> None:
+    """`if paid:` was always true (a dataclass), a timeout read as a signal: it fails the
+    run saying what to test instead."""
+    t = WorkflowTest(org=org)
+    t.start("truthy-signal", version=1, input={})
+    t.run_until_waiting()
+    t.skip_time()  # timed out
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert "SignalResult is neither true nor false: test result.timed_out" in run.error

@@ -177,10 +177,16 @@ def test_a_decision_is_taken_as_a_named_user_with_the_services_permission_checks
     assert (run.status, run.output) == ("succeeded", {"outcome": "approved", "by": "maya"})
 
 
-def test_the_helper_refuses_to_run_in_production(org: Organisation) -> None:
+def test_the_helper_refuses_to_run_in_production(org: Organisation, settings: Any) -> None:
     with override_settings(PRODUCTION=True), pytest.raises(WorkflowTestError) as refused:
         WorkflowTest(org=org)
     assert "test_helper_in_production" in str(refused.value)
+    # A host imports the settings objects only (docs/how-to/embed-in-django.md): its
+    # WAYMARK_PRODUCTION arrives in WAYMARK, and the helper refuses there too.
+    del settings.PRODUCTION
+    settings.WAYMARK = {**settings.WAYMARK, "PRODUCTION": True}
+    with pytest.raises(WorkflowTestError, match="test_helper_in_production"):
+        WorkflowTest(org=org)
 
 
 def test_skipping_time_passes_an_approvals_deadline(org: Organisation) -> None:

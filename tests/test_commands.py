@@ -106,6 +106,20 @@ def test_bootstrap_demo_is_idempotent(settings, tmp_path: Path) -> None:
     assert (tmp_path / "demo-credentials.json").stat().st_mode & 0o077 == 0
 
 
+def test_bootstrap_demo_on_a_host_says_what_it_needs_and_what_it_kept(settings, tmp_path) -> None:
+    """A host project (docs/how-to/embed-in-django.md): without DATA_DIR, a code instead of a
+    traceback; with an admin of its own made before, the demo does not say it kept a password
+    it never made."""
+    del settings.DATA_DIR
+    with pytest.raises(CommandError, match=r"^missing_setting: settings.DATA_DIR is not set"):
+        call_command("bootstrap_demo", stdout=io.StringIO(), stderr=io.StringIO())
+    settings.DATA_DIR = tmp_path
+    get_user_model().objects.create_superuser("admin", password="their-own-Pw-123")
+    out = io.StringIO()
+    call_command("bootstrap_demo", stdout=out, stderr=io.StringIO())
+    assert "password:   unchanged (the user existed already: its own password)" in out.getvalue()
+
+
 def test_bootstrap_demo_refuses_in_production_and_creates_nothing(settings, tmp_path) -> None:
     """`./waymark run` runs `bootstrap_demo` before the engine (and stops when it fails): in
     production it must not make a superuser with a printed password, nor an API key."""
@@ -113,6 +127,11 @@ def test_bootstrap_demo_refuses_in_production_and_creates_nothing(settings, tmp_
     settings.PRODUCTION = True
     out = io.StringIO()
     with pytest.raises(CommandError, match=r"^demo_refused_in_production: WAYMARK_PRODUCTION is"):
+        call_command("bootstrap_demo", stdout=out, stderr=io.StringIO())
+    # A host's settings: the objects it imports carry WAYMARK_PRODUCTION (WAYMARK).
+    del settings.PRODUCTION
+    settings.WAYMARK = {**settings.WAYMARK, "PRODUCTION": True}
+    with pytest.raises(CommandError, match=r"^demo_refused_in_production"):
         call_command("bootstrap_demo", stdout=out, stderr=io.StringIO())
     assert out.getvalue() == ""  # no password, no key printed
     assert not get_user_model().objects.exists()
@@ -208,7 +227,7 @@ def test_a_command_on_a_database_without_migrations_says_to_migrate_instead_of_c
             )  # fmt: skip
             assert refused.returncode == 1, refused.stderr
             assert "CommandError: database_not_migrated: " in refused.stderr
-            assert "run `./waymark manage migrate` first" in refused.stderr
+            assert "run `manage.py migrate` first" in refused.stderr
             assert "Traceback" not in refused.stderr
     finally:
         with connection.cursor() as cursor:

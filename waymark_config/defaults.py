@@ -182,6 +182,9 @@ def _lane_settings(lane: str, defaults: dict[str, float | int]) -> dict[str, flo
 
 
 WAYMARK = {
+    # WAYMARK_PRODUCTION, in the settings object a host imports (the module's PRODUCTION is
+    # Waymark's own project's): the demo and the workflow test helper refuse to run.
+    "PRODUCTION": PRODUCTION,
     # Definitions larger than this (canonical JSON bytes) or with more steps are refused.
     "MAX_DEFINITION_BYTES": env.int("WAYMARK_MAX_DEFINITION_BYTES", default=262_144),
     "MAX_DEFINITION_STEPS": env.int("WAYMARK_MAX_DEFINITION_STEPS", default=500),

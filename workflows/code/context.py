@@ -192,6 +192,10 @@ class SignalResult:
     payload: Any = None
     identity: Any = None
 
+    def __bool__(self) -> bool:
+        # Always true as a dataclass: `if signal:` read a timeout as a signal.
+        raise TypeError("SignalResult is neither true nor false: test result.timed_out")
+
 
 class Context(PeopleAndTime):
     """What a code workflow's function is given: its run, its input, and the steps it may
@@ -241,6 +245,8 @@ class Context(PeopleAndTime):
         self._types: dict[str, str] = {} if forks is None else _types_recorded(forks)
         # The turn's stop, once a call raised one: shared with the branches' contexts.
         self._stopped: list[Stop] = []
+        # The ctx.run function running now, if one is: no step is called from inside it.
+        self._in_function: list[str] = []
 
     # --- values recorded once ------------------------------------------------------------------
 
@@ -353,7 +359,11 @@ class Context(PeopleAndTime):
             self._failed(step_id, f"attempts exhausted: {attempt - 1} attempt(s) never settled")
         try:
             with outside_budget():  # the function's time is the lane's step timeout's
-                output = function(*args, **kwargs)
+                self._in_function.append(step_id)
+                try:
+                    output = function(*args, **kwargs)
+                finally:
+                    self._in_function.pop()
         except Exception as exc:  # the function's own failure: retried, then told to the code
             error = f"{type(exc).__name__}: {exc}"
             if attempt < most:
@@ -535,6 +545,7 @@ class Context(PeopleAndTime):
         branch._types.update(self._types)  # the top level's, replayed up to this parallel
         branch._patches.update(self._patches)  # one answer per patch in the run's replay
         branch._stopped = self._stopped  # one turn, one stop
+        branch._in_function = self._in_function
         try:
             value = branches[number](branch)
             branch.raise_stop()
@@ -625,13 +636,22 @@ class Context(PeopleAndTime):
 
 def _keeping_stops(method: Callable[..., Any]) -> Callable[..., Any]:
     """A call of the workflow's: after a stop of its turn, the stop again; a stop it raises,
-    kept as the turn's (Context.raise_stop)."""
+    kept as the turn's (Context.raise_stop); refused from inside a ctx.run function."""
 
     @functools.wraps(method)
     def call(self: Context, *args: Any, **kwargs: Any) -> Any:
         stopped = self._stopped
         if stopped:
             raise stopped[0]
+        if self._in_function:
+            # Entered from inside, the step would run before the function's own result is
+            # recorded, and the next replay would meet it where the code calls ctx.run.
+            raise CodeFailure(
+                "invalid_code_step",
+                f"ctx.{method.__name__} is called inside the ctx.run function of step "
+                f"{self._in_function[-1]!r}: a ctx.run function is plain Python; call steps "
+                "from the workflow's own code",
+            )
         try:
             return method(self, *args, **kwargs)
         except Stop as stop:

@@ -46,6 +46,10 @@ class ApprovalResult:
     timed_out: bool
     output: Mapping[str, Any]
 
+    def __bool__(self) -> bool:
+        # Always true as a dataclass: `if result:` read a rejection as a yes.
+        raise TypeError("ApprovalResult is neither true nor false: test result.approved")
+
 
 @dataclass(frozen=True)
 class TaskResult:
@@ -60,6 +64,10 @@ class TaskResult:
     decided_at: str | None
     timed_out: bool
     output: Mapping[str, Any]
+
+    def __bool__(self) -> bool:
+        # Always true as a dataclass: `if result:` read a timeout as an answer.
+        raise TypeError("TaskResult is neither true nor false: test result.answer")
 
 
 class PeopleAndTime:

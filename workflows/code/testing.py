@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
 from django.db import connection
 from django.db.models.functions import Now
 
@@ -30,6 +29,7 @@ from ..engine.steps import claim, promote_due_retries
 from ..engine.sweep import sweep_once
 from ..engine.worker import Attempt, Worker
 from ..models import Organisation, Run, Step
+from ..production import in_production
 from ..services.runs import run_start
 from ..services.signals import signal_send
 from ..states import RUN_FINISHED, StepStatus
@@ -103,7 +103,7 @@ class RunView:
 
 
 def refuse_in_production() -> None:
-    if getattr(settings, "PRODUCTION", False):
+    if in_production():
         raise WorkflowTestError(
             "test_helper_in_production: the workflow test helper runs in tests only "
             "(WAYMARK_PRODUCTION is set)"

@@ -26,6 +26,7 @@ from django.db import transaction
 
 from ..errors import WaymarkError
 from ..models import ApiKey, AutomationVersion
+from ..production import in_production
 from ..services.automations import automation_publish_definition
 from ..services.tenancy import api_key_create, organisation_ensure
 
@@ -41,6 +42,7 @@ class DemoSetup:
     api_key: str | None  # None: not made by this call
     version: AutomationVersion
     credentials_file: Path
+    password_kept: bool = True  # the file holds the user's password (made by an earlier call)
 
 
 class DemoPasswordRejected(WaymarkError):
@@ -58,8 +60,19 @@ class DemoRefusedInProduction(WaymarkError):
     )
 
 
+class DemoDataDirMissing(WaymarkError):
+    code = "missing_setting"
+    default_detail = (
+        "settings.DATA_DIR is not set: the demo keeps its credentials there "
+        "(DATA_DIR / demo-credentials.json; docs/how-to/embed-in-django.md)."
+    )
+
+
 def _credentials_file() -> Path:
-    return Path(settings.DATA_DIR) / "demo-credentials.json"
+    data_dir = getattr(settings, "DATA_DIR", None)
+    if not data_dir:
+        raise DemoDataDirMissing()
+    return Path(data_dir) / "demo-credentials.json"
 
 
 def _load() -> dict[str, str]:
@@ -83,7 +96,7 @@ def _key_still_valid(raw: str | None) -> bool:
 
 
 def bootstrap_demo(*, admin_user: str = "admin", admin_password: str | None = None) -> DemoSetup:
-    if getattr(settings, "PRODUCTION", False):
+    if in_production():
         raise DemoRefusedInProduction()
     saved = _load()
     with transaction.atomic():
@@ -101,7 +114,9 @@ def bootstrap_demo(*, admin_user: str = "admin", admin_password: str | None = No
     if password is not None or raw_key is not None:
         made = {"admin_user": admin_user, "admin_password": password, "api_key": raw_key}
         _save({**saved, **{name: value for name, value in made.items() if value is not None}})
-    return DemoSetup(admin_user, password, raw_key, version, _credentials_file())
+    kept = password is not None or (saved.get("admin_user", admin_user) == admin_user
+                                    and "admin_password" in saved)  # fmt: skip
+    return DemoSetup(admin_user, password, raw_key, version, _credentials_file(), kept)
 
 
 def _make_admin(username: str, given: str | None) -> str | None:

@@ -34,7 +34,8 @@ class MigratedCommand(BaseCommand):
             apps = ", ".join(sorted({migration.app_label for migration, _ in plan}))
             raise CommandError(
                 f"database_not_migrated: {len(plan)} migration(s) not applied ({apps}); "
-                "run `./waymark manage migrate` first (`./waymark run` does it)"
+                "run `manage.py migrate` first (in Waymark's own checkout `./waymark manage "
+                "migrate`, which `./waymark run` does)"
             )
 
 

@@ -23,7 +23,10 @@ class Command(MigratedCommand):
             raise CommandError(f"{exc.code}: {exc.detail}") from exc
         # Secrets are printed once, when they are made; afterwards, where they are kept.
         kept = f"(kept in {demo.credentials_file})"
-        password = demo.admin_password or f"unchanged {kept}"
+        password = demo.admin_password or (
+            f"unchanged {kept}" if demo.password_kept
+            else "unchanged (the user existed already: its own password)"
+        )  # fmt: skip
         api_key = demo.api_key or f"unchanged {kept}"
         host = os.environ.get("WAYMARK_HOST", "127.0.0.1")
         port = os.environ.get("WAYMARK_PORT", "8000")
