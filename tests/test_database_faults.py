@@ -284,6 +284,38 @@ def test_a_restarted_server_loses_no_run_counts_no_attempt_and_the_engine_listen
           f"{log.count('the database is unavailable')}")  # fmt: skip
 
 
+# --- an idle engine over an outage says it once ------------------------------------------------
+
+
+def test_an_idle_engine_says_the_outage_once_a_loop_not_at_every_pass(faults: Faults) -> None:
+    """Each loop logs one warning when the database goes and one when it answers again. A
+    suspects-only worker, whose passes mostly ask the database nothing, took such a pass for
+    the database answering: a pair of lines a second for as long as the outage lasted."""
+    faults.setup(ping=ONE_CALL)
+    # A short poll: a loop's looks (due retries, suspects) come round several times while
+    # the server is down.
+    faults.run("engine", "runengine", "--no-web", "--grace", "2",
+               WAYMARK_WORKER_POLL_SECONDS="1")  # fmt: skip
+    (ping,) = faults.start("ping", ["before"])
+    faults.wait_finished([ping], "the engine at work before the outage", 120)
+    assert stop_server(faults.data_dir)
+    time.sleep(8)  # down for several of the loops' passes
+    assert start_server(faults.data_dir) == faults.address
+    (after,) = faults.start("ping", ["after"])
+    faults.wait_finished([after], "the engine at work after the outage", 120)
+    time.sleep(3)  # every loop has passed again
+    log = faults.log("engine")
+    back = Counter(
+        line.split(": the database answers again")[0].split(" WARNING ")[-1]
+        for line in log.splitlines()
+        if "the database answers again" in line and " worker " in line
+    )
+    assert back, log[-3000:]
+    assert max(back.values()) == 1, back.most_common(5)
+    assert "could not update its idle listing" not in log
+    assert "Traceback" not in log, log[log.find("Traceback") - 500 :][:6000]
+
+
 # --- calls answered while the server is down ----------------------------------------------------
 
 IN_FLIGHT_RUNS = 12

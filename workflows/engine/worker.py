@@ -223,6 +223,9 @@ class Worker:
             # listing too early to notify this worker then commits before the claim, or just
             # after (the second look, below), and not while the claim's round trip runs.
             newly_listed = idle and not self.listed_idle and self._list_idle()
+            # Whether this pass asked the database anything: only an answer says it is back
+            # (a suspects-only worker's pass often asks nothing, its looks being due seldom).
+            asked = not self.suspects_only or self._promotion_due()
             try:
                 promoted = self._promote_due_retries()
                 claimed = [] if self.suspects_only else claim(
@@ -231,6 +234,7 @@ class Worker:
                 )  # fmt: skip
                 alone = False
                 if not claimed and idle and self._suspects_due():
+                    asked = True
                     claimed = self._claim_suspect()
                     alone = bool(claimed)
             except Exception as exc:
@@ -240,7 +244,8 @@ class Worker:
                 connection.close()
                 self.stop.wait(pause)
                 continue
-            self.claims_outage.ok()
+            if asked:
+                self.claims_outage.ok()
             if claimed:
                 metrics.steps_claimed(self.policy.name, len(claimed))
                 self._strike_off_idle()
@@ -304,9 +309,11 @@ class Worker:
         try:
             self.claims.rowcount(statement, params)
         except Exception as exc:
-            # An outage is the claims' to report (they meet it too); a bug is shown whole.
-            logger.warning("worker %s could not update its idle listing", self.name,
-                           exc_info=not is_transient(exc))  # fmt: skip
+            # An outage is the claims' to report (they meet it too, and say it once, not at
+            # every pass); a bug is shown whole.
+            if not is_transient(exc):
+                logger.warning("worker %s could not update its idle listing", self.name,
+                               exc_info=True)  # fmt: skip
             return False
         return True
 
@@ -342,6 +349,9 @@ class Worker:
         logger.warning("worker %s runs suspect step %s (attempt %s) alone", self.name,
                        suspect.id, suspect.attempt)  # fmt: skip
         return [suspect]
+
+    def _promotion_due(self) -> bool:
+        return time.monotonic() >= self.next_promotion
 
     def _promote_due_retries(self) -> int:
         """Make this lane's due retries ready: at most once per poll interval (the sweep is
