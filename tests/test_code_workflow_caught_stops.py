@@ -9,6 +9,7 @@ as nondeterministic."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -138,3 +139,51 @@ def test_a_signals_result_is_not_read_as_true_or_false(org: Organisation) -> Non
     run = t.run_until_finished()
     assert run.status == "failed"
     assert "SignalResult is neither true nor false: test result.timed_out" in run.error
+
+
+@workflow("wrong-keyword", version=1)
+def wrong_keyword(ctx: Context, run_input: dict[str, Any]) -> None:
+    ctx.sleep("nap", seconds=10)  # type: ignore[call-arg]
+
+
+@workflow("timedelta-sleep", version=1)
+def timedelta_sleep(ctx: Context, run_input: dict[str, Any]) -> str:
+    ctx.sleep("nap", timedelta(minutes=5))
+    return "rested"
+
+
+async def fetch_async() -> int:
+    return 1
+
+
+@workflow("async-run", version=1)
+def async_run(ctx: Context, run_input: dict[str, Any]) -> Any:
+    return ctx.run("fetch", fetch_async)
+
+
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [
+        ("wrong-keyword", "invalid_code_step: ctx.sleep: "),
+        ("async-run", "invalid_code_step: ctx.run 'fetch': an async function"),
+    ],
+)
+def test_a_call_the_code_got_wrong_fails_with_invalid_code_step(
+    org: Organisation, name: str, error: str
+) -> None:
+    """Not workflow_failed (the code's own exception, a business failure to its readers):
+    the call's arguments, as a field its step type refuses."""
+    t = WorkflowTest(org=org)
+    t.start(name, version=1, input={})
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert run.error.startswith(error), run.error
+
+
+def test_a_sleep_takes_a_timedelta_of_whole_seconds(org: Organisation) -> None:
+    t = WorkflowTest(org=org)
+    t.start("timedelta-sleep", version=1, input={})
+    run = t.run_until_waiting()
+    assert [s.step_id for s in run.waiting] == ["nap"]
+    t.skip_time()
+    assert t.run_until_finished().output == "rested"

@@ -20,6 +20,7 @@ own calls run in the turn where the block really ends, as the code reads.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 import random as _random
@@ -347,6 +348,13 @@ class Context(PeopleAndTime):
         if recorded is not None:
             return recorded.output
         _check_call(step_id, RESULT_TYPE)
+        if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+            # Called, it would only make a coroutine (never awaited, a warning in the log).
+            raise CodeFailure(
+                "invalid_code_step",
+                f"ctx.run {step_id!r}: an async function; ctx.run calls plain functions "
+                "(run it with asyncio.run inside one)",
+            )
         most = _max_attempts(step_id, retry)
         if self._dry:
             raise Suspended({"id": step_id, "type": RESULT_TYPE})
@@ -658,6 +666,14 @@ def _keeping_stops(method: Callable[..., Any]) -> Callable[..., Any]:
             if not stopped:
                 stopped.append(stop)
             raise
+        except TypeError as exc:
+            if exc.__traceback__ is None or exc.__traceback__.tb_next is not None:
+                raise  # raised inside the call: its own
+            # The call's own arguments (a keyword it does not take, one missing): a step
+            # call the code got wrong, as a field the validator refuses is.
+            refused = CodeFailure("invalid_code_step", f"ctx.{method.__name__}: {exc}")
+            stopped.append(refused)
+            raise refused from None
 
     return call
 

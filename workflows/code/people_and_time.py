@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Protocol
 
 
@@ -142,11 +143,17 @@ class PeopleAndTime:
             timed_out=outcome == "timed_out", output=output,
         )  # fmt: skip
 
-    def sleep(self, step_id: str, duration: str, *, zone: str | None = None) -> None:
-        """Wait ``duration`` ("90s", "15m", "2d", ...) without holding a worker: the ``wait``
-        step of definitions, woken by the timer sweep. With ``zone`` (an IANA name, the
-        step's ``timezone``), a duration in days ends at the same wall-clock time that many
-        calendar days later in that zone, across a daylight-saving change too."""
+    def sleep(self, step_id: str, duration: str | timedelta, *, zone: str | None = None) -> None:
+        """Wait ``duration`` ("90s", "15m", "2d", ..., or a ``timedelta`` of whole seconds)
+        without holding a worker: the ``wait`` step of definitions, woken by the timer sweep.
+        With ``zone`` (an IANA name, the step's ``timezone``), a duration in days ends at the
+        same wall-clock time that many calendar days later in that zone, across a
+        daylight-saving change too."""
+        if isinstance(duration, timedelta):
+            seconds = duration.total_seconds()
+            # Whole seconds, as the definition's durations count: anything else is the
+            # validator's to refuse, with the value said as a text.
+            duration = f"{int(seconds)}s" if seconds == int(seconds) else str(duration)
         fields: dict[str, Any] = {"duration": duration}
         if zone is not None:
             fields["timezone"] = zone
