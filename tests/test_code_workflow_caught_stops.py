@@ -125,7 +125,7 @@ def test_a_step_called_inside_a_ctx_run_function_is_refused_and_enters_nothing(
     t.start("nested-in-run", version=1, input={})
     run = t.run_until_finished()
     assert run.status == "failed"
-    assert run.error.startswith("invalid_code_step: ctx.sleep is called inside the ctx.run")
+    assert run.error.startswith("invalid_code_step: step 'inner' (a wait step) is called inside")
     assert "inner" not in [s.step_id for s in run.steps]
 
 

@@ -19,11 +19,13 @@ own calls run in the turn where the block really ends, as the code reads.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import math
+import os
 import random as _random
+import re
+import threading
 import uuid as _uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -113,7 +115,20 @@ class Forks(Protocol):
 
 
 class Stop(BaseException):
-    """The function stops here (see the module's note on BaseException)."""
+    """The function stops here (see the module's note on BaseException). The first one a
+    turn makes is kept as its stop (``_TURN``, Context.raise_stop): caught by the code, it
+    ends the turn all the same."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        stops: list[Stop] | None = getattr(_TURN, "stops", None)
+        if stops is not None and not stops:
+            stops.append(self)
+
+
+# This thread's turn: the list its stop goes to (Context.__init__ sets it for a replay's top
+# level; its branches share it).
+_TURN = threading.local()
 
 
 class Suspended(Stop):
@@ -216,6 +231,7 @@ class Context(PeopleAndTime):
         lost_claims_allowed: int = 1,
         dry: bool = False,
         calls_functions: bool = True,
+        within: Context | None = None,
     ) -> None:
         self.run_id = run_id
         self._history = history
@@ -244,10 +260,14 @@ class Context(PeopleAndTime):
         # (a branch's new call meets a sibling branch's steps, which this turn never
         # replays), then as this replay calls it.
         self._types: dict[str, str] = {} if forks is None else _types_recorded(forks)
-        # The turn's stop, once a call raised one: shared with the branches' contexts.
-        self._stopped: list[Stop] = []
-        # The ctx.run function running now, if one is: no step is called from inside it.
-        self._in_function: list[str] = []
+        # The turn's stop, once a call raised one, and the ctx.run function running now, if
+        # one is (no step is called from inside it): a branch's are its replay's (``within``).
+        if within is None:
+            self._stopped: list[Stop] = []
+            self._in_function: list[str] = []
+            _TURN.stops = self._stopped
+        else:
+            self._stopped, self._in_function = within._stopped, within._in_function
 
     # --- values recorded once ------------------------------------------------------------------
 
@@ -271,6 +291,8 @@ class Context(PeopleAndTime):
         False for a run whose history was recorded here before the patch existed (its
         history has another step at this point). The first answer holds for the rest of
         the run's replay, wherever the same patch is asked again."""
+        if self._stopped or self._in_function:
+            self._entry("ctx.patched")
         _check_patch(patch)
         if patch in self._patches:
             if self._patch_recorded_next(patch):
@@ -295,6 +317,8 @@ class Context(PeopleAndTime):
         nothing recorded records nothing. Remove this call too once no run that recorded the
         patch can be replayed. A run whose history took the old path fails at its next
         recorded step (``nondeterministic_workflow``), as it would without the patch."""
+        if self._stopped or self._in_function:
+            self._entry("ctx.deprecate_patch")
         _check_patch(patch)
         self._patches[patch] = True  # ``patched(patch)`` asked later in this replay agrees
         if self._patch_recorded_next(patch):
@@ -479,6 +503,8 @@ class Context(PeopleAndTime):
         returned, in branch order; None for a branch its join did not wait for (cancelled
         as a definition's branches are). A branch may call ``parallel`` on its own context:
         parallels nest, as a definition's do."""
+        if self._stopped or self._in_function:
+            self._entry("ctx.parallel")
         _check_parallel(step_id, branches, complete)
         recorded = self._replayed(step_id, PARALLEL_TYPE)
         if recorded is None:
@@ -516,16 +542,21 @@ class Context(PeopleAndTime):
         its first new work or the step it is at: a misfit raises CodeFailure."""
         assert self._forks is not None
         for number, branch_function in enumerate(branches):
+            # Each branch a replay of its own (its stop is its own, met here), then this one's
+            # again.
             branch = Context(run_id=self.run_id, history=self._forks.of((join_row, number)),
                              forks=self._forks, at=(*self._at, number), dry=True)  # fmt: skip
             branch._types.update(self._types)
             try:
                 branch_function(branch)
+                branch.returned()
             except Suspended:
                 continue  # new work, or the step it is at: it fits up to there
             except Exception as exc:
-                raise CodeFailure("workflow_failed", f"{type(exc).__name__}: {exc}") from None
-            branch.returned()
+                raise failure_of(exc) from None
+            finally:
+                branch.end_turn()
+                _TURN.stops = self._stopped
 
     def _decide_branch(
         self,
@@ -549,11 +580,9 @@ class Context(PeopleAndTime):
                          forks=self._forks, deciding=inner or None, at=(*self._at, number),
                          attempts_used=self._attempts_used,
                          lost_claims_allowed=self._lost_claims_allowed,
-                         calls_functions=self._calls_functions)  # fmt: skip
+                         calls_functions=self._calls_functions, within=self)  # fmt: skip
         branch._types.update(self._types)  # the top level's, replayed up to this parallel
         branch._patches.update(self._patches)  # one answer per patch in the run's replay
-        branch._stopped = self._stopped  # one turn, one stop
-        branch._in_function = self._in_function
         try:
             value = branches[number](branch)
             branch.raise_stop()
@@ -562,7 +591,7 @@ class Context(PeopleAndTime):
             self.attempts_allowed = branch.attempts_allowed
             raise
         except Exception as exc:  # kept from the top level's own `except Exception`
-            raise CodeFailure("workflow_failed", f"{type(exc).__name__}: {exc}") from None
+            raise failure_of(exc) from None
         if inner:  # the deciding branch is inside a ctx.parallel this branch never reached
             raise CodeFailure(
                 "nondeterministic_workflow",
@@ -574,12 +603,16 @@ class Context(PeopleAndTime):
 
     def fail(self, reason: str) -> NoReturn:
         """End the run as failed, with ``reason`` in its error."""
+        if self._stopped or self._in_function:
+            self._entry("ctx.fail")
         raise CodeFailure("workflow_failed", str(reason))
 
     # --- replay ------------------------------------------------------------------------------
 
     def _replayed(self, step_id: str, step_type: str) -> Recorded | None:
         """The recorded step this call replays, or None when the call is new work."""
+        if self._stopped or self._in_function:
+            self._entry(f"step {step_id!r} ({_call_of(step_type)})")
         if self._position >= len(self._history):
             _check_type(step_id, step_type, self._types.get(step_id))
             self._new_work(step_id)
@@ -623,6 +656,28 @@ class Context(PeopleAndTime):
                 f"{self._deciding[0][0]!r}, whose branch this turn decides",
             )
 
+    def _entry(self, what: str) -> None:
+        """A call of the workflow's begins: after the turn's stop, the stop again (the code
+        caught it); from inside a ctx.run function, refused."""
+        if self._stopped:
+            raise self._stopped[0]
+        if self._in_function:
+            # Entered from inside, the step would run before the function's own result is
+            # recorded, and the next replay would meet it where the code calls ctx.run.
+            raise CodeFailure(
+                "invalid_code_step",
+                f"{what} is called inside the ctx.run function of step "
+                f"{self._in_function[-1]!r}: a ctx.run function is plain Python; call steps "
+                "from the workflow's own code",
+            )
+
+    def end_turn(self) -> None:
+        """The turn is over: its stop is let go. Kept, it would hold its traceback's frames
+        (this context among them): a cycle for the collector at every turn."""
+        self._stopped.clear()
+        if getattr(_TURN, "stops", None) is self._stopped:
+            _TURN.stops = None
+
     def raise_stop(self) -> None:
         """The function returned, or a call began, after a call of this turn stopped it (a
         bare ``except``, ``except BaseException`` or ``finally`` around the call saw the
@@ -642,48 +697,29 @@ class Context(PeopleAndTime):
             )
 
 
-def _keeping_stops(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A call of the workflow's: after a stop of its turn, the stop again; a stop it raises,
-    kept as the turn's (Context.raise_stop); refused from inside a ctx.run function."""
-
-    @functools.wraps(method)
-    def call(self: Context, *args: Any, **kwargs: Any) -> Any:
-        stopped = self._stopped
-        if stopped:
-            raise stopped[0]
-        if self._in_function:
-            # Entered from inside, the step would run before the function's own result is
-            # recorded, and the next replay would meet it where the code calls ctx.run.
-            raise CodeFailure(
-                "invalid_code_step",
-                f"ctx.{method.__name__} is called inside the ctx.run function of step "
-                f"{self._in_function[-1]!r}: a ctx.run function is plain Python; call steps "
-                "from the workflow's own code",
-            )
-        try:
-            return method(self, *args, **kwargs)
-        except Stop as stop:
-            if not stopped:
-                stopped.append(stop)
-            raise
-        except TypeError as exc:
-            if exc.__traceback__ is None or exc.__traceback__.tb_next is not None:
-                raise  # raised inside the call: its own
-            # The call's own arguments (a keyword it does not take, one missing): a step
-            # call the code got wrong, as a field the validator refuses is.
-            refused = CodeFailure("invalid_code_step", f"ctx.{method.__name__}: {exc}")
-            stopped.append(refused)
-            raise refused from None
-
-    return call
+def failure_of(exc: Exception) -> CodeFailure:
+    """The run's failure for an exception the workflow's code raised: ``workflow_failed``;
+    ``invalid_code_step`` when it is a ctx call's own arguments (a keyword it does not take,
+    one missing), raised at the code's call, not inside the call."""
+    message = str(exc)
+    called = _WRONG_CALL.match(message) if isinstance(exc, TypeError) else None
+    if called is not None and not _raised_inside(exc):
+        return CodeFailure("invalid_code_step", f"ctx.{called.group(1)}: {message}")
+    return CodeFailure("workflow_failed", f"{type(exc).__name__}: {message}")
 
 
-# Every call a workflow makes on its context (not the engine's own: returned, raise_stop).
-for _name in [name for name in dir(Context) if not name.startswith("_")]:
-    if _name not in ("returned", "raise_stop", "attempts_allowed", "run_id") and callable(
-        getattr(Context, _name)
-    ):
-        setattr(Context, _name, _keeping_stops(getattr(Context, _name)))
+# Python's own words for a call whose arguments do not fit (3.10+ name the method's class).
+_WRONG_CALL = re.compile(r"^(?:Context|PeopleAndTime)\.(\w+)\(\) (?:got|missing|takes)")
+_HERE = os.path.dirname(__file__)
+
+
+def _raised_inside(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised in this package's code (a method's own TypeError), not at
+    the workflow's call of it."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == _HERE
 
 
 def _handed(recorded: Recorded) -> Recorded:

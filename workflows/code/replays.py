@@ -144,5 +144,8 @@ CODE_REPLAYS = Replays(
 
 
 def _replayed(function: Callable[[Context, Any], Any], replay: Context, run_input: Any) -> None:
-    function(replay, run_input)
-    replay.returned()
+    try:
+        function(replay, run_input)
+        replay.returned()
+    finally:
+        replay.end_turn()

@@ -31,6 +31,7 @@ from .context import (
     RunsOnWorker,
     StepFailed,
     Suspended,
+    failure_of,
 )
 from .history import (
     ENDED,
@@ -117,8 +118,11 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
 
     def turn() -> Any:
         # A copy: the walk's own input, read by the run's later turns (Walk._decider_context).
-        output = found.function(replay, plain_copy(context["input"]))
-        replay.returned()
+        try:
+            output = found.function(replay, plain_copy(context["input"]))
+            replay.returned()
+        finally:
+            replay.end_turn()
         check_output(found.output_schema, output)
         return output
 
@@ -154,9 +158,7 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     except StepFailed as failed:  # not caught by the function: the run fails with it
         raise StepFailure(str(failed), retryable=False) from None
     except Exception as exc:  # the workflow's own code raised: it fails the run, no traceback
-        raise StepFailure(
-            f"workflow_failed: {type(exc).__name__}: {exc}", retryable=False
-        ) from None
+        raise StepFailure(str(failure_of(exc)), retryable=False) from None
     if deciding is not None:  # a branch's turn always ends in its branch (or fails)
         raise StepFailure(
             f"nondeterministic_workflow: the code returned before ctx.parallel {deciding[0][0]!r}",
