@@ -50,7 +50,7 @@ from .api import (
     provider_names,
 )
 from .checks import check_connection, check_seconds
-from .destinations import moves_secret
+from .destinations import base_url_problem, moves_secret
 from .egress import NotAllowable, allowable_entry, in_force, tenant_ceiling
 from .limits import limit_problem
 from .models import Connection, Effect, EgressAllow, ModelBudget, Suppression
@@ -147,6 +147,13 @@ class ConnectionForm(forms.ModelForm):
                 "(steps name the connection by it)."
             )
         return name
+
+    def clean_base_url(self) -> str:
+        base_url: str = self.cleaned_data.get("base_url") or ""
+        problem = base_url_problem(base_url)
+        if problem is not None:
+            raise ValidationError(f"The base URL must be {problem}.")
+        return base_url
 
     def clean_options(self) -> Any:
         options = self.cleaned_data.get("options")

@@ -221,3 +221,28 @@ def test_the_admin_form_refuses_to_move_the_secret_without_it(
         "https://collector.example",
         NEW_SECRET,
     )
+
+
+@pytest.mark.parametrize(
+    "base_url",
+    ["x", "javascript:alert(1)", "ftp://files.example", "https://user:pw@api.example",
+     "https://api.example:notaport"],
+)  # fmt: skip
+def test_a_base_url_that_cannot_be_one_is_refused_in_the_api_and_the_admin(
+    org: Organisation, api: APIClient, admin_client: Client, base_url: str
+) -> None:
+    """A credential in the URL would be shown wherever the URL is (every read), which the
+    secret never is; a scheme no provider calls is a typo."""
+    created = api.post("/api/v1/connections", {"name": "c1", "provider": "http",
+                                               "base_url": base_url}, format="json")  # fmt: skip
+    assert (created.status_code, created.json()["code"]) == (400, "invalid_input")
+    assert "base_url" in created.json()["errors"]
+    conn = connect(org, base_url="https://api.example")
+    patched = api.patch("/api/v1/connections/api", {"base_url": base_url}, format="json")
+    assert patched.status_code == 400
+    form = {"base_url": base_url, "options": "{}", "secret": "", "max_concurrency": "4",
+            "timeout_seconds": "30"}  # fmt: skip
+    refused = admin_client.post(f"/admin/effects/connection/{conn.pk}/change/", form)
+    assert refused.status_code == 200 and "The base URL must be" in refused.content.decode()
+    conn.refresh_from_db()
+    assert conn.base_url == "https://api.example"
