@@ -43,7 +43,7 @@ def decide_as(
         outcome = decide(pending.pk, decision=decision, actor=actor, comment=comment)
     if not outcome.accepted:
         raise WorkflowTestError(
-            f"{outcome.code}: {user.get_username()!r} may not {decision} the request at "
+            f"{outcome.code}: {user.get_username()!r} may not decide ({decision!r}) the request at "
             f"step {step_id!r}: {outcome.message}"
         )
 

@@ -113,6 +113,7 @@ def test_the_api_moves_runs_in_calls_of_limit_and_resumes_by_id(org: Organisatio
         ({"resume": 1, "to_version": 4}, 400, "invalid_input"),
         ({"resume": 99_999}, 404, "unknown_migration"),
         ({**BODY, "limit": 5000}, 400, "invalid_input"),
+        ({**BODY, "limit": 0}, 400, "invalid_input"),  # a job that could move nothing
     ],
 )  # fmt: skip
 def test_bad_input_through_the_api_is_a_code_and_nothing_moves(

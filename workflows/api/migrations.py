@@ -86,7 +86,7 @@ class MigrationIn(StrictInput):
         default=True, help_text="Only say what would move where (the default)."
     )
     limit = serializers.IntegerField(
-        min_value=0, max_value=MAX_LIMIT, default=MAX_LIMIT,
+        min_value=1, max_value=MAX_LIMIT, default=MAX_LIMIT,
         help_text="Runs tried in this call; `more` says when some are left: call again with "
         "`resume`.",
     )  # fmt: skip
