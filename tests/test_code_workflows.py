@@ -318,6 +318,20 @@ def test_a_function_the_engine_cannot_call_as_a_workflow_is_refused_at_registrat
     unregister("code-uncallable", 1)
 
 
+def test_a_decorator_without_its_name_or_version_says_how_to_write_it() -> None:
+    """A bare ``@workflow`` (the function taken for the name) and one without ``version=``
+    raised Python's own TypeError, with no code."""
+
+    def fulfil(ctx: Context, run_input: Any) -> None:
+        return None
+
+    with pytest.raises(CodeWorkflowError, match=r"needs a name and a version") as bare:
+        workflow(fulfil)  # type: ignore[arg-type]
+    with pytest.raises(CodeWorkflowError, match=r"a version is required") as unversioned:
+        workflow("code-unversioned")(fulfil)
+    assert bare.value.code == unversioned.value.code == "invalid_workflow"
+
+
 def test_publishing_a_version_that_is_not_registered_is_refused(org: Organisation) -> None:
     with pytest.raises(CodeWorkflowError) as refused:
         publish_code_workflow(org=org, name="code-order", version=7)

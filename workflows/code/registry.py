@@ -58,7 +58,7 @@ _lock = threading.Lock()
 def workflow(
     name: str,
     *,
-    version: int,
+    version: int | None = None,
     organisations: str | Iterable[str] = ALL,
     input_schema: Mapping[str, Any] | None = None,
     output_schema: Mapping[str, Any] | None = None,
@@ -74,6 +74,16 @@ def workflow(
     ``personal_data``: which values of a run name its person and are their data, and what
     erasing the person does to a live run, as a definition declares it (docs/reference/
     definitions.md, "Personal data"); its published versions hold it."""
+    if callable(name):  # a bare @workflow: the function came as the name
+        raise CodeWorkflowError(
+            "invalid_workflow",
+            f"@workflow on {getattr(name, '__name__', name)!r} needs a name and a version: "
+            '@workflow("order-fulfilment", version=1)',
+        )
+    if version is None:
+        raise CodeWorkflowError(
+            "invalid_workflow", f'{name!r}: a version is required: @workflow("{name}", version=1)'
+        )
     _check_name(name, version)
     allowed = _organisations(name, organisations)
     _check_personal_data(name, personal_data)
