@@ -311,3 +311,21 @@ def test_publish_code_workflow_refuses_with_a_code(org: str, name: str, code: st
     with pytest.raises(CommandError, match=code):
         _call("publish_code_workflow", "--org", org, "--name", name, "--version", "1")
     assert not AutomationVersion.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("runs", "list", "--org", "acme", "--search", "\udcff"),
+        ("create_api_key", "--org", "acme", "--name", "\udcff"),
+        ("revoke_api_key", "\udcff"),
+        ("runs", "list", "--org", "ac\x00me"),
+    ],
+)
+def test_an_argument_the_database_cannot_hold_is_refused_naming_it(argv: tuple[str, ...]) -> None:
+    """Bytes that are not UTF-8 reach Python as lone surrogates (a NUL cannot be stored
+    either): a CommandError naming the argument, not a UnicodeEncodeError traceback."""
+    _call("create_organisation", "acme")
+    with pytest.raises(CommandError, match=r"^invalid_input: "):
+        _call(*argv)
+    assert not ApiKey.objects.exists()

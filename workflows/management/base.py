@@ -10,6 +10,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
+from ..definitions.storable import UNSTORABLE_REASON, has_unstorable
+
 # The longest span, in days, a command takes (--older-than-days, --expires-in-days): a hundred
 # years. Far beyond it a date overflows Python's datetime or PostgreSQL's interval.
 MAX_DAYS = 36_500
@@ -26,6 +28,17 @@ class MigratedCommand(BaseCommand):
     unreachable (the web answers /livez, the others retry), which a check at start cannot."""
 
     requires_migrations_checks = True
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        # An argument the database cannot hold (bytes that are not UTF-8 arrive as lone
+        # surrogates; a NUL) stops here with its option's name, not a UnicodeEncodeError
+        # traceback from the first query that carries it.
+        for name, value in [*((f"argument {n}", a) for n, a in enumerate(args, 1)),
+                            *options.items()]:  # fmt: skip
+            for each in value if isinstance(value, list | tuple) else [value]:
+                if isinstance(each, str) and has_unstorable(each):
+                    raise CommandError(f"invalid_input: {name}: {UNSTORABLE_REASON}")
+        return super().execute(*args, **options)
 
     def check_migrations(self) -> None:
         executor = MigrationExecutor(connections[DEFAULT_DB_ALIAS])
