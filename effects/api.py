@@ -45,7 +45,7 @@ from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable, uns
 from .allowlist import allow_add, allow_delete, allow_get
 from .checks import check_connection
 from .consent import stored_address
-from .destinations import base_url_problem, moves_secret, where_it_goes
+from .destinations import BASE_URL_PATTERN, BASE_URL_RULE, moves_secret, where_it_goes
 from .egress import in_force, tenant_ceiling
 from .limits import limit_problem, operator_limit
 from .models import Connection, Effect, EgressAllow, Suppression
@@ -213,20 +213,13 @@ class ConnectionOut(serializers.ModelSerializer[Connection]):
         return bool(conn.secret_encrypted)
 
 
-def _base_url(value: str) -> None:
-    problem = base_url_problem(value)
-    if problem is not None:
-        raise serializers.ValidationError(
-            f"must be {problem}" if problem.startswith(("an ", "no ")) else problem
-        )
-
-
 class ConnectionSettingsIn(StrictInput):
     """What may change on a connection (PATCH): every field optional."""
 
-    base_url = serializers.CharField(
-        max_length=500, allow_blank=True, required=False, validators=[storable_text, _base_url]
-    )
+    base_url = serializers.RegexField(
+        BASE_URL_PATTERN, max_length=500, allow_blank=True, required=False,
+        validators=[storable_text], error_messages={"invalid": f"must be {BASE_URL_RULE}"},
+    )  # fmt: skip
     options = JsonObjectField(
         required=False, help_text="Provider options that are not secret: a JSON object."
     )

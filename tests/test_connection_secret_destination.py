@@ -226,7 +226,7 @@ def test_the_admin_form_refuses_to_move_the_secret_without_it(
 @pytest.mark.parametrize(
     "base_url",
     ["x", "javascript:alert(1)", "ftp://files.example", "https://user:pw@api.example",
-     "https://api.example:notaport"],
+     "https://api.example:notaport", "https://api.example:99999"],
 )  # fmt: skip
 def test_a_base_url_that_cannot_be_one_is_refused_in_the_api_and_the_admin(
     org: Organisation, api: APIClient, admin_client: Client, base_url: str
