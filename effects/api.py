@@ -90,9 +90,11 @@ class UnknownEffect(NotFound):
 
 class SecretRequired(WaymarkError):
     """Settings that would send the connection's stored secret somewhere else, without the
-    secret given again (models.Connection.moves_secret)."""
+    secret given again (destinations.moves_secret): a conflict with what the connection
+    holds (the same change with the secret, or on a connection without one, is taken)."""
 
     code = "secret_required"
+    status = 409
     default_detail = (
         "This change sends the connection's secret to {where}: give the secret again in "
         "the same request (`secret`), or keep where it goes."
@@ -420,12 +422,12 @@ class ConnectionDetailView(APIView):
     @extend_schema(
         operation_id="connections_update",
         request=ConnectionPatchIn,
-        responses={200: ConnectionOut, 400: ErrorOut, 404: ErrorOut},
+        responses={200: ConnectionOut, 400: ErrorOut, 404: ErrorOut, 409: ErrorOut},
         description="Change a connection's settings; `name` and `provider` are fixed. A new "
         "`secret` replaces the old one (write-only) and, on a broken connection, repairs it: "
         "the steps parked on it wake. A change that would send the stored secret elsewhere "
         "(`base_url` on another origin; for email another SMTP host or port, or TLS turned "
-        "off) needs the secret in the same request: 400 `secret_required` otherwise.",
+        "off) needs the secret in the same request: 409 `secret_required` otherwise.",
     )
     def patch(self, request: Request, name: str) -> Response:
         conn = connection_get(_org(request), name)

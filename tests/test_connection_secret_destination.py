@@ -2,7 +2,7 @@
 a staff member may change without ever knowing the secret) never send it to another host.
 
 - A change of ``base_url`` to another origin (for email: another SMTP host or port, or TLS
-  turned off) without the secret given again is refused, 400 ``secret_required`` in the API
+  turned off) without the secret given again is refused, 409 ``secret_required`` in the API
   and a form error in the admin; with the secret it is made.
 - A URL of the connection's options on another origin than ``base_url`` (``health_url``,
   ``lookup_url``) is asked without the credentials.
@@ -55,7 +55,7 @@ def test_moving_base_url_to_another_origin_needs_the_secret_again(
 
         moved = api.patch("/api/v1/connections/api", {"base_url": elsewhere.url}, format="json")
 
-        assert moved.status_code == 400, moved.content
+        assert moved.status_code == 409, moved.content
         assert moved.json()["code"] == "secret_required"
         assert SECRET not in moved.content.decode()
         assert connection(org).base_url == vetted.url  # nothing of the change was written
@@ -176,7 +176,7 @@ def test_an_smtp_password_moves_only_with_the_password(
     )
     patched = api.patch("/api/v1/connections/api", {"options": options}, format="json")
     if moved:
-        assert (patched.status_code, patched.json()["code"]) == (400, "secret_required")
+        assert (patched.status_code, patched.json()["code"]) == (409, "secret_required")
         assert connection(org).options["host"] == "smtp.example"
     else:
         assert patched.status_code == 200, patched.content
@@ -187,7 +187,7 @@ def test_a_slack_token_follows_no_base_url_change(org: Organisation, api: APICli
     patched = api.patch(
         "/api/v1/connections/api", {"base_url": "https://evil.example/api/"}, format="json"
     )
-    assert (patched.status_code, patched.json()["code"]) == (400, "secret_required")
+    assert (patched.status_code, patched.json()["code"]) == (409, "secret_required")
     # The default written out is the same place.
     patched = api.patch(
         "/api/v1/connections/api", {"base_url": "https://slack.com/api/"}, format="json"
