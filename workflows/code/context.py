@@ -13,8 +13,8 @@ The exceptions that stop the function derive from BaseException: a workflow's ow
 ordinary exception: the function may catch it and go on. A bare ``except:``, an ``except
 BaseException`` or a ``finally`` around a call does see the stop; the turn still ends with
 it: every later call of the same turn raises it again, and a function that returns after it
-(the stop swallowed) is stopped by it all the same (``_keeping_stops``). So a ``finally``'s
-own calls run in the turn where the block really ends, as the code reads.
+(the stop swallowed) is stopped by it all the same (``Stop``, ``Context._entry``). So a
+``finally``'s own calls run in the turn where the block really ends, as the code reads.
 """
 
 from __future__ import annotations
@@ -659,8 +659,7 @@ class Context(PeopleAndTime):
     def _entry(self, what: str) -> None:
         """A call of the workflow's begins: after the turn's stop, the stop again (the code
         caught it); from inside a ctx.run function, refused."""
-        if self._stopped:
-            raise self._stopped[0]
+        self.raise_stop()
         if self._in_function:
             # Entered from inside, the step would run before the function's own result is
             # recorded, and the next replay would meet it where the code calls ctx.run.

@@ -175,16 +175,20 @@ def _encoded_too(address: str) -> str:
     )  # fmt: skip
 
 
+def _percent_encoded(value: str) -> str:
+    """An address as a URL writes it (its @ and +); any other value as it is."""
+    if "@" not in value:
+        return value
+    return "".join(_PERCENT_ENCODED.get(char, char) for char in value)
+
+
 def like_patterns(values: Iterable[str]) -> list[str]:
     """ILIKE patterns that find each value inside a column's text: as written, as JSON
     escapes it (a quote, a backslash, a control character) and, for an address, as a URL
     encodes it; a superset of what the matcher then recognises."""
     patterns: set[str] = set()
     for value in values:
-        encoded = value
-        for char, code in _PERCENT_ENCODED.items():
-            encoded = encoded.replace(char, code) if "@" in value else encoded
-        for form in {value, _json_escaped(value), encoded}:
+        for form in {value, _json_escaped(value), _percent_encoded(value)}:
             patterns.add("%" + _LIKE_SPECIAL.sub(r"\\\1", form) + "%")
     return sorted(patterns)
 
