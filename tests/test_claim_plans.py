@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -292,6 +294,27 @@ def test_a_claim_planned_on_small_tables_is_planned_again_as_they_grow(org) -> N
     connection lived. Both connections a worker claims on, its claim loop's and a settling
     thread's, drop their plans after PlanAge's uses of prepared statements (plans.py): the
     claim is then planned again for the tables as they are, by key lookups."""
+    with _no_autoanalyze("workflows_run", "workflows_step"):
+        _planned_on_small_tables_then_grown(org)
+
+
+@contextmanager
+def _no_autoanalyze(*tables: str) -> Iterator[None]:
+    """Autovacuum's ANALYZE of a grown table invalidates the plans made on it, which would
+    make the claim again before the test reads the plan made on small tables (CI saw it
+    once, late in a full run): for this test's length, only PlanAge replans."""
+    with connection.cursor() as cursor:
+        for table in tables:
+            cursor.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            for table in tables:
+                cursor.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
+
+
+def _planned_on_small_tables_then_grown(org: Any) -> None:
     automation_publish_definition(org=org, slug="one", definition=ONE)
     run = Run.objects.get(pk=run_start(org=org, automation_slug="one", run_input={},
                                        start_key="first").run_id)  # fmt: skip
