@@ -191,6 +191,39 @@ def test_the_command_dry_runs_applies_and_resumes(org: Organisation) -> None:
 
 
 @pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("--map", "hold=cooldown"), "--map"),
+        (("--map", "cool=cooldown", "--map", "paid=payment"), "--map"),
+        (("--removed", "move_to:cooldown"), "--removed"),
+        (("--step", "cool", "--status", "paused"), "--status, --step"),
+        (("--from", "3", "--to", "4"), "--from, --to"),
+        (("--dry-run",), "--dry-run"),
+    ],
+)  # fmt: skip
+def test_the_command_resumes_only_with_the_migrations_own_plan(
+    org: Organisation, api, args: tuple[str, ...], named: str
+) -> None:
+    # A plan option beside --resume is refused before anything moves, as the API refuses it:
+    # the job goes on with the plan it was made with, never one given now (a --map the job
+    # did not make would otherwise be silently ignored, and --dry-run would move runs).
+    runs = start_runs(org)
+    first = post(api, {**BODY, "map": {"cool": "cooldown"}, "dry_run": False, "limit": 1})
+    job = RunMigration.objects.get(pk=first.json()["id"])
+    assert job.moved == 1
+
+    with pytest.raises(CommandError, match=f"invalid_input: .*leave out {named}$"):
+        command(org, "--resume", str(job.pk), *args)
+
+    job.refresh_from_db()
+    assert (job.status, job.moved) == ("running", 1)
+    assert sum(version_of(r) == 4 for ids in runs.values() for r in ids) == 1
+    # Without them it goes on with its own plan: `hold` has no new id there, so those stay.
+    assert f"migration {job.pk} (finished)" in command(org, "--resume", str(job.pk))
+    assert versions(runs["cool"]) == {4} and versions(runs["hold"]) == {3}
+
+
+@pytest.mark.parametrize(
     ("args", "code"),
     [
         (("--from", "3", "--to", "4", "--map", "cool=nowhere"), "unknown_step"),

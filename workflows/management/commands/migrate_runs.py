@@ -2,7 +2,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from workflows.errors import WaymarkError
+from workflows.errors import InvalidInput, WaymarkError
 from workflows.management.base import MigratedCommand
 from workflows.models import RunMigration
 from workflows.selectors import organisation_get
@@ -38,9 +38,10 @@ class Command(MigratedCommand):
             "with the same type, maps to itself",
         )  # fmt: skip
         parser.add_argument(
-            "--removed", default="stay", metavar="stay|move_to:STEP",
+            "--removed", metavar="stay|move_to:STEP",
             help="runs parked on a step with no new id: stay on the old version (reported), "
-            "or move_to a step of the new version (the wait is cancelled, that step entered)",
+            "or move_to a step of the new version (the wait is cancelled, that step entered); "
+            "stay when not given",
         )  # fmt: skip
         parser.add_argument(
             "--step", action="append", default=[], dest="steps",
@@ -51,13 +52,18 @@ class Command(MigratedCommand):
             choices=sorted(s.value for s in RUN_LIVE), help="only runs in this status",
         )  # fmt: skip
         parser.add_argument("--dry-run", action="store_true", help="say what would move, only")
-        parser.add_argument("--resume", type=int, metavar="ID", help="go on with migration ID")
+        parser.add_argument(
+            "--resume", type=int, metavar="ID",
+            help="go on with migration ID, with its own plan (no other option but --org and "
+            "--automation)",
+        )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
         actor = Actor.command()
         try:
             org = organisation_get(slug=options["org"])
             if options["resume"] is not None:
+                _refuse_a_plan_beside_resume(options)
                 progress = migration_resume(
                     org=org, automation_slug=options["automation"],
                     migration_id=options["resume"], actor=actor,
@@ -70,7 +76,7 @@ class Command(MigratedCommand):
                 org=org, automation_slug=options["automation"],
                 from_version=options["from_version"], to_version=options["to_version"],
                 to_automation=options["to_automation"], mapping=_mapping(options["map"]),
-                removed=options["removed"], steps=options["steps"],
+                removed=options["removed"] or "stay", steps=options["steps"],
                 statuses=options["statuses"],
             )  # fmt: skip
             if options["dry_run"]:
@@ -113,6 +119,29 @@ class Command(MigratedCommand):
                 f"  not moved, {reason}: {counted['runs']} run(s), "
                 f"{REASONS.get(reason, reason)} (e.g. {_ids(counted['sample'])})"
             )
+
+
+# Each option of a plan, by the name its value has in ``options``: what --resume refuses.
+PLAN_OPTIONS = {
+    "from_version": "--from", "to_version": "--to", "to_automation": "--to-automation",
+    "map": "--map", "removed": "--removed", "steps": "--step", "statuses": "--status",
+    "dry_run": "--dry-run",
+}  # fmt: skip
+
+
+def _refuse_a_plan_beside_resume(options: dict[str, Any]) -> None:
+    """A migration goes on with the plan it was made with (the runs it moved moved by that
+    plan); a plan option given beside --resume would be silently ignored, so it is refused,
+    as the API refuses it, before anything moves."""
+    given = sorted(
+        flag
+        for name, flag in PLAN_OPTIONS.items()
+        if options.get(name) is not None and options[name] is not False and options[name] != []
+    )
+    if given:
+        raise InvalidInput(
+            reason=f"resume goes on with the migration's own plan: leave out {', '.join(given)}"
+        )
 
 
 def _mapping(pairs: list[str]) -> dict[str, str]:
