@@ -7,11 +7,18 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "waymark_config.settings")
-    from django.core.exceptions import ImproperlyConfigured
-    from django.core.management import execute_from_command_line
+    try:
+        from django.core.exceptions import ImproperlyConfigured
+        from django.core.management import execute_from_command_line
+    except KeyboardInterrupt:
+        interrupted()
 
     try:
         execute_from_command_line(sys.argv)
+    except KeyboardInterrupt:
+        # Ctrl-C before the command took SIGINT for itself (loading Django and the apps,
+        # reading the settings) or after it gave it back: one line, not a traceback.
+        interrupted()
     except ImproperlyConfigured as error:
         # A setting the operator gave that cannot work (waymark_config/settings.py says which and
         # why): that one line, not a traceback, and sysexits' EX_CONFIG, on which runengine's
@@ -20,6 +27,13 @@ def main() -> None:
 
         sys.stderr.write(f"{error}\n")
         sys.exit(EXIT_CONFIG)
+
+
+def interrupted() -> None:
+    from waymark_config.exit_codes import EXIT_INTERRUPTED
+
+    sys.stderr.write("interrupted\n")
+    sys.exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 
 import psutil
 import pytest
 
-from .processes import spawn, stop, wait_for
+from waymark_config.exit_codes import EXIT_INTERRUPTED
+
+from .processes import ROOT, engine_env, exit_code, spawn, stop, wait_for
+from .test_web_server import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -95,3 +101,83 @@ def test_a_misconfigured_child_stops_the_supervisor_instead_of_restarting() -> N
     assert broken.restarts == 0
     assert sleeper.process is not None and sleeper.process.poll() is not None
     assert time.monotonic() - started < 120, "the sleeper was stopped, not waited for"
+
+
+# --- Ctrl-C while it starts ---------------------------------------------------------------------
+
+
+def maps(pid: int, library: str) -> bool:
+    """Whether the process has loaded ``library`` (a C extension Django's import loads, past
+    the interpreter's own start: manage.py is importing Django)."""
+    try:
+        with open(f"/proc/{pid}/maps") as mapped:
+            return library in mapped.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def listening(pid: int, port: int) -> bool:
+    try:
+        found = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.NoSuchProcess:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in found)
+
+
+def in_session(session: int) -> list[int]:
+    """The live processes of a session (runengine's, and every process it started)."""
+    alive = []
+    for process in psutil.process_iter():
+        try:
+            if os.getsid(process.pid) == session and process.status() != "zombie":
+                alive.append(process.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return alive
+
+
+def loading_django(engine: subprocess.Popen[bytes], port: int) -> bool:
+    return maps(engine.pid, "_decimal")
+
+
+def bound(engine: subprocess.Popen[bytes], port: int) -> bool:
+    return listening(engine.pid, port)
+
+
+def starting_children(engine: subprocess.Popen[bytes], port: int) -> bool:
+    return bool(psutil.Process(engine.pid).children())
+
+
+def children_loading_django(engine: subprocess.Popen[bytes], port: int) -> bool:
+    return any(maps(child.pid, "_decimal") for child in psutil.Process(engine.pid).children())
+
+
+@pytest.mark.parametrize(
+    "phase", [loading_django, bound, starting_children, children_loading_django],
+    ids=lambda phase: phase.__name__,
+)  # fmt: skip
+def test_ctrl_c_while_runengine_starts_stops_it_with_one_line(tmp_path, procs, phase) -> None:
+    # A terminal's Ctrl-C: SIGINT to the whole foreground process group (runengine and every
+    # child it started), sent once start-up reaches the phase. Whichever it interrupts
+    # (Django loading, the socket bound, children starting or loading Django themselves),
+    # runengine stops everything, says "interrupted" on one line and exits 130.
+    port = free_port()
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        engine = subprocess.Popen(
+            [sys.executable, "manage.py", "runengine", "--port", str(port), "--grace", "1"],
+            cwd=ROOT, env=engine_env(WAYMARK_LOG_LEVEL="INFO"), stdout=stdout, stderr=stderr,
+            start_new_session=True,
+        )  # fmt: skip
+    procs.append(engine)
+    wait_for(lambda: phase(engine, port) or engine.poll() is not None,
+             what=f"runengine to reach {phase.__name__}")  # fmt: skip
+    assert engine.poll() is None, err.read_text()
+    os.killpg(engine.pid, signal.SIGINT)
+
+    code = exit_code(engine)
+    said = out.read_text() + err.read_text()
+    assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
+    assert code == EXIT_INTERRUPTED, said
+    assert "interrupted" in err.read_text().splitlines()[-1], said
+    wait_for(lambda: not in_session(engine.pid), what="every process it started to exit")

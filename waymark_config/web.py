@@ -32,7 +32,7 @@ from waitress.server import TcpWSGIServer
 from waitress.task import ErrorTask
 from waitress.utilities import BadRequest, Error
 
-from .exit_codes import EXIT_CONFIG
+from .exit_codes import EXIT_CONFIG, EXIT_INTERRUPTED
 
 # How long a connection refused part-way is still read (and discarded) before it is closed.
 LINGER_SECONDS = 2.0
@@ -303,7 +303,13 @@ def main() -> None:
     parser.add_argument("--fd", type=int, required=True, help="the listening socket")
     parser.add_argument("--grace", type=float, default=10.0)
     args = parser.parse_args()
-    serve(args.fd, args.grace)
+    try:
+        serve(args.fd, args.grace)
+    except KeyboardInterrupt:
+        # Ctrl-C before serve() took SIGINT for itself (loading Django): one line (manage.py's
+        # rule). Under runengine it never comes: its children start with SIGINT blocked.
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,18 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @contextmanager
-def on_stop_signal(callback: Callable[[], None]) -> Iterator[None]:
-    """Call ``callback`` on SIGTERM or SIGINT inside the block (main thread only)."""
+def on_stop_signal(
+    callback: Callable[[], None], *, received: list[int] | None = None
+) -> Iterator[None]:
+    """Call ``callback`` on SIGTERM or SIGINT inside the block (main thread only); each
+    signal's number is appended to ``received`` first, when given."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: object) -> None:
+        if received is not None:
+            received.append(signum)  # one append: takes no lock the main thread could hold
         threading.Thread(target=callback, name=f"signal-{signum}", daemon=True).start()
 
     previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}

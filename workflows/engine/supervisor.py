@@ -5,6 +5,11 @@ or a kill in one never takes another down. A child that dies is restarted after 
 backoff, unless it exits with ``EXIT_CONFIG`` (78, sysexits' EX_CONFIG): restarting a
 misconfigured child cannot help, so the supervisor stops every child and reports it. SIGTERM
 or SIGINT stops every child with SIGTERM, waits for the grace period, then kills what is left.
+
+The children start with SIGINT blocked (the signal mask is inherited through fork and exec):
+a Ctrl-C in a terminal goes to the whole process group, and a child still loading Django would
+print a KeyboardInterrupt traceback and die. SIGINT is the supervisor's alone; it stops its
+children with SIGTERM, which each handles (or, still loading, dies of quietly).
 """
 
 from __future__ import annotations
@@ -43,7 +48,15 @@ class Child:
 
     def start(self) -> None:
         env = {**os.environ, ROLE_ENV: self.role} if self.role else None
-        self.process = subprocess.Popen(list(self.argv), pass_fds=tuple(self.pass_fds), env=env)  # noqa: S603
+        # Blocked, not ignored, in this thread only while the child is made: a SIGINT that
+        # comes meanwhile waits to be delivered here (or reaches another thread), never lost.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            self.process = subprocess.Popen(  # noqa: S603
+                list(self.argv), pass_fds=tuple(self.pass_fds), env=env
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self.started_at = time.monotonic()
         logger.info("started %s (pid %s)", self.name, self.process.pid)
 
@@ -63,17 +76,23 @@ class Supervisor:
         self.on_exit = on_exit
         self.stopping = threading.Event()
         self.failure: str | None = None
+        # The stop signals received while supervising (their numbers), in order.
+        self.signals: list[int] = []
 
     def run(self) -> str | None:
         """Supervise until stopped; returns why it stopped on its own (a misconfigured
-        child), or None after SIGTERM or SIGINT."""
-        with on_stop_signal(self.stopping.set):
+        child), or None after SIGTERM or SIGINT (``signals`` says which)."""
+        with on_stop_signal(self.stopping.set, received=self.signals):
             try:
                 for child in self.children:
                     child.start()
                 while not self.stopping.wait(0.5):
                     self._restart_dead()
             finally:
+                if self.signals:
+                    name = signal.Signals(self.signals[0]).name
+                    logger.info("%s: stopping every process (at most %.0fs)", name,
+                                self.grace_seconds)  # fmt: skip
                 self._stop_all()
         return self.failure
 

@@ -1,5 +1,6 @@
 import http.client
 import os
+import signal
 import socket
 import sys
 import threading
@@ -8,6 +9,7 @@ from typing import Any, TextIO
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from waymark_config.exit_codes import EXIT_INTERRUPTED
 from waymark_config.web import PortInUse, bind, web_argv
 from workflows.engine.lanes import WORKER_LANES, lane_policy
 from workflows.engine.scrape import multiprocess_directory, process_died
@@ -78,6 +80,12 @@ class Command(BaseCommand):
                 listener.close()
         if failure:
             raise CommandError(failure)
+        if signal.SIGINT in supervisor.signals:
+            # Ctrl-C: every process has stopped; the same line and status as a Ctrl-C that
+            # comes before the supervisor runs (manage.py).
+            raise CommandError(
+                "interrupted: every process has stopped", returncode=EXIT_INTERRUPTED
+            )
 
     @staticmethod
     def _background(target: Any, *args: Any) -> None:

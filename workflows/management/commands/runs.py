@@ -40,6 +40,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from waymark_config.exit_codes import EXIT_INTERRUPTED
 from workflows import selectors
 from workflows.api.filters import RunFilter
 from workflows.definitions.fields import parse_duration
@@ -54,7 +55,7 @@ from workflows.states import RUN_FINISHED, RunStatus
 POLL_SECONDS = 0.5
 MAX_LIMIT = 1000
 MAX_ID = 2**63 - 1  # ids are bigints: a larger number names no run
-EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT, EXIT_INTERRUPTED = 3, 4, 5, 130
+EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 3, 4, 5
 EXIT_COMPENSATED = 6  # a saga undone: not a success, though nothing waits for a person
 EXIT_BROKEN_PIPE = 141  # as a shell reports a process SIGPIPE ended (128 + 13)
 
