@@ -581,6 +581,16 @@ SELECT run.*, (SELECT count(*) FROM changed) AS changed FROM run
 """  # noqa: S608 (composed of this module's constant SQL)
 
 
+# A run's finished_at: the ending transaction's now(), but never before the run's created_at
+# (its creating transaction's now()). A transaction that began before the run was created can
+# still end it (an erasure that finds the run after it began, a caller's transaction around
+# run_cancel_locked): its now() is earlier than the run's creation, by the time between the
+# two transactions' starts. One clock (the database's), and finished_at >= created_at always.
+# The hop functions (sql/functions.py) write now() as it is: each is the first statement of
+# its transaction, about a run the worker read before, so their now() is after its creation.
+RUN_FINISHED_AT = "GREATEST(now(), created_at)"
+
+
 def _run_set(value: Callable[[str], str]) -> str:
     """The SET list of a walk's update of its run: its values as the walk leaves them
     (Walk._run_update's parameters), each read by ``value(name)``; the JSON columns merged
@@ -590,7 +600,7 @@ def _run_set(value: Callable[[str], str]) -> str:
        entered = r.entered || {value("entered")},
        steps_executed = {value("steps")}, status = {value("status")},
        output = {value("output")}, error = {value("error")},
-       finished_at = CASE WHEN {value("finished")} THEN now() ELSE NULL END"""
+       finished_at = CASE WHEN {value("finished")} THEN {RUN_FINISHED_AT} ELSE NULL END"""
 
 
 # The walk's one write to the run: what changed of its template data (merged, never rewritten
@@ -777,13 +787,13 @@ SELECT count(*) AS live FROM workflows_step
 RUN_OF_ORG = "SELECT id FROM workflows_run WHERE id = %(id)s AND org_id = %(org)s"
 
 # Run control: one guarded status change of a run (the caller holds its lock).
-SET_RUN_STATUS = """
+SET_RUN_STATUS = f"""
 UPDATE workflows_run
    SET status = %(status)s, error = %(error)s,
-       finished_at = CASE WHEN %(finished)s THEN now() ELSE NULL END
+       finished_at = CASE WHEN %(finished)s THEN {RUN_FINISHED_AT} ELSE NULL END
  WHERE id = %(id)s AND status = ANY(%(sources)s)
 RETURNING id
-"""
+"""  # noqa: S608 (this module's constant fragments)
 
 # A run ended (finished, failed, cancelled): every live step of it ends too, so no sibling is
 # claimed or settled afterwards. A running step's worker learns at its next heartbeat (the
@@ -1360,7 +1370,7 @@ DELETE FROM workflows_auditentry
 # The last resort when the walk itself fails on a settled step (an engine bug, a step type
 # missing in this process, an output that is not JSON): fail the step and its run without
 # walking, so the step is not re-run until poisoned, and a person sees the error.
-FAIL_STEP_AND_RUN = """
+FAIL_STEP_AND_RUN = f"""
 WITH step AS (
     UPDATE workflows_step
        SET status = 'failed', error = %(error)s, owner = NULL, lease_until = NULL,
@@ -1369,11 +1379,11 @@ WITH step AS (
  RETURNING run_id
 )
 UPDATE workflows_run r
-   SET status = 'failed', error = %(error)s, finished_at = now()
+   SET status = 'failed', error = %(error)s, finished_at = {RUN_FINISHED_AT}
   FROM step
  WHERE r.id = step.run_id AND r.status IN ('running', 'paused')
 RETURNING r.id
-"""
+"""  # noqa: S608 (this module's constant fragments)
 
 # --- signals ------------------------------------------------------------------------------------
 
