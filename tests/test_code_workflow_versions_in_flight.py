@@ -310,3 +310,37 @@ def test_runs_are_not_moved_onto_code_their_organisation_may_not_run(
     assert answer.status_code == 403, answer.json()
     assert answer.json()["code"] == "workflow_not_allowed"
     assert Run.objects.get(pk=run_id).version.number == v1
+
+
+def test_a_deferral_for_a_missing_version_is_read_by_its_code_not_its_message(
+    org: Organisation,
+) -> None:
+    # The deferral's event says what it is as data (code, workflow, version) beside its
+    # message for people; the doctor and a migration read the data: a message worded
+    # otherwise (another release, a translation) changes neither.
+    v1 = publish_code_workflow(org=org, name="code-dropped", version=1).number
+    run_id = run_start(org=org, automation_slug="code-dropped", run_input={}, start_key="t").run_id
+    drive()
+    v2 = publish_code_workflow(org=org, name="code-dropped", version=2).number
+    unregister("code-dropped", 1)
+    try:
+        make_due(run_id=run_id)
+        fire_due_timers()
+        drive(fast_forward=False)  # its decide step is deferred
+        deferral = RunEvent.objects.filter(run_id=run_id, kind="step.deferred").latest("id")
+        assert deferral.detail is not None
+        assert {k: deferral.detail.get(k) for k in ("code", "workflow", "version")} == {
+            "code": "workflow_version_missing", "workflow": "code-dropped", "version": 1,
+        }  # fmt: skip
+        RunEvent.objects.filter(pk=deferral.pk).update(
+            detail={**deferral.detail, "error": "the code of this workflow is not here"}
+        )
+        assert finding(doctor()[1], "workflows.workflow_version_missing")["severity"] == "broken"
+        plan = migration_plan(org=org, automation_slug="code-dropped", from_version=v1,
+                              to_version=v2)  # fmt: skip
+        assert migration_start(plan=plan, actor="ops").moved_now == 1
+        drive(fast_forward=False)  # woken by the migration: no deferral's 30 s passed
+    finally:
+        workflow("code-dropped", version=1)(dropped_v1)
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == ("succeeded", "c"), run.error

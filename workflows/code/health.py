@@ -30,13 +30,15 @@ WITH missing AS (
       FROM workflows_step s
      WHERE s.status = 'waiting' AND s.wake_at IS NOT NULL AND s.wait_kind = 'retry'
        AND s.type = 'code' AND (%(orgs)s::bigint[] IS NULL OR s.org_id = ANY(%(orgs)s::bigint[]))
-       AND (SELECT e.detail->>'error' FROM workflows_runevent e
+       AND (SELECT e.detail FROM workflows_runevent e
              WHERE e.run_id = s.run_id AND e.kind = 'step.deferred'
                AND e.step_id = s.step_id AND e.iteration = s.iteration
-             ORDER BY e.id DESC LIMIT 1) LIKE (
-           -- the version the run has now (a migration may have moved it to a registered one)
-           SELECT %(missing)s || (v.definition->'steps'->0->>'workflow')
-                  || chr(39) || ' version ' || (v.definition->'steps'->0->>'version') || ' %%'
+             ORDER BY e.id DESC LIMIT 1) @> (
+           -- the version the run has now (a migration may have moved it to a registered one),
+           -- as the deferral's code and detail name it (steptypes.decide), never its text
+           SELECT jsonb_build_object(
+                      'code', %(missing)s::text, 'workflow', v.definition->'steps'->0->'workflow',
+                      'version', v.definition->'steps'->0->'version')
              FROM workflows_run r JOIN workflows_automationversion v ON v.id = r.version_id
             WHERE r.id = s.run_id)
      ORDER BY s.id
@@ -54,8 +56,7 @@ SELECT (SELECT count(*) FROM missing) AS total, m.org_id, m.run_id, m.step_id, m
 
 def missing_versions(limits: Limits) -> Iterator[Finding]:
     with connection.cursor() as cursor:
-        cursor.execute(DEFERRED_FOR_MISSING_VERSION,
-                       {**limits.params(), "missing": f"{MISSING}: '"})  # fmt: skip
+        cursor.execute(DEFERRED_FOR_MISSING_VERSION, {**limits.params(), "missing": MISSING})
         rows = fetch_dicts(cursor)
     count, at_least = counted(rows, limits)
     if not count:

@@ -96,6 +96,8 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
         raise StepDeferred(
             MISSING_VERSION_RETRY_SECONDS,
             f"workflow_version_missing: {name!r} version {version} is not registered here",
+            code="workflow_version_missing",
+            detail={"workflow": name, "version": version},
         )
     # The decider's output among the run's outputs: the outcome of the step that just ended
     # is noted there (engine/decided.py), to be recorded by this turn.

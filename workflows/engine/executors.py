@@ -98,12 +98,25 @@ class NotInline(Exception):
 class StepDeferred(Exception):
     """Not now, and not the step's fault: run it again after ``seconds`` without counting
     this attempt (a connection at its concurrency cap, an open circuit breaker, an effect
-    another attempt still holds). The wait is durable (the step's ``wake_at``)."""
+    another attempt still holds). The wait is durable (the step's ``wake_at``).
 
-    def __init__(self, seconds: float, reason: str) -> None:
+    ``reason`` is for people; ``code`` (a stable word, e.g. ``workflow_version_missing``) and
+    ``detail`` (JSON values) are for what reads the deferral back: both go in the step's
+    ``step.deferred`` event beside the reason, so a check matches them, never the text."""
+
+    def __init__(
+        self,
+        seconds: float,
+        reason: str,
+        *,
+        code: str = "",
+        detail: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__(reason)
         self.seconds = max(0.0, seconds)
         self.reason = reason
+        self.code = code
+        self.detail: dict[str, Any] = dict(detail or {})
 
 
 class _NeverLost(threading.Event):

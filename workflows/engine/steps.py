@@ -461,13 +461,23 @@ def settle_continuation(step: ClaimedStep, *, worker: str) -> bool:
 
 def settle_deferred(step: ClaimedStep, deferred: StepDeferred, *, worker: str) -> bool:
     """Run the step again after ``deferred.seconds``; this attempt does not count."""
+    # Its code and detail beside the reason, in its event: what reads a deferral back
+    # (the doctor, a migration waking a decider) matches them, never the reason's text.
+    structured = {**deferred.detail, "code": deferred.code} if deferred.code else {}
     return _schedule_retry(
-        step, deferred.reason[:2000], worker=worker, delay=deferred.seconds, refund=True
-    )
+        step, deferred.reason[:2000], worker=worker, delay=deferred.seconds, refund=True,
+        structured=structured,
+    )  # fmt: skip
 
 
 def _schedule_retry(
-    step: ClaimedStep, error: str, *, worker: str, delay: float, refund: bool = False
+    step: ClaimedStep,
+    error: str,
+    *,
+    worker: str,
+    delay: float,
+    refund: bool = False,
+    structured: dict[str, Any] | None = None,
 ) -> bool:
     params: dict[str, Any] = {
         "id": step.id, "attempt": step.attempt, "error": error, "delay": delay, "refund": refund,
@@ -476,7 +486,7 @@ def _schedule_retry(
         cursor.execute(sql.SETTLE_RETRY, params)
         if cursor.fetchone() is None:
             return False
-        detail = {"error": error, "delay_seconds": round(delay, 3)}
+        detail = {**(structured or {}), "error": error, "delay_seconds": round(delay, 3)}
         kind = "step.deferred" if refund else "step.retry_scheduled"
         insert_events(cursor, [_step_event(step, kind, worker, detail)])
     return True

@@ -181,15 +181,17 @@ RETURNING id
 # A decided run's decider deferred for want of its version's code (a worker without it
 # defers the turn, 30 s at a time: workflows/code, workflow_version_missing): due now, so
 # the turn runs on the version the run has just moved to. Only a deferral that is the
-# step's latest event: a ctx.run's retry backoff keeps its own time.
-WAKE_DEFERRED_DECIDER = r"""
+# step's latest event (its code, as the step type gave it: never its message's text): a
+# ctx.run's retry backoff keeps its own time.
+WAKE_DEFERRED_DECIDER = """
 UPDATE workflows_step s
    SET wake_at = now()
  WHERE s.run_id = %(run)s AND s.step_id = %(decider)s AND s.status = 'waiting'
    AND s.wait_kind = 'retry' AND s.wake_at > now()
-   AND (SELECT e.kind || ' ' || coalesce(e.detail->>'error', '') FROM workflows_runevent e
+   AND (SELECT e.kind = 'step.deferred' AND e.detail->>'code' = 'workflow_version_missing'
+          FROM workflows_runevent e
          WHERE e.run_id = s.run_id AND e.step_id = s.step_id AND e.iteration = s.iteration
-         ORDER BY e.id DESC LIMIT 1) LIKE 'step.deferred workflow\_version\_missing:%%'
+         ORDER BY e.id DESC LIMIT 1)
 """
 
 # A step row (live but not running, or finished) takes its new id, and iteration. A live
