@@ -50,7 +50,7 @@ from .api import (
     provider_names,
 )
 from .checks import check_connection, check_seconds
-from .destinations import base_url_problem, moves_secret
+from .destinations import base_url_problem, moves_secret, where_it_goes
 from .egress import NotAllowable, allowable_entry, in_force, tenant_ceiling
 from .limits import limit_problem
 from .models import Connection, Effect, EgressAllow, ModelBudget, Suppression
@@ -181,8 +181,8 @@ class ConnectionForm(forms.ModelForm):
         if stored.pk is not None and not given and moves_secret(stored, base_url, options):
             # Settings alone never take the stored secret elsewhere (destinations.py).
             moved = ValidationError(
-                "This change sends the secret somewhere else (another origin, SMTP server "
-                "or encryption): enter the secret again to make it.",
+                f"This change sends the secret to {where_it_goes(stored.provider)}: enter the "
+                "secret again to make it.",
                 code="secret_required",
             )
             self.add_error("secret", moved)

@@ -13,6 +13,7 @@ from typing import Any
 
 from .models import Connection
 from .perform import PROVIDERS
+from .providers.base import Provider
 
 
 def moves_secret(conn: Connection, base_url: str, options: Any) -> bool:
@@ -27,10 +28,10 @@ def moves_secret(conn: Connection, base_url: str, options: Any) -> bool:
 
 
 def where_it_goes(provider: str) -> str:
-    """What a change moved, in words, for the error that asks for the secret again."""
-    if provider == "email":
-        return "another SMTP server (host, port) or over another encryption (use_tls, use_ssl)"
-    return "another origin (base_url's scheme, host and port)"
+    """What a change moved, in words, for the error that asks for the secret again: as the
+    connection's provider says it (Provider.destination_in_words)."""
+    found = PROVIDERS.get(provider)
+    return (found or Provider).destination_in_words
 
 
 # A connection's base URL: http(s), a host (a name or an IPv4 address: an IPv6 one by a name

@@ -11,15 +11,18 @@ Real clients against local stub servers that record what reaches them."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
+from effects.destinations import where_it_goes
 from effects.models import Connection
 from effects.perform import PROVIDERS, load_connection
 from effects.providers.base import Request
+from effects.providers.http import HttpProvider
 from effects.secrets import decrypt
 from tests.stubs.redirect import RecordingStub
 from workflows.models import Organisation
@@ -246,3 +249,33 @@ def test_a_base_url_that_cannot_be_one_is_refused_in_the_api_and_the_admin(
     assert refused.status_code == 200 and "The base URL must be" in refused.content.decode()
     conn.refresh_from_db()
     assert conn.base_url == "https://api.example"
+
+
+class VaultProvider(HttpProvider):
+    """A provider that places its secret by an option, not by base_url."""
+
+    name = "vault_http"
+    destination_in_words = "another vault (options' vault)"
+
+    def secret_destination(self, base_url: str, options: Mapping[str, Any]) -> Hashable:
+        return str(options.get("vault", ""))
+
+
+def test_each_provider_says_where_its_secret_goes_in_the_refusal(
+    org: Organisation, api: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The words of the refusal are the provider's own (Provider.destination_in_words),
+    # as where the secret goes is (secret_destination): none is special-cased.
+    monkeypatch.setitem(PROVIDERS, VaultProvider.name, VaultProvider())
+    assert where_it_goes("vault_http") == "another vault (options' vault)"
+    assert where_it_goes("email").startswith("another SMTP server")
+    assert (
+        where_it_goes("http")
+        == where_it_goes("slack_message")
+        == ("another origin (base_url's scheme, host and port)")
+    )
+    connect(org, provider="vault_http", secret=SECRET, options={"vault": "ours"})
+    patched = api.patch("/api/v1/connections/api", {"options": {"vault": "theirs"}},
+                        format="json")  # fmt: skip
+    assert (patched.status_code, patched.json()["code"]) == (409, "secret_required")
+    assert "another vault (options' vault)" in patched.json()["detail"]

@@ -183,6 +183,11 @@ class Provider:
         CallError); the health check of a connection."""
         raise NotImplementedError
 
+    # What a change of secret_destination moves, in words, for the error that asks for the
+    # secret again (destinations.where_it_goes): a provider that places its secret by other
+    # settings than base_url says which here, beside its secret_destination.
+    destination_in_words = "another origin (base_url's scheme, host and port)"
+
     def secret_destination(self, base_url: str, options: Mapping[str, Any]) -> Hashable:
         """Where a connection with these settings sends its secret: the origin of
         ``base_url`` (every URL a call builds from it, and any other URL only without the

@@ -210,6 +210,9 @@ def check_header_text(name: str, value: str) -> None:
 
 class EmailProvider(Provider):
     name = "email"
+    destination_in_words = (
+        "another SMTP server (host, port) or over another encryption (use_tls, use_ssl)"
+    )
 
     def secret_destination(self, base_url: str, options: Mapping[str, Any]) -> Hashable:
         """The SMTP server the password is sent to, and whether it goes encrypted."""
