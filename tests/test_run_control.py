@@ -316,6 +316,26 @@ def test_the_bulk_api_dry_runs_unless_told_otherwise(org, api) -> None:
     assert (bad.status_code, bad.json()["code"]) == (400, "invalid_input")
 
 
+def test_a_bulk_action_on_an_automation_the_organisation_lacks_is_404(org, other_org, api) -> None:
+    # A misspelt slug, or another organisation's, must not read as "nothing to act on".
+    run = start(org, key="a")
+    automation_publish_definition(org=other_org, slug="theirs", definition=TWO_IO)
+    for slug in ("misspelt", "theirs"):
+        for dry_run in (True, False):
+            answer = api.post("/api/v1/runs/bulk/cancel", {"automation": slug, "dry_run": dry_run},
+                              format="json")  # fmt: skip
+            assert (answer.status_code, answer.json()["code"]) == (404, "unknown_automation")
+            assert slug in answer.json()["detail"]
+    run.refresh_from_db()
+    assert run.status == "running"
+    with pytest.raises(CommandError, match="unknown_automation"):
+        call_command("run_control", "cancel", "--org", org.slug, "--automation", "misspelt",
+                     stdout=StringIO())  # fmt: skip
+    known = api.post("/api/v1/runs/bulk/cancel", {"automation": run.automation.slug},
+                     format="json")  # fmt: skip
+    assert (known.status_code, known.json()["matched"]) == (200, 1)
+
+
 # --- the command --------------------------------------------------------------------------------
 
 

@@ -390,9 +390,10 @@ class RunBulkActionView(APIView):
         operation_id="runs_act_bulk",
         parameters=[ACTION_PARAMETER],
         request=RunBulkIn,
-        responses={200: RunBulkOut, 400: ErrorOut},
+        responses={200: RunBulkOut, 400: ErrorOut, 404: ErrorOut},
         description="Apply an action to the runs a filter matches, newest first, at most "
-        "1,000 per call. `dry_run` is true unless set to false: count first, then act.",
+        "1,000 per call. `dry_run` is true unless set to false: count first, then act. An "
+        "`automation` this organisation does not have is 404 `unknown_automation`.",
     )
     def post(self, request: Request, action: str) -> Response:
         _check_action(action)

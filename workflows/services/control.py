@@ -39,8 +39,8 @@ from ..engine.sql.rows import (
     insert_wakes,
 )
 from ..engine.walk import RunState, Walk, lock_run
-from ..errors import NothingToRetry, RunStateConflict, UnknownRun
-from ..models import Organisation, Run
+from ..errors import NothingToRetry, RunStateConflict, UnknownAutomation, UnknownRun
+from ..models import Automation, Organisation, Run
 from ..states import RunStatus, run_sources
 from .audit import Actor, as_actor, record_audit
 from .replays import replay_keeping, replays_of
@@ -104,9 +104,13 @@ def runs_act_bulk(
     limit: int = BULK_LIMIT,
 ) -> BulkOutcome:
     """Apply ``action`` to the runs the filter matches (newest first, at most ``limit``),
-    each in its own transaction. ``dry_run`` (the default) only counts them."""
+    each in its own transaction. ``dry_run`` (the default) only counts them. An
+    ``automation`` the organisation does not have is UnknownAutomation, not a filter that
+    matches nothing: a misspelt slug must not read as "no runs to act on"."""
     if action not in _PERFORM:
         raise ValueError(f"unknown action {action!r}; one of {ACTIONS}")
+    if automation and not Automation.objects.filter(org=org, slug=automation).exists():
+        raise UnknownAutomation(slug=automation)
     runs = Run.objects.filter(org=org, status__in=_SOURCES[action])
     if status:
         runs = runs.filter(status=status)
