@@ -80,6 +80,28 @@ def test_the_api_root_links_to_the_main_endpoints_without_a_key(api: APIClient) 
     assert APIClient().get(links["docs"]).status_code == 200
 
 
+def test_the_root_schema_and_docs_answer_without_a_trailing_slash_too() -> None:
+    # Like every other API path: the answer itself, never a redirect (Django's, an HTML
+    # response) that a client must follow.
+    client = APIClient()
+    for bare in ("/api/v1", "/api/v1/schema"):
+        response = client.get(bare)
+        assert response.status_code == 200, (bare, response.status_code)
+        assert response.content == client.get(f"{bare}/").content, bare
+    assert client.get("/api/v1").json()["runs"] == "http://testserver/api/v1/runs"
+    docs = client.get("/api/v1/docs")
+    assert docs.status_code == 200
+    assert "/api/v1/schema/" in docs.content.decode()
+
+
+@pytest.mark.parametrize("path", ["/api", "/api/", "/api/v2", "/api/v1/nothing"])
+def test_an_unknown_api_path_is_a_json_404(path: str) -> None:
+    response = APIClient().get(path)
+    assert response.status_code == 404
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["code"] == "not_found"
+
+
 # --- query parameters -----------------------------------------------------------------------
 
 LISTS = [

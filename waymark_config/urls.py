@@ -12,6 +12,7 @@ urlpatterns = [
     # The root is the control room: the admin (its login page first, for someone signed out).
     path("", RedirectView.as_view(pattern_name="admin:index", permanent=False), name="root"),
     path("admin/", admin.site.urls),
+    path("", include("workflows.api.root_urls")),  # /api/v1, without its slash
     path("api/v1/", include("workflows.api.urls")),
     path("api/v1/", include("effects.urls")),  # connections, suppressions, effects
     path("api/v1/", include("timers.urls")),  # schedules

@@ -113,7 +113,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
 
 def _is_api(request: HttpRequest) -> bool:
-    return request.path.startswith("/api/")
+    return request.path == "/api" or request.path.startswith("/api/")
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:

@@ -1,5 +1,7 @@
 """The API's routes. Each answers with and without a trailing slash: DRF clients add one,
-others do not, and a redirect would lose a POST body. Only the bare form is in the schema."""
+others do not, and a redirect would lose a POST body. Only the bare form is in the schema.
+The root, the schema and the docs page are named with their slash; the root without one,
+``/api/v1``, is outside this module's prefix: ``root_urls`` routes it."""
 
 from typing import Any
 
@@ -24,7 +26,9 @@ PUBLIC: dict[str, Any] = {"authentication_classes": [], "permission_classes": []
 urlpatterns = [
     path("", views.ApiRootView.as_view(), name="root"),
     path("schema/", SpectacularAPIView.as_view(**PUBLIC), name="schema"),
+    path("schema", SpectacularAPIView.as_view(**PUBLIC)),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema", **PUBLIC), name="docs"),
+    path("docs", SpectacularSwaggerView.as_view(url_name="api:schema", **PUBLIC)),
     *route("automations", views.AutomationListView, "automations"),
     *route("automations/<slug:slug>", views.AutomationDetailView, "automation"),
     *route("automations/<slug:slug>/versions", views.VersionListView, "versions"),
