@@ -226,6 +226,24 @@ def test_a_browser_accept_header_still_gets_json(api: APIClient) -> None:
     assert api.get("/api/v1/runs", HTTP_ACCEPT=accept).status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/api/v1/runs", "/api/v1/runs/1", "/api/v1/"])
+def test_a_format_the_endpoint_lacks_is_a_json_406_naming_the_formats(path: str) -> None:
+    # DRF answered 404, as if the endpoint were not there.
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Bearer wmk_none_none")  # refused after negotiation
+    response = client.get(path, {"format": "xyz"})
+    assert response.status_code == 406, response.content
+    assert response["Content-Type"] == "application/json"
+    body = response.json()
+    assert body["code"] == "not_acceptable"
+    assert '"xyz"' in body["detail"] and "json" in body["detail"]
+    # The schema's own formats are still chosen so; another is refused the same way.
+    assert client.get("/api/v1/schema/", {"format": "json"})["Content-Type"].startswith(
+        "application/vnd.oai.openapi+json"
+    )
+    assert client.get("/api/v1/schema/", {"format": "xyz"}).status_code == 406
+
+
 def test_406_is_in_the_documented_error_table() -> None:
     text = (ROOT / "docs" / "how-to" / "call-the-api.md").read_text()
     assert "| 406 | `not_acceptable` |" in text

@@ -67,6 +67,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["workflows.api.auth.IsOrganisationKey"],
     "DEFAULT_PARSER_CLASSES": ["workflows.api.parsers.SafeJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["workflows.api.renderers.JSONRenderer"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "workflows.api.negotiation.Negotiation",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "workflows.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
