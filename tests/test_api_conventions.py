@@ -226,6 +226,15 @@ def test_a_browser_accept_header_still_gets_json(api: APIClient) -> None:
     assert api.get("/api/v1/runs", HTTP_ACCEPT=accept).status_code == 200
 
 
+@pytest.mark.parametrize("accept", ["", " ", ","])
+def test_an_empty_accept_header_means_anything_so_json(api: APIClient, accept: str) -> None:
+    # RFC 9110: no media range named is no preference, not a refusal of every type.
+    response = api.get("/api/v1/runs", HTTP_ACCEPT=accept)
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["results"] == []
+
+
 @pytest.mark.parametrize("path", ["/api/v1/runs", "/api/v1/runs/1", "/api/v1/"])
 def test_a_format_the_endpoint_lacks_is_a_json_406_naming_the_formats(path: str) -> None:
     # DRF answered 404, as if the endpoint were not there.
