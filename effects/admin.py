@@ -50,6 +50,7 @@ from .api import (
     provider_names,
 )
 from .checks import check_connection, check_seconds
+from .consent import address_refused
 from .destinations import base_url_problem, moves_secret, where_it_goes
 from .egress import NotAllowable, allowable_entry, in_force, tenant_ceiling
 from .limits import limit_problem
@@ -515,6 +516,15 @@ class SuppressionForm(forms.ModelForm):
         if not address:
             raise ValidationError("An address is required.")
         return address
+
+    def clean(self) -> dict[str, Any] | None:
+        cleaned = super().clean()
+        channel, address = self.cleaned_data.get("channel"), self.cleaned_data.get("address")
+        if channel and address:
+            refused = address_refused(channel, address)
+            if refused is not None:
+                self.add_error("address", refused)
+        return cleaned
 
 
 @admin.register(Suppression)

@@ -44,7 +44,7 @@ from workflows.plugins.definitions import UNSTORABLE_REASON, has_unstorable, uns
 
 from .allowlist import allow_add, allow_delete, allow_get
 from .checks import check_connection
-from .consent import stored_address
+from .consent import address_refused, stored_address
 from .destinations import BASE_URL_PATTERN, BASE_URL_RULE, moves_secret, where_it_goes
 from .egress import in_force, tenant_ceiling
 from .limits import limit_problem, operator_limit
@@ -521,15 +521,20 @@ class SuppressionIn(StrictInput):
     channel = ChannelField(default="any")
     address = serializers.CharField(
         max_length=320, validators=[storable_text],
-        help_text="Stored as the mailbox it names, lowercased (Name <A@B.example> is "
-        "a@b.example); a Slack channel lowercased, without surrounding spaces.",
+        help_text="On channel `email`, one email address; on `any`, one email address or "
+        "a Slack channel (text without an @); on `slack`, a Slack channel. Stored as the "
+        "mailbox it names, lowercased (Name <A@B.example> is a@b.example); a Slack channel "
+        "lowercased, without surrounding spaces.",
     )  # fmt: skip
     reason = serializers.CharField(
         max_length=200, required=False, allow_blank=True, default="", validators=[storable_text]
     )
 
-    def validate_address(self, value: str) -> str:
-        return stored_address(value)
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        refused = address_refused(attrs["channel"], attrs["address"])
+        if refused is not None:
+            raise serializers.ValidationError({"address": [refused]})
+        return {**attrs, "address": stored_address(attrs["address"])}
 
 
 class SuppressionFilter(django_filters.FilterSet):
@@ -578,7 +583,9 @@ class SuppressionListView(ScopedList):
         request=SuppressionIn,
         responses={201: SuppressionOut, 400: ErrorOut, 409: ErrorOut},
         description="Suppress an address (lowercased) on a channel (`any` by default). It is "
-        "checked when a step would contact it, not when a run starts. The same channel and "
+        "checked when a step would contact it, not when a run starts. An address that is not "
+        "one email address where the channel needs one (on `email`; on `any`, text with an "
+        "@) is 400 `invalid_input`, with `errors` naming `address`. The same channel and "
         "address again is 409 `already_exists`, with the `id` of the suppression that holds "
         "it (nothing changes).",
     )

@@ -14,7 +14,14 @@ from workflows.plugins.erasure import NotOneAddress, canonical_email, keyed_hash
 
 from . import sql
 
-__all__ = ["NotOneAddress", "canonical_email", "erased_address", "stored_address", "suppression"]
+__all__ = [
+    "NotOneAddress",
+    "address_refused",
+    "canonical_email",
+    "erased_address",
+    "stored_address",
+    "suppression",
+]
 
 
 def stored_address(text: str) -> str:
@@ -27,6 +34,21 @@ def stored_address(text: str) -> str:
         except NotOneAddress:
             pass  # kept as written: it matches only a recipient written the same way
     return text.strip().lower()
+
+
+def address_refused(channel: str, text: str) -> str | None:
+    """Why ``text`` cannot be suppressed on ``channel``, or None when it can. On ``email`` it
+    must be one email address; on ``any``, text with an ``@`` must be one too (no recipient
+    is written so: it would match nothing), and text without one is a Slack channel. On
+    ``slack``, any text is a channel."""
+    if channel == "slack" or (channel == "any" and "@" not in text):
+        return None
+    try:
+        canonical_email(text)
+    except NotOneAddress as exc:
+        where = "on channel email" if channel == "email" else "with an @"
+        return f"An address {where} must be one email address ({exc})."
+    return None
 
 
 def erased_address(address: str) -> str:

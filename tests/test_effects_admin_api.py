@@ -362,6 +362,42 @@ def test_bad_suppression_input_is_a_400(writer: APIClient, body: dict[str, str])
     assert not Suppression.objects.exists()
 
 
+NOT_AN_EMAIL_ADDRESS = [
+    ("email", "not-an-email"),
+    ("email", "a@b@c.example"),
+    ("email", "ann@"),
+    ("email", "Ann <ann@x.example>, Bob <bob@x.example>"),
+    ("any", "a@b@c.example"),
+    ("any", "ann@"),
+]
+
+
+@pytest.mark.parametrize(("channel", "address"), NOT_AN_EMAIL_ADDRESS)
+def test_a_suppression_that_needs_an_email_address_and_has_none_is_a_400_naming_it(
+    writer: APIClient, channel: str, address: str
+) -> None:
+    # Kept, it would match no recipient: a send checks the mailbox a recipient names.
+    refused = writer.post("/api/v1/suppressions", {"channel": channel, "address": address},
+                          format="json")  # fmt: skip
+
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["code"] == "invalid_input"
+    assert list(refused.json()["errors"]) == ["address"]
+    assert "one email address" in refused.json()["errors"]["address"][0]
+    assert not Suppression.objects.exists()
+
+
+@pytest.mark.parametrize(("channel", "address"), [("any", "C0123ABC"), ("slack", "#General"),
+                                                  ("any", "Ann <ann@x.example>")])  # fmt: skip
+def test_a_slack_channel_or_an_email_address_is_taken_where_the_channel_allows_it(
+    writer: APIClient, channel: str, address: str
+) -> None:
+    created = writer.post("/api/v1/suppressions", {"channel": channel, "address": address},
+                          format="json")  # fmt: skip
+
+    assert created.status_code == 201, created.content
+
+
 # --- effects and their resolution through the API ---------------------------------------------
 
 
@@ -966,6 +1002,17 @@ def test_a_suppression_added_in_the_admin_is_lowercased_and_unique(
     assert added.status_code == 302
     assert again.status_code == 200 and "already exists" in again.content.decode()
     assert list(Suppression.objects.values_list("address", flat=True)) == ["ann@example.com"]
+
+
+def test_the_admin_refuses_a_suppression_on_email_that_is_not_an_email_address(
+    admin_client: Client, org: Organisation
+) -> None:
+    form = {"org": str(org.pk), "channel": "email", "address": "not-an-email", "reason": ""}
+
+    refused = admin_client.post(f"{ADMIN}/suppression/add/", form)
+
+    assert refused.status_code == 200 and "one email address" in refused.content.decode()
+    assert not Suppression.objects.exists()
 
 
 def test_a_member_adds_suppressions_only_to_their_organisations(
