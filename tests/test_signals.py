@@ -60,6 +60,26 @@ def test_a_waiting_step_takes_the_signal_and_the_run_moves_on(org, api):
     assert (run.status, run.output) == ("succeeded", "42")
 
 
+def test_the_answer_and_the_list_name_the_run_that_took_the_signal(org, api):
+    run_id = start(org, waits_for())
+    body = {"name": "order.paid", "correlation": "o-7", "id": "pay-1"}
+    taken = api.post("/api/v1/signals", body, format="json")
+    again = api.post("/api/v1/signals", body, format="json")  # the same signal: the same run
+    for answer in (taken, again):
+        assert answer.json()["status"] == "consumed"
+        assert answer.json()["run"] == run_id
+        assert answer.json()["links"]["self"] == f"/api/v1/runs/{run_id}"
+        assert "run_created" not in answer.json()  # only signal-with-start starts one
+    # Nobody waits for this one: no run yet. The run that later takes it is named in the list.
+    kept = api.post("/api/v1/signals", {"name": "order.paid", "correlation": "o-8"},
+                    format="json").json()  # fmt: skip
+    assert (kept["status"], kept["run"]) == ("pending", None) and "links" not in kept
+    assert api.get("/api/v1/signals?correlation=o-8").json()["results"][0]["run"] is None
+    later = start(org, waits_for(), key="k2", run_input={"order": "o-8"})
+    listed = {s["correlation"]: s["run"] for s in api.get("/api/v1/signals").json()["results"]}
+    assert listed == {"o-7": run_id, "o-8": later}
+
+
 def test_a_signal_sent_twice_is_applied_once(org, api):
     run_id = start(org, waits_for())
     body = {"name": "order.paid", "correlation": "o-7", "id": "pay-1", "payload": {"amount": 1}}

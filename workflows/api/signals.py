@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ..engine.signals import taker_run_id
 from ..models import Signal
 from ..services.signals import SIGNAL_NAME_RE, SignalSent, inbound_email, signal_send
 from .auth import request_key
@@ -50,19 +51,36 @@ class SignalIn(StrictInput):
                           "this start key, starting it first if it does not exist.")  # fmt: skip
 
 
+RUN_REACHED = ("The run the signal reached: the run of the step that took it, or, with "
+               "`start`, the run of the start key (while pending too); null while no step "
+               "has taken it.")  # fmt: skip
+
+
 class SignalSentOut(serializers.Serializer):
     id = serializers.IntegerField()
     duplicate = serializers.BooleanField()
     status = serializers.ChoiceField(choices=["consumed", "pending"])
     consumed_by = serializers.CharField(help_text='"run/step/iteration", or "" while pending')
-    run = serializers.IntegerField(allow_null=True, required=False)
-    run_created = serializers.BooleanField(required=False)
-    links = serializers.DictField(required=False)
+    run = serializers.IntegerField(allow_null=True, help_text=RUN_REACHED)
+    run_created = serializers.BooleanField(
+        required=False, help_text="With `start`: whether this signal started its run."
+    )
+    links = serializers.DictField(required=False, help_text="The run's, when there is one.")
+
+
+class RunReachedField(serializers.IntegerField):
+    """A stored signal's run: the one it was sent to (signal-with-start), else the one whose
+    step took it (its ``consumed_by``), else none."""
+
+    def get_attribute(self, instance: Signal) -> int | None:
+        if instance.run_id is not None:
+            return instance.run_id
+        return taker_run_id(instance.consumed_by)
 
 
 class SignalOut(serializers.ModelSerializer):
     status = serializers.SerializerMethodField()
-    run = serializers.IntegerField(source="run_id", allow_null=True)
+    run = RunReachedField(allow_null=True, read_only=True, help_text=RUN_REACHED)
 
     class Meta:
         model = Signal
@@ -95,9 +113,12 @@ def _sent(sent: SignalSent) -> dict[str, Any]:
         "status": "consumed" if delivered.consumed_by else "pending",
         "consumed_by": delivered.consumed_by,
     }  # fmt: skip
+    run_id = sent.run_id if sent.run_id is not None else delivered.taker_run_id
+    answer["run"] = run_id
+    if run_id is not None:
+        answer["links"] = run_links(run_id)
     if sent.run_id is not None:
-        answer |= {"run": sent.run_id, "run_created": sent.run_created,
-                   "links": run_links(sent.run_id)}  # fmt: skip
+        answer["run_created"] = sent.run_created
     return answer
 
 

@@ -50,6 +50,17 @@ class Delivered:
     duplicate: bool  # this identity was delivered before: nothing changed now
     consumed_by: str  # "run/step/iteration" of the step that took it, or "" (pending)
 
+    @property
+    def taker_run_id(self) -> int | None:
+        """The run of the step that took it; None while pending."""
+        return taker_run_id(self.consumed_by)
+
+
+def taker_run_id(consumed_by: str) -> int | None:
+    """The run named by a signal's ``consumed_by`` ("run/step/iteration"); None for ""."""
+    head = consumed_by.partition("/")[0]
+    return int(head) if head.isdigit() else None
+
 
 def identity_of(name: str, correlation: str, run_id: int | None, payload: Any) -> str:
     """A signal without an id of its own is identified by its content: the same content
