@@ -250,7 +250,21 @@ def test_a_format_the_endpoint_lacks_is_a_json_406_naming_the_formats(path: str)
     assert client.get("/api/v1/schema/", {"format": "json"})["Content-Type"].startswith(
         "application/vnd.oai.openapi+json"
     )
-    assert client.get("/api/v1/schema/", {"format": "xyz"}).status_code == 406
+    refused = client.get("/api/v1/schema/", {"format": "xyz"})
+    assert refused.status_code == 406
+    # An error is JSON there too, not the schema's first format (YAML).
+    assert refused["Content-Type"] == "application/json", refused.content
+    assert refused.json()["code"] == "not_acceptable"
+
+
+def test_the_format_override_is_taken_by_lists_as_by_everything_else(api: APIClient) -> None:
+    # A list refused it as an unknown filter (400 invalid_query) where a run's page took it.
+    response = api.get("/api/v1/runs", {"format": "json"})
+    assert response.status_code == 200, response.content
+    assert response.json()["results"] == []
+    assert api.get("/api/v1/runs", {"format": "json", "stauts": "x"}).json()["code"] == (
+        "invalid_query"
+    )
 
 
 def test_406_is_in_the_documented_error_table() -> None:

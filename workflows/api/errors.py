@@ -29,12 +29,15 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from ..engine.transient import away, first_line, lost_connection
 from ..errors import WaymarkError
+from .renderers import JSONRenderer
 
 logger = logging.getLogger(__name__)
 
 # What a client is told to wait before trying again while the database is away: a restart of
 # the server takes a few seconds.
 DATABASE_RETRY_AFTER_SECONDS = 5
+
+JSON = JSONRenderer()
 
 _DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
     (exceptions.ParseError, "malformed_request"),
@@ -72,6 +75,17 @@ def database_unavailable(request: HttpRequest, exc: BaseException) -> dict[str, 
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    response = _answer(exc, context)
+    request = context.get("request")
+    if response is not None and request is not None:
+        # JSON whatever the endpoint renders otherwise (the schema's YAML, first among its
+        # renderers, is what DRF falls back to when negotiation failed: a 406 came as YAML).
+        request.accepted_renderer = JSON
+        request.accepted_media_type = JSON.media_type
+    return response
+
+
+def _answer(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, WaymarkError):
         ours = Response(exc.as_dict(), status=exc.status)
         if exc.status == 401:

@@ -17,6 +17,7 @@ from django.http import HttpRequest
 from django_filters.fields import IsoDateTimeField
 from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework.request import Request
+from rest_framework.settings import api_settings
 
 from ..errors import InvalidFilter, InvalidQuery
 from ..models import Automation, Organisation, Run, Signal
@@ -191,9 +192,12 @@ class SignalFilter(django_filters.FilterSet):
 
 
 def _paging_parameters(view: Any) -> set[str]:
+    """The parameters a list takes beside its filters: its pages', and ``format`` (the
+    format override every endpoint answers, api/negotiation.py)."""
     paginator = getattr(view, "paginator", None)
     names = (getattr(paginator, "cursor_query_param", None),
-             getattr(paginator, "page_size_query_param", None))  # fmt: skip
+             getattr(paginator, "page_size_query_param", None),
+             api_settings.URL_FORMAT_OVERRIDE)  # fmt: skip
     return {name for name in names if name}
 
 
