@@ -83,9 +83,9 @@ class Command(BaseCommand):
         if signal.SIGINT in supervisor.signals:
             # Ctrl-C: every process has stopped; the same line and status as a Ctrl-C that
             # comes before the supervisor runs (manage.py).
-            raise CommandError(
-                "interrupted: every process has stopped", returncode=EXIT_INTERRUPTED
-            )
+            # (Not a CommandError, whose "CommandError:" would read as a failure.)
+            self.stderr.write("interrupted: every process has stopped")
+            sys.exit(EXIT_INTERRUPTED)
 
     @staticmethod
     def _background(target: Any, *args: Any) -> None:
