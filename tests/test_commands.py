@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
 from workflows.demo.bootstrap import DEMO_ORG, bootstrap_demo
+from workflows.demo.runs import show_demo_runs
 from workflows.errors import WaymarkError
 from workflows.models import ApiKey, Automation, AutomationVersion, Organisation
 from workflows.services.tenancy import api_key_authenticate
@@ -86,6 +88,34 @@ def test_a_definition_file_refused_leaves_nothing_behind(
     with pytest.raises(CommandError, match=f"^{code}"):
         _call("publish_automation", "--org", "acme", "--slug", "fresh", "--file", str(path))
     assert not Automation.objects.filter(slug="fresh").exists()
+
+
+class _Looks:
+    """A stop for show_demo_runs that lets it look ``times`` times, then stops it: no clock."""
+
+    def __init__(self, times: int) -> None:
+        self.left = times
+
+    def is_set(self) -> bool:
+        return self.left <= 0
+
+    def wait(self, seconds: float) -> bool:
+        self.left -= 1
+        return self.is_set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_demo_runs_progress_is_printed_when_it_changes(settings, tmp_path: Path) -> None:
+    # With no engine the runs stay where they started: one line, not one a look.
+    settings.DATA_DIR = tmp_path
+    bootstrap_demo()
+    out = io.StringIO()
+    looking = threading.Thread(target=show_demo_runs, args=(2, out, _Looks(4)))
+    looking.start()
+    looking.join()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("started 2 demo run(s)")
+    assert [line for line in lines if line.startswith("demo runs:")] == [lines[1]], lines
 
 
 def test_bootstrap_demo_is_idempotent(settings, tmp_path: Path) -> None:

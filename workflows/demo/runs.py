@@ -31,10 +31,13 @@ def show_demo_runs(count: int, out: TextIO, stop: Any) -> None:
             run_ids.append(started.run_id)
         out.write(f"started {count} demo run(s): {run_ids}\n")
         deadline = time.monotonic() + 60
+        shown = ""
         while not stop.is_set() and time.monotonic() < deadline:
             runs = list(Run.objects.filter(id__in=run_ids).order_by("id"))
             line = ", ".join(f"{r.id}:{r.status}({r.steps_executed} steps)" for r in runs)
-            out.write(f"demo runs: {line}\n")
+            if line != shown:  # while the engine starts, a line a second said the same
+                out.write(f"demo runs: {line}\n")
+                shown = line
             if all(r.status != "running" for r in runs):
                 for run in runs:
                     out.write(f"  run {run.id} {run.status}: output {run.output}\n")
