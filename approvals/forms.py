@@ -26,6 +26,7 @@ value as null.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,8 +47,13 @@ END = r"(?![\s\S])"
 
 def _is_number(_checker: Any, value: Any) -> bool:
     """A number as JSON means it: not a bool (Python's True is an int), and finite (Python's
-    json reads NaN and Infinity)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    json reads NaN and Infinity), within what a float holds (a whole number past it, which
+    JSON allows, is none a reader can take as a number; math.isfinite raised on it)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, int):
+        return -sys.float_info.max <= value <= sys.float_info.max
+    return math.isfinite(value)
 
 
 def _is_integer(_checker: Any, value: Any) -> bool:

@@ -198,3 +198,18 @@ def test_a_form_field_name_ends_where_the_text_ends() -> None:
         ("form.fields.0.max_length", "only for text: a whole number 1 to 10000"),
         ("form.fields.0.choices", "only for choice"),
     ]
+
+
+@pytest.mark.parametrize("amount", [10**400, str(10**400), -(10**400)],
+                         ids=["huge", "huge as text", "huge below zero"])  # fmt: skip
+def test_a_number_past_what_a_float_holds_is_an_invalid_answer(org, api, amount) -> None:
+    # math.isfinite raised OverflowError on it: a 500, and no attempt in the audit.
+    _, task = open_task(org)
+    answer = {"answer": {"invoice": "INV-9", "amount": amount}}
+    refused = api.post(f"/api/v1/tasks/{task.pk}/submit", answer, format="json")
+
+    assert (refused.status_code, refused.json()["code"]) == (400, "invalid_answer"), refused.content
+    assert list(refused.json()["errors"]) == ["amount"]
+    task.refresh_from_db()
+    assert task.status == "pending"
+    assert list(DecisionAttempt.objects.values_list("reason", flat=True)) == ["invalid_answer"]

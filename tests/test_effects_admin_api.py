@@ -180,6 +180,8 @@ def test_a_connection_without_a_secret_says_so(writer: APIClient) -> None:
         ({"name": "crm", "provider": "http", "max_concurrency": 10_000}, "max_concurrency"),
         ({"name": "crm", "provider": "http", "timeout_seconds": 3600}, "timeout_seconds"),
         ({"name": "crm", "provider": "http", "timeout_seconds": "nan"}, "timeout_seconds"),
+        # A whole number past what a float holds: 400, not an OverflowError's 500.
+        ({"name": "crm", "provider": "http", "timeout_seconds": 10**400}, "timeout_seconds"),
         ({"name": "crm", "provider": "http", "secret": ""}, "secret"),
         ({"name": "crm", "provider": "http", "max_concurency": 2}, "max_concurency"),
     ],
