@@ -212,6 +212,22 @@ def test_the_signature_is_hmac_sha256_over_the_timestamp_and_the_body() -> None:
     assert not verify("whsec_test", header, b'{"id":"1"}', now=1767225600 + 301)  # a replay
 
 
+@pytest.mark.parametrize("stamp", ["²", "١٧٦٧٢٢٥٦٠٠", " ", ""])
+def test_a_timestamp_of_other_digits_is_refused_not_raised(stamp: str) -> None:
+    # "²".isdigit() is true and int("²") raises: a forged header was an exception (a 500 in
+    # a receiver using the documented code), not a refusal. The page's code, run as shown.
+    body = b'{"id":"1"}'
+    header = f"t={stamp},v1=" + "0" * 64
+    assert verify("whsec_test", header, body) is False
+    page = (Path(__file__).parent.parent / "docs/how-to/receive-webhooks.md").read_text()
+    code = page.split("In Python:\n\n```python\n", 1)[1].split("```", 1)[0]
+    documented: dict[str, Any] = {}
+    exec(code, documented)  # noqa: S102 (the page's own example)
+    assert documented["verify"]("whsec_test", header, body) is False
+    good = signature_header("whsec_test", body)
+    assert documented["verify"]("whsec_test", good, body) is True
+
+
 def test_it_retries_after_server_errors_then_succeeds(org, receiver: ReceiverStub) -> None:
     subscribe(org, f"{receiver.url}/hook", "run.succeeded")
     run_once(org)

@@ -47,9 +47,11 @@ def verify(
     parts = [part.partition("=") for part in header.split(",")]
     stamps = [value for key, _, value in parts if key.strip() == "t"]
     candidates = [value.strip() for key, _, value in parts if key.strip() == "v1"]
-    if len(stamps) != 1 or not stamps[0].strip().isdigit() or not candidates:
+    # ASCII digits only: isdigit() also takes "²", which int() refuses (a raise, not False).
+    stamp = stamps[0].strip() if len(stamps) == 1 else ""
+    if not (stamp.isascii() and stamp.isdigit()) or not candidates:
         return False
-    timestamp = int(stamps[0])
+    timestamp = int(stamp)
     if abs((time.time() if now is None else now) - timestamp) > tolerance:
         return False
     expected = signature(secret, timestamp, body)
