@@ -99,12 +99,12 @@ def interactions(request: HttpRequest) -> HttpResponse:
         or not signature_verifies(secret, timestamp, body, signature)
     ):
         return _unverified(401, "bad_signature", ip, "The request's signature does not verify.")
-    if abs(time.time() - int(timestamp)) > TIMESTAMP_WINDOW:
+    age = time.time() - int(timestamp)
+    if abs(age) > TIMESTAMP_WINDOW:
+        # Either way a replay or a clock that is off; say which side of now it is.
+        when = "older than 5 minutes" if age > 0 else "more than 5 minutes ahead of this clock"
         return _unverified(
-            401,
-            "stale_request",
-            ip,
-            "The request is older than 5 minutes (a replay?); it was refused.",
+            401, "stale_request", ip, f"The request is {when} (a replay?); it was refused."
         )
     anonymous = Actor(via="slack", name="", ip=ip)
     payload = _payload(body)

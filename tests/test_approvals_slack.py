@@ -118,6 +118,9 @@ def test_forged_stale_and_malformed_requests_are_refused(org, slack_stub, alice,
     replayed = slack_post(client, click, timestamp=int(time.time()) - 301)
     assert (replayed.status_code, replayed.json()["code"]) == (401, "stale_request")
     assert "older than 5 minutes" in replayed.json()["text"]
+    ahead = slack_post(client, click, timestamp=int(time.time()) + 400)
+    assert (ahead.status_code, ahead.json()["code"]) == (401, "stale_request")
+    assert "ahead of this clock" in ahead.json()["text"]  # it said "older" of a future one
     garbage = slack_post(client, None, raw="payload=%7Bnot+json")
     assert (garbage.status_code, garbage.json()["code"]) == (400, "malformed")
     no_payload = slack_post(client, None, raw="hello=world")
@@ -136,6 +139,7 @@ def test_forged_stale_and_malformed_requests_are_refused(org, slack_stub, alice,
     assert refusals == [
         "Slack interaction refused (bad_signature) from 127.0.0.1",
         "Slack interaction refused (bad_signature) from 127.0.0.1",
+        "Slack interaction refused (stale_request) from 127.0.0.1",
         "Slack interaction refused (stale_request) from 127.0.0.1",
     ]
     assert audit() == [
