@@ -30,10 +30,9 @@ def main() -> None:
 
 
 def interrupted() -> None:
-    from waymark_config.exit_codes import EXIT_INTERRUPTED
+    from waymark_config.exit_codes import exit_interrupted
 
-    sys.stderr.write("interrupted\n")
-    sys.exit(EXIT_INTERRUPTED)
+    exit_interrupted()
 
 
 if __name__ == "__main__":

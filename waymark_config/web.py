@@ -32,7 +32,7 @@ from waitress.server import TcpWSGIServer
 from waitress.task import ErrorTask
 from waitress.utilities import BadRequest, Error
 
-from .exit_codes import EXIT_CONFIG, EXIT_INTERRUPTED
+from .exit_codes import EXIT_CONFIG, exit_interrupted
 
 # How long a connection refused part-way is still read (and discarded) before it is closed.
 LINGER_SECONDS = 2.0
@@ -308,8 +308,7 @@ def main() -> None:
     except KeyboardInterrupt:
         # Ctrl-C before serve() took SIGINT for itself (loading Django): one line (manage.py's
         # rule). Under runengine it never comes: its children start with SIGINT blocked.
-        print("interrupted", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+        exit_interrupted()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from typing import Any, TextIO
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from waymark_config.exit_codes import EXIT_INTERRUPTED
+from waymark_config.exit_codes import exit_interrupted
 from waymark_config.web import PortInUse, bind, web_argv
 from workflows.engine.lanes import WORKER_LANES, lane_policy
 from workflows.engine.scrape import multiprocess_directory, process_died
@@ -84,8 +84,7 @@ class Command(BaseCommand):
             # Ctrl-C: every process has stopped; the same line and status as a Ctrl-C that
             # comes before the supervisor runs (manage.py).
             # (Not a CommandError, whose "CommandError:" would read as a failure.)
-            self.stderr.write("interrupted: every process has stopped")
-            sys.exit(EXIT_INTERRUPTED)
+            exit_interrupted("every process has stopped")
 
     @staticmethod
     def _background(target: Any, *args: Any) -> None:
