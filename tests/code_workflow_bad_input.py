@@ -39,10 +39,17 @@ def raises(ctx: Context, run_input: dict[str, Any]) -> None:
     raise LookupError("no such order")
 
 
+@workflow("code-raises-nul", version=1)
+def raises_with_a_nul(ctx: Context, run_input: dict[str, Any]) -> None:
+    ctx.run("first", str, "x")
+    raise ValueError("bad byte \x00 in the order")  # text refuses a NUL: stored escaped
+
+
 BAD_INPUT = {  # each workflow, and the code its run fails with
     "code-type-conflict": "step_type_conflict",
     "code-unserialisable": "unserialisable_result",
     "code-too-large": "result_too_large",
     "code-bad-output": "invalid_output",
     "code-raises": "workflow_failed",
+    "code-raises-nul": "workflow_failed",
 }

@@ -203,6 +203,47 @@ def test_a_mistake_in_the_code_fails_the_run_at_its_step_with_its_code(
         assert [s.step_id for s in run.steps] == []  # nothing of it was stored
 
 
+def refuse_with_a_nul(what: str) -> None:
+    raise ValueError(f"{what} \x00 byte")
+
+
+@workflow("code-nul-fail", version=1)
+def fails_with_a_nul(ctx: Context, run_input: dict[str, Any]) -> None:
+    ctx.fail("out of stock: \x00")
+
+
+@workflow("code-nul-run", version=1)
+def run_raises_with_a_nul(ctx: Context, run_input: dict[str, Any]) -> None:
+    ctx.run("r", refuse_with_a_nul, "last", retry={"max_attempts": int(run_input["attempts"])})
+
+
+@workflow("code-nul-branch", version=1)
+def branch_raises_with_a_nul(ctx: Context, run_input: dict[str, Any]) -> Any:
+    return ctx.parallel("fan", lambda c: refuse_with_a_nul("branch"), lambda c: c.run("b", str))
+
+
+@pytest.mark.parametrize(
+    ("name", "attempts", "error"),
+    [
+        ("code-nul-fail", 1, "workflow_failed: out of stock: \\x00"),
+        ("code-nul-run", 1, "step 'r' failed: ValueError: last \\x00 byte (attempt 1 of 1)"),
+        # Its first attempt's failure is the decider's row's error, retried.
+        ("code-nul-run", 2, "step 'r' failed: ValueError: last \\x00 byte (attempt 2 of 2)"),
+        ("code-nul-branch", 1, "step 'fan.0' failed: workflow_failed: ValueError: branch "
+         "\\x00 byte"),
+    ],
+)  # fmt: skip
+def test_a_failure_whose_text_holds_a_nul_fails_the_run_with_it_escaped(
+    org: Organisation, name: str, attempts: int, error: str
+) -> None:
+    """PostgreSQL's text and jsonb refuse a NUL: the failure's text (a reason, what an
+    exception says) is stored with it escaped, not an engine_error."""
+    t = WorkflowTest(org=org)
+    t.start(name, version=1, input={"attempts": attempts})
+    run = t.run_until_finished()
+    assert (run.status, run.error) == ("failed", error)
+
+
 @workflow("code-conflict-in-branch", version=1)
 def top_then_branch(ctx: Context, run_input: dict[str, Any]) -> Any:
     ctx.run("x", str, "top")

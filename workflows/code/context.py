@@ -37,7 +37,12 @@ from django.conf import settings
 from ..definitions.fields import is_step_id
 from ..definitions.registry import StepReport, registry
 from ..definitions.rendering import plain_copy
-from ..definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
+from ..definitions.storable import (
+    UNSTORABLE_REASON,
+    has_unstorable,
+    storable_text,
+    unstorable_path,
+)
 from ..engine.decided import COMPENSATION_RECORD, branch_decider_id
 from ..errors import InvalidInput, PayloadTooLarge
 from ..services.runs import MAX_INPUT_DEPTH, check_json_value
@@ -410,7 +415,9 @@ class Context(PeopleAndTime):
     @staticmethod
     def _failed(step_id: str, error: str) -> NoReturn:
         """Record ``step_id`` as failed for good: the next turn raises StepFailed here."""
-        raise Suspended({"id": step_id, "type": RESULT_TYPE, "failed": error[:2000]})
+        # Stored in the turn's output (jsonb, which refuses a NUL), as the exception read.
+        failed = storable_text(error)[:2000]
+        raise Suspended({"id": step_id, "type": RESULT_TYPE, "failed": failed})
 
     def http(
         self,

@@ -38,4 +38,12 @@ def has_unstorable(text: str) -> bool:
     return _UNSTORABLE.search(text) is not None
 
 
+def storable_text(text: str) -> str:
+    """``text`` with each character PostgreSQL cannot store written as its escape (``\\x00``,
+    ``\\ud800``): for a message made of what code raised, which is stored as it reads."""
+    if not has_unstorable(text):
+        return text
+    return _UNSTORABLE.sub(lambda found: found.group().encode("unicode_escape").decode(), text)
+
+
 UNSTORABLE_REASON = "contains a NUL character or an unpaired surrogate, which cannot be stored"

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..definitions.registry import registry
+from ..definitions.storable import storable_text
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,9 @@ class StepFailure(Exception):
         retry_after: float | None = None,
         error_class: str = "",
     ) -> None:
-        super().__init__(message)
+        # Stored as the step's and the run's error: a message made of what code raised (a
+        # workflow's ctx.fail reason, an exception's text) may hold a NUL, which text refuses.
+        super().__init__(storable_text(message))
         self.retryable = retryable
         self.retry_after = retry_after
         self.error_class = error_class
