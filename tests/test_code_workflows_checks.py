@@ -8,6 +8,7 @@ traceback in the worker's log."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -242,6 +243,51 @@ def test_a_failure_whose_text_holds_a_nul_fails_the_run_with_it_escaped(
     t.start(name, version=1, input={"attempts": attempts})
     run = t.run_until_finished()
     assert (run.status, run.error) == ("failed", error)
+
+
+def nested(levels: int, inner: Any = None) -> Any:
+    value: Any = [] if inner is None else [inner]
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@workflow("code-deep", version=1)
+def deep_values(ctx: Context, run_input: dict[str, Any]) -> Any:
+    levels, where = int(run_input["levels"]), run_input["where"]
+    if where == "result":
+        ctx.run("deep", nested, levels)
+    if where == "nan":  # not JSON, at the bottom of it
+        ctx.run("deep", nested, levels, math.nan)
+    if where == "call":
+        ctx.step("deep", "set", values={"x": nested(levels)})
+    if where == "branch":
+        ctx.parallel("fan", lambda c: nested(levels), lambda c: c.run("b", str))
+    return nested(levels)
+
+
+@pytest.mark.parametrize("levels", [40, 5000])  # 5000: deeper than json.dumps recurses
+@pytest.mark.parametrize(
+    ("where", "error"),
+    [
+        ("result", "result_too_large: deep nests deeper than 32 levels"),
+        ("call", "invalid_code_step: deep nests deeper than 32 levels"),
+        ("branch", "step 'fan.0' failed: result_too_large: fan.0 nests deeper than 32 levels"),
+        ("output", "output_too_large: output nests deeper than 32 levels"),
+        ("nan", "unserialisable_result: step 'deep': not JSON: "),
+    ],
+)
+def test_a_value_nested_too_deep_fails_the_run_with_its_size_code_however_deep(
+    org: Organisation, levels: int, where: str, error: str
+) -> None:
+    """A ctx.run result, a step's call, a branch's value and the output are held to 32
+    levels of nesting, as an input is, also past the depth json.dumps recurses through
+    (it raised RecursionError: workflow_failed, or an engine_error for a branch's)."""
+    t = WorkflowTest(org=org)
+    t.start("code-deep", version=1, input={"levels": levels, "where": where})
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert run.error == error or (error.endswith(": ") and run.error.startswith(error)), run.error
 
 
 @workflow("code-conflict-in-branch", version=1)

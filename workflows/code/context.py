@@ -605,7 +605,11 @@ class Context(PeopleAndTime):
                 f"the code returned before ctx.parallel {inner[0][0]!r}",
             )
         branch.returned()
-        check_json(branch_decider_id(step_id, number, self._at), value)
+        decider_id = branch_decider_id(step_id, number, self._at)
+        check_json(decider_id, value)
+        # Stored in its decider's row, as a ctx.run result is in its own.
+        what = f"The value branch {number} of ctx.parallel {step_id!r} returned"
+        within_stored_limits(decider_id, value, "result_too_large", what)
         raise BranchReturned(value)
 
     def fail(self, reason: str) -> NoReturn:
@@ -925,7 +929,11 @@ def within_stored_limits(label: str, value: Any, code: str, what: str) -> None:
     results and outputs are a few fields. (json.dumps writes ASCII with spaces: never
     shorter than the stored, compact UTF-8 text; and a value cannot nest deeper than it has
     brackets.) ``value`` has passed ``check_json``."""
-    written = json.dumps(value)
+    try:
+        written = json.dumps(value)
+    except RecursionError:  # nested deeper than json.dumps goes: the exact check says how
+        check_stored_size(label, value, code, what)
+        raise
     too_long = len(written) > int(settings.WAYMARK["MAX_INPUT_BYTES"])
     if too_long or written.count("{") + written.count("[") > MAX_INPUT_DEPTH:
         check_stored_size(label, value, code, what)
@@ -936,7 +944,7 @@ def check_json(step_id: str, value: Any) -> None:
         return
     try:
         json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:  # (RecursionError: nested too deep)
         raise CodeFailure("unserialisable_result", f"step {step_id!r}: not JSON: {exc}") from None
     if unstorable_path(value) is not None:
         raise CodeFailure("unserialisable_result", f"step {step_id!r}: {UNSTORABLE_REASON}")
