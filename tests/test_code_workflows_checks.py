@@ -8,6 +8,7 @@ traceback in the worker's log."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -243,6 +244,44 @@ def test_a_failure_whose_text_holds_a_nul_fails_the_run_with_it_escaped(
     t.start(name, version=1, input={"attempts": attempts})
     run = t.run_until_finished()
     assert (run.status, run.error) == ("failed", error)
+
+
+class OrderRefused(Exception):
+    def __str__(self) -> str:
+        return f"order {self.order} refused"  # type: ignore[attr-defined]  # never set
+
+
+def refuse_order() -> None:
+    raise OrderRefused()
+
+
+@workflow("code-unreadable-exception", version=1)
+def raises_what_cannot_be_read(ctx: Context, run_input: dict[str, Any]) -> None:
+    if run_input["where"] == "run":
+        ctx.run("r", refuse_order)
+    refuse_order()
+
+
+@pytest.mark.parametrize(
+    ("where", "error"),
+    [
+        ("code", "workflow_failed: OrderRefused: (its message cannot be read: AttributeError)"),
+        ("run", "step 'r' failed: OrderRefused: (its message cannot be read: AttributeError) "
+         "(attempt 1 of 1)"),
+    ],
+)  # fmt: skip
+def test_an_exception_whose_message_cannot_be_read_fails_the_run_once_with_its_code(
+    org: Organisation, where: str, error: str, caplog: Any
+) -> None:
+    """Its __str__ raised from the handler that tells the run's failure: the decider's turn
+    was retried 100 times, each with a traceback, and the run failed without a code."""
+    caplog.set_level(logging.WARNING)
+    t = WorkflowTest(org=org)
+    t.start("code-unreadable-exception", version=1, input={"where": where})
+    run = t.run_until_finished()
+    assert (run.status, run.error) == ("failed", error)
+    assert Step.objects.get(run_id=run.id, step_id="decide", iteration=1).attempt == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
 
 
 def nested(levels: int, inner: Any = None) -> Any:

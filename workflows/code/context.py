@@ -402,7 +402,7 @@ class Context(PeopleAndTime):
                 finally:
                     self._in_function.pop()
         except Exception as exc:  # the function's own failure: retried, then told to the code
-            error = f"{type(exc).__name__}: {exc}"
+            error = f"{type(exc).__name__}: {message_of(exc)}"
             if attempt < most:
                 raise RetryCall(step_id, attempt, most, error) from None
             # Its last attempt: of those it allows, or later, after attempts whose worker
@@ -711,11 +711,21 @@ def failure_of(exc: Exception) -> CodeFailure:
     """The run's failure for an exception the workflow's code raised: ``workflow_failed``;
     ``invalid_code_step`` when it is a ctx call's own arguments (a keyword it does not take,
     one missing), raised at the code's call, not inside the call."""
-    message = str(exc)
+    message = message_of(exc)
     called = _WRONG_CALL.match(message) if isinstance(exc, TypeError) else None
     if called is not None and not _raised_inside(exc):
         return CodeFailure("invalid_code_step", f"ctx.{called.group(1)}: {message}")
     return CodeFailure("workflow_failed", f"{type(exc).__name__}: {message}")
+
+
+def message_of(exc: BaseException) -> str:
+    """What ``exc`` says. An exception of the host's whose ``__str__`` raises (it reads an
+    attribute its ``__init__`` never set, say) is named without it: raised from the handler
+    that tells the run's failure, it would escape as the worker's own error, with a traceback."""
+    try:
+        return str(exc)
+    except Exception as broken:
+        return f"(its message cannot be read: {type(broken).__name__})"
 
 
 # Python's own words for a call whose arguments do not fit (3.10+ name the method's class).
