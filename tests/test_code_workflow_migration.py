@@ -70,6 +70,25 @@ def sixth(ctx: Context, run_input: dict[str, Any]) -> str:
         pass
 
 
+class Unreadable(Exception):
+    def __str__(self) -> str:
+        return f"order {self.order}"  # type: ignore[attr-defined]  # never set
+
+
+@workflow("code-move", version=7)
+def seventh(ctx: Context, run_input: dict[str, Any]) -> str:
+    """Fails on every history, with a NUL in what it says."""
+    ctx.run("a", called, "a")
+    ctx.fail("out of stock \x00")
+
+
+@workflow("code-move", version=8)
+def eighth(ctx: Context, run_input: dict[str, Any]) -> str:
+    """Fails on every history, with an exception whose message cannot be read."""
+    ctx.run("a", called, "a")
+    raise Unreadable()
+
+
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
     CALLS.clear()
@@ -158,6 +177,31 @@ def test_a_code_run_whose_history_the_new_code_does_not_fit_stays_with_the_reaso
     drive()
     run.refresh_from_db()
     assert (run.status, run.output) == ("succeeded", "b")
+
+
+@pytest.mark.parametrize(
+    ("version", "detail"),
+    [
+        (7, "workflow_failed: out of stock \\x00"),
+        (8, "workflow_failed: Unreadable: (its message cannot be read: AttributeError)"),
+    ],
+)
+def test_a_misfit_whose_text_holds_a_nul_or_cannot_be_read_is_reported_not_a_500(
+    org: Organisation, api: APIClient, version: int, detail: str
+) -> None:
+    """The reason is kept in the run's run.migration_refused event (jsonb refuses a NUL);
+    an exception's __str__ that raises was raised again by the replay's own handler."""
+    run_id, numbers = sleeping_run(org)
+    numbers[version] = publish_code_workflow(org=org, name="code-move", version=version).number
+    url = "/api/v1/automations/code-move/migrations"
+    body = {"from_version": numbers[1], "to_version": numbers[version]}
+    for dry in (True, False):
+        answer = api.post(url, {**body, "dry_run": dry}, format="json")
+        assert answer.status_code == 200, answer.content
+    event = RunEvent.objects.get(run_id=run_id, kind="run.migration_refused")
+    assert event.detail is not None
+    assert (event.detail["code"], event.detail["detail"]) == ("workflow_failed", detail)
+    assert Run.objects.get(pk=run_id).version.number == numbers[1]
 
 
 def test_code_that_spins_in_the_dry_replay_is_cut_at_the_turn_budget_and_the_run_stays(

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..definitions.registry import registry
+from ..definitions.storable import storable_text
 from ..engine.decided import deciding_step
 from ..engine.places import TOP as TOP_PLACE
 from ..engine.places import Place
@@ -16,7 +17,15 @@ from ..errors import WorkflowNotAllowed
 from ..models import Organisation
 from ..services.replays import Replays, RunData
 from .budget import TurnOverBudget, turn_budget_seconds, within
-from .context import CODE_TYPE, COMPENSATE_ID, DECIDER_ID, CodeFailure, Context, Suspended
+from .context import (
+    CODE_TYPE,
+    COMPENSATE_ID,
+    DECIDER_ID,
+    CodeFailure,
+    Context,
+    Suspended,
+    message_of,
+)
 from .history import REPLAY_CUTS, TOP, Cut, Where, newest_row, read_history, replay_cuts
 from .registry import CodeWorkflow, registered
 
@@ -102,9 +111,11 @@ def replay_misfit(run: RunData, definition: Mapping[str, Any]) -> str | None:
     except TurnOverBudget as over:
         return str(over)
     except CodeFailure as failure:
-        return str(failure)
+        # Stored in the run's run.migration_refused event (jsonb, which refuses a NUL): what
+        # the code said (a ctx.fail reason, an exception's message) is made storable.
+        return storable_text(str(failure))
     except Exception as exc:  # the code raises on the run's history
-        return f"workflow_failed: {type(exc).__name__}: {exc}"
+        return storable_text(f"workflow_failed: {type(exc).__name__}: {message_of(exc)}")
     return None
 
 
