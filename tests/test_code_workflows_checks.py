@@ -329,6 +329,35 @@ def test_a_value_nested_too_deep_fails_the_run_with_its_size_code_however_deep(
     assert run.error == error or (error.endswith(": ") and run.error.startswith(error)), run.error
 
 
+def huge_number(digits: int) -> int:
+    return int(10 ** (digits - 1))
+
+
+@workflow("code-huge-number", version=1)
+def huge_numbers(ctx: Context, run_input: dict[str, Any]) -> Any:
+    digits = int(run_input["digits"])
+    if run_input["where"] == "result":
+        ctx.run("huge", huge_number, digits)
+    return {"n": huge_number(digits)}
+
+
+@pytest.mark.parametrize(("where", "step"), [("result", "huge"), ("output", "output")])
+def test_a_number_past_the_digits_python_writes_is_not_json_and_one_within_them_is(
+    org: Organisation, where: str, step: str
+) -> None:
+    """Past 4300 digits json.dumps refuses an int (sys.get_int_max_str_digits): the run
+    failed with workflow_failed: ValueError; it is unserialisable_result, as NaN is."""
+    t = WorkflowTest(org=org)
+    t.start("code-huge-number", version=1, input={"digits": 5000, "where": where})
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert run.error.startswith(f"unserialisable_result: step {step!r}: not JSON: "), run.error
+    fine = WorkflowTest(org=org)
+    fine.start("code-huge-number", version=1, input={"digits": 4300, "where": where},
+               start_key="fine")  # fmt: skip
+    assert fine.run_until_finished().output == {"n": 10**4299}
+
+
 @workflow("code-conflict-in-branch", version=1)
 def top_then_branch(ctx: Context, run_input: dict[str, Any]) -> Any:
     ctx.run("x", str, "top")

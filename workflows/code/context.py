@@ -961,6 +961,9 @@ def check_json(step_id: str, value: Any) -> None:
 
 
 _JSON_SCALARS = frozenset({str, int, bool, type(None)})
+# An integer of at most this many bits (about 300 digits) is within the digits Python writes
+# and reads (sys.get_int_max_str_digits, 4300 by default, and not less than 640).
+_SURE_INT_BITS = 1000
 
 
 def _plain_json(value: Any) -> bool:
@@ -984,6 +987,9 @@ def _plain_json(value: Any) -> bool:
             stack.extend(item)
         elif kind is float:
             if not math.isfinite(item):
+                return False
+        elif kind is int:
+            if item.bit_length() > _SURE_INT_BITS:  # past 4300 digits, json.dumps refuses it
                 return False
         elif kind not in _JSON_SCALARS:
             return False
