@@ -12,7 +12,7 @@ import pytest
 from django.test import Client
 
 from workflows.models import Organisation, Run, RunEvent, Step
-from workflows.plugins.code import Context, publish_code_workflow, workflow
+from workflows.plugins.code import Context, StepFailed, publish_code_workflow, workflow
 from workflows.plugins.testing import WorkflowTest
 from workflows.services.runs import run_start
 
@@ -189,6 +189,46 @@ def test_a_branch_that_raises_fails_the_run_and_ends_the_other_branch(org: Organ
     assert run.error == "step 'pair.0' failed: workflow_failed: ValueError: boom"
     assert Step.objects.get(run_id=run.id, step_id="go").status == "cancelled"
     assert run.output is None  # the top level's except did not get to return
+
+
+def refuse(what: str) -> None:
+    raise LookupError(f"no {what}")
+
+
+@workflow("code-par-step-fails", version=1)
+def step_fails(ctx: Context, run_input: dict[str, Any]) -> Any:
+    def charge(c: Context) -> Any:
+        return c.run("charge", refuse, "card")
+
+    def nested(c: Context) -> Any:
+        return c.parallel("inner", charge, lambda d: d.run("note", str, "n"))
+
+    branch = nested if run_input["nested"] else charge
+    try:
+        return ctx.parallel("pair", branch, lambda c: c.run("other", str, "o"))
+    except StepFailed:  # the top level's handler cannot keep the branch's failure either
+        return "swallowed"
+
+
+@pytest.mark.parametrize(
+    ("nested", "error"),
+    [
+        (False, "step 'pair.0' failed: step 'charge' failed: LookupError: no card (attempt 1 "
+         "of 1)"),
+        (True, "step 'inner.0.0' failed: step 'charge' failed: LookupError: no card (attempt "
+         "1 of 1)"),
+    ],
+)  # fmt: skip
+def test_a_branch_s_step_failed_for_good_fails_the_run_with_the_step_s_error(
+    org: Organisation, nested: bool, error: str
+) -> None:
+    """Not caught by the branch, its StepFailed fails the branch's decider with the step's
+    own error, as at the top level: not ``workflow_failed: StepFailed: ...``, which says
+    the workflow's code raised."""
+    t = WorkflowTest(org=org)
+    t.start("code-par-step-fails", version=1, input={"nested": nested})
+    run = t.run_until_finished()
+    assert (run.status, run.error, run.output) == ("failed", error, None)
 
 
 def test_parallels_nest_and_each_branch_is_decided_in_its_own_place(org: Organisation) -> None:

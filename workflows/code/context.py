@@ -169,6 +169,13 @@ class CodeFailure(Stop):
         self.detail = detail
 
 
+class BranchStepFailed(Stop):
+    """A step of a ctx.parallel branch failed for good and the branch did not catch its
+    StepFailed: the branch's decider fails with the step's own error, as the top level's turn
+    does (``step '<id>' failed: ...``). A stop, not the StepFailed: the code around the
+    ctx.parallel may not catch it."""
+
+
 class RetryCall(Stop):
     """A ``ctx.run`` function raised with attempts left: the turn fails retryably, and the
     engine runs it again after its lane's backoff (the decider's own retry schedule)."""
@@ -597,6 +604,8 @@ class Context(PeopleAndTime):
             # The branch's new call sets the turn's attempts (a ctx.run's retry raises them).
             self.attempts_allowed = branch.attempts_allowed
             raise
+        except StepFailed as failed:  # not caught by the branch: its decider fails with it
+            raise BranchStepFailed(str(failed)) from None
         except Exception as exc:  # kept from the top level's own `except Exception`
             raise failure_of(exc) from None
         if inner:  # the deciding branch is inside a ctx.parallel this branch never reached

@@ -25,6 +25,7 @@ from .context import (
     MOST_ATTEMPTS,
     RESULT_TYPE,
     BranchReturned,
+    BranchStepFailed,
     CodeFailure,
     Context,
     RetryCall,
@@ -157,7 +158,7 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
         raise StepFailure(str(over), retryable=ctx.attempts_used < usual) from None
     except CodeFailure as failure:
         raise StepFailure(str(failure), retryable=False) from None
-    except StepFailed as failed:  # not caught by the function: the run fails with it
+    except (StepFailed, BranchStepFailed) as failed:  # not caught: the run fails with it
         raise StepFailure(str(failed), retryable=False) from None
     except Exception as exc:  # the workflow's own code raised: it fails the run, no traceback
         raise StepFailure(str(failure_of(exc)), retryable=False) from None
