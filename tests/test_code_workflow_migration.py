@@ -204,6 +204,38 @@ def test_a_misfit_whose_text_holds_a_nul_or_cannot_be_read_is_reported_not_a_500
     assert Run.objects.get(pk=run_id).version.number == numbers[1]
 
 
+@workflow("code-move-fork", version=1)
+def fork_first(ctx: Context, run_input: dict[str, Any]) -> Any:
+    return ctx.parallel("pair", lambda c: c.sleep("nap", "1h"), lambda c: c.run("o", str, "o"))
+
+
+@workflow("code-move-fork", version=2)
+def fork_wrong_context(ctx: Context, run_input: dict[str, Any]) -> Any:
+    def napping(c: Context) -> None:
+        ctx.run("x", called, "x")  # the context around the parallel, not c
+        c.sleep("nap", "1h")
+
+    return ctx.parallel("pair", napping, lambda c: c.run("o", str, "o"))
+
+
+def test_a_branch_calling_a_step_on_the_context_around_it_does_not_fit(
+    org: Organisation,
+) -> None:
+    """Its dry replay took the call for new work and the run for one that fits: moved, it
+    would fail at its next turn."""
+    first = publish_code_workflow(org=org, name="code-move-fork", version=1).number
+    run_id = run_start(org=org, automation_slug="code-move-fork", run_input={},
+                       start_key="f").run_id  # fmt: skip
+    drive()
+    assert Step.objects.get(run_id=run_id, step_id="nap").status == "waiting"
+    second = publish_code_workflow(org=org, name="code-move-fork", version=2).number
+    plan = migration_plan(org=org, automation_slug="code-move-fork", from_version=first,
+                          to_version=second)  # fmt: skip
+    report = dry_run(plan)
+    assert (report.would_move, report.cannot["invalid_code_step"]["sample"]) == (0, [run_id])
+    assert CALLS == []
+
+
 def test_code_that_spins_in_the_dry_replay_is_cut_at_the_turn_budget_and_the_run_stays(
     org: Organisation, settings: Any
 ) -> None:

@@ -231,6 +231,44 @@ def test_a_branch_s_step_failed_for_good_fails_the_run_with_the_step_s_error(
     assert (run.status, run.error, run.output) == ("failed", error, None)
 
 
+@workflow("code-par-wrong-context", version=1)
+def wrong_context(ctx: Context, run_input: dict[str, Any]) -> Any:
+    def charge(c: Context) -> Any:
+        if run_input["call"] == "now":
+            return str(ctx.now())  # the context around it, not c
+        return ctx.run("charge", str, "card")
+
+    def nested(c: Context) -> Any:
+        return c.parallel("inner", lambda d: c.run("charge", str, "card"), lambda d: "n")
+
+    branch = nested if run_input["call"] == "nested" else charge
+    return ctx.parallel("pair", branch, lambda c: c.run("other", str, "o"))
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        ("run", "step 'pair.0' failed: invalid_code_step: 'charge' is called on the context "
+         "around ctx.parallel 'pair' from inside its branch"),
+        ("now", "step 'pair.0' failed: invalid_code_step: 'ctx.now' is called on the context "
+         "around ctx.parallel 'pair' from inside its branch"),
+        ("nested", "step 'inner.0.0' failed: invalid_code_step: 'charge' is called on the "
+         "context around ctx.parallel 'inner' from inside its branch"),
+    ],
+)  # fmt: skip
+def test_a_branch_that_calls_a_step_on_the_context_around_it_is_told_so(
+    org: Organisation, call: str, error: str
+) -> None:
+    """A closure over ``ctx`` in a branch: it read nondeterministic_workflow, "the code called
+    'charge' before reaching ctx.parallel 'pair'", though it was called after, and no path
+    changed."""
+    t = WorkflowTest(org=org)
+    t.start("code-par-wrong-context", version=1, input={"call": call})
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert run.error.startswith(error), run.error
+
+
 def test_parallels_nest_and_each_branch_is_decided_in_its_own_place(org: Organisation) -> None:
     """Both outer branches fork a parallel of the same id; each inner branch waits (a signal,
     a sleep) at once; a third branch goes two levels deeper. Every branch's steps are entered

@@ -258,6 +258,9 @@ class Context(PeopleAndTime):
         # numbers down to it, from this context's level. This level then only replays up to
         # the first of them, and must not do new work of its own.
         self._deciding = deciding
+        # The ctx.parallel whose branch this replay is running now, when it runs one: a call
+        # on this context from inside the branch is a call on the wrong context.
+        self._running_branch_of: str | None = None
         # The branch this context is, as branch numbers from the top level down (ctx.parallel
         # gives each branch its own): the top level's is empty.
         self._at = at
@@ -541,7 +544,7 @@ class Context(PeopleAndTime):
         if join is not None and join.status == StepStatus.DONE:
             return [forks.returned.get((join_row, number)) for number in range(len(branches))]
         if self._dry:  # the branches have not met: each must fit its own history too
-            self._dry_branches(branches, join_row)
+            self._dry_branches(step_id, branches, join_row)
             raise Suspended({"id": step_id, "type": PARALLEL_TYPE})
         if not self._deciding or self._deciding[0][0] != step_id:
             raise CodeFailure(
@@ -551,7 +554,9 @@ class Context(PeopleAndTime):
         (_, number), *inner = self._deciding
         self._decide_branch(step_id, branches, join_row, number, tuple(inner))
 
-    def _dry_branches(self, branches: Sequence[Callable[[Context], Any]], join_row: int) -> None:
+    def _dry_branches(
+        self, step_id: str, branches: Sequence[Callable[[Context], Any]], join_row: int
+    ) -> None:
         """A dry replay (a migration's check) of each branch against its own history, up to
         its first new work or the step it is at: a misfit raises CodeFailure."""
         assert self._forks is not None
@@ -561,6 +566,7 @@ class Context(PeopleAndTime):
             branch = Context(run_id=self.run_id, history=self._forks.of((join_row, number)),
                              forks=self._forks, at=(*self._at, number), dry=True)  # fmt: skip
             branch._types.update(self._types)
+            self._running_branch_of = step_id
             try:
                 branch_function(branch)
                 branch.returned()
@@ -569,6 +575,7 @@ class Context(PeopleAndTime):
             except Exception as exc:
                 raise failure_of(exc) from None
             finally:
+                self._running_branch_of = None
                 branch.end_turn()
                 _TURN.stops = self._stopped
 
@@ -597,6 +604,7 @@ class Context(PeopleAndTime):
                          calls_functions=self._calls_functions, within=self)  # fmt: skip
         branch._types.update(self._types)  # the top level's, replayed up to this parallel
         branch._patches.update(self._patches)  # one answer per patch in the run's replay
+        self._running_branch_of = step_id
         try:
             value = branches[number](branch)
             branch.raise_stop()
@@ -608,6 +616,8 @@ class Context(PeopleAndTime):
             raise BranchStepFailed(str(failed)) from None
         except Exception as exc:  # kept from the top level's own `except Exception`
             raise failure_of(exc) from None
+        finally:
+            self._running_branch_of = None
         if inner:  # the deciding branch is inside a ctx.parallel this branch never reached
             raise CodeFailure(
                 "nondeterministic_workflow",
@@ -669,6 +679,15 @@ class Context(PeopleAndTime):
     def _new_work(self, step_id: str) -> None:
         """A call with nothing recorded: refused while deciding a branch (the top level's
         history ends at the branch's ctx.parallel, so the code took another path)."""
+        if self._running_branch_of is not None:
+            # The branch's function called a step on the context around it (a closure over
+            # ``ctx``), not on its own: no path changed, and saying so would mislead.
+            raise CodeFailure(
+                "invalid_code_step",
+                f"{step_id!r} is called on the context around ctx.parallel "
+                f"{self._running_branch_of!r} from inside its branch: a branch calls steps on "
+                "its own context, the argument its function is given",
+            )
         if self._deciding:
             raise CodeFailure(
                 "nondeterministic_workflow",
