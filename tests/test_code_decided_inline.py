@@ -403,3 +403,33 @@ def test_a_pure_step_run_with_the_turn_that_asked_it_writes_what_its_own_attempt
     # be named twice), and only for noops.
     assert set(ran_with_turn) <= {"check", "again", "loop"}
     assert ("again" in ran_with_turn) and (decide_inline or {"check", "loop"} <= set(ran_with_turn))
+
+
+# --- a failure's text is kept the same, inline or on a worker ------------------------------
+
+
+@workflow("inline-fails-long", version=1)
+def fails_long(ctx: Context, run_input: dict[str, Any]) -> None:
+    ctx.run("first", nothing, 1)
+    ctx.fail("out of stock: " + "x" * 100_000)
+
+
+def test_a_long_failure_is_kept_to_the_same_length_inline_as_on_a_worker(
+    org: Organisation, settings: LazySettings
+) -> None:
+    """A worker's settle keeps a step's error to 2000 characters; a turn failing inline kept
+    all of it, in the decider's row, its step.failed event and the run's error."""
+    publish_code_workflow(org=org, name="inline-fails-long", version=1)
+    kept = {}
+    for inline in (False, True):
+        settings.WAYMARK = {**settings.WAYMARK, "CODE_DECIDE_INLINE": inline}
+        run_id = run_start(org=org, automation_slug="inline-fails-long", run_input={},
+                           start_key=f"long-{inline}").run_id  # fmt: skip
+        drive()
+        run = Run.objects.get(pk=run_id)
+        failed = Step.objects.get(run_id=run_id, step_id="decide", status="failed")
+        event = RunEvent.objects.get(run_id=run_id, kind="step.failed", step_id="decide")
+        assert event.detail is not None
+        kept[inline] = (run.status, len(run.error), len(failed.error), len(event.detail["error"]))
+        assert failed.lane == ("inline" if inline else "io")
+    assert kept[True] == kept[False] == ("failed", 2000, 2000, 2000)

@@ -172,6 +172,9 @@ def decider_context(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any
 
 
 FAILED_OUTCOME = "failed"  # an outcome a mapped `next` may follow when the step fails for good
+# A step's error is kept to this many characters, as a worker's settle keeps it
+# (steps.settle_failure): a step failing here, inline, is stored the same.
+ERROR_KEPT = 2000
 
 
 def next_step_ids(step: Mapping[str, Any], outcome: str | None) -> list[str]:
@@ -575,15 +578,16 @@ class Walk:
         except StepFailure as exc:
             if exc.retryable and self._retry_later(entry, iteration, exc):
                 return
+            error = str(exc)[:ERROR_KEPT]
             self.add_step(
                 step_id, iteration, step_type.name, "inline", StepStatus.FAILED,
-                attempt=1, error=str(exc), place=place,
+                attempt=1, error=error, place=place,
             )  # fmt: skip
             self.event("step.failed", step_id, iteration=iteration, attempt=1,
-                       detail={"error": str(exc)})  # fmt: skip
+                       detail={"error": error})  # fmt: skip
             if asked:
                 self.failed_with_turn += 1
-            self.step_failed(step_id, str(exc), place)
+            self.step_failed(step_id, error, place)
             return
         if result.park is not None:
             # A quick step that waits (a timer, say): parked right away, no worker involved.
@@ -647,11 +651,12 @@ class Walk:
             if self.speculative:  # the run fails (and may compensate): under the lock
                 raise NeedsTransaction("a decider's turn that fails the run") from None
             self.inline_left -= 1
+            error = str(exc)[:ERROR_KEPT]
             self.add_step(step_id, iteration, type_name, "inline", StepStatus.FAILED,
-                          attempt=1, error=str(exc), place=place)  # fmt: skip
+                          attempt=1, error=error, place=place)  # fmt: skip
             self.event("step.failed", step_id, iteration=iteration, attempt=1,
-                       detail={"error": str(exc)})  # fmt: skip
-            self.step_failed(step_id, str(exc), place)
+                       detail={"error": error})  # fmt: skip
+            self.step_failed(step_id, error, place)
             return True
         self.inline_left -= 1
         self.add_step(step_id, iteration, type_name, "inline", StepStatus.DONE, attempt=1,
