@@ -358,6 +358,39 @@ def test_a_number_past_the_digits_python_writes_is_not_json_and_one_within_them_
     assert fine.run_until_finished().output == {"n": 10**4299}
 
 
+@workflow("code-end-step", version=1, output_schema={"type": "integer"})
+def calls_an_end_step(ctx: Context, run_input: dict[str, Any]) -> int:
+    where = run_input["where"]
+    ctx.run("first", str, "x")
+    if where == "top":
+        ctx.step("stop", "end", output={"not": "an integer"})
+    if where == "branch":
+        ctx.parallel("fan", lambda c: c.step("stop", "end"), lambda c: c.sleep("nap", "1h"))
+    if where == "compensation":
+        ctx.compensate_with("stop", "end", status="failed")
+    ctx.run("last", str, "y")
+    return 1
+
+
+@pytest.mark.parametrize(
+    ("where", "failed"), [("top", ""), ("branch", "step 'fan.0' failed: "), ("compensation", "")]
+)
+def test_an_end_step_called_from_code_is_refused_not_the_run_s_end(
+    org: Organisation, where: str, failed: str
+) -> None:
+    """An end step ended the run under the function: succeeded with an output its schema
+    refuses and its later steps never called, or (in a branch) the other branch cut."""
+    t = WorkflowTest(org=org)
+    t.start("code-end-step", version=1, input={"where": where})
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert run.error == (
+        f"{failed}invalid_code_step: step 'stop': type 'end' ends a run's path and cannot be "
+        "called from code: the run ends when the function returns (or calls ctx.fail)"
+    )
+    assert "stop" not in [s.step_id for s in run.steps]
+
+
 @workflow("code-conflict-in-branch", version=1)
 def top_then_branch(ctx: Context, run_input: dict[str, Any]) -> Any:
     ctx.run("x", str, "top")

@@ -861,6 +861,14 @@ def _check_call(step_id: str, step_type: str) -> None:
         raise CodeFailure(
             "invalid_code_step", f"step {step_id!r}: a {step_type} step cannot be called from code"
         )
+    if known.terminal:
+        # It would end the run under the function: its output never checked against the
+        # output schema, the function's later steps never called, a branch's sibling cut.
+        raise CodeFailure(
+            "invalid_code_step",
+            f"step {step_id!r}: type {step_type!r} ends a run's path and cannot be called "
+            "from code: the run ends when the function returns (or calls ctx.fail)",
+        )
 
 
 def _check_parallel(step_id: str, branches: Sequence[Any], complete: Any) -> None:
