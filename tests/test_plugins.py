@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 
 from workflows import plugins
+from workflows.code.testing import run_due_steps
 from workflows.definitions.registry import registry
 from workflows.definitions.validator import validate_definition
 from workflows.engine.executors import executor_for
 from workflows.engine.lanes import lane_policy
 from workflows.engine.steps import claim, run_context, settle_failure, settle_success, step_context
+from workflows.engine.worker import Worker
 from workflows.models import Run
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
@@ -90,3 +92,52 @@ def test_its_validation_and_failures_are_the_engines(org) -> None:
 def test_another_type_under_a_taken_name_is_refused() -> None:
     with pytest.raises(ValueError, match="already registered"):
         plugins.register_step_type(plugins.StepType(name="set", lane="io", validate=validate_greet))
+
+
+class Unreadable(Exception):
+    """A host's exception whose message cannot be read (its __str__ reads what __init__
+    never set)."""
+
+    def __str__(self) -> str:
+        raise AttributeError("no message was set")
+
+
+def explode(step: Any, context: Any, ctx: plugins.StepContext) -> plugins.StepResult:
+    raise RuntimeError("bad\x00byte") if step.get("nul") else Unreadable()
+
+
+EXPLODE = plugins.StepType(
+    name="test_explode", lane="io", validate=lambda step, report: None, execute=explode,
+    built=True, app="tests",
+)  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)  # the worker's executors run outside a transaction
+@pytest.mark.parametrize(
+    ("nul", "error"),
+    [
+        (False, "Unreadable: (its message cannot be read: AttributeError)"),
+        (True, "RuntimeError: bad\\x00byte"),
+    ],
+)
+def test_a_step_whose_exception_cannot_be_told_or_stored_fails_with_it_named(
+    org, nul: bool, error: str
+) -> None:
+    """The worker's own path (claim, execute, settle) for an executor that raises: an
+    exception whose __str__ raises, or whose text holds a NUL (which text columns refuse),
+    fails the step and the run with a readable error, not the worker's own."""
+    plugins.register_step_type(EXPLODE)
+    try:
+        definition = {"start": "x", "steps": [
+            {"id": "x", "type": "test_explode", "nul": nul, "retry": {"max_attempts": 1},
+             "next": "done"},
+            {"id": "done", "type": "end"},
+        ]}  # fmt: skip
+        automation_publish_definition(org=org, slug="explode", definition=definition)
+        started = run_start(org=org, automation_slug="explode", run_input={}, start_key="x")
+        run_due_steps(Worker(lane_policy("io"), concurrency=1, name="test-worker"))
+    finally:
+        registry._types.pop("test_explode", None)
+    run = Run.objects.get(pk=started.run_id)
+    assert run.status == "failed"
+    assert error in run.error

@@ -44,6 +44,7 @@ from ..definitions.storable import (
     unstorable_path,
 )
 from ..engine.decided import COMPENSATION_RECORD, branch_decider_id
+from ..engine.executors import message_of
 from ..errors import InvalidInput, PayloadTooLarge
 from ..services.runs import MAX_INPUT_DEPTH, check_json_value
 from ..states import StepStatus
@@ -744,16 +745,6 @@ def failure_of(exc: Exception) -> CodeFailure:
     if called is not None and not _raised_inside(exc):
         return CodeFailure("invalid_code_step", f"ctx.{called.group(1)}: {message}")
     return CodeFailure("workflow_failed", f"{type(exc).__name__}: {message}")
-
-
-def message_of(exc: BaseException) -> str:
-    """What ``exc`` says. An exception of the host's whose ``__str__`` raises (it reads an
-    attribute its ``__init__`` never set, say) is named without it: raised from the handler
-    that tells the run's failure, it would escape as the worker's own error, with a traceback."""
-    try:
-        return str(exc)
-    except Exception as broken:
-        return f"(its message cannot be read: {type(broken).__name__})"
 
 
 # Python's own words for a call whose arguments do not fit (3.10+ name the method's class).

@@ -11,6 +11,7 @@ from typing import Any
 from ..definitions.registry import registry
 from ..definitions.storable import storable_text
 from ..engine.decided import deciding_step
+from ..engine.executors import message_of
 from ..engine.places import TOP as TOP_PLACE
 from ..engine.places import Place
 from ..errors import WorkflowNotAllowed
@@ -24,7 +25,6 @@ from .context import (
     CodeFailure,
     Context,
     Suspended,
-    message_of,
 )
 from .history import REPLAY_CUTS, TOP, Cut, Where, newest_row, read_history, replay_cuts
 from .registry import CodeWorkflow, registered

@@ -92,6 +92,17 @@ class StepFailure(Exception):
         self.error_class = error_class
 
 
+def message_of(exc: BaseException) -> str:
+    """What ``exc`` says. An exception of the host's whose ``__str__`` raises (it reads an
+    attribute its ``__init__`` never set, say) is named without it: raised from the handler
+    that tells a step's failure (a worker's, a code run's), it would escape as the engine's
+    own error, with a traceback."""
+    try:
+        return str(exc)
+    except Exception as broken:
+        return f"(its message cannot be read: {type(broken).__name__})"
+
+
 class NotInline(Exception):
     """Raised by the executor of a worker type that a walk offered to run inline (a
     decider's turn, Walk.decide_inline): not here after all. The walk enters the step for a

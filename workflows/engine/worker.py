@@ -29,7 +29,7 @@ from opentelemetry.trace import SpanKind
 from . import logcontext, metrics, sql, tracing
 from .compensation import is_compensation_step
 from .definition_cache import version_label
-from .executors import StepDeferred, StepFailure, StepResult, executor_for
+from .executors import StepDeferred, StepFailure, StepResult, executor_for, message_of
 from .faults import crash_point, heartbeats_paused
 from .group_settle import GroupSettler
 from .lanes import FairShare, LanePolicy, engine_setting
@@ -571,7 +571,7 @@ class Worker:
                 return None, StepDeferred(DATABASE_DEFER_SECONDS, f"{code}: {type(exc).__name__}")
             # A bug or an outage in the step: retry it, never crash.
             logger.exception("step %s attempt %s raised", step.id, step.attempt)
-            return None, StepFailure(f"{type(exc).__name__}: {exc}")
+            return None, StepFailure(f"{type(exc).__name__}: {message_of(exc)}")
 
     def _fail(self, step: ClaimedStep, failure: StepFailure) -> None:
         final = not retries(step, failure)
@@ -642,7 +642,7 @@ class Worker:
     def _walk_failed(self, step: ClaimedStep, exc: Exception) -> None:
         """The settle's walk raised an error of its own: fail the step and its run."""
         logger.exception("the walk failed for step %s attempt %s", step.id, step.attempt)
-        if fail_step_and_run(step, f"engine_error: {type(exc).__name__}: {exc}",
+        if fail_step_and_run(step, f"engine_error: {type(exc).__name__}: {message_of(exc)}",
                              worker=self.name):  # fmt: skip
             metrics.step_failed(step.lane, final=True)
 
