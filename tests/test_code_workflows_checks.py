@@ -12,6 +12,7 @@ import logging
 import math
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
@@ -53,6 +54,11 @@ class Tree(TypedDict):
 class Receipt(TypedDict):
     order: str
     count: int
+
+
+@dataclass
+class Shipment:  # a class the run's input (a dict) never is
+    order: str
 
 
 @workflow("code-typed", version=1)
@@ -183,6 +189,33 @@ def test_a_schema_or_hint_that_cannot_be_used_is_refused_at_registration() -> No
         assert found is not None and found.input_schema == {"type": "object"}
     finally:
         unregister("code-given", 1)
+
+
+def test_an_input_hint_a_dict_never_is_is_refused_at_registration() -> None:
+    # The input is a JSON object: a dataclass hint failed the run at its first attribute.
+    for hint in (Shipment, str, Shipment | None):
+        with pytest.raises(CodeWorkflowError) as refused:
+            workflow("code-never-dict", version=1)(_taking(hint))
+        assert refused.value.code == "invalid_workflow"
+        assert "the input (run_input) is a JSON object (a dict), never" in refused.value.detail
+        assert "input_schema=" in refused.value.detail
+    assert registered("code-never-dict", 1) is None
+
+    # A dict's hints, and one a schema given explicitly stands for, still register.
+    for version, fits in enumerate((dict, dict[str, Any], Any, dict[str, Any] | None), 1):
+        workflow("code-dict-hint", version=version)(_taking(fits))
+    workflow("code-dict-hint", version=5, input_schema={"type": "object"})(_taking(Shipment))
+    for version in range(1, 6):
+        assert registered("code-dict-hint", version) is not None
+        unregister("code-dict-hint", version)
+
+
+def _taking(hint: object) -> Any:
+    def function(ctx: Context, run_input: Any) -> None:
+        return None
+
+    function.__annotations__["run_input"] = hint
+    return function
 
 
 @pytest.mark.parametrize(("name", "code"), sorted(BAD_INPUT.items()))

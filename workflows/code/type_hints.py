@@ -29,6 +29,13 @@ def hinted_schemas(
         parameters = []
     input_hint = _hint(function, parameters[1]) if of_input and len(parameters) > 1 else None
     output_hint = _hint(function, "return") if of_output else None
+    if input_hint is not None and not _may_be_an_object(input_hint):
+        # The input is always a JSON object (a dict): a dataclass, a model or a str hint
+        # would fail the run at its first attribute, not at registration.
+        raise SchemaProblem(
+            f"the input ({parameters[1]}) is a JSON object (a dict), never {input_hint!r}: "
+            "hint it with a TypedDict or dict[str, Any], or give input_schema="
+        )
     return (
         schema_of_type(input_hint, "input") if is_typeddict(input_hint) else None,
         schema_of_type(output_hint, "output") if is_typeddict(output_hint) else None,
@@ -52,6 +59,23 @@ def _hint(function: Callable[..., Any], name: str) -> Any:
             f"the hint of {where}, {annotations[name]!r}, cannot be read at registration "
             f"({exc}): define it at module level, or give input_schema=/output_schema="
         ) from None
+
+
+def _may_be_an_object(hint: Any) -> bool:
+    """Whether a dict may be of the type hint (a construct not read here is given the
+    benefit of the doubt: a TypeVar, a Protocol that cannot be checked)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        return any(_may_be_an_object(arg) for arg in args)
+    if origin in (typing.Annotated, typing.Required, typing.NotRequired):
+        return _may_be_an_object(args[0])
+    if origin is Literal or hint is None or hint is type(None):
+        return False
+    kind = origin or hint
+    try:
+        return not isinstance(kind, type) or isinstance({}, kind)
+    except TypeError:
+        return True
 
 
 def schema_of_type(hint: Any, where: str, within: tuple[Any, ...] = ()) -> dict[str, Any]:
