@@ -152,6 +152,36 @@ def test_a_run_left_waiting_for_a_signal_raises_naming_the_step_instead_of_hangi
     assert t.run().status == "running"  # left as it was, waiting
 
 
+FLAKY_CALLS: list[str] = []
+
+
+def flaky_rate(currency: str) -> float:
+    FLAKY_CALLS.append(currency)
+    if len(FLAKY_CALLS) == 1:
+        raise ConnectionError("rates down")
+    return 1.5
+
+
+@workflow("code-retried", version=1)
+def rated(ctx: Context, run_input: dict[str, Any]) -> float:
+    return float(ctx.run("rate", flaky_rate, "EUR", retry={"max_attempts": 2}))
+
+
+def test_a_retry_runs_at_once_its_backoff_not_waited_out(org: Organisation, settings: Any) -> None:
+    # Pages say the helper runs a ctx.run retry at once (the backoff an hour here, so the
+    # jitter cannot make it due by chance), with no skip_time.
+    lanes = {lane: {**config, "backoff_base_seconds": 3600.0, "backoff_cap_seconds": 3600.0}
+             for lane, config in settings.WAYMARK["LANES"].items()}  # fmt: skip
+    settings.WAYMARK = {**settings.WAYMARK, "LANES": lanes}
+    FLAKY_CALLS.clear()
+    t = WorkflowTest(org=org)
+    t.start("code-retried", version=1, input={})
+    run = t.run_until_finished()
+    assert (run.status, run.output, FLAKY_CALLS) == ("succeeded", 1.5, ["EUR", "EUR"])
+    retried = RunEvent.objects.filter(run_id=run.id, kind="step.retry_scheduled")
+    assert retried.count() == 1
+
+
 def test_a_sleep_whose_time_is_not_skipped_is_not_passed(org: Organisation) -> None:
     t = WorkflowTest(org=org)
     t.start("code-tested", version=1, input={"order": "o-4", "url": "http://127.0.0.1:9"})
