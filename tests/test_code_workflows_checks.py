@@ -210,6 +210,25 @@ def test_an_input_hint_a_dict_never_is_is_refused_at_registration() -> None:
         unregister("code-dict-hint", version)
 
 
+def test_a_named_module_that_registers_wrongly_stops_a_process_with_one_line() -> None:
+    # WAYMARK_EXTRA_STEP_MODULES (Part 3 of the tutorial): a registration mistake printed a
+    # traceback of Django's app loading, where a module that does not import is one line.
+    refused = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, capture_output=True, text=True,
+        env=engine_env(WAYMARK_EXTRA_STEP_MODULES="tests.code_workflow_misregistered"),
+        timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 78, refused.stderr  # EX_CONFIG: runengine does not restart it
+    assert "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "cannot import 'tests.code_workflow_misregistered', named in WAYMARK_EXTRA_STEP_MODULES: "
+        "workflow_already_registered: 'code-twice' version 1 is already registered "
+        "(tests.code_workflow_misregistered.first), and "
+        "tests.code_workflow_misregistered.again registers it again: give the new code another "
+        "version"
+    )
+
+
 def _taking(hint: object) -> Any:
     def function(ctx: Context, run_input: Any) -> None:
         return None

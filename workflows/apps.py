@@ -45,10 +45,14 @@ def import_extra_step_modules(names: list[str] | tuple[str, ...]) -> None:
     (workflows.plugins.register_step_type) as it is imported. For a process that runs with
     Waymark's own settings and has no app of its own to register them from (the engine
     processes the tests start, with the tests' `probe` type)."""
+    from .code.registry import CodeWorkflowError
+
     for name in names:
         try:
             import_module(name)
-        except ImportError as exc:
+        except (ImportError, CodeWorkflowError) as exc:
+            # A workflow the module registers wrongly (its code and detail name it) is one
+            # line too, as manage.py prints ImproperlyConfigured, not a traceback of imports.
             raise ImproperlyConfigured(
                 f"cannot import {name!r}, named in WAYMARK_EXTRA_STEP_MODULES: {exc}"
             ) from exc
