@@ -238,6 +238,13 @@ def test_the_host_finds_waymark_and_its_templates_in_site_packages(host: Host) -
     assert not Path(sysconfig.get_path("purelib")).is_relative_to(host.site_packages)
 
 
+def test_the_host_apps_config_is_the_pages() -> None:
+    # The page's shop/apps.py, which registers the host's code workflow, is the host's own.
+    shown = re.search(r"```python\n(# shop/apps.py\n.*?)```", EMBEDDING.read_text(), re.S)
+    assert shown, "docs/how-to/embed-in-django.md shows no shop/apps.py"
+    assert shown[1] == (HOST_PROJECT / "shop" / "apps.py").read_text()
+
+
 def test_a_host_project_migrates_starts_a_run_and_its_engine_finishes_it(host: Host) -> None:
     host.run("manage.py", "migrate", "--no-input")
     # The demo reads its definition from the installed package (workflows/demo/).
@@ -248,6 +255,14 @@ def test_a_host_project_migrates_starts_a_run_and_its_engine_finishes_it(host: H
              "--file", "automation.json")  # fmt: skip
     started = host.check("start", key)
     assert started["status_code"] == 201, started
+    # The host app's code workflow, registered from its AppConfig.ready() (the page's
+    # apps.py), published with the page's command, started through the API.
+    assert "greet-customer version 1 published for host" in host.run(
+        "manage.py", "publish_code_workflow", "--org", "host", "--name", "greet-customer",
+        "--version", "1",
+    )  # fmt: skip
+    coded = host.check("start", key, "greet-customer")
+    assert coded["status_code"] == 201, coded
 
     log = (host.project / "runengine.log").open("wb")
     engine = subprocess.Popen(
@@ -259,6 +274,7 @@ def test_a_host_project_migrates_starts_a_run_and_its_engine_finishes_it(host: H
     )
     try:
         detail = host.check("wait", key, str(started["id"]), str(RUN_SECONDS))
+        coded_detail = host.check("wait", key, str(coded["id"]), str(RUN_SECONDS))
         engine.send_signal(signal.SIGTERM)
         stopped = engine.wait(timeout=60)
     finally:
@@ -272,6 +288,9 @@ def test_a_host_project_migrates_starts_a_run_and_its_engine_finishes_it(host: H
     # Past the first inline step the walk continued on the io lane, and the wait needed the
     # sweep: the host's own engine processes moved the run.
     assert steps["record"]["lane"] == "io" and steps["~continue"]["status"] == "done", steps
+    # The workers took the code run's decide turns: the host's ready() ran in them too.
+    assert coded_detail["status"] == "succeeded", f"{coded_detail}\nrunengine:\n{output}"
+    assert coded_detail["output"] == {"message": "Hello host, from code"}, coded_detail
     assert stopped == 0, output
     # The absence monitors run in the host too, and find nothing broken (exit 0).
     assert "healthy: every invariant holds" in host.run("manage.py", "doctor")

@@ -4,7 +4,7 @@ Run with the host's own Python (the fresh virtual environment holding Waymark's 
 the host project's directory, so every Waymark module comes from the installed package:
 
     python hostcheck.py origins           where Waymark's packages and templates were found
-    python hostcheck.py start KEY         start a run through the API with an API key
+    python hostcheck.py start KEY [AUTOMATION]  start a run (of "hello") through the API
     python hostcheck.py wait RUN SECONDS  the run's detail from the API once it has finished
     python hostcheck.py pages RUN         admin pages and a Slack message, rendered
 """
@@ -62,8 +62,8 @@ def api(key: str) -> Client:
     return Client(HTTP_HOST="localhost", HTTP_AUTHORIZATION=f"Bearer {key}")
 
 
-def start(key: str) -> Any:
-    body = {"automation": "hello", "start_key": "host-1", "input": {"name": "host"}}
+def start(key: str, automation: str = "hello") -> Any:
+    body = {"automation": automation, "start_key": f"{automation}-1", "input": {"name": "host"}}
     response = api(key).post("/api/v1/runs", body, content_type="application/json")
     return {"status_code": response.status_code, **response.json()}
 
@@ -109,7 +109,7 @@ if __name__ == "__main__":
     if command == "origins":
         result = origins()
     elif command == "start":
-        result = start(args[0])
+        result = start(*args)
     elif command == "wait":
         result = wait(args[0], args[1], float(args[2]))
     else:

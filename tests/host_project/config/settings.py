@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "shop",  # the host's own app: a code workflow, registered from its ready()
     "workflows",
     "timers",
     "effects",
