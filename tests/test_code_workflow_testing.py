@@ -152,6 +152,29 @@ def test_a_run_left_waiting_for_a_signal_raises_naming_the_step_instead_of_hangi
     assert t.run().status == "running"  # left as it was, waiting
 
 
+def _sleeps_a(ctx: Context) -> None:
+    ctx.sleep("a_wait", "2d")
+
+
+def _sleeps_b(ctx: Context) -> None:
+    ctx.sleep("b_wait", "1d")
+
+
+@workflow("code-listed-fan", version=1)
+def fanned(ctx: Context, run_input: dict[str, Any]) -> None:
+    ctx.parallel("fan", _sleeps_a, _sleeps_b)
+
+
+def test_a_parallels_steps_are_listed_as_the_page_shows(org: Organisation) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-listed-fan", version=1, input={})
+    run = t.run_until_waiting()
+    assert [s.step_id for s in run.steps] == ["fan.join", "fan", "a_wait", "b_wait"]
+    t.skip_time()
+    run = t.run_until_finished()
+    assert [s.step_id for s in run.steps] == ["fan.join", "fan", "a_wait", "b_wait"]
+
+
 FLAKY_CALLS: list[str] = []
 
 
