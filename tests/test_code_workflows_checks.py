@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
 import pytest
+import typing_extensions
 from rest_framework.test import APIClient
 
 from workflows.code.registry import registered, unregister
@@ -189,6 +190,41 @@ def test_a_schema_or_hint_that_cannot_be_used_is_refused_at_registration() -> No
         assert found is not None and found.input_schema == {"type": "object"}
     finally:
         unregister("code-given", 1)
+
+
+class ExtensionsLine(typing_extensions.TypedDict):  # typing_extensions' own class
+    sku: str
+    quantity: int
+    note: typing_extensions.NotRequired[str]
+
+
+class TypingLine(TypedDict):
+    sku: str
+    quantity: int
+    note: NotRequired[str]
+
+
+def test_a_typing_extensions_typeddict_hint_gives_the_schema_typings_gives() -> None:
+    # typing.is_typeddict does not know typing_extensions' class: its hint gave no schema.
+    @workflow("code-extensions-hint", version=1)
+    def hinted(ctx: Context, run_input: ExtensionsLine) -> ExtensionsLine:
+        return run_input
+
+    @workflow("code-extensions-hint", version=2)
+    def typed(ctx: Context, run_input: TypingLine) -> TypingLine:
+        return run_input
+
+    try:
+        extensions = registered("code-extensions-hint", 1)
+        typing_ = registered("code-extensions-hint", 2)
+        assert extensions is not None and typing_ is not None
+        assert extensions.input_schema is not None
+        assert extensions.input_schema["required"] == ["quantity", "sku"]
+        assert extensions.input_schema == typing_.input_schema
+        assert extensions.output_schema == typing_.output_schema
+    finally:
+        unregister("code-extensions-hint", 1)
+        unregister("code-extensions-hint", 2)
 
 
 def test_an_input_hint_a_dict_never_is_is_refused_at_registration() -> None:

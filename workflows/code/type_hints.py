@@ -37,8 +37,8 @@ def hinted_schemas(
             "hint it with a TypedDict or dict[str, Any], or give input_schema="
         )
     return (
-        schema_of_type(input_hint, "input") if is_typeddict(input_hint) else None,
-        schema_of_type(output_hint, "output") if is_typeddict(output_hint) else None,
+        schema_of_type(input_hint, "input") if _is_typeddict(input_hint) else None,
+        schema_of_type(output_hint, "output") if _is_typeddict(output_hint) else None,
     )
 
 
@@ -59,6 +59,15 @@ def _hint(function: Callable[..., Any], name: str) -> Any:
             f"the hint of {where}, {annotations[name]!r}, cannot be read at registration "
             f"({exc}): define it at module level, or give input_schema=/output_schema="
         ) from None
+
+
+def _is_typeddict(hint: Any) -> bool:
+    """A TypedDict, typing's or typing_extensions' (a class of its own where it adds to
+    typing's, which typing.is_typeddict does not know: its hint gave no schema, silently)."""
+    return is_typeddict(hint) or (
+        isinstance(hint, type) and issubclass(hint, dict)
+        and hasattr(hint, "__required_keys__") and hasattr(hint, "__optional_keys__")
+    )  # fmt: skip
 
 
 def _may_be_an_object(hint: Any) -> bool:
@@ -91,7 +100,7 @@ def schema_of_type(hint: Any, where: str, within: tuple[Any, ...] = ()) -> dict[
                               (float, "number")):  # fmt: skip
         if hint is python:
             return {"type": json_type}
-    if is_typeddict(hint):
+    if _is_typeddict(hint):
         if hint in within:
             raise SchemaProblem(f"{where}: {hint.__name__} holds itself; give the schema")
         return _typeddict_schema(hint, where, (*within, hint))
