@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from workflows.api import filters
 from workflows.engine.signals import deliver
-from workflows.models import Organisation, Run
+from workflows.models import Organisation, Run, Step
 from workflows.services.automations import automation_publish_definition
 from workflows.services.control import run_act
 from workflows.services.runs import run_start
@@ -386,3 +387,24 @@ def test_an_unknown_run_exits_1_with_its_code(org, other_org) -> None:
     assert shown.stderr.decode().strip() == (
         f"CommandError: unknown_run: No run {run_id} in this organisation."
     )
+
+
+def test_a_steps_tries_count_only_the_claims_that_count(org, admin_client) -> None:
+    """A claim handed back (a shutdown, a deferral, a database outage) or made before an
+    operator's retry began a new series does not count against the step's attempts: `runs
+    show` and the admin's run page give the claims that did, of those allowed, and the ones
+    handed back (the fencing token, 4 here, is not a count)."""
+    definition = {"start": "a", "steps": [{"id": "a", "type": "noop", "next": "done"},
+                                          {"id": "done", "type": "end"}]}  # fmt: skip
+    automation_publish_definition(org=org, slug="one-io", definition=definition)
+    run_id = start(org, "one-io", "tries")
+    Step.objects.filter(run_id=run_id, step_id="a").update(
+        attempt=4, release_count=1, series_offset=2, max_attempts=5
+    )
+    text = runs("show", "--org", org.slug, str(run_id))
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("a "))
+    assert "1/5 (+1 handed back)" in row and "4/5" not in row
+    page = admin_client.get(reverse("admin:workflows_run_change", args=[run_id]))
+    shown = page.content.decode()
+    assert page.status_code == 200
+    assert "1/5" in shown and "(+1 handed back)" in shown and "4/5" not in shown

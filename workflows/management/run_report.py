@@ -205,7 +205,7 @@ def step_lines(steps: list[Step]) -> list[str]:
             note = one_line(step.error) if step.error else ""
         rows.append([
             step.step_id, str(step.iteration), step.type, step.status,
-            f"{step.attempt}/{step.max_attempts}", step.lane, step.owner or "-",
+            step.tries, step.lane, step.owner or "-",
             when(step.created_at), when(step.finished_at), note,
         ])  # fmt: skip
     headers = ["STEP", "ITER", "TYPE", "STATUS", "TRIES", "LANE", "WORKER", "CREATED (UTC)",

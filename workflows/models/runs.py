@@ -139,7 +139,8 @@ class Step(models.Model):
     status = models.CharField(max_length=16, choices=StepStatus.choices)
     # Fencing token: incremented by every claim; only the newest attempt may write.
     attempt = models.PositiveIntegerField(default=0)
-    # Claims handed back on shutdown: they do not count against max_attempts.
+    # Claims handed back (a shutdown, a deferral, a database outage): they do not count
+    # against max_attempts.
     release_count = models.PositiveIntegerField(default=0)
     # Claims before an operator's retry started a new series of attempts (not counted either).
     series_offset = models.PositiveIntegerField(default=0)
@@ -199,6 +200,20 @@ class Step(models.Model):
 
     def __str__(self) -> str:
         return f"{self.step_id}#{self.iteration}"
+
+    @property
+    def attempts_counted(self) -> int:
+        """The claims that count against ``max_attempts`` (sql's ``attempts_used``): the
+        fencing token less the claims handed back (a shutdown, a deferral, a database
+        outage) and those before an operator's retry began the current series."""
+        return max(0, self.attempt - self.release_count - self.series_offset)
+
+    @property
+    def tries(self) -> str:
+        """The attempts as the run page and ``runs show`` give them: counted of allowed, and
+        the claims handed back, which did not count."""
+        handed_back = f" (+{self.release_count} handed back)" if self.release_count else ""
+        return f"{self.attempts_counted}/{self.max_attempts}{handed_back}"
 
 
 class RunEvent(models.Model):
