@@ -4,6 +4,7 @@ errors from the real PostgreSQL, raised by the server with their SQLSTATE."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import psycopg
 import pytest
@@ -91,3 +92,53 @@ def test_an_item_failing_on_a_transient_error_is_one_warning_line_and_a_bug_is_t
     )
     assert bug.levelno == logging.ERROR and bug.exc_info is not None
     assert bug.getMessage() == "firing the deadline of step 8 failed"
+
+
+def test_a_slot_that_lost_its_connection_renews_every_other_slots_before_its_next_attempt() -> None:
+    """A restart ends every connection of a worker's slots at once. The slot that finds its
+    own lost says so (one outage), and each other slot opens a new connection before its
+    next attempt instead of meeting the dead one in it (a deferral, and the outage said
+    again, once per slot); a slot that saw no loss keeps its connection."""
+    from workflows.engine.lanes import lane_policy
+    from workflows.engine.worker import Worker
+
+    worker = Worker(lane_policy("io"), concurrency=2, name="slots")
+    pids: dict[str, int] = {}
+    answers: dict[str, object] = {}
+    lost, go = threading.Event(), threading.Event()
+
+    def backend() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            return int(cursor.fetchone()[0])
+
+    def other_slot() -> None:
+        pids["other"] = backend()
+        worker._renew_a_lost_connection()  # nothing lost yet: the same connection
+        answers["kept"] = backend() == pids["other"]
+        lost.set()
+        go.wait(30)
+        try:
+            worker._renew_a_lost_connection()
+            answers["after"] = backend()
+        except Exception as exc:  # the dead connection met in the attempt
+            answers["after"] = exc
+        finally:
+            connection.close()
+
+    slot = threading.Thread(target=other_slot)
+    slot.start()
+    assert lost.wait(30)
+    own = backend()
+    with connection.cursor() as cursor:  # as a restart would: every slot's backend ends
+        cursor.execute("SELECT pg_terminate_backend(p) FROM unnest(%s::int[]) p",
+                       [[pids["other"]]])  # fmt: skip
+    # This slot's own ends too, and it finds out.
+    with pytest.raises(OperationalError), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    worker._lost_its_connection()
+    assert backend() != own  # this slot goes on with a new connection
+    go.set()
+    slot.join(30)
+    assert answers["kept"] is True
+    assert isinstance(answers["after"], int) and answers["after"] != pids["other"], answers

@@ -141,6 +141,13 @@ class Worker:
         self.claims_outage = Outage(f"worker {self.name}: claims", logger)
         self.settles_outage = Outage(f"worker {self.name}: settles", logger)
         self.heartbeat_outage = Outage(f"worker {self.name}: heartbeat", logger)
+        # Counted by a slot that found its connection lost (a restart, a failover): every
+        # slot's connection went with it. A slot that has not seen the count yet opens a new
+        # connection before its next attempt (no round trip: it closes the old one), instead
+        # of finding out in that attempt, which cost the step a deferral and said the outage
+        # again (engine/transient.py, Outage) once per slot.
+        self.connections_lost = 0
+        self._slot = threading.local()  # a slot thread's own: the count it has seen
         # A settle may claim the run's next step for this worker (not for a suspects-only
         # worker: its one slot is for suspects).
         self.take_next = (
@@ -550,6 +557,7 @@ class Worker:
         step = attempt.step
         ctx = step_context(step, deadline=attempt.deadline, lost=attempt.lost)
         assert not connection.in_atomic_block, "executors never run inside a transaction"
+        self._renew_a_lost_connection()
         try:
             step_def, context = run_context(step)
             return executor_for(step.type)(step_def, context, ctx), None
@@ -566,12 +574,27 @@ class Worker:
                 self.settles_outage.failed(transient)
                 lost = lost_connection(transient)
                 if lost:
-                    connection.close()
+                    self._lost_its_connection()
                 code = "database_unavailable" if lost else "database_busy"
                 return None, StepDeferred(DATABASE_DEFER_SECONDS, f"{code}: {type(exc).__name__}")
             # A bug or an outage in the step: retry it, never crash.
             logger.exception("step %s attempt %s raised", step.id, step.attempt)
             return None, StepFailure(f"{type(exc).__name__}: {message_of(exc)}")
+
+    def _lost_its_connection(self) -> None:
+        """This slot's connection is lost: so is every other slot's (see connections_lost)."""
+        connection.close()
+        with self.lock:
+            self.connections_lost += 1
+            self._slot.lost_seen = self.connections_lost
+
+    def _renew_a_lost_connection(self) -> None:
+        """Before an attempt: a new connection for this slot if another slot found theirs
+        lost since this one last looked (its own may have died with it, unused since)."""
+        lost = self.connections_lost
+        if getattr(self._slot, "lost_seen", 0) != lost:
+            self._slot.lost_seen = lost
+            connection.close()
 
     def _fail(self, step: ClaimedStep, failure: StepFailure) -> None:
         final = not retries(step, failure)
@@ -621,6 +644,8 @@ class Worker:
                         break
                 else:
                     self.settles_outage.failed(transient)
+                    if lost_connection(transient):
+                        self._lost_its_connection()
                 if time.monotonic() + pause > give_up or self.halt.wait(pause):
                     break
                 continue
