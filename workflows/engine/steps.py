@@ -45,7 +45,15 @@ from .sql.rows import (
 from .transient import log_failure
 from .transport import own_connection
 from .waits import Wake, wake_step
-from .walk import ContinuationAttempt, TakeNext, Walk, decider_context, lock_run, run_state
+from .walk import (
+    ERROR_KEPT,
+    ContinuationAttempt,
+    TakeNext,
+    Walk,
+    decider_context,
+    lock_run,
+    run_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -368,7 +376,7 @@ def settle_failure(
     step: ClaimedStep, failure: StepFailure, *, worker: str, policy: LanePolicy
 ) -> bool:
     """Schedule a retry while attempts remain; otherwise fail the step and walk on."""
-    error = str(failure)[:2000]
+    error = str(failure)[:ERROR_KEPT]
     if retries(step, failure):
         # A provider's Retry-After wins over the schedule.
         delay = failure.retry_after

@@ -49,7 +49,7 @@ from .sql.rows import (
 )
 from .sql.rows import json_or_null as _json
 from .transient import is_transient, log_failure
-from .walk import RunState, Walk, WalkWrites, lock_run
+from .walk import ERROR_KEPT, RunState, Walk, WalkWrites, lock_run
 
 logger = logging.getLogger(__name__)
 
@@ -208,14 +208,14 @@ def fail_waiting_step(*, step_pk: int, run_id: int, error: str, by: str) -> bool
     assert connection.in_atomic_block, "fail_waiting_step runs in its caller's transaction"
     with connection.cursor() as cursor:
         run = lock_run(cursor, run_id)
-        failed = {"id": step_pk, "run": run_id, "error": error[:2000]}
+        failed = {"id": step_pk, "run": run_id, "error": error[:ERROR_KEPT]}
         rows = cast(list[sql.WokenStepRow], query_prepared(cursor, sql.FAIL_WAITING, failed))
         if not rows:
             return False
         row = rows[0]
         walk = Walk(cursor, run, definition_for(run.version_id), worker=by)
         walk.event("step.failed", row["step_id"], iteration=row["iteration"],
-                   attempt=row["attempt"], detail={"error": error[:2000]})  # fmt: skip
+                   attempt=row["attempt"], detail={"error": error[:ERROR_KEPT]})  # fmt: skip
         if not walk.finished:
             walk.step_failed(row["step_id"], error, Place(row["fork_join_id"], row["branch"]))
         walk.flush()

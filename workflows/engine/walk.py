@@ -172,8 +172,8 @@ def decider_context(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any
 
 
 FAILED_OUTCOME = "failed"  # an outcome a mapped `next` may follow when the step fails for good
-# A step's error is kept to this many characters, as a worker's settle keeps it
-# (steps.settle_failure): a step failing here, inline, is stored the same.
+# A step's error is kept to this many characters, wherever it fails: in a worker's settle
+# (steps.settle_failure), inline in a walk, or woken to fail (waits.fail_waiting_step).
 ERROR_KEPT = 2000
 
 
