@@ -136,7 +136,8 @@ def test_a_slot_that_lost_its_connection_renews_every_other_slots_before_its_nex
     # This slot's own ends too, and it finds out.
     with pytest.raises(OperationalError), connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
-    worker._lost_its_connection()
+    connection.close()  # as the slot that finds its connection lost does
+    worker._count_a_lost_connection()
     assert backend() != own  # this slot goes on with a new connection
     go.set()
     slot.join(30)

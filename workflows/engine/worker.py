@@ -574,16 +574,17 @@ class Worker:
                 self.settles_outage.failed(transient)
                 lost = lost_connection(transient)
                 if lost:
-                    self._lost_its_connection()
+                    connection.close()
+                    self._count_a_lost_connection()
                 code = "database_unavailable" if lost else "database_busy"
                 return None, StepDeferred(DATABASE_DEFER_SECONDS, f"{code}: {type(exc).__name__}")
             # A bug or an outage in the step: retry it, never crash.
             logger.exception("step %s attempt %s raised", step.id, step.attempt)
             return None, StepFailure(f"{type(exc).__name__}: {message_of(exc)}")
 
-    def _lost_its_connection(self) -> None:
-        """This slot's connection is lost: so is every other slot's (see connections_lost)."""
-        connection.close()
+    def _count_a_lost_connection(self) -> None:
+        """This slot's connection was lost (and closed): so was every other slot's (see
+        connections_lost)."""
         with self.lock:
             self.connections_lost += 1
             self._slot.lost_seen = self.connections_lost
@@ -644,8 +645,8 @@ class Worker:
                         break
                 else:
                     self.settles_outage.failed(transient)
-                    if lost_connection(transient):
-                        self._lost_its_connection()
+                    if lost_connection(transient):  # (closed above)
+                        self._count_a_lost_connection()
                 if time.monotonic() + pause > give_up or self.halt.wait(pause):
                     break
                 continue
