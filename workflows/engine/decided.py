@@ -50,11 +50,31 @@ def steps_of(
 ) -> Steps:
     """The run's steps by id: the definition's, or, for a deciding definition, the decider
     and the step it last asked for (read from the run's ``outputs`` when looked up)."""
-    steps = definition["steps"]
-    decider = deciding_step(definition)
+    known = _shapes.get(id(definition))
+    if known is None or known[0] is not definition:
+        known = _shape_of(definition)
+    decider, by_id = known[1], known[2]
     if decider is not None:
         return DecidedSteps(decider, outputs, speculative=speculative)
-    return {step["id"]: step for step in steps}
+    return by_id
+
+
+# By definition (the published versions' definitions are cached for good, definition_cache.py,
+# and every walk asks): its decider, or its steps by id, which nobody changes. The definition
+# is kept with them, so its id is not reused while the entry lives.
+_shapes: dict[int, tuple[Mapping[str, Any], Mapping[str, Any] | None, Steps]] = {}
+_SHAPES_KEPT = 512
+
+
+def _shape_of(
+    definition: Mapping[str, Any],
+) -> tuple[Mapping[str, Any], Mapping[str, Any] | None, Steps]:
+    decider = deciding_step(definition)
+    by_id = {} if decider is not None else {step["id"]: step for step in definition["steps"]}
+    if len(_shapes) >= _SHAPES_KEPT:  # a definition that is not a published one (a replay's)
+        _shapes.clear()
+    known = _shapes[id(definition)] = (definition, decider, by_id)
+    return known
 
 
 def deciding_step(definition: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -151,14 +171,29 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         # step it enters (eight times in the settle of a code run's step).
         self._seen_output: Any = _UNSEEN
         self._compensators: frozenset[str] = _NONE
+        self._top_output: Any = _UNSEEN  # the output the top level's steps were found from
+        self._top_steps: dict[str, Mapping[str, Any]] = {}
 
     def __getitem__(self, step_id: str) -> Mapping[str, Any]:
         return self.at(step_id, TOP)
 
     def at(self, step_id: str, place: Place) -> Mapping[str, Any]:
         """The step ``step_id`` entered at ``place``."""
-        if self.speculative and place.fork_join is not None:
+        if place.fork_join is None:
+            # The top level's steps, as the run decider's output (replaced, never changed
+            # in place, by the walk) last made them: a settle looks each up several times.
+            output = self.outputs.get(self.decider["id"])
+            if output is not self._top_output:
+                self._top_output, self._top_steps = output, {}
+            found = self._top_steps.get(step_id)
+            if found is None:
+                found = self._top_steps[step_id] = self._at(step_id, place)
+            return found
+        if self.speculative:
             raise NeedsTransaction("a branch of a decided run's parallel")
+        return self._at(step_id, place)
+
+    def _at(self, step_id: str, place: Place) -> Mapping[str, Any]:
         decider = self.decider_at(place)
         decider_id = decider["id"]
         output = self.outputs.get(decider_id)
