@@ -446,6 +446,47 @@ def test_a_number_past_the_digits_python_writes_is_not_json_and_one_within_them_
     assert fine.run_until_finished().output == {"n": 10**4299}
 
 
+def numbered(keys: list[Any]) -> dict[Any, str]:
+    return {key: f"value {n}" for n, key in enumerate(keys)}
+
+
+@workflow("code-json-keys", version=1)
+def json_keys(ctx: Context, run_input: dict[str, Any]) -> Any:
+    keys = [1, "1"] if run_input["collide"] else [1, 2]
+    where = run_input["where"]
+    if where == "result":
+        return ctx.run("keys", numbered, keys)
+    if where == "call":
+        ctx.step("keys", "set", values={"x": {"nested": numbered(keys)}})
+    return [numbered(keys)]
+
+
+@pytest.mark.parametrize(("where", "step"), [("result", "keys"), ("call", "keys"),
+                                             ("output", "output")])  # fmt: skip
+def test_keys_json_writes_the_same_are_refused_and_other_keys_are_read_back_as_json_keeps_them(
+    org: Organisation, where: str, step: str
+) -> None:
+    """JSON writes the dict key 1 as "1": a dict holding both kept only the last of the two
+    values, silently. It is now unserialisable_result, naming both keys. Keys that do not
+    collide are stored as JSON writes them, and the code reads them back so."""
+    t = WorkflowTest(org=org)
+    t.start("code-json-keys", version=1, input={"collide": True, "where": where})
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert run.error == (
+        f"unserialisable_result: step {step!r}: not JSON: the keys 1 and '1' of one dict are "
+        "both '1' in JSON, and one of the two values would be lost"
+    ), run.error
+    fine = WorkflowTest(org=org)
+    fine.start("code-json-keys", version=1, input={"collide": False, "where": where},
+               start_key="fine")  # fmt: skip
+    finished = fine.run_until_finished()
+    assert finished.status == "succeeded", finished.error
+    if where != "call":
+        read_back = {"1": "value 0", "2": "value 1"}
+        assert finished.output == (read_back if where == "result" else [read_back])
+
+
 @workflow("code-end-step", version=1, output_schema={"type": "integer"})
 def calls_an_end_step(ctx: Context, run_input: dict[str, Any]) -> int:
     where = run_input["where"]

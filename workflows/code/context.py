@@ -985,6 +985,39 @@ def check_json(step_id: str, value: Any) -> None:
         raise CodeFailure("unserialisable_result", f"step {step_id!r}: not JSON: {exc}") from None
     if unstorable_path(value) is not None:
         raise CodeFailure("unserialisable_result", f"step {step_id!r}: {UNSTORABLE_REASON}")
+    collision = colliding_keys(value)
+    if collision is not None:
+        first, second = collision
+        raise CodeFailure(
+            "unserialisable_result",
+            f"step {step_id!r}: not JSON: the keys {first!r} and {second!r} of one dict are "
+            f"both {json_key(first)!r} in JSON, and one of the two values would be lost",
+        )
+
+
+def json_key(key: Any) -> str:
+    """What a dict key becomes in JSON (json.dumps writes 1 as "1", True as "true")."""
+    return key if isinstance(key, str) else json.dumps(key)
+
+
+def colliding_keys(value: Any) -> tuple[Any, Any] | None:
+    """Two keys of one dict in ``value`` that JSON writes the same (1 and "1"): stored, the
+    value would keep only the last of the two. None when there are none. Called only for a
+    value that json.dumps writes, so every key is a string, a number, a boolean or None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if not all(type(key) is str for key in item):
+                seen: dict[str, Any] = {}
+                for key in item:
+                    earlier = seen.setdefault(json_key(key), key)
+                    if earlier is not key:
+                        return earlier, key
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None
 
 
 _JSON_SCALARS = frozenset({str, int, bool, type(None)})
