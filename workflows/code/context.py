@@ -45,6 +45,7 @@ from ..definitions.storable import (
 )
 from ..engine.decided import COMPENSATION_RECORD, branch_decider_id
 from ..engine.executors import message_of
+from ..engine.walk import ERROR_KEPT
 from ..errors import InvalidInput, PayloadTooLarge
 from ..services.runs import MAX_INPUT_DEPTH, check_json_value
 from ..states import StepStatus
@@ -431,7 +432,7 @@ class Context(PeopleAndTime):
     def _failed(step_id: str, error: str) -> NoReturn:
         """Record ``step_id`` as failed for good: the next turn raises StepFailed here."""
         # Stored in the turn's output (jsonb, which refuses a NUL), as the exception read.
-        failed = storable_text(error)[:2000]
+        failed = storable_text(error)[:ERROR_KEPT]
         raise Suspended({"id": step_id, "type": RESULT_TYPE, "failed": failed})
 
     def http(

@@ -473,7 +473,7 @@ def settle_deferred(step: ClaimedStep, deferred: StepDeferred, *, worker: str) -
     # (the doctor, a migration waking a decider) matches them, never the reason's text.
     structured = {**deferred.detail, "code": deferred.code} if deferred.code else {}
     return _schedule_retry(
-        step, deferred.reason[:2000], worker=worker, delay=deferred.seconds, refund=True,
+        step, deferred.reason[:ERROR_KEPT], worker=worker, delay=deferred.seconds, refund=True,
         structured=structured,
     )  # fmt: skip
 
