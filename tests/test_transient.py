@@ -143,3 +143,38 @@ def test_a_slot_that_lost_its_connection_renews_every_other_slots_before_its_nex
     slot.join(30)
     assert answers["kept"] is True
     assert isinstance(answers["after"], int) and answers["after"] != pids["other"], answers
+
+
+def test_a_settle_on_a_connection_a_restart_ended_says_no_outage_when_a_new_one_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A restart ends every slot's connection; a slot that settles after the database is
+    back finds its own dead only then. It settles on a new connection, and says nothing of
+    an outage: saying it (and then that it is over) was a second pair of warnings for one
+    outage, once per slot (tests/test_database_faults.py's idle-engine test saw "settles"
+    answer again twice)."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from workflows.engine.lanes import lane_policy
+    from workflows.engine.worker import Worker
+
+    worker = Worker(lane_policy("io"), concurrency=1, name="stale")
+
+    def backend() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            return int(cursor.fetchone()[0])
+
+    own = backend()
+    other = connection.get_new_connection(connection.get_connection_params())
+    try:  # as a restart does, from outside the slot
+        other.execute("SELECT pg_terminate_backend(%s)", [own])
+    finally:
+        other.close()
+    with caplog.at_level(logging.INFO, logger="workflows.engine.worker"):
+        answered = worker._settle(cast(Any, SimpleNamespace(id=1, attempt=1)), backend)
+    assert isinstance(answered, int) and answered != own  # settled, on a new connection
+    assert worker.connections_lost == 1  # the other slots renew theirs
+    assert "unavailable" not in caplog.text and "answers again" not in caplog.text, caplog.text
+    connection.close()

@@ -54,7 +54,14 @@ from .steps import (
     step_context,
 )
 from .stop_signals import on_stop_signal
-from .transient import Outage, away, is_transient, log_failure, lost_connection
+from .transient import (
+    Outage,
+    away,
+    database_answers,
+    is_transient,
+    log_failure,
+    lost_connection,
+)
 from .transport import Transport, default_transport, own_connection
 from .walk import QuickStepRetry, TakeNext
 
@@ -571,16 +578,29 @@ class Worker:
                 # transaction, a deadlock): not the step's fault, so the attempt does not
                 # count, and no traceback. The deferral's settle waits for the database (see
                 # _settle); an effect whose answer was not recorded is looked up again.
-                self.settles_outage.failed(transient)
                 lost = lost_connection(transient)
                 if lost:
                     connection.close()
-                    self._count_a_lost_connection()
+                self._database_failed(transient)
                 code = "database_unavailable" if lost else "database_busy"
                 return None, StepDeferred(DATABASE_DEFER_SECONDS, f"{code}: {type(exc).__name__}")
             # A bug or an outage in the step: retry it, never crash.
             logger.exception("step %s attempt %s raised", step.id, step.attempt)
             return None, StepFailure(f"{type(exc).__name__}: {message_of(exc)}")
+
+    def _database_failed(self, transient: BaseException) -> None:
+        """A settle or an executor met a transient error (its connection, if lost, closed):
+        the settles' outage, unless only this slot's connection was lost while a new one
+        answers. That connection ended with an outage already over (a restart ends every
+        connection, and a slot finds its own dead only when it next uses it): saying the
+        outage again, and then that it is over, would be a second pair of lines for one
+        outage, one per slot. The next try is on a new connection either way."""
+        if lost_connection(transient):
+            self._count_a_lost_connection()
+            # Asked only while no outage is being said: then it is said as before.
+            if self.settles_outage.since is None and database_answers():
+                return
+        self.settles_outage.failed(transient)
 
     def _count_a_lost_connection(self) -> None:
         """This slot's connection was lost (and closed): so was every other slot's (see
@@ -644,9 +664,7 @@ class Worker:
                     if tries >= 3:
                         break
                 else:
-                    self.settles_outage.failed(transient)
-                    if lost_connection(transient):  # (closed above)
-                        self._count_a_lost_connection()
+                    self._database_failed(transient)  # (the connection closed above)
                 if time.monotonic() + pause > give_up or self.halt.wait(pause):
                     break
                 continue
