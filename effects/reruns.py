@@ -11,10 +11,17 @@ under the new key: the reuse is decided by the run's row, the same on every atte
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from workflows.plugins import SettledEffect, StepContext
-from workflows.plugins.engine import event_row, fetch_dict, fetch_dicts, insert_events
+from workflows.plugins.engine import (
+    branch_paths,
+    event_row,
+    fetch_dict,
+    fetch_dicts,
+    insert_events,
+)
 
 from . import sql
 
@@ -34,7 +41,9 @@ def reused_effect(cursor: Any, ctx: StepContext) -> dict[str, Any] | None:
     cursor.execute(sql.REUSABLE_EFFECT, {"run_id": ctx.run_id, "step_id": ctx.step_id,
                                          "iteration": str(ctx.iteration)})  # fmt: skip
     found = fetch_dict(cursor)
-    if found is None:
+    if found is not None and found["places"] is not None:
+        found = _reused_at_place(cursor, ctx, found["places"], int(found["floor"] or 0))
+    if found is None or found["key"] is None:
         return None
     detail = {"key": ctx.effect_key, "reused": found["key"],
               "why": "the run was re-run without repeating settled effects"}  # fmt: skip
@@ -43,3 +52,30 @@ def reused_effect(cursor: Any, ctx: StepContext) -> dict[str, Any] | None:
         attempt=ctx.attempt, worker=ctx.lane, detail=detail,
     )])  # fmt: skip
     return found
+
+
+def _reused_at_place(
+    cursor: Any, ctx: StepContext, places: Any, floor: int
+) -> dict[str, Any] | None:
+    """The settled effect a code run's new entry of a step takes when the step's effects
+    were made in ``ctx.parallel`` branches: the k-th new entry at a place (its branch path)
+    takes the k-th effect made at that place, whichever branch entered first this time;
+    None when that one is made again, or there is none. The rows decide, the same on every
+    attempt."""
+    if isinstance(places, str):
+        places = json.loads(places)
+    cursor.execute(sql.STEP_ENTRIES_SINCE, {"run_id": ctx.run_id, "step_id": ctx.step_id,
+                                            "floor": floor})  # fmt: skip
+    entries = fetch_dicts(cursor)
+    path = branch_paths(cursor, ctx.run_id)
+    at = {row["id"]: path(row["fork_join_id"], row["branch"]) for row in entries}
+    mine = next((row for row in entries if row["iteration"] == ctx.iteration), None)
+    if mine is None:
+        return None
+    here = at[mine["id"]]
+    rank = sum(1 for row in entries if row["id"] <= mine["id"] and at[row["id"]] == here)
+    offered = [key for place, key in places if place == here]
+    if rank > len(offered) or offered[rank - 1] is None:
+        return None
+    cursor.execute(sql.SETTLED_RESULT, {"org_id": ctx.org_id, "key": offered[rank - 1]})
+    return fetch_dict(cursor)

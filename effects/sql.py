@@ -434,12 +434,32 @@ SELECT step_id, iteration, key, provider FROM effects_effect
 # The settled effect a re-run's new entry of a step takes instead of calling (the run's
 # rerun_reuse: step id -> new iteration -> the old key); no row: the step calls as usual.
 # Read only for an effect key with no row of its own, of an iteration past the first.
+# A code run's step called inside branches has its effects listed by place too
+# (rerun_reuse -> '~places' -> step id: [[place, old key or null], ...], in order): then the
+# run's rows of the step since the re-run (rerun_floor) say which of them this entry takes
+# (reruns.py), not its iteration.
 REUSABLE_EFFECT = """
-SELECT e.key, e.result::json AS result
+SELECT e.key, e.result::json AS result, r.rerun_reuse -> '~places' -> %(step_id)s AS places,
+       r.rerun_floor AS floor
   FROM workflows_run r
-  JOIN effects_effect e
+  LEFT JOIN effects_effect e
     ON e.org_id = r.org_id AND e.key = r.rerun_reuse -> %(step_id)s ->> %(iteration)s
- WHERE r.id = %(run_id)s AND r.rerun_reuse IS NOT NULL AND e.state = 'settled'
+   AND e.state = 'settled'
+ WHERE r.id = %(run_id)s AND r.rerun_reuse IS NOT NULL
+"""
+
+# A settled effect's stored answer, by key (a re-run's reuse by place).
+SETTLED_RESULT = """
+SELECT key, result::json AS result FROM effects_effect
+ WHERE org_id = %(org_id)s AND key = %(key)s AND state = 'settled'
+"""
+
+# The rows a re-run entered of a step (after the run's rows when it was re-run), in order,
+# each with its place.
+STEP_ENTRIES_SINCE = """
+SELECT id, iteration, fork_join_id, branch FROM workflows_step
+ WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND id > %(floor)s
+ ORDER BY id
 """
 
 # --- the ledger's fence ---------------------------------------------------------------------------

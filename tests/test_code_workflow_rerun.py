@@ -20,6 +20,7 @@ from workflows.code.registry import unregister
 from workflows.errors import NothingToRetry, UnknownStep, WorkflowNotAllowed
 from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.plugins.code import Context, publish_code_workflow, workflow
+from workflows.plugins.testing import WorkflowTest
 from workflows.services.control import run_act
 from workflows.services.rerun import rerun
 from workflows.services.runs import run_start
@@ -117,6 +118,27 @@ def charge_maybe_refund(ctx: Context, run_input: dict[str, Any]) -> Any:
     if run_input.get("fail"):
         ctx.fail("out_of_stock")
     return made["body"]["id"]
+
+
+@workflow("code-rerun-same-id", version=1)
+def charge_in_each_branch(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """Both branches call a step of the same id ("charge"), each after a wait of its own:
+    which one charges first is up to the outside world."""
+    url = run_input["url"]
+
+    def after_a_nap(c: Context) -> Any:
+        c.sleep("nap", "1h")
+        made = c.http("charge", connection="api", method="POST", url=f"{url}/items",
+                      body={"who": "nap"})  # fmt: skip
+        return made["body"]["body"]["who"]
+
+    def once_paid(c: Context) -> Any:
+        c.wait_signal("paid", signal="paid", correlation=run_input["order"])
+        made = c.http("charge", connection="api", method="POST", url=f"{url}/items",
+                      body={"who": "paid"})  # fmt: skip
+        return made["body"]["body"]["who"]
+
+    return ctx.parallel("fan", after_a_nap, once_paid)
 
 
 @pytest.fixture(autouse=True)
@@ -243,6 +265,41 @@ def rerun_twice_taking_charge_1(
         assert (run.status, run.error) == ("succeeded", ""), run.error
         assert calls == CALLS
         assert len(stub.created) == 1  # never sent again
+
+
+def test_a_rerun_from_a_parallel_gives_each_branch_the_answer_its_own_call_settled(
+    org: Organisation, api: APIClient, provider_stub: ProviderStub
+) -> None:
+    # The branches charged in one order (the signal came before the nap's end); after the
+    # re-run they charge in the other. Each new entry takes the answer of the charge made on
+    # its own branch, not the one made first: the k-th new entry of "charge" overall is the
+    # other branch's this time.
+    connect(org, base_url=provider_stub.url)
+    t = WorkflowTest(org=org)
+    t.start("code-rerun-same-id", version=1, input={"url": provider_stub.url, "order": "o-7"})
+    t.run_until_waiting()
+    t.signal("paid", correlation="o-7")
+    t.run_until_waiting()
+    make_due(run_id=t.run().id)
+    assert fire_due_timers().fired == 1
+    run = t.run_until_finished()
+    assert (run.status, run.output) == ("succeeded", ["nap", "paid"]), run.error
+    assert [item["body"]["who"] for item in provider_stub.created] == ["paid", "nap"]
+
+    done = api.post(f"/api/v1/runs/{run.id}/rerun", {"from_step": "fan", "dry_run": False},
+                    format="json")  # fmt: skip
+    assert done.status_code == 200, done.json()
+    t.run_until_waiting()
+    make_due(run_id=run.id, fired_at__isnull=True)
+    assert fire_due_timers().fired == 1  # the nap's branch charges first this time
+    t.run_until_waiting()
+    t.signal("paid", correlation="o-7", payload={"again": True})
+    run = t.run_until_finished()
+    assert (run.status, run.output) == ("succeeded", ["nap", "paid"]), run.error
+    assert len(provider_stub.created) == 2  # both answers reused, nothing charged again
+    reused = {(e.iteration, (e.detail or {})["reused"])
+              for e in RunEvent.objects.filter(run_id=run.id, kind="effect.reused")}  # fmt: skip
+    assert reused == {(3, f"{run.id}/charge/2"), (4, f"{run.id}/charge/1")}
 
 
 def test_a_kept_step_keeps_the_answer_it_took_from_an_earlier_rerun(

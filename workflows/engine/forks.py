@@ -17,7 +17,7 @@ exactly the branches of its own pass.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, cast
 
 from psycopg.types.json import Jsonb
@@ -265,3 +265,23 @@ def _continue_join(walk: ForkWalk, old: int, join: Mapping[str, Any]) -> int:
                detail={**detail, "continues_iteration": join["iteration"],
                        "reason": "the run is retried"})  # fmt: skip
     return new
+
+
+def branch_paths(cursor: Any, run_id: int) -> Callable[[int | None, int | None], str]:
+    """How the run's places are named by their branch path, the same on every pass of a
+    fork and after a retry continued its join: the join step and branch number of each fork
+    around the place, outermost first (``fan.join:1/inner.join:0``); "" at the top level. A
+    code run's branches may call steps of the same id, which only their places tell apart
+    (a re-run's reuse of their settled effects, services/rerun.py and the effects ledger)."""
+    cursor.execute(sql.JOIN_ROWS_OF_RUN, {"run": run_id})
+    joins = {int(row["id"]): row for row in fetch_dicts(cursor)}
+
+    def path(fork_join: int | None, branch: int | None) -> str:
+        parts: list[str] = []
+        while fork_join is not None and fork_join in joins:
+            join = joins[fork_join]
+            parts.append(f"{join['step_id']}:{branch}")
+            fork_join, branch = join["fork_join_id"], join["branch"]
+        return "/".join(reversed(parts))
+
+    return path

@@ -75,7 +75,9 @@ class Run(models.Model):
     # Written by an operator's re-run from a step (services/rerun.py), NULL before any.
     # rerun_reuse: the settled effects the re-run's walk takes instead of calling again, by
     # step id and the new iteration that takes each ({"email": {"2": "<run>/email/1"}}): the
-    # effect ledger reads it when a step's effect key has no row yet. rerun_floor: the id of
+    # effect ledger reads it when a step's effect key has no row yet; a code run's steps
+    # called in ctx.parallel branches are listed by place too (under "~places",
+    # services/rerun.py). rerun_floor: the id of
     # the run's last step row when it was re-run; rows up to it belong to walks before it (a
     # later retry runs again only what failed since).
     rerun_reuse = models.JSONField(null=True, blank=True, editable=False)

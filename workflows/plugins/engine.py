@@ -1,6 +1,7 @@
 """The engine's public door for apps that keep state of their own (timers, effects,
 approvals, a host project's): write a run's events in its transaction, wake a waiting step,
-mark a crash point the tests can stop a process at, read the database's clock, tell a
+mark a crash point the tests can stop a process at, name a step's place by its branch path
+(``branch_paths``), read the database's clock, tell a
 transient database error from a real one, and trace work a step does (``tracing_on``,
 ``step_span``: a span that is the child of the step attempt's; ``use_tracer_provider``: a
 host that configures OpenTelemetry itself hands Waymark its provider). Everything else under
@@ -13,6 +14,7 @@ from __future__ import annotations
 from ..engine.clock import database_now
 from ..engine.definition_cache import definition_for
 from ..engine.faults import crash_point
+from ..engine.forks import branch_paths
 from ..engine.lanes import engine_setting
 from ..engine.sql.rows import (
     Statement,
@@ -40,6 +42,7 @@ __all__ = [
     "Statement",
     "StepStatus",
     "Wake",
+    "branch_paths",
     "crash_point",
     "database_now",
     "definition_for",

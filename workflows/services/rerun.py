@@ -46,6 +46,7 @@ from ..definitions.registry import registry
 from ..engine import sql
 from ..engine.compensation import undone_by_plans
 from ..engine.definition_cache import definition_for
+from ..engine.forks import branch_paths
 from ..engine.settled import SettledEffect, settled_effects
 from ..engine.sql.rows import event_row, fetch_dicts, insert_events
 from ..engine.walk import RunState, Walk, lock_run
@@ -68,6 +69,9 @@ from .runs import check_input, check_json_value, check_start_guards, run_limits
 # A finished run may run again: the declared sources of `running` that are finished states.
 RERUN_SOURCES = [s for s in run_sources(RunStatus.RUNNING) if s in RUN_FINISHED]
 REUSE, REPEAT = "reuse", "repeat"
+# In a code run's ``rerun_reuse``, beside the step ids (no step id begins with "~"): the
+# settled effects of the steps called inside branches, by place (_Plan.reuse).
+PLACES = "~places"
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,8 @@ class EffectChoice:
     action: str
     new_key: str
     why: str
+    # A code run's: where the effect was made (forks.branch_paths; "" at the top level).
+    place: str = ""
 
 
 @dataclass(frozen=True)
@@ -207,14 +213,31 @@ class _Plan:
                   "vars": [c["key"] for c in self.vars_changes]}  # fmt: skip
         return {part: keys for part, keys in edited.items() if keys}
 
-    def reuse(self) -> dict[str, dict[str, str]] | None:
-        """The run's ``rerun_reuse``: per step, the new iteration -> the old effect's key."""
-        reuse: dict[str, dict[str, str]] = {}
+    def reuse(self) -> dict[str, Any] | None:
+        """The run's ``rerun_reuse``: per step, the new iteration -> the old effect's key.
+
+        A code run's step whose settled effects were made inside ``ctx.parallel`` branches
+        is also listed under ``PLACES``: its effects in order, each with its place and its
+        key (None: made again). Its branches may call the same step id, and which branch
+        enters its new entries first is not the order they did before, so the k-th new
+        entry overall may be another branch's: the effects ledger gives the k-th new entry
+        at a place the k-th effect made at that place instead (effects/reruns.py)."""
+        reuse: dict[str, Any] = {}
         for choice in self.effects:
             if choice.action == REUSE:
                 iteration = choice.new_key.rsplit("/", 1)[1]
                 reuse.setdefault(choice.step_id, {})[iteration] = choice.key
-        return reuse or None
+        if not reuse:
+            return None
+        places: dict[str, list[list[str | None]]] = {}
+        branched = {choice.step_id for choice in self.effects if choice.place}
+        for choice in self.effects:
+            if choice.step_id in branched:
+                key = choice.key if choice.action == REUSE else None
+                places.setdefault(choice.step_id, []).append([choice.place, key])
+        if places:
+            reuse[PLACES] = places
+        return reuse
 
     def outcome(self, *, status: str, dry_run: bool) -> RerunOutcome:
         return RerunOutcome(
@@ -348,6 +371,7 @@ def _effect_choices(cursor: Any, plan: _Plan) -> list[EffectChoice]:
     if plan.cut is not None:  # a code run: the steps set aside, whatever the code does next
         # (its top level's, then a branch's of a ctx.parallel from the cut on)
         order = list(dict.fromkeys([*(step_id for step_id, _ in plan.cut.set_aside), *by_step]))
+    place_of = _places_of_effects(cursor, run.id, by_step) if plan.cut is not None else {}
     choices = []
     for step_id in order:
         for k, effect in enumerate(by_step.get(step_id, []), start=1):
@@ -359,8 +383,25 @@ def _effect_choices(cursor: Any, plan: _Plan) -> list[EffectChoice]:
             else:
                 action, why = REUSE, "settled: its answer is taken, nothing is called"
             choices.append(EffectChoice(step_id, effect.iteration, effect.key, effect.provider,
-                                        action, new_key, why))  # fmt: skip
+                                        action, new_key, why,
+                                        place_of.get((step_id, effect.iteration), "")))  # fmt: skip
     return choices
+
+
+def _places_of_effects(
+    cursor: Any, run_id: int, by_step: dict[str, list[SettledEffect]]
+) -> dict[tuple[str, int], str]:
+    """Where each of a code run's settled effects was made: its step row's place, named by
+    its branch path ("" at the top level)."""
+    if not by_step:
+        return {}
+    cursor.execute(sql.STEP_PLACES, {"run": run_id, "ids": sorted(by_step)})
+    rows = fetch_dicts(cursor)
+    if all(row["fork_join_id"] is None for row in rows):
+        return {}
+    path = branch_paths(cursor, run_id)
+    return {(row["step_id"], row["iteration"]): path(row["fork_join_id"], row["branch"])
+            for row in rows}  # fmt: skip
 
 
 def _kept_before_cut(cursor: Any, run_id: int, cut: CodeCut) -> set[tuple[str, int]]:

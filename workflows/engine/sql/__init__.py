@@ -1037,6 +1037,21 @@ SELECT DISTINCT ON (branch) step_id, iteration, type, status, branch
  ORDER BY branch, id DESC
 """
 
+# The places of a run's rows of some steps (a re-run's settled effects, services/rerun.py).
+STEP_PLACES = """
+SELECT step_id, iteration, fork_join_id, branch FROM workflows_step
+ WHERE run_id = %(run)s AND step_id = ANY(%(ids)s)
+"""
+
+# Every join row the run's steps sit under (the rows their fork_join_id name, nested joins
+# included: an inner join row sits on its outer branch), with its own place: what names a
+# place by its branch path (forks.branch_paths).
+JOIN_ROWS_OF_RUN = """
+SELECT id, step_id, fork_join_id, branch FROM workflows_step
+ WHERE id IN (SELECT DISTINCT fork_join_id FROM workflows_step
+               WHERE run_id = %(run)s AND fork_join_id IS NOT NULL)
+"""
+
 JOIN_ROWS_UNDER = """
 SELECT id FROM workflows_step
  WHERE run_id = %(run)s AND type = ANY(%(joins)s::text[]) AND fork_join_id = ANY(%(ids)s)
