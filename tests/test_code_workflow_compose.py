@@ -130,6 +130,25 @@ def call_in_a_nested_branch(ctx: Context, run_input: dict[str, Any]) -> Any:
     return {"pair": pair, "after": _item(ctx, "after", url, op="after")}
 
 
+@workflow("code-compose-same-id-fails", version=1)
+def same_id_fails_on_both_branches(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """Both branches call "charge": the first branch's is entered first and fails for good
+    last (a 503, then refused), not caught; the second's is refused at once, caught."""
+    url = run_input["url"]
+
+    def uncaught(c: Context) -> Any:
+        return _item(c, "charge", url, op="charge", side="left")
+
+    def caught(c: Context) -> Any:
+        try:
+            c.http("charge", connection="api", method="POST", url=f"{url}/charges", body={})
+        except StepFailed:
+            return "caught"
+        return "made"
+
+    return ctx.parallel("pay", uncaught, caught)
+
+
 def start(org: Organisation, name: str, run_input: dict[str, Any]) -> int:
     publish_code_workflow(org=org, name=name, version=1)
     return run_start(org=org, automation_slug=name, run_input=run_input, start_key="k").run_id
@@ -247,6 +266,32 @@ def test_retry_of_a_branch_step_that_failed_the_run_runs_it_and_its_sibling_agai
     # Each effect made once: the refused call made nothing, the sibling's was settled.
     assert sorted(item["body"]["op"] for item in stub.created) == ["after", "left", "right"]
     assert Step.objects.filter(run_id=run_id, step_id="pair.join", status="done").count() == 1
+
+
+def test_retry_runs_the_branch_step_that_failed_the_run_beside_a_caught_one_of_the_same_id(
+    org: Organisation, stub: ProviderStub
+) -> None:
+    """The newest failed row of "charge" is the other branch's, whose failure the code
+    caught: the retry runs the one that failed the run (its own branch's), which succeeds,
+    and the run goes on; it does not replay the failing branch into the same failure."""
+    stub.fail_next(1, status=503, path_prefix="/items")  # retried after a backoff ...
+    stub.fail_next(1, status=400, path_prefix="/items")  # ... then refused: failed for good
+    stub.fail_next(1, status=400, path_prefix="/charges")  # refused at once, caught
+    run_id = start(org, "code-compose-same-id-fails", {"url": stub.url})
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed", run.error
+    assert run.error.startswith("step 'pay.0' failed: step 'charge' failed: "), run.error
+    charges = Step.objects.filter(run_id=run_id, step_id="charge").order_by("iteration")
+    assert [(c.iteration, c.branch, c.status) for c in charges] == [(1, 0, "failed"),
+                                                                     (2, 1, "failed")]  # fmt: skip
+
+    run_act(org=org, run_id=run_id, action="retry", actor="ops")
+    drive()
+    run.refresh_from_db()
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    assert run.output == ["item_1", "caught"]
+    assert [(c.iteration, c.status) for c in charges.all()] == [(1, "done"), (2, "failed")]
 
 
 def test_retry_of_a_branch_call_that_failed_for_good_calls_the_function_again(

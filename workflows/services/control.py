@@ -182,7 +182,8 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
     # The definition's steps, or a code run's: its decider and the step it asked for last,
     # the one that failed it when a step did (engine/decided.py).
     steps = steps_of(definition, run.outputs, speculative=False)
-    cursor.execute(sql.FAILED_STEPS, {"run": run.id})
+    decided = isinstance(steps, DecidedSteps)
+    cursor.execute(sql.FAILED_STEPS_BY_PLACE if decided else sql.FAILED_STEPS, {"run": run.id})
     # The steps that failed the run: failed, with no failure path of their own to follow in
     # the version the run is on. A run migrated between versions is on the new one: a step
     # that failed after the move failed there, and the new version's on_failure is the one

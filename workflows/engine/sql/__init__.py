@@ -902,6 +902,21 @@ SELECT DISTINCT ON (step_id) id, step_id, iteration, lane, type, error, fork_joi
  ORDER BY step_id, iteration DESC
 """
 
+# The same for a code run, by place: its ctx.parallel's branches may call steps of the same
+# id (a step that failed the run on one branch, one whose failure the code caught on
+# another), so the newest failed row of a step id is each place's own.
+FAILED_STEPS_BY_PLACE = """
+SELECT DISTINCT ON (step_id, fork_join_id, branch)
+       id, step_id, iteration, lane, type, error, fork_join_id, branch
+  FROM workflows_step s
+ WHERE run_id = %(run)s AND status = 'failed'
+   AND NOT EXISTS (SELECT 1 FROM workflows_runevent e
+                    WHERE e.run_id = %(run)s AND e.kind = 'run.migrated'
+                      AND e.detail->'failed_before' @> to_jsonb(s.id))
+   AND s.id > COALESCE((SELECT rerun_floor FROM workflows_run WHERE id = %(run)s), 0)
+ ORDER BY step_id, fork_join_id, branch, iteration DESC
+"""
+
 # Re-run from a step (services/rerun.py): a finished run runs again, its input and vars as
 # the operator left them, its outcome cleared, its budgets (max age, steps) counted afresh,
 # with the effects its new walk reuses and the last step row of the walks before it. The
