@@ -15,6 +15,7 @@ from workflows.plugins.code import Context, StepFailed, publish_code_workflow, w
 from workflows.services.control import run_act
 from workflows.services.rerun import rerun
 from workflows.services.runs import run_start
+from workflows.services.signals import signal_send
 
 from .effect_setup import connect, drive
 from .stubs import ProviderStub
@@ -147,6 +148,24 @@ def same_id_fails_on_both_branches(ctx: Context, run_input: dict[str, Any]) -> A
         return "made"
 
     return ctx.parallel("pay", uncaught, caught)
+
+
+@workflow("code-compose-nested-sibling", version=1)
+def fails_beside_a_nested_parallel(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """One branch waits inside a ctx.parallel of its own (a signal on one inner branch, the
+    other inner branch not run yet); the other branch's call fails for good."""
+
+    def nested(c: Context) -> Any:
+        return c.parallel(
+            "inner",
+            lambda d: d.wait_signal("paid", signal="paid", correlation=run_input["order"]).payload,
+            lambda d: d.run("noted", str, "noted"),
+        )
+
+    def failing(c: Context) -> Any:
+        return c.run("look_up", look_up, run_input["name"])
+
+    return ctx.parallel("outer", nested, failing)
 
 
 def start(org: Organisation, name: str, run_input: dict[str, Any]) -> int:
@@ -292,6 +311,37 @@ def test_retry_runs_the_branch_step_that_failed_the_run_beside_a_caught_one_of_t
     assert (run.status, run.error) == ("succeeded", ""), run.error
     assert run.output == ["item_1", "caught"]
     assert [(c.iteration, c.status) for c in charges.all()] == [(1, "done"), (2, "failed")]
+
+
+def test_retry_goes_on_inside_the_nested_parallel_a_sibling_branch_waited_in(
+    org: Organisation,
+) -> None:
+    """The failure cancelled the other branch inside its own ctx.parallel (its inner join,
+    its signal wait, its inner branch not yet run): the retry continues that inner join
+    too and enters its branches again, so the outer join can meet and the run ends, rather
+    than accepting the retry and waiting forever at a join one branch can never reach."""
+    run_id = start(org, "code-compose-nested-sibling", {"name": "lin", "order": "n-1"})
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed", run.error
+    assert Step.objects.get(run_id=run_id, step_id="paid").status == "cancelled"
+    FIXED.add("lin")
+    try:
+        run_act(org=org, run_id=run_id, action="retry", actor="ops")
+        drive()
+        assert Step.objects.filter(run_id=run_id, step_id="paid", status="waiting").count() == 1
+        signal_send(org=org, name="paid", correlation="n-1", payload={"paid": 5})
+        drive()
+    finally:
+        FIXED.discard("lin")
+    run.refresh_from_db()
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    assert run.output == [[{"paid": 5}, "noted"], "lin found"]
+    joins = Step.objects.filter(run_id=run_id, step_id__in=["outer.join", "inner.join"])
+    assert sorted((j.step_id, j.iteration, j.status) for j in joins) == [
+        ("inner.join", 1, "cancelled"), ("inner.join", 2, "done"),
+        ("outer.join", 1, "cancelled"), ("outer.join", 2, "done"),
+    ]  # fmt: skip
 
 
 def test_retry_of_a_branch_call_that_failed_for_good_calls_the_function_again(

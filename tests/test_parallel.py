@@ -153,6 +153,41 @@ def test_a_retry_of_a_run_a_branch_failed_runs_it_and_its_sibling_again_and_join
     assert claim_io() == {}
 
 
+def test_a_retry_goes_on_inside_the_nested_parallel_a_sibling_branch_was_in(org) -> None:
+    # b1 fails while the other branch is inside a parallel of its own (i0, i1 not run yet):
+    # the retry continues the inner join too and enters i0 and i1 again, so both joins meet.
+    noop = {"type": "noop"}
+    run = start(org, {
+        "start": "fan",
+        "steps": [
+            {"id": "fan", "type": "parallel", "branches": ["inner", "b1"], "next": "meet"},
+            {"id": "inner", "type": "parallel", "branches": ["i0", "i1"], "next": "imeet"},
+            {"id": "i0", **noop, "next": "imeet"},
+            {"id": "i1", **noop, "next": "imeet"},
+            {"id": "imeet", "type": "join", "wait_for": ["i0", "i1"], "next": "meet"},
+            {"id": "b1", **noop, "next": "meet"},
+            {"id": "meet", "type": "join", "wait_for": ["inner", "b1"], "next": "done"},
+            {"id": "done", "type": "end", "output": "{{ steps.meet.output.arrived | join(',') }}"},
+        ],
+    })  # fmt: skip
+    claimed = claim_io()
+    failure = StepFailure("no", retryable=False)
+    assert settle_failure(claimed["b1"], failure, worker="w", policy=lane_policy("io"))
+    run.refresh_from_db()
+    assert run.status == "failed"
+
+    run_act(org=org, run_id=run.pk, action="retry", actor="ops")
+    again = claim_io()
+    assert sorted((s.step_id, s.iteration) for s in again.values()) == [
+        ("b1", 1), ("i0", 2), ("i1", 2),
+    ]  # fmt: skip
+    assert settle(again["i0"]) and settle(again["b1"]) and settle(again["i1"])
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("succeeded", "1,0")
+    assert Step.objects.filter(run=run, step_id="imeet", status="done").count() == 1
+    assert claim_io() == {}
+
+
 def test_a_branch_that_ends_the_run_ends_the_other_branch(org) -> None:
     definition = fork()
     definition["steps"][1] = {"id": "b0", "type": "end", "output": "b0 ended it"}

@@ -216,7 +216,8 @@ def revive_forks(walk: ForkWalk, place: Place) -> Place:
     cancelled, so a new join row continues it, with the arrivals it had, and the fork's rows
     move to it. Each other branch the failure cancelled is entered again at the step it was
     at, so the join can complete. Outward, joins around it the same. A branch that was at a
-    parallel of its own (a nested fork) is not entered again: its join stays cancelled."""
+    parallel of its own (a nested fork) goes on there: its inner join continues the same way
+    (_revive_nested), and so on inward."""
     joins = set(registry.joining())
     retried = place
     while place.fork_join is not None:
@@ -230,16 +231,42 @@ def revive_forks(walk: ForkWalk, place: Place) -> Place:
             retried = Place(new, retried.branch)
         arrived = set(join["wait_detail"]["arrived"])
         walk.cursor.execute(sql.BRANCH_HEADS, {"run": walk.run.id, "join": new})
-        walk.enter_entries(
-            Entry(row["step_id"], Place(new, row["branch"]))
-            for row in fetch_dicts(walk.cursor)
-            if row["status"] == StepStatus.CANCELLED
-            and row["branch"] not in arrived
-            and row["branch"] != place.branch
-            and row["type"] not in joins
-        )
+        heads = [row for row in fetch_dicts(walk.cursor)
+                 if row["branch"] not in arrived and row["branch"] != place.branch]  # fmt: skip
+        _enter_heads(walk, new, heads, joins)
         place = Place(join["fork_join_id"], join["branch"])
     return retried
+
+
+def _enter_heads(walk: ForkWalk, join_id: int, heads: list[dict[str, Any]],
+                 joins: set[str]) -> None:  # fmt: skip
+    """Enter again each branch of join row ``join_id`` the failure cancelled (``heads``: the
+    newest row of each branch that had not arrived) at the step it was at; a branch that
+    was at a parallel of its own goes on inside it (_revive_nested)."""
+    walk.enter_entries(
+        Entry(row["step_id"], Place(join_id, row["branch"]))
+        for row in heads
+        if row["status"] == StepStatus.CANCELLED and row["type"] not in joins
+    )
+    for row in heads:
+        if row["join_row"] is not None and registry.forking(str(row["type"])):
+            _revive_nested(walk, int(row["join_row"]), joins)
+
+
+def _revive_nested(walk: ForkWalk, old: int, joins: set[str]) -> None:
+    """The inner join (row ``old``) a branch was waiting at inside a parallel of its own,
+    when the failure cancelled it: a new row continues it, with the arrivals it had, and
+    its branches that had not arrived are entered again, inward the same way. A join that
+    was not cancelled (it met) is left as it is."""
+    walk.cursor.execute(sql.CANCELLED_JOIN, {"run": walk.run.id, "id": old})
+    join = fetch_dict(walk.cursor)
+    if join is None:
+        return
+    new = _continue_join(walk, old, join)
+    arrived = set(join["wait_detail"]["arrived"])
+    walk.cursor.execute(sql.BRANCH_HEADS, {"run": walk.run.id, "join": new})
+    heads = [row for row in fetch_dicts(walk.cursor) if row["branch"] not in arrived]
+    _enter_heads(walk, new, heads, joins)
 
 
 def _continue_join(walk: ForkWalk, old: int, join: Mapping[str, Any]) -> int:
