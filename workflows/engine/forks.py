@@ -16,6 +16,7 @@ exactly the branches of its own pass.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, cast
@@ -249,8 +250,12 @@ def _enter_heads(walk: ForkWalk, join_id: int, heads: list[dict[str, Any]],
         if row["status"] == StepStatus.CANCELLED and row["type"] not in joins
     )
     for row in heads:
-        if row["join_row"] is not None and registry.forking(str(row["type"])):
-            _revive_nested(walk, int(row["join_row"]), joins)
+        # A fork's row names its join row (any other row's output is not read: a code run's
+        # ctx.run result may hold a key of that name).
+        joined = row["join_row"] if registry.forking(str(row["type"])) else None
+        joined = json.loads(joined) if isinstance(joined, str) else joined
+        if isinstance(joined, int) and not isinstance(joined, bool):
+            _revive_nested(walk, joined, joins)
 
 
 def _revive_nested(walk: ForkWalk, old: int, joins: set[str]) -> None:

@@ -1047,7 +1047,7 @@ UPDATE workflows_step SET output = jsonb_set(output, '{join_row}', to_jsonb(%(ne
 # Each branch's newest step in the fork of join row %(join)s: where the branch was.
 BRANCH_HEADS = """
 SELECT DISTINCT ON (branch) step_id, iteration, type, status, branch,
-       (output->>'join_row')::bigint AS join_row
+       output->'join_row' AS join_row
   FROM workflows_step
  WHERE run_id = %(run)s AND fork_join_id = %(join)s
  ORDER BY branch, id DESC
