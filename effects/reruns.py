@@ -59,7 +59,8 @@ def _reused_at_place(
 ) -> dict[str, Any] | None:
     """The settled effect a code run's new entry of a step takes when the step's effects
     were made in ``ctx.parallel`` branches: the k-th new entry at a place (its branch path)
-    takes the k-th effect made at that place, whichever branch entered first this time;
+    takes the k-th effect made at that place, whichever branch entered first this time (an
+    entry cancelled and entered again by a retry counted once);
     None when that one is made again, or there is none. The rows decide, the same on every
     attempt."""
     if isinstance(places, str):
@@ -73,7 +74,10 @@ def _reused_at_place(
     if mine is None:
         return None
     here = at[mine["id"]]
-    rank = sum(1 for row in entries if row["id"] <= mine["id"] and at[row["id"]] == here)
+    # An entry cancelled before it (the run failed on another branch) is the same execution
+    # as the one a retry entered again in its place: it is not counted twice.
+    before = [row for row in entries if row["id"] < mine["id"] and at[row["id"]] == here]
+    rank = 1 + sum(1 for row in before if row["status"] != "cancelled")
     offered = [key for place, key in places if place == here]
     if rank > len(offered) or offered[rank - 1] is None:
         return None

@@ -455,9 +455,9 @@ SELECT key, result::json AS result FROM effects_effect
 """
 
 # The rows a re-run entered of a step (after the run's rows when it was re-run), in order,
-# each with its place.
+# each with its place and status.
 STEP_ENTRIES_SINCE = """
-SELECT id, iteration, fork_join_id, branch FROM workflows_step
+SELECT id, iteration, status, fork_join_id, branch FROM workflows_step
  WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND id > %(floor)s
  ORDER BY id
 """

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from typing import Any
 
 import pytest
@@ -17,6 +18,9 @@ from rest_framework.test import APIClient
 
 from timers.sweep import fire_due_timers
 from workflows.code.registry import unregister
+from workflows.engine.lanes import lane_policy
+from workflows.engine.steps import claim
+from workflows.engine.worker import Attempt, Worker
 from workflows.errors import NothingToRetry, UnknownStep, WorkflowNotAllowed
 from workflows.models import Organisation, Run, RunEvent, Step
 from workflows.plugins.code import Context, publish_code_workflow, workflow
@@ -139,6 +143,21 @@ def charge_in_each_branch(ctx: Context, run_input: dict[str, Any]) -> Any:
         return made["body"]["body"]["who"]
 
     return ctx.parallel("fan", after_a_nap, once_paid)
+
+
+@workflow("code-rerun-charge-beside-a-check", version=1)
+def charge_beside_a_check(ctx: Context, run_input: dict[str, Any]) -> Any:
+    url = run_input["url"]
+
+    def charge(c: Context) -> Any:
+        made = c.http("charge", connection="api", method="POST", url=f"{url}/items",
+                      body={"total": 1})  # fmt: skip
+        return made["body"]["id"]
+
+    def check(c: Context) -> Any:
+        return c.run("receipt", receipt_for, "check", 1)
+
+    return ctx.parallel("fan", charge, check)
 
 
 @pytest.fixture(autouse=True)
@@ -300,6 +319,51 @@ def test_a_rerun_from_a_parallel_gives_each_branch_the_answer_its_own_call_settl
     reused = {(e.iteration, (e.detail or {})["reused"])
               for e in RunEvent.objects.filter(run_id=run.id, kind="effect.reused")}  # fmt: skip
     assert reused == {(3, f"{run.id}/charge/2"), (4, f"{run.id}/charge/1")}
+
+
+def test_a_branch_entry_a_failure_cancelled_takes_its_reused_answer_when_retried(
+    org: Organisation, provider_stub: ProviderStub
+) -> None:
+    # Re-run from the parallel: the charge's new entry is to take the settled answer. The
+    # other branch fails before that entry ran, which cancels it; the retry enters it again
+    # (another iteration), and that entry takes the answer: the charge is not made twice.
+    connect(org, base_url=provider_stub.url)
+    run_id = start(org, "code-rerun-charge-beside-a-check", {"url": provider_stub.url}, "c1")
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == ("succeeded", ["item_1", {"charge": "check", "total": 1}])
+
+    rerun(org=org, run_id=run_id, from_step="fan", actor="ops", dry_run=False)
+    BROKEN["receipt"] = True
+    worker = Worker(lane_policy("io"), concurrency=1, name="w")
+    now = time.monotonic()
+
+    def attempts() -> dict[str, Attempt]:
+        claimed = claim(policy=worker.policy, worker=worker.name, limit=10)
+        return {s.step_id: Attempt(s, deadline=now + 60, extended=now) for s in claimed}
+
+    # The decider replays up to the parallel and forks again; the first branch asks for the
+    # charge (its new entry, claimed here and not run yet) ...
+    (decide,) = attempts().values()
+    handed = worker._execute(decide)
+    claimed = {**attempts(), **({} if handed is None else {handed.step.step_id: handed})}
+    assert sorted(claimed) == ["charge", "fan.1"]
+    # ... and the other branch's call fails for good: the run fails, the entry is cancelled.
+    assert worker._execute(claimed["fan.1"]) is None
+    drive()
+    run.refresh_from_db()
+    assert run.status == "failed", run.error
+    charges = Step.objects.filter(run_id=run_id, step_id="charge").order_by("iteration")
+    assert [(c.iteration, c.status) for c in charges] == [(1, "done"), (2, "cancelled")]
+
+    BROKEN["receipt"] = False
+    run_act(org=org, run_id=run_id, action="retry", actor="ops")
+    drive()
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("succeeded", ["item_1", {"charge": "check", "total": 1}])
+    assert len(provider_stub.created) == 1  # the settled charge's answer, not a second charge
+    (reused,) = RunEvent.objects.filter(run_id=run_id, kind="effect.reused")
+    assert (reused.iteration, (reused.detail or {})["reused"]) == (3, f"{run_id}/charge/1")
 
 
 def test_a_kept_step_keeps_the_answer_it_took_from_an_earlier_rerun(
