@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from timers.sweep import fire_due_timers
 from workflows.errors import NothingToRetry
 from workflows.models import Organisation, Run, Step
 from workflows.plugins.code import Context, StepFailed, publish_code_workflow, workflow
@@ -19,6 +20,7 @@ from workflows.services.signals import signal_send
 
 from .effect_setup import connect, drive
 from .stubs import ProviderStub
+from .test_timers import make_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -134,13 +136,15 @@ def call_in_a_nested_branch(ctx: Context, run_input: dict[str, Any]) -> Any:
 @workflow("code-compose-same-id-fails", version=1)
 def same_id_fails_on_both_branches(ctx: Context, run_input: dict[str, Any]) -> Any:
     """Both branches call "charge": the first branch's is entered first and fails for good
-    last (a 503, then refused), not caught; the second's is refused at once, caught."""
+    last (a 503, then refused), not caught; the second's, after a nap, is refused at once,
+    caught."""
     url = run_input["url"]
 
     def uncaught(c: Context) -> Any:
         return _item(c, "charge", url, op="charge", side="left")
 
     def caught(c: Context) -> Any:
+        c.sleep("nap", "1h")
         try:
             c.http("charge", connection="api", method="POST", url=f"{url}/charges", body={})
         except StepFailed:
@@ -297,6 +301,9 @@ def test_retry_runs_the_branch_step_that_failed_the_run_beside_a_caught_one_of_t
     stub.fail_next(1, status=400, path_prefix="/items")  # ... then refused: failed for good
     stub.fail_next(1, status=400, path_prefix="/charges")  # refused at once, caught
     run_id = start(org, "code-compose-same-id-fails", {"url": stub.url})
+    drive(fast_forward=False)  # the first charge waits out its backoff, the other branch naps
+    make_due(run_id=run_id)
+    assert fire_due_timers().fired == 1
     drive()
     run = Run.objects.get(pk=run_id)
     assert run.status == "failed", run.error
