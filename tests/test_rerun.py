@@ -11,6 +11,7 @@ operator fixes, on the real engine, is in tests/test_rerun_processes.py.
 
 from __future__ import annotations
 
+import time
 from io import StringIO
 from typing import Any
 
@@ -19,6 +20,10 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 
 from effects.models import Effect
+from timers.sweep import fire_due_timers
+from workflows.engine.lanes import lane_policy
+from workflows.engine.steps import claim
+from workflows.engine.worker import Attempt, Worker
 from workflows.errors import (
     InvalidInput,
     PayloadTooLarge,
@@ -36,6 +41,7 @@ from workflows.services.control import run_act
 from workflows.services.rerun import rerun
 
 from .effect_setup import connect, drive, events, start
+from .test_timers import make_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -209,6 +215,60 @@ def test_a_retry_after_a_re_run_runs_again_only_what_failed_since(
     assert [(s.step_id, s.iteration, s.status) for s in Step.objects.filter(
         run_id=run_id).order_by("id")] == [
         ("first", 1, "failed"), ("second", 1, "done"), ("done", 1, "done")]  # fmt: skip
+
+
+def test_a_branch_entry_a_failure_cancelled_takes_its_reused_answer_when_retried(
+    org: Organisation, provider_stub: Any
+) -> None:
+    # check is refused, the run fails; re-run from the parallel: pay's new entry is to take
+    # its settled answer. check is refused again before pay's entry ran (cancelling it);
+    # the retry runs check and enters pay again under another iteration, which takes that
+    # answer: nothing is paid twice.
+    connect(org, base_url=provider_stub.url, timeout_seconds=5)
+    url = provider_stub.url
+    run_id = start(org, {
+        "start": "split",
+        "steps": [
+            {"id": "split", "type": "parallel", "branches": ["pay", "hold"], "next": "meet"},
+            {"id": "pay", "type": "http", "connection": "api",
+             "request": {"method": "POST", "url": f"{url}/items", "body": {"op": "pay"}},
+             "next": "meet"},
+            {"id": "hold", "type": "wait", "duration": "1h", "next": "check"},
+            {"id": "check", "type": "http", "connection": "api", "retry": {"max_attempts": 1},
+             "request": {"method": "POST", "url": f"{url}/echo/check", "body": {}},
+             "next": "meet"},
+            {"id": "meet", "type": "join", "wait_for": ["pay", "hold"], "next": "done"},
+            {"id": "done", "type": "end", "output": "{{ steps.pay.output.body.id }}"},
+        ],
+    })  # fmt: skip
+    provider_stub.fail_next(1, status=400, path_prefix="/echo")  # check is refused
+    drive()  # pay is made; hold waits
+    make_due(run_id=run_id)
+    assert fire_due_timers().fired == 1
+    drive()
+    assert Run.objects.get(pk=run_id).status == "failed"
+    assert len(provider_stub.created) == 1  # pay's, settled
+
+    rerun(org=org, run_id=run_id, from_step="split", actor="ops", dry_run=False)
+    provider_stub.fail_next(1, status=400, path_prefix="/echo")  # refused again
+    make_due(run_id=run_id, fired_at__isnull=True)
+    assert fire_due_timers().fired == 1
+    worker = Worker(lane_policy("io"), concurrency=1, name="w")
+    now = time.monotonic()
+    claimed = {s.step_id: s for s in claim(policy=worker.policy, worker=worker.name, limit=10)}
+    assert sorted(claimed) == ["check", "pay"]
+    # check is refused while pay's entry (claimed here) has not run: the run fails.
+    assert worker._execute(Attempt(claimed["check"], deadline=now + 60, extended=now)) is None
+    assert Run.objects.get(pk=run_id).status == "failed"
+    assert Step.objects.get(run_id=run_id, step_id="pay", iteration=2).status == "cancelled"
+
+    run_act(org=org, run_id=run_id, action="retry", actor="ops")
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == ("succeeded", "item_1"), run.error
+    assert len(provider_stub.created) == 1  # pay's settled answer, not a second payment
+    (reused,) = events(run_id, "effect.reused")
+    assert (reused.iteration, (reused.detail or {})["reused"]) == (3, f"{run_id}/pay/1")
 
 
 # --- refusals change nothing ----------------------------------------------------------------------

@@ -69,8 +69,8 @@ from .runs import check_input, check_json_value, check_start_guards, run_limits
 # A finished run may run again: the declared sources of `running` that are finished states.
 RERUN_SOURCES = [s for s in run_sources(RunStatus.RUNNING) if s in RUN_FINISHED]
 REUSE, REPEAT = "reuse", "repeat"
-# In a code run's ``rerun_reuse``, beside the step ids (no step id begins with "~"): the
-# settled effects of the steps called inside branches, by place (_Plan.reuse).
+# In a run's ``rerun_reuse``, beside the step ids (no step id begins with "~"): the settled
+# effects of the steps entered inside branches, by place (_Plan.reuse).
 PLACES = "~places"
 
 
@@ -87,7 +87,7 @@ class EffectChoice:
     action: str
     new_key: str
     why: str
-    # A code run's: where the effect was made (forks.branch_paths; "" at the top level).
+    # Where the effect was made (forks.branch_paths; "" at the top level).
     place: str = ""
 
 
@@ -216,12 +216,14 @@ class _Plan:
     def reuse(self) -> dict[str, Any] | None:
         """The run's ``rerun_reuse``: per step, the new iteration -> the old effect's key.
 
-        A code run's step whose settled effects were made inside ``ctx.parallel`` branches
-        is also listed under ``PLACES``: its effects in order, each with its place and its
-        key (None: made again). Its branches may call the same step id, and which branch
-        enters its new entries first is not the order they did before, so the k-th new
-        entry overall may be another branch's: the effects ledger gives the k-th new entry
-        at a place the k-th effect made at that place instead (effects/reruns.py)."""
+        A step whose settled effects were made inside a parallel's branches is also listed
+        under ``PLACES``: its effects in order, each with its place and its key (None: made
+        again). A code run's branches may call the same step id, and which branch enters
+        its new entries first is not the order they did before, so the k-th new entry
+        overall may be another branch's; and a branch's new entry that a failure cancelled
+        is entered again by a retry under another iteration: the effects ledger gives the
+        k-th new entry at a place the k-th effect made at that place instead, an entry
+        cancelled and entered again counted once (effects/reruns.py)."""
         reuse: dict[str, Any] = {}
         for choice in self.effects:
             if choice.action == REUSE:
@@ -371,7 +373,7 @@ def _effect_choices(cursor: Any, plan: _Plan) -> list[EffectChoice]:
     if plan.cut is not None:  # a code run: the steps set aside, whatever the code does next
         # (its top level's, then a branch's of a ctx.parallel from the cut on)
         order = list(dict.fromkeys([*(step_id for step_id, _ in plan.cut.set_aside), *by_step]))
-    place_of = _places_of_effects(cursor, run.id, by_step) if plan.cut is not None else {}
+    place_of = _places_of_effects(cursor, run.id, by_step)
     choices = []
     for step_id in order:
         for k, effect in enumerate(by_step.get(step_id, []), start=1):
@@ -391,8 +393,8 @@ def _effect_choices(cursor: Any, plan: _Plan) -> list[EffectChoice]:
 def _places_of_effects(
     cursor: Any, run_id: int, by_step: dict[str, list[SettledEffect]]
 ) -> dict[tuple[str, int], str]:
-    """Where each of a code run's settled effects was made: its step row's place, named by
-    its branch path ("" at the top level)."""
+    """Where each settled effect was made: its step row's place, named by its branch path
+    ("" at the top level); nothing when all were made at the top level."""
     if not by_step:
         return {}
     cursor.execute(sql.STEP_PLACES, {"run": run_id, "ids": sorted(by_step)})
