@@ -891,30 +891,26 @@ RETURNING step_id, iteration, lane, attempt
 # been followed by a failure path of its own, under the version it failed on), and only rows
 # of the walk since the run's last re-run (rerun_floor): a step that failed before it belongs
 # to a walk the operator replaced.
-FAILED_STEPS = """
-SELECT DISTINCT ON (step_id) id, step_id, iteration, lane, type, error, fork_join_id, branch
+_RETRIABLE_FAILED = """
   FROM workflows_step s
  WHERE run_id = %(run)s AND status = 'failed'
    AND NOT EXISTS (SELECT 1 FROM workflows_runevent e
                     WHERE e.run_id = %(run)s AND e.kind = 'run.migrated'
                       AND e.detail->'failed_before' @> to_jsonb(s.id))
    AND s.id > COALESCE((SELECT rerun_floor FROM workflows_run WHERE id = %(run)s), 0)
- ORDER BY step_id, iteration DESC
+"""
+FAILED_STEPS = f"""
+SELECT DISTINCT ON (step_id) id, step_id, iteration, lane, type, error, fork_join_id, branch
+{_RETRIABLE_FAILED} ORDER BY step_id, iteration DESC
 """
 
 # The same for a code run, by place: its ctx.parallel's branches may call steps of the same
 # id (a step that failed the run on one branch, one whose failure the code caught on
 # another), so the newest failed row of a step id is each place's own.
-FAILED_STEPS_BY_PLACE = """
+FAILED_STEPS_BY_PLACE = f"""
 SELECT DISTINCT ON (step_id, fork_join_id, branch)
        id, step_id, iteration, lane, type, error, fork_join_id, branch
-  FROM workflows_step s
- WHERE run_id = %(run)s AND status = 'failed'
-   AND NOT EXISTS (SELECT 1 FROM workflows_runevent e
-                    WHERE e.run_id = %(run)s AND e.kind = 'run.migrated'
-                      AND e.detail->'failed_before' @> to_jsonb(s.id))
-   AND s.id > COALESCE((SELECT rerun_floor FROM workflows_run WHERE id = %(run)s), 0)
- ORDER BY step_id, fork_join_id, branch, iteration DESC
+{_RETRIABLE_FAILED} ORDER BY step_id, fork_join_id, branch, iteration DESC
 """
 
 # Re-run from a step (services/rerun.py): a finished run runs again, its input and vars as
