@@ -5,9 +5,11 @@ its own file; this one holds them where they meet, as users combine them."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db.models.functions import Now
 
 from timers.sweep import fire_due_timers
 from workflows.errors import NothingToRetry
@@ -302,9 +304,15 @@ def test_retry_runs_the_branch_step_that_failed_the_run_beside_a_caught_one_of_t
     stub.fail_next(1, status=400, path_prefix="/charges")  # refused at once, caught
     run_id = start(org, "code-compose-same-id-fails", {"url": stub.url})
     drive(fast_forward=False)  # the first charge waits out its backoff, the other branch naps
+    # The other branch's charge first, whatever the machine's speed: the first charge's
+    # retry waits until it has run (its backoff may pass meanwhile on a loaded machine, and a
+    # claim does not order two due steps of one run).
+    retry = Step.objects.filter(run_id=run_id, status="waiting", wait_kind="retry")
+    assert retry.update(wake_at=Now() + timedelta(hours=1)) == 1
     make_due(run_id=run_id)
     assert fire_due_timers().fired == 1
-    drive()
+    drive(fast_forward=False)
+    drive()  # now the first charge is tried again, and refused
     run = Run.objects.get(pk=run_id)
     assert run.status == "failed", run.error
     assert run.error.startswith("step 'pay.0' failed: step 'charge' failed: "), run.error
