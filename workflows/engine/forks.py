@@ -218,32 +218,46 @@ def revive_forks(walk: ForkWalk, place: Place) -> Place:
     move to it. Each other branch the failure cancelled is entered again at the step it was
     at, so the join can complete. Outward, joins around it the same. A branch that was at a
     parallel of its own (a nested fork) goes on there: its inner join continues the same way
-    (_revive_nested), and so on inward."""
+    (_revive_join), and so on inward."""
     joins = set(registry.joining())
     retried = place
     while place.fork_join is not None:
-        old = place.fork_join
-        walk.cursor.execute(sql.CANCELLED_JOIN, {"run": walk.run.id, "id": old})
-        join = fetch_dict(walk.cursor)
-        if join is None:  # not cancelled: its other branches were not ended
+        revived = _revive_join(walk, place.fork_join, joins, retried_branch=place.branch)
+        if revived is None:  # not cancelled: its other branches were not ended
             break
-        new = _continue_join(walk, old, join)
-        if retried.fork_join == old:
+        new, join = revived
+        if retried.fork_join == place.fork_join:
             retried = Place(new, retried.branch)
-        arrived = set(join["wait_detail"]["arrived"])
-        walk.cursor.execute(sql.BRANCH_HEADS, {"run": walk.run.id, "join": new})
-        heads = [row for row in fetch_dicts(walk.cursor)
-                 if row["branch"] not in arrived and row["branch"] != place.branch]  # fmt: skip
-        _enter_heads(walk, new, heads, joins)
         place = Place(join["fork_join_id"], join["branch"])
     return retried
+
+
+def _revive_join(
+    walk: ForkWalk, old: int, joins: set[str], *, retried_branch: int | None = None
+) -> tuple[int, Mapping[str, Any]] | None:
+    """Continue join row ``old`` if the failure cancelled it: a new row, with the arrivals
+    it had, and its branches that had not arrived entered again where they were (but
+    ``retried_branch``, whose step the retry runs itself), inward the same way. The new
+    row's id and the cancelled join; None when it was not cancelled (it met, or its other
+    branches were not ended)."""
+    walk.cursor.execute(sql.CANCELLED_JOIN, {"run": walk.run.id, "id": old})
+    join = fetch_dict(walk.cursor)
+    if join is None:
+        return None
+    new = _continue_join(walk, old, join)
+    arrived = set(join["wait_detail"]["arrived"])
+    walk.cursor.execute(sql.BRANCH_HEADS, {"run": walk.run.id, "join": new})
+    heads = [row for row in fetch_dicts(walk.cursor)
+             if row["branch"] not in arrived and row["branch"] != retried_branch]  # fmt: skip
+    _enter_heads(walk, new, heads, joins)
+    return new, join
 
 
 def _enter_heads(walk: ForkWalk, join_id: int, heads: list[dict[str, Any]],
                  joins: set[str]) -> None:  # fmt: skip
     """Enter again each branch of join row ``join_id`` the failure cancelled (``heads``: the
     newest row of each branch that had not arrived) at the step it was at; a branch that
-    was at a parallel of its own goes on inside it (_revive_nested)."""
+    was at a parallel of its own goes on inside it (its inner join revived in turn)."""
     walk.enter_entries(
         Entry(row["step_id"], Place(join_id, row["branch"]))
         for row in heads
@@ -255,23 +269,7 @@ def _enter_heads(walk: ForkWalk, join_id: int, heads: list[dict[str, Any]],
         joined = row["join_row"] if registry.forking(str(row["type"])) else None
         joined = json.loads(joined) if isinstance(joined, str) else joined
         if isinstance(joined, int) and not isinstance(joined, bool):
-            _revive_nested(walk, joined, joins)
-
-
-def _revive_nested(walk: ForkWalk, old: int, joins: set[str]) -> None:
-    """The inner join (row ``old``) a branch was waiting at inside a parallel of its own,
-    when the failure cancelled it: a new row continues it, with the arrivals it had, and
-    its branches that had not arrived are entered again, inward the same way. A join that
-    was not cancelled (it met) is left as it is."""
-    walk.cursor.execute(sql.CANCELLED_JOIN, {"run": walk.run.id, "id": old})
-    join = fetch_dict(walk.cursor)
-    if join is None:
-        return
-    new = _continue_join(walk, old, join)
-    arrived = set(join["wait_detail"]["arrived"])
-    walk.cursor.execute(sql.BRANCH_HEADS, {"run": walk.run.id, "join": new})
-    heads = [row for row in fetch_dicts(walk.cursor) if row["branch"] not in arrived]
-    _enter_heads(walk, new, heads, joins)
+            _revive_join(walk, joined, joins)
 
 
 def _continue_join(walk: ForkWalk, old: int, join: Mapping[str, Any]) -> int:
