@@ -362,18 +362,20 @@ class Context(PeopleAndTime):
     def step(self, step_id: str, step_type: str, **fields: Any) -> Any:
         """Enter a step of any registered type, with the fields a definition's step of that
         type has (docs/reference/definitions.md); its recorded output once it has one."""
-        # As step_result, without making the outcome's object (the call workflows make most).
-        recorded = self._replayed(step_id, step_type)
-        if recorded is not None:
-            return recorded.output
-        raise Suspended(_checked_step(step_id, step_type, fields))
+        # Without making the outcome's object (the call workflows make most).
+        return self._entered(step_id, step_type, fields).output
 
     def step_result(self, step_id: str, step_type: str, **fields: Any) -> StepOutcome:
         """``step``, giving back the step's outcome with its output."""
+        recorded = self._entered(step_id, step_type, fields)
+        return StepOutcome(recorded.output, recorded.outcome)
+
+    def _entered(self, step_id: str, step_type: str, fields: Mapping[str, Any]) -> Recorded:
+        """The call's recorded step; with none, the turn stops here, asking for it."""
         recorded = self._replayed(step_id, step_type)
-        if recorded is not None:
-            return StepOutcome(recorded.output, recorded.outcome)
-        raise Suspended(_checked_step(step_id, step_type, fields))
+        if recorded is None:
+            raise Suspended(_checked_step(step_id, step_type, fields))
+        return recorded
 
     def run(
         self,
