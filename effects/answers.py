@@ -11,6 +11,12 @@ received. ``was_cut`` tells a caller that the body it holds is only the start of
 A compressed body is decompressed here, within the same cap, so a small gzip bomb cannot
 grow past it either (httpx would decompress a whole chunk at once).
 
+A body is JSON only if PostgreSQL can keep it as JSON (``answer_json``): Python's json reads
+``NaN`` and ``Infinity`` (no JSON has them) and ``\\u0000`` or a lone ``\\ud800`` (no jsonb
+column takes them), and a document nested a hundred thousand deep raises RecursionError.
+Stored as they are, such answers failed every settle of their step, forever; such a body is
+kept as its text instead (``answer_text``), as any other body that is not JSON.
+
 Retry-After comes in two forms (RFC 9110: ``delay-seconds`` or an HTTP date) and in many
 broken ones (``²``, ``-5``, ``1e400``, a date in the year 99999): ``retry_after_seconds``
 reads the two, bounds them, and answers None for everything else, never raising.
@@ -24,11 +30,13 @@ import time
 import zlib
 from collections.abc import Callable
 from datetime import UTC
+from typing import Any
 
 import httpx
 from django.conf import settings
 from django.db import DatabaseError
 
+from workflows.plugins.definitions import UNSTORABLE_REASON, storable_text, unstorable_path
 from workflows.plugins.engine import database_now
 
 CUT = "waymark.cut"  # the response extension saying the body was cut at the cap
@@ -42,6 +50,30 @@ _BODY_HEADERS = frozenset({b"content-encoding", b"content-length", b"transfer-en
 def answer_max_bytes() -> int:
     """The most of one answer's body read into memory (``WAYMARK_OUTSIDE_ANSWER_MAX_BYTES``)."""
     return int(settings.EFFECTS["OUTSIDE_ANSWER_MAX_BYTES"])
+
+
+def answer_json(response: httpx.Response) -> Any:
+    """The answer's body as JSON that a jsonb column keeps as it is. ValueError when it is
+    not: not JSON (undecodable, NaN or Infinity among its numbers), nested deeper than it
+    can be read, or holding a string PostgreSQL refuses (a NUL character, a lone surrogate)."""
+    try:
+        body = response.json(parse_constant=_not_json)
+    except RecursionError:
+        raise ValueError("the answer's JSON nests deeper than it can be read") from None
+    where = unstorable_path(body)
+    if where is not None:
+        raise ValueError(f"the answer's JSON at {where} {UNSTORABLE_REASON}")
+    return body
+
+
+def answer_text(response: httpx.Response, limit: int) -> str:
+    """The answer's body as text, cut at ``limit`` characters, each character PostgreSQL
+    cannot store (NUL) written as its escape."""
+    return storable_text(response.text[:limit])
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
 
 
 def read_capped(response: httpx.Response, limit: int | None = None) -> httpx.Response:

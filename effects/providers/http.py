@@ -38,6 +38,8 @@ from workflows.plugins import StepFailure, render
 
 from ..answers import (
     ANSWER_TOO_LARGE,
+    answer_json,
+    answer_text,
     read_capped,
     retry_after_of,
     too_large,
@@ -104,14 +106,15 @@ def check_headers(headers: Mapping[str, str]) -> None:
 
 
 def response_body(response: httpx.Response) -> Any:
-    """The answer's JSON, or its text (cut) when it is not JSON; None when its body was over
-    the cap (``summary`` says so: half a JSON document is no answer)."""
+    """The answer's JSON, or its text (cut) when it is not JSON a jsonb column keeps
+    (answers.answer_json); None when its body was over the cap (``summary`` says so: half a
+    JSON document is no answer)."""
     if was_cut(response):
         return None
     try:
-        return response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return response.text[:MAX_BODY_KEPT]
+        return answer_json(response)
+    except ValueError:  # (a JSONDecodeError and a UnicodeDecodeError are ValueErrors)
+        return answer_text(response, MAX_BODY_KEPT)
 
 
 def summary(response: httpx.Response) -> dict[str, Any]:

@@ -16,14 +16,13 @@ Connection options: ``model`` (used when the step names none), ``price_prompt_pe
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from workflows.plugins import StepFailure, render
 
-from ..answers import too_large, was_cut
+from ..answers import answer_json, answer_text, too_large, was_cut
 from .base import Ambiguous, Answer, ConnectionInfo, Provider, Request
 from .http import auth_headers, raise_for_status, refuse_redirect, send
 
@@ -120,10 +119,10 @@ class ModelProvider(Provider):
         if was_cut(response):  # half a JSON document: no completion can be read from it
             raise Ambiguous(too_large("the model's answer"), {"status": response.status_code})
         try:
-            body = response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            body = answer_json(response)
+        except ValueError as exc:  # not JSON, or none a jsonb column keeps
             raise Ambiguous(
-                f"malformed answer from the model: not JSON ({response.text[:200]!r})",
+                f"malformed answer from the model: not JSON ({answer_text(response, 200)!r})",
                 {"status": response.status_code},
             ) from exc
         text, usage, model = read_completion(body)

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from ..definitions.expressions import build_context, check_template, is_template
 from ..definitions.fields import parse_duration
-from ..definitions.storable import UNSTORABLE_REASON, has_unstorable, unstorable_path
+from ..definitions.storable import (
+    UNSTORABLE_REASON,
+    has_unstorable,
+    storable_text,
+    unstorable_path,
+)
 
 __all__ = [
     "UNSTORABLE_REASON",
@@ -16,5 +21,6 @@ __all__ = [
     "has_unstorable",
     "is_template",
     "parse_duration",
+    "storable_text",
     "unstorable_path",
 ]
