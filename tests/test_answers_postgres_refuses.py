@@ -7,6 +7,10 @@ database error, forever, or put a person in front of a call that had been answer
 body is kept as its text, as any body that is not JSON: the step has its answer and the run
 goes on. Real runs through a real worker's code path, against a provider stub on 127.0.0.1
 that answers with these bytes.
+
+A lookup by key (a connection's ``lookup_url``) answered with what is not JSON (a page, an
+empty body, JSON with NaN) says neither that the effect was made nor that it was not: the
+effect stays unknown.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pytest
 from effects.egress import Allowlist
 from effects.models import Effect
 from effects.providers.base import Ambiguous, ConnectionInfo, Request
+from effects.providers.http import HttpProvider
 from effects.providers.model import ModelProvider
 from workflows.models import Organisation, Run, RunEvent, Step
 
@@ -110,3 +115,40 @@ def test_a_model_answer_postgresql_cannot_keep_is_malformed(odd_provider: OddPro
     prompt = Request(payload={"model": "m", "messages": []}, summary={})
     with pytest.raises(Ambiguous, match="malformed answer from the model: not JSON"):
         ModelProvider().call(prompt, "key-1", conn)
+
+
+# --- a lookup's answer ------------------------------------------------------------------------
+
+
+class LookupAnswers(ProviderStub):
+    """Answers a lookup (``/lookup/<key>``) with the bytes set in ``answer``."""
+
+    answer = b"[]"
+
+    def route(self, request: StubRequest) -> Response:
+        if request.path.startswith("/lookup/"):
+            return Response(200, raw=self.answer)
+        return super().route(request)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [b"<html>OK</html>", b"", b'[{"id": "x", "amount": NaN}]'],
+    ids=["a page", "nothing", "NaN"],
+)
+def test_a_lookup_whose_answer_is_not_json_says_neither_found_nor_absent(answer: bytes) -> None:
+    """Found would settle an effect nobody made; absent would make it a second time."""
+    with LookupAnswers() as stub:
+        stub.answer = answer
+        options = {"lookup_url": stub.url + "/lookup/{key}"}
+        conn = ConnectionInfo(None, "c", "http", stub.url, options, "tok",
+                              allow=Allowlist.parse(["127.0.0.1/32"]))  # fmt: skip
+        request = Request(payload={"method": "POST", "url": stub.url + "/items", "headers": {},
+                                   "body": {"n": 1}}, summary={})  # fmt: skip
+        with pytest.raises(Ambiguous, match="the lookup URL's answer is not JSON"):
+            HttpProvider().lookup(request, "key-1", conn)
+        stub.answer = b'{"items": []}'  # JSON that lists nothing: absent
+        assert HttpProvider().lookup(request, "key-1", conn) is None
+        stub.answer = b'[{"id": "x"}]'
+        found = HttpProvider().lookup(request, "key-1", conn)
+        assert found is not None and found.result["body"] == {"id": "x"}

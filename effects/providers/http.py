@@ -308,7 +308,15 @@ class HttpProvider(Provider):
         raise_for_status(response, keyed=False)
         if was_cut(response):  # what it lists cannot be read: never taken as "absent"
             raise Ambiguous(too_large("the lookup URL's answer"), {"status": response.status_code})
-        body = response_body(response)
+        try:
+            body = answer_json(response)
+        except ValueError:
+            # Neither "found" (a page saying OK is no record of the effect) nor "absent" (an
+            # empty body would have it made again): the effect stays unknown.
+            raise Ambiguous(
+                f"the lookup URL's answer is not JSON: {answer_text(response, 200)!r}",
+                {"status": response.status_code},
+            ) from None
         found = body.get("items", body) if isinstance(body, dict) else body
         if isinstance(found, list):
             found = found[0] if found else None
