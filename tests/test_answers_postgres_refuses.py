@@ -1,9 +1,10 @@
 """Outside answers that Python reads as JSON but PostgreSQL cannot keep as JSON
 (effects/answers.py, ``answer_json``): ``NaN`` and ``Infinity`` (Python's json reads them, no
 JSON has them), ``\\u0000`` and a lone ``\\ud800`` (a jsonb column refuses them), a document
-nested a hundred thousand deep (Python's parser raises RecursionError), and a text body with
-a NUL character. Stored as they were read, each failed its step's every settle with a
-database error, forever, or put a person in front of a call that had been answered. Such a
+nested a hundred thousand deep (Python's parser raises RecursionError), a number of more
+digits than Python reads, and a text body with a NUL character. Stored as they were read,
+each failed its step's every settle with a database error, forever, or (raising out of the
+call) put a person in front of a call that had been answered. Such a
 body is kept as its text, as any body that is not JSON: the step has its answer and the run
 goes on. Real runs through a real worker's code path, against a provider stub on 127.0.0.1
 that answers with these bytes.
@@ -43,6 +44,9 @@ ODD = {
     "surrogate": (b'{"id": "\\ud800"}', '{"id": "\\ud800"}'),
     "deep": (b"[" * DEEP + b"]" * DEEP, "[" * 16_384),
     "nul-text": (b"plain \x00 text", "plain \\x00 text"),
+    # More digits than Python turns into an int (4,300 by default): ValueError, not a
+    # JSONDecodeError.
+    "long-number": (b'{"n": ' + b"9" * 5000 + b"}", '{"n": ' + "9" * 5000 + "}"),
 }
 
 
