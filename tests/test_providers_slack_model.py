@@ -27,6 +27,7 @@ from effects.providers.http import EgressDenied
 from effects.providers.model import ModelProvider, read_completion
 from effects.providers.slack import SlackMessageProvider
 from tests.stubs import fixtures
+from tests.stubs.base import Response
 from tests.stubs.model import ModelStub
 from tests.stubs.slack import SlackStub
 from workflows.definitions.registry import StepReport, registry
@@ -347,3 +348,22 @@ def test_both_are_registered_and_need_a_connection():
         report = StepReport("x")
         validate({**step, "connection": "c"}, report)
         assert report.issues == []
+
+
+class NulTsSlack(SlackStub):
+    """Slack, but each post's ts carries a NUL character (a JSON escape: Python reads it)."""
+
+    def _post(self, args: dict[str, Any]) -> Response:
+        posted = super()._post(args)
+        if isinstance(posted.body, dict) and posted.body.get("ok"):
+            posted.body["ts"] = posted.body["ts"] + "\x00"
+        return posted
+
+
+def test_a_slack_answer_whose_ts_cannot_be_stored_is_malformed() -> None:
+    """Kept, such a ts failed every settle of the step; it is no ts the effect can keep."""
+    with NulTsSlack(valid_tokens=(TOKEN,)) as stub:
+        request = Request(payload={"channel": "C1", "text": "hi"}, summary={})
+        with pytest.raises(Ambiguous, match="malformed answer from Slack"):
+            SlackMessageProvider().call(request, "key-1", slack_conn(stub.url))
+        assert len(stub.messages) == 1  # it posted: the outcome is unknown, not refused

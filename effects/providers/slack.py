@@ -38,6 +38,7 @@ from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web import SlackResponse
 
 from workflows.plugins import StepFailure, render
+from workflows.plugins.definitions import has_unstorable
 
 from ..answers import retry_after_seconds, too_large, was_cut
 from ..egress import EgressRefused, vet_host
@@ -158,6 +159,12 @@ class GuardedWebClient(WebClient):
                 "body": response.text}  # fmt: skip
 
 
+def _storable_id(value: Any) -> bool:
+    """A channel or ts from Slack's answer that the effect can keep: a string, not empty,
+    with nothing PostgreSQL refuses (a NUL character: kept, it failed every settle)."""
+    return isinstance(value, str) and bool(value) and not has_unstorable(value)
+
+
 def web_client(conn: ConnectionInfo) -> GuardedWebClient:
     return GuardedWebClient(
         # No timeout here: send() applies the connection's own.
@@ -218,7 +225,7 @@ class SlackMessageProvider(Provider):
         response = slack_call(conn, "chat_postMessage", channel=request.payload["channel"],
                               text=request.payload["text"], metadata=metadata)  # fmt: skip
         channel, ts = response.get("channel"), response.get("ts")
-        if not isinstance(channel, str) or not isinstance(ts, str) or not ts:
+        if not _storable_id(channel) or not _storable_id(ts):
             raise Ambiguous("malformed answer from Slack: no channel or ts", {"ok": True})
         result = {"channel": channel, "ts": ts}
         return Answer(result=result, response=result)
@@ -233,7 +240,7 @@ class SlackMessageProvider(Provider):
             if not isinstance(messages, list):
                 raise Ambiguous("malformed answer from Slack: no messages in the history")
             for message in messages:
-                if _effect_key(message) == key and isinstance(message.get("ts"), str):
+                if _effect_key(message) == key and _storable_id(message.get("ts")):
                     result = {"channel": channel, "ts": message["ts"], "reconciled": True}
                     return Answer(result=result, response=result)
             if not page.get("has_more"):
