@@ -13,9 +13,10 @@ grow past it either (httpx would decompress a whole chunk at once).
 
 A body is JSON only if PostgreSQL can keep it as JSON (``answer_json``): Python's json reads
 ``NaN`` and ``Infinity`` (no JSON has them) and ``\\u0000`` or a lone ``\\ud800`` (no jsonb
-column takes them), and a document nested a hundred thousand deep raises RecursionError.
-Stored as they are, such answers failed every settle of their step, forever; such a body is
-kept as its text instead (``answer_text``), as any other body that is not JSON.
+column takes them), and a document nested a hundred thousand deep or a number of more than
+4,300 digits raises out of the parser. Stored as they are, the first failed every settle of
+their step, forever; the last put an answered call in front of a person. Such a body is kept
+as its text instead (``answer_text``), as any other body that is not JSON.
 
 Retry-After comes in two forms (RFC 9110: ``delay-seconds`` or an HTTP date) and in many
 broken ones (``²``, ``-5``, ``1e400``, a date in the year 99999): ``retry_after_seconds``
