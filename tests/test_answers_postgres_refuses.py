@@ -50,15 +50,23 @@ ODD = {
 }
 
 
+LOCAL = Allowlist.parse(["127.0.0.1/32"])
+
+
 class OddProvider(ProviderStub):
     """Answers ``/<name>`` with the bytes of ODD[name], with ``status`` (a query parameter,
-    200 when absent); a model's ``/v1/chat/completions`` with a completion holding NaN."""
+    200 when absent); a lookup (``/lookup/<key>``) with the bytes set in ``lookup_answer``;
+    a model's ``/v1/chat/completions`` with a completion holding NaN."""
+
+    lookup_answer = b"[]"
 
     def route(self, request: StubRequest) -> Response:
         name = request.path.strip("/")
         if name in ODD:
             status = int(request.query.get("status", "200"))
             return Response(status, raw=ODD[name][0])
+        if request.path.startswith("/lookup/"):
+            return Response(200, raw=self.lookup_answer)
         if request.path == "/v1/chat/completions":
             raw = (b'{"id": "c1", "model": "m", "choices": [{"message": {"content": "hi"}}],'
                    b' "usage": {"prompt_tokens": NaN, "completion_tokens": 1}}')  # fmt: skip
@@ -115,7 +123,7 @@ def test_a_model_answer_postgresql_cannot_keep_is_malformed(odd_provider: OddPro
     """A completion is read from the answer's JSON: one holding NaN is none (ambiguous: the
     model may have answered), never a result that cannot be stored."""
     conn = ConnectionInfo(None, "m", "model", odd_provider.url + "/v1", {"model": "m"}, "tok",
-                          allow=Allowlist.parse(["127.0.0.1/32"]))  # fmt: skip
+                          allow=LOCAL)  # fmt: skip
     prompt = Request(payload={"model": "m", "messages": []}, summary={})
     with pytest.raises(Ambiguous, match="malformed answer from the model: not JSON"):
         ModelProvider().call(prompt, "key-1", conn)
@@ -124,35 +132,25 @@ def test_a_model_answer_postgresql_cannot_keep_is_malformed(odd_provider: OddPro
 # --- a lookup's answer ------------------------------------------------------------------------
 
 
-class LookupAnswers(ProviderStub):
-    """Answers a lookup (``/lookup/<key>``) with the bytes set in ``answer``."""
-
-    answer = b"[]"
-
-    def route(self, request: StubRequest) -> Response:
-        if request.path.startswith("/lookup/"):
-            return Response(200, raw=self.answer)
-        return super().route(request)
-
-
 @pytest.mark.parametrize(
     "answer",
     [b"<html>OK</html>", b"", b'[{"id": "x", "amount": NaN}]'],
     ids=["a page", "nothing", "NaN"],
 )
-def test_a_lookup_whose_answer_is_not_json_says_neither_found_nor_absent(answer: bytes) -> None:
+def test_a_lookup_whose_answer_is_not_json_says_neither_found_nor_absent(
+    odd_provider: OddProvider, answer: bytes
+) -> None:
     """Found would settle an effect nobody made; absent would make it a second time."""
-    with LookupAnswers() as stub:
-        stub.answer = answer
-        options = {"lookup_url": stub.url + "/lookup/{key}"}
-        conn = ConnectionInfo(None, "c", "http", stub.url, options, "tok",
-                              allow=Allowlist.parse(["127.0.0.1/32"]))  # fmt: skip
-        request = Request(payload={"method": "POST", "url": stub.url + "/items", "headers": {},
-                                   "body": {"n": 1}}, summary={})  # fmt: skip
-        with pytest.raises(Ambiguous, match="the lookup URL's answer is not JSON"):
-            HttpProvider().lookup(request, "key-1", conn)
-        stub.answer = b'{"items": []}'  # JSON that lists nothing: absent
-        assert HttpProvider().lookup(request, "key-1", conn) is None
-        stub.answer = b'[{"id": "x"}]'
-        found = HttpProvider().lookup(request, "key-1", conn)
-        assert found is not None and found.result["body"] == {"id": "x"}
+    stub = odd_provider
+    stub.lookup_answer = answer
+    options = {"lookup_url": stub.url + "/lookup/{key}"}
+    conn = ConnectionInfo(None, "c", "http", stub.url, options, "tok", allow=LOCAL)
+    request = Request(payload={"method": "POST", "url": stub.url + "/items", "headers": {},
+                               "body": {"n": 1}}, summary={})  # fmt: skip
+    with pytest.raises(Ambiguous, match="the lookup URL's answer is not JSON"):
+        HttpProvider().lookup(request, "key-1", conn)
+    stub.lookup_answer = b'{"items": []}'  # JSON that lists nothing: absent
+    assert HttpProvider().lookup(request, "key-1", conn) is None
+    stub.lookup_answer = b'[{"id": "x"}]'
+    found = HttpProvider().lookup(request, "key-1", conn)
+    assert found is not None and found.result["body"] == {"id": "x"}

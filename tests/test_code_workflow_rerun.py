@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -86,19 +87,23 @@ def receipt_then_notes(ctx: Context, run_input: dict[str, Any]) -> Any:
     return made
 
 
-@workflow("code-rerun-fan", version=1)
-def charge_beside_a_price(ctx: Context, run_input: dict[str, Any]) -> Any:
-    url = run_input["url"]
+def charging(url: str) -> Callable[[Context], Any]:
+    """A branch that charges at the provider (step "charge") and gives the item's id."""
 
     def charge(c: Context) -> Any:
         created = c.http("charge", connection="api", method="POST", url=f"{url}/items",
                          body={"total": 1})  # fmt: skip
         return created["body"]["id"]
 
+    return charge
+
+
+@workflow("code-rerun-fan", version=1)
+def charge_beside_a_price(ctx: Context, run_input: dict[str, Any]) -> Any:
     def price(c: Context) -> Any:
         return c.run("price", priced, [1])
 
-    both = ctx.parallel("fan", charge, price)
+    both = ctx.parallel("fan", charging(run_input["url"]), price)
     return ctx.run("receipt", receipt_for, both[0], both[1])
 
 
@@ -147,17 +152,10 @@ def charge_in_each_branch(ctx: Context, run_input: dict[str, Any]) -> Any:
 
 @workflow("code-rerun-charge-beside-a-check", version=1)
 def charge_beside_a_check(ctx: Context, run_input: dict[str, Any]) -> Any:
-    url = run_input["url"]
-
-    def charge(c: Context) -> Any:
-        made = c.http("charge", connection="api", method="POST", url=f"{url}/items",
-                      body={"total": 1})  # fmt: skip
-        return made["body"]["id"]
-
     def check(c: Context) -> Any:
         return c.run("receipt", receipt_for, "check", 1)
 
-    return ctx.parallel("fan", charge, check)
+    return ctx.parallel("fan", charging(run_input["url"]), check)
 
 
 @pytest.fixture(autouse=True)

@@ -131,17 +131,20 @@ def test_a_failing_branch_fails_the_run_and_ends_its_sibling(org) -> None:
     assert claim_io() == {}
 
 
+def failed_then_retried(org: Any, run: Run, step: Any) -> None:
+    """``step`` (claimed) fails for good, which fails the run; an operator retries it."""
+    failure = StepFailure("no", retryable=False)
+    assert settle_failure(step, failure, worker="w", policy=lane_policy("io"))
+    run.refresh_from_db()
+    assert run.status == "failed"
+    run_act(org=org, run_id=run.pk, action="retry", actor="ops")
+
+
 def test_a_retry_of_a_run_a_branch_failed_runs_it_and_its_sibling_again_and_joins_once(
     org,
 ) -> None:
     run = start(org, fork())
-    claimed = claim_io()
-    failure = StepFailure("no", retryable=False)
-    assert settle_failure(claimed["b0"], failure, worker="w", policy=lane_policy("io"))
-    run.refresh_from_db()
-    assert run.status == "failed"
-
-    run_act(org=org, run_id=run.pk, action="retry", actor="ops")
+    failed_then_retried(org, run, claim_io()["b0"])
     # The failed step, a new series of its row; the sibling the failure cancelled, entered
     # again where it was; the join waits again for both.
     again = claim_io()
@@ -170,13 +173,7 @@ def test_a_retry_goes_on_inside_the_nested_parallel_a_sibling_branch_was_in(org)
             {"id": "done", "type": "end", "output": "{{ steps.meet.output.arrived | join(',') }}"},
         ],
     })  # fmt: skip
-    claimed = claim_io()
-    failure = StepFailure("no", retryable=False)
-    assert settle_failure(claimed["b1"], failure, worker="w", policy=lane_policy("io"))
-    run.refresh_from_db()
-    assert run.status == "failed"
-
-    run_act(org=org, run_id=run.pk, action="retry", actor="ops")
+    failed_then_retried(org, run, claim_io()["b1"])
     again = claim_io()
     assert sorted((s.step_id, s.iteration) for s in again.values()) == [
         ("b1", 1), ("i0", 2), ("i1", 2),
