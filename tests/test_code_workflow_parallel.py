@@ -41,6 +41,22 @@ def flip(ctx: Context, run_input: dict[str, Any]) -> list[Any]:
     return ctx.parallel("pair", changing, steady)
 
 
+COMPLETE: dict[str, Any] = {"value": "all"}  # what the next replay of "code-par-complete" waits for
+
+
+@workflow("code-par-complete", version=1)
+def complete_changes(ctx: Context, run_input: dict[str, Any]) -> list[Any]:
+    def short(c: Context) -> str:
+        c.sleep("nap", "1m")
+        return "short"
+
+    def long(c: Context) -> str:
+        c.sleep("rest", "1h")
+        return "long"
+
+    return ctx.parallel("pair", short, long, complete=COMPLETE["value"])
+
+
 @workflow("code-par-raises", version=1)
 def raises(ctx: Context, run_input: dict[str, Any]) -> Any:
     def broken(c: Context) -> None:
@@ -176,6 +192,47 @@ def test_a_branch_that_calls_another_step_than_its_history_fails_the_run(
         "step 'pair.0' failed: nondeterministic_workflow: the history "
         "has step 'a' (code_result) at call 1, but the code called 'b'"
     )
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "words"),
+    [("all", "first", "all its branches"), ("first", 2, "its first branch"),
+     (1, "first", "1 of its branches")],
+)  # fmt: skip
+def test_a_parallel_called_with_another_complete_than_its_history_fails_the_run(
+    org: Organisation, before: Any, after: Any, words: str
+) -> None:
+    """The join waits for what the fork was called with: code that now says otherwise would
+    read its branches' results as the join did not wait for them (a branch's None taken for
+    a cancelled one, or the reverse), so the run fails, never silently."""
+    COMPLETE["value"] = before
+    t = WorkflowTest(org=org)
+    t.start("code-par-complete", version=1, input={}, start_key=f"c-{before}")
+    run = t.run_until_waiting()
+    assert sorted(s.step_id for s in run.waiting) == ["nap", "pair.join", "rest"]
+    COMPLETE["value"] = after  # a deploy that changed the call under the run
+    try:
+        t.skip_time()
+        run = t.run_until_finished()
+    finally:
+        COMPLETE["value"] = "all"
+    assert run.status == "failed"
+    assert run.error == (
+        f"step 'pair.0' failed: nondeterministic_workflow: ctx.parallel 'pair' waits for "
+        f"{words} in the history, but the code called it with complete={after!r}"
+    )
+
+
+def test_a_parallel_called_as_its_history_says_returns_what_its_join_waited_for(
+    org: Organisation,
+) -> None:
+    COMPLETE["value"] = "first"
+    t = WorkflowTest(org=org)
+    t.start("code-par-complete", version=1, input={}, start_key="c-same")
+    run = t.run_until_finished()  # (time skipped)
+    assert (run.status, run.output) == ("succeeded", ["short", None])
+    fork = Step.objects.get(run_id=run.id, step_id="pair")
+    assert fork.output["complete"] == "first"
 
 
 def test_a_branch_that_raises_fails_the_run_and_ends_the_other_branch(org: Organisation) -> None:

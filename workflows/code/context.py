@@ -546,6 +546,13 @@ class Context(PeopleAndTime):
                 f"ctx.parallel {step_id!r} has {len(names or [])} branches in the history, "
                 f"but the code called it with {len(branches)}",
             )
+        recorded_complete = output.get("complete", complete)
+        if recorded_complete != complete or type(recorded_complete) is not type(complete):
+            raise CodeFailure(
+                "nondeterministic_workflow",
+                f"ctx.parallel {step_id!r} waits for {_complete_words(recorded_complete)} in "
+                f"the history, but the code called it with complete={complete!r}",
+            )
         forks = self._forks
         assert forks is not None and isinstance(join_row, int), "a replay reads its forks"
         join = forks.joins.get(join_row)
@@ -890,6 +897,15 @@ def _check_parallel(step_id: str, branches: Sequence[Any], complete: Any) -> Non
     if isinstance(complete, int) and complete > len(branches):
         raise CodeFailure("invalid_code_step", f"ctx.parallel {step_id!r}: complete is more "
                           f"than its {len(branches)} branches")  # fmt: skip
+
+
+def _complete_words(complete: Any) -> str:
+    """How many branches a recorded ``complete`` waits for, in words."""
+    if complete == "all":
+        return "all its branches"
+    if complete == "first":
+        return "its first branch"
+    return f"{complete!r} of its branches"
 
 
 def _check_patch(patch: Any) -> None:

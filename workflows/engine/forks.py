@@ -110,9 +110,15 @@ class Forks:
         walk = self.walk
         branches: list[str] = list(step["branches"])
         join_id = self._open_join(step, len(branches), place)
+        row_output: dict[str, Any] = {"branches": branches, "join_row": join_id}
+        if "complete" in step:
+            # A code run's `parallel` says itself how many branches its join waits for
+            # (a definition's join step says it): kept, so a replay whose code calls it with
+            # another number is told it took another path (workflows/code, ctx.parallel).
+            row_output["complete"] = step["complete"]
         walk.add_step(
             step["id"], iteration, step["type"], "inline", StepStatus.DONE, attempt=1,
-            output={"branches": branches, "join_row": join_id}, place=place,
+            output=row_output, place=place,
         )  # fmt: skip
         walk.event("step.succeeded", step["id"], iteration=iteration, attempt=1,
                    detail={"branches": branches})  # fmt: skip
