@@ -229,7 +229,9 @@ def test_a_parallel_called_as_its_history_says_returns_what_its_join_waited_for(
     COMPLETE["value"] = "first"
     t = WorkflowTest(org=org)
     t.start("code-par-complete", version=1, input={}, start_key="c-same")
-    run = t.run_until_finished()  # (time skipped)
+    t.run_until_waiting()
+    t.skip_time()
+    run = t.run_until_finished()
     assert (run.status, run.output) == ("succeeded", ["short", None])
     fork = Step.objects.get(run_id=run.id, step_id="pair")
     assert fork.output["complete"] == "first"
