@@ -262,20 +262,24 @@ def test_reruns_from_a_parallel_take_its_branches_settled_answers_each_time(
     drive()
     assert Run.objects.get(pk=run_id).status == "succeeded"
     # The branch's charge/1 holds the only settled answer, each time.
-    rerun_twice_taking_charge_1(org, run_id, "fan", provider_stub, calls=["price", "receipt"])
+    rerun_twice_taking_charge_1(org, run_id, "fan", provider_stub, calls=["price", "receipt"],
+                                branch="fan.join:0")  # fmt: skip
 
 
 def rerun_twice_taking_charge_1(
-    org: Organisation, run_id: int, from_step: str, stub: ProviderStub, *, calls: list[str]
-) -> None:
+    org: Organisation, run_id: int, from_step: str, stub: ProviderStub, *, calls: list[str],
+    branch: str = "",
+) -> None:  # fmt: skip
     """Re-run ``run_id`` from ``from_step`` twice: each time charge's new entry takes the
     one settled answer (charge/1), the provider is never called again, and the ctx.run
-    functions called are ``calls``."""
+    functions called are ``calls``. Made on ``branch``, the answer goes to the first new
+    entry on that branch, whose key its turn decides."""
     for entry in (2, 3):
         CALLS.clear()
         done = rerun(org=org, run_id=run_id, from_step=from_step, actor="ops", dry_run=False)
-        assert [(e.key, e.action, e.new_key) for e in done.effects] == [
-            (f"{run_id}/charge/1", "reuse", f"{run_id}/charge/{entry}")
+        new_key = None if branch else f"{run_id}/charge/{entry}"
+        assert [(e.key, e.action, e.new_key, e.place, e.entry) for e in done.effects] == [
+            (f"{run_id}/charge/1", "reuse", new_key, branch, 1)
         ]
         drive()
         run = Run.objects.get(pk=run_id)
@@ -303,6 +307,18 @@ def test_a_rerun_from_a_parallel_gives_each_branch_the_answer_its_own_call_settl
     assert (run.status, run.output) == ("succeeded", ["nap", "paid"]), run.error
     assert [item["body"]["who"] for item in provider_stub.created] == ["paid", "nap"]
 
+    # The preview cannot know which key each branch's new entry gets: it names the branch.
+    preview = api.post(f"/api/v1/runs/{run.id}/rerun", {"from_step": "fan"}, format="json")
+    assert preview.status_code == 200, preview.json()
+    assert sorted((e["key"], e["new_key"], e["place"], e["entry"], e["action"])
+                  for e in preview.json()["effects"]) == [
+        (f"{run.id}/charge/1", None, "fan.join:1", 1, "reuse"),
+        (f"{run.id}/charge/2", None, "fan.join:0", 1, "reuse"),
+    ]  # fmt: skip
+    shown = io.StringIO()
+    call_command("runs", "rerun", "--org", org.slug, str(run.id), "--from", "fan", stdout=shown)
+    assert (f"effect {run.id}/charge/1 (http): reused, not sent again as charge's new entry 1 "
+            "on branch fan.join:1") in shown.getvalue()  # fmt: skip
     done = api.post(f"/api/v1/runs/{run.id}/rerun", {"from_step": "fan", "dry_run": False},
                     format="json")  # fmt: skip
     assert done.status_code == 200, done.json()

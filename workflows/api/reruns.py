@@ -54,8 +54,16 @@ class EffectChoiceOut(serializers.Serializer):
     provider = serializers.CharField()
     action = serializers.ChoiceField(choices=[REUSE, REPEAT], help_text="reuse: the step's "
                                      "new entry takes its answer; repeat: a new call.")  # fmt: skip
-    new_key = serializers.CharField(help_text="The key of the step's new entry concerned.")
+    new_key = serializers.CharField(
+        allow_null=True, help_text="The key of the step's new entry concerned; null for an "
+        "effect made in a code run's ctx.parallel branch, whose new entry's key its branch's "
+        "turn decides (see place and entry).",
+    )  # fmt: skip
     why = serializers.CharField()
+    place = serializers.CharField(help_text='Where the effect was made: its branch path '
+                                  '("fan.join:1"), "" at the top level.')  # fmt: skip
+    entry = serializers.IntegerField(help_text="Which new entry of the step at that place "
+                                     "takes it (1: the first).")  # fmt: skip
 
 
 class RerunOut(serializers.Serializer):

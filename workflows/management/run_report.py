@@ -263,7 +263,7 @@ def rerun_lines(outcome: Any) -> list[str]:
         lines.append("  input and vars unchanged")
     for effect in outcome.effects:
         verb = "reused, not sent again" if effect.action == "reuse" else "made again"
-        lines.append(f"  effect {effect.key} ({effect.provider}): {verb} as {effect.new_key}")
+        lines.append(f"  effect {effect.key} ({effect.provider}): {verb} as {effect.new_entry}")
     if not outcome.effects:
         lines.append("  no settled effect after this step")
     if outcome.dry_run:

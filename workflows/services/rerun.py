@@ -78,17 +78,31 @@ PLACES = "~places"
 class EffectChoice:
     """A settled effect of a step the re-run can reach, and what its new walk does with it:
     ``reuse`` (the step's new entry takes its answer, no call) or ``repeat`` (a new call),
-    and the key of the entry concerned (the step's k-th new entry for its k-th effect)."""
+    and the key of the entry concerned (the step's k-th new entry for its k-th effect).
+
+    A step whose effects were made in a code run's ``ctx.parallel`` branches is reused by
+    place (``reuse``): its k-th new entry on a branch takes the k-th effect made on that
+    branch, and its key is the iteration it gets when its branch enters it, which the order
+    the branches go in decides; so ``new_key`` is None and ``entry`` says which one it is."""
 
     step_id: str
     iteration: int
     key: str
     provider: str
     action: str
-    new_key: str
+    new_key: str | None
     why: str
     # Where the effect was made (forks.branch_paths; "" at the top level).
     place: str = ""
+    entry: int = 0  # the step's new entry concerned, counted at ``place``
+
+    @property
+    def new_entry(self) -> str:
+        """The step's new entry concerned, in words: its key, or its rank on its branch."""
+        if self.new_key is not None:
+            return self.new_key
+        where = f"on branch {self.place}" if self.place else "at the top level"
+        return f"{self.step_id}'s new entry {self.entry} {where}"
 
 
 @dataclass(frozen=True)
@@ -225,21 +239,19 @@ class _Plan:
         k-th new entry at a place the k-th effect made at that place instead, an entry
         cancelled and entered again counted once (effects/reruns.py)."""
         reuse: dict[str, Any] = {}
-        for choice in self.effects:
-            if choice.action == REUSE:
-                iteration = choice.new_key.rsplit("/", 1)[1]
-                reuse.setdefault(choice.step_id, {})[iteration] = choice.key
-        if not reuse:
-            return None
         places: dict[str, list[list[str | None]]] = {}
-        branched = {choice.step_id for choice in self.effects if choice.place}
         for choice in self.effects:
-            if choice.step_id in branched:
+            if choice.new_key is None:  # by place
                 key = choice.key if choice.action == REUSE else None
                 places.setdefault(choice.step_id, []).append([choice.place, key])
+            elif choice.action == REUSE:
+                iteration = choice.new_key.rsplit("/", 1)[1]
+                reuse.setdefault(choice.step_id, {})[iteration] = choice.key
+        if not any(key for listed in places.values() for _, key in listed):
+            places = {}  # every one made again: nothing to take
         if places:
             reuse[PLACES] = places
-        return reuse
+        return reuse or None
 
     def outcome(self, *, status: str, dry_run: bool) -> RerunOutcome:
         return RerunOutcome(
@@ -376,8 +388,12 @@ def _effect_choices(cursor: Any, plan: _Plan) -> list[EffectChoice]:
     place_of = _places_of_effects(cursor, run.id, by_step)
     choices = []
     for step_id in order:
-        for k, effect in enumerate(by_step.get(step_id, []), start=1):
-            new_key = f"{run.id}/{step_id}/{run.entered.get(step_id, 0) + k}"
+        effects = by_step.get(step_id, [])
+        places = [place_of.get((step_id, effect.iteration), "") for effect in effects]
+        branched = any(places)  # reused by place (EffectChoice)
+        for k, (effect, place) in enumerate(zip(effects, places, strict=True), start=1):
+            entry = places[:k].count(place)
+            new_key = None if branched else f"{run.id}/{step_id}/{run.entered.get(step_id, 0) + k}"
             if plan.repeat_effects:
                 action, why = REPEAT, "repeat_effects: a new call under the new key"
             elif (step_id, effect.iteration) in undone or effect.key in undone_keys:
@@ -385,8 +401,7 @@ def _effect_choices(cursor: Any, plan: _Plan) -> list[EffectChoice]:
             else:
                 action, why = REUSE, "settled: its answer is taken, nothing is called"
             choices.append(EffectChoice(step_id, effect.iteration, effect.key, effect.provider,
-                                        action, new_key, why,
-                                        place_of.get((step_id, effect.iteration), "")))  # fmt: skip
+                                        action, new_key, why, place, entry))  # fmt: skip
     return choices
 
 
@@ -489,7 +504,8 @@ def _apply(cursor: Any, plan: _Plan, actor: str) -> str:
         "repeat_effects": plan.repeat_effects, "edited": plan.edited(),
         **({} if plan.cut is None else {"iteration": plan.cut.iteration,
                                         "kept": plan.cut.kept}),
-        "reused": [{"step": e.step_id, "key": e.key, "new_key": e.new_key}
+        "reused": [{"step": e.step_id, "key": e.key, "new_key": e.new_key,
+                    **({"place": e.place, "entry": e.entry} if e.new_key is None else {})}
                    for e in plan.effects if e.action == REUSE],
         "repeated": [e.key for e in plan.effects if e.action == REPEAT],
     }))  # fmt: skip
