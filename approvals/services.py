@@ -53,6 +53,7 @@ from .models import ApprovalRequest, DecisionAttempt, RequestKind, RequestStatus
 logger = logging.getLogger(__name__)
 
 MAX_COMMENT_CHARS = 1000
+MAX_DETAIL_CHARS = 2000  # of an audit entry's detail
 DECIDE_PERMISSION = "approvals.decide_approvalrequest"
 DECISIONS = {"approve": RequestStatus.APPROVED, "reject": RequestStatus.REJECTED}
 SUBMIT = "submit"
@@ -495,7 +496,7 @@ def record_attempt(
         decision=_storable(decision)[:16],
         accepted=accepted,
         reason=_storable(reason)[:32],
-        detail=_storable(detail)[:2000],
+        detail=_storable(detail)[:MAX_DETAIL_CHARS],
     )
 
 

@@ -71,6 +71,8 @@ from .traces import provider_called, traced_effect
 logger = logging.getLogger(__name__)
 
 LOOKUP_FAILURES_BEFORE_REVIEW = 5
+# The most of a call's error an effect keeps (as much as the engine keeps of a step's).
+MAX_ERROR_CHARS = 2000
 SUPPRESSED = "suppressed"
 # A person chose "retry", and before the retry began the first call's answer arrived (or a
 # lookup found what it made): what arrived wins, and the effect and its history say so.
@@ -594,7 +596,7 @@ def _record_failure(
     call: Call, effect: dict[str, Any], exc: CallError, retried: bool = False
 ) -> None:
     state = EffectState.FAILED if exc.made == "no" else EffectState.OUTCOME_UNKNOWN
-    error = call.scrub(str(exc))[:2000]
+    error = call.scrub(str(exc))[:MAX_ERROR_CHARS]
     params: dict[str, Any] = {
         "id": effect["id"], "token": effect["token"], "state": state.value, "error": error,
         "response": json_or_null(exc.response), "sources": [EffectState.IN_FLIGHT.value],

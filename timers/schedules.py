@@ -95,6 +95,7 @@ MISSED_AFTER: Final = timedelta(minutes=5)
 #: Schedules claimed per call, and runs started per call at most (the sweep's tick goes on).
 BATCH: Final = 100
 STARTS_PER_CALL: Final = 500
+#: The most of an error a timer or a schedule keeps.
 MAX_ERROR_CHARS: Final = 2000
 #: How long a claim holds a schedule: a sweeper that died mid-way is replaced after this.
 CLAIM_SECONDS: Final = 60.0

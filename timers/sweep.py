@@ -60,6 +60,7 @@ from workflows.plugins.engine import (
 
 from . import metrics, sql
 from .recompute import move, recomputed
+from .schedules import MAX_ERROR_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +212,7 @@ def _fire_alone(timer: sql.DueTimerRow, by: str) -> str:
         if is_transient(exc):
             raise
         logger.exception("firing timer %s failed", timer["id"])
-        error = f"{type(exc).__name__}: {exc}"[:2000]
+        error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
         _fail_its_step(timer, by, error)
         return error
     return ""
