@@ -2,14 +2,18 @@
 ctx.parallel as a definition's nested fork and the path a run went along bold (past a
 failure its code caught too); a re-run refuses a step entered only in branches
 (rerun_step_not_top_level, naming the top-level parallel) and a compensation step
-(rerun_step_is_compensation), as it refuses a definition's (docs/reference/api-runs.md)."""
+(rerun_step_is_compensation), as it refuses a definition's (docs/reference/api-runs.md);
+``runs list`` names the step a code run's function called last, not its decider's turn."""
 
 from __future__ import annotations
 
+import io
+import json
 import re
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.test import Client
 from rest_framework.test import APIClient
 
@@ -126,3 +130,34 @@ def test_a_ctx_run_that_fails_for_good_counts_as_a_failed_step_of_its_lane(
     before = io_failed_for_good()
     finished(org, "code-caught-drawn")
     assert io_failed_for_good() - before == 1
+
+
+@workflow("code-listed", version=1)
+def listed(ctx: Context, run_input: Any) -> Any:
+    ctx.run("price", str, "10")
+    if run_input.get("wait"):
+        ctx.wait_signal("paid", signal="paid", correlation="listed")
+    if run_input.get("fail"):
+        ctx.fail("out_of_stock")
+    return ctx.step("receipt", "noop")
+
+
+def test_runs_list_names_the_step_a_code_run_called_last_not_its_decider(
+    org: Organisation,
+) -> None:
+    publish_code_workflow(org=org, name="code-listed", version=1)
+    ids = {
+        shape: run_start(org=org, automation_slug="code-listed", run_input={shape: True},
+                         start_key=shape).run_id
+        for shape in ("done", "wait", "fail")
+    }  # fmt: skip
+    drive()
+    out = io.StringIO()
+    call_command("runs", "list", "--org", org.slug, "--json", stdout=out)
+    listed = {run["id"]: (run["status"], run["current_step"])
+              for run in json.loads(out.getvalue())["results"]}  # fmt: skip
+    assert listed == {
+        ids["done"]: ("succeeded", "receipt"),  # not "decide": its last turn only returned
+        ids["wait"]: ("running", "paid"),
+        ids["fail"]: ("failed", "decide"),  # the turn that failed the run
+    }

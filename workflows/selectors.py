@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
 
+from .definitions.registry import registry
 from .errors import UnknownAutomation, UnknownOrganisation, UnknownRun, UnknownVersion
 from .models import Automation, AutomationVersion, Organisation, Run, RunEvent, Step
 from .models.runs import Searched
@@ -70,11 +71,21 @@ def _like_escaped(term: str) -> str:
 def run_list_moves(runs: QuerySet[Run]) -> QuerySet[Run]:
     """``runs`` with when each last moved (``moved_at``: its newest event) and the step that
     moved last (``moved_step``). Each is one probe of the run's newest events (index
-    event_run_order), made for the rows a page fetches, never for the whole list."""
+    event_run_order), made for the rows a page fetches, never for the whole list.
+
+    A code run's decider (a step of a type that ``decides``) succeeds once per step its
+    function asks for, and last of all when the function returns: the step that moved last
+    is then the one the code called last, not the turn that read its result. A turn that is
+    waiting for a worker, runs or fails is still named."""
     newest = RunEvent.objects.filter(run_id=OuterRef("pk")).order_by("-id")
+    turn = Step.objects.filter(
+        run_id=OuterRef("run_id"), step_id=OuterRef("step_id"), iteration=OuterRef("iteration"),
+        type__in=[step_type.name for step_type in registry if step_type.decides],
+    )  # fmt: skip
+    a_turn_ended = Q(kind="step.succeeded") & Q(Exists(turn))
     return runs.annotate(
         moved_at=Subquery(newest.values("at")[:1]),
-        moved_step=Subquery(newest.exclude(step_id="").values("step_id")[:1]),
+        moved_step=Subquery(newest.exclude(step_id="").exclude(a_turn_ended).values("step_id")[:1]),
     )
 
 
