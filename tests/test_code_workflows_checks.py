@@ -13,6 +13,7 @@ import math
 import subprocess
 import sys
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
@@ -79,6 +80,17 @@ def with_schema(ctx: Context, run_input: dict[str, Any]) -> str:
     return str(run_input["email"])
 
 
+class Packed(TypedDict):
+    items: list[int]
+    by_id: dict[str, str]
+
+
+@workflow("code-packed", version=1)
+def packed(ctx: Context, run_input: dict[str, Any]) -> Packed:
+    # A tuple and an int key, which the run keeps as a list and a string key.
+    return {"items": (1, 2), "by_id": {7: "seven"}}  # type: ignore[typeddict-item,dict-item]
+
+
 def start(api: APIClient, slug: str, run_input: Any, key: str = "k") -> Any:
     return api.post("/api/v1/runs", {"automation": slug, "input": run_input, "start_key": key},
                     format="json")  # fmt: skip
@@ -138,6 +150,43 @@ def test_an_output_its_schema_refuses_fails_the_run_with_invalid_output(
     fine.start("code-typed", version=1, input={"order": "o-3", "lines": [], "channel": "shop"},
                start_key="fine")  # fmt: skip
     assert fine.run_until_finished().output == {"order": "o-3", "count": 0}
+
+
+def test_an_output_is_checked_against_its_schema_as_the_run_keeps_it(org: Organisation) -> None:
+    """Without a schema the tuple is kept as a list: with one, it was refused ("(1, 2) is not
+    of type 'array'"), the same value accepted or refused by whether a schema was given."""
+    t = WorkflowTest(org=org)
+    t.start("code-packed", version=1, input={})
+    run = t.run_until_finished()
+    assert (run.status, run.error) == ("succeeded", "")
+    assert run.output == {"items": [1, 2], "by_id": {"7": "seven"}}
+
+
+@workflow("code-when", version=1)
+def when(ctx: Context, run_input: dict[str, Any]) -> str:
+    if run_input.get("field"):  # a call's field that is not JSON: the call is wrong
+        ctx.step("note", "set", values={"at": datetime(2026, 1, 2, tzinfo=UTC)})
+    ctx.wait_until("later", at=ctx.now() + timedelta(hours=1))  # a datetime, written so
+    return "woke"
+
+
+def test_wait_until_takes_a_datetime_and_a_call_field_that_is_not_json_is_an_invalid_call(
+    org: Organisation,
+) -> None:
+    t = WorkflowTest(org=org)
+    t.start("code-when", version=1, input={})
+    run = t.run_until_waiting()
+    assert [step.step_id for step in run.waiting] == ["later"]
+    t.skip_time()
+    assert t.run_until_finished().output == "woke"
+
+    wrong = WorkflowTest(org=org)
+    wrong.start("code-when", version=1, input={"field": True}, start_key="wrong")
+    run = wrong.run_until_finished()
+    # It read unserialisable_result, the code of what a ctx.run function or the workflow
+    # gives back.
+    assert run.error == ("invalid_code_step: step 'note': not JSON: Object of type datetime is "
+                         "not JSON serializable"), run.error  # fmt: skip
 
 
 def test_a_schema_or_hint_that_cannot_be_used_is_refused_at_registration() -> None:
@@ -461,20 +510,24 @@ def json_keys(ctx: Context, run_input: dict[str, Any]) -> Any:
     return [numbered(keys)]
 
 
-@pytest.mark.parametrize(("where", "step"), [("result", "keys"), ("call", "keys"),
-                                             ("output", "output")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("where", "step", "code"),
+    [("result", "keys", "unserialisable_result"), ("call", "keys", "invalid_code_step"),
+     ("output", "output", "unserialisable_result")],
+)  # fmt: skip
 def test_keys_json_writes_the_same_are_refused_and_other_keys_are_read_back_as_json_keeps_them(
-    org: Organisation, where: str, step: str
+    org: Organisation, where: str, step: str, code: str
 ) -> None:
     """JSON writes the dict key 1 as "1": a dict holding both kept only the last of the two
-    values, silently. It is now unserialisable_result, naming both keys. Keys that do not
-    collide are stored as JSON writes them, and the code reads them back so."""
+    values, silently. It is now unserialisable_result (invalid_code_step in a call's
+    fields), naming both keys. Keys that do not collide are stored as JSON writes them, and
+    the code reads them back so."""
     t = WorkflowTest(org=org)
     t.start("code-json-keys", version=1, input={"collide": True, "where": where})
     run = t.run_until_finished()
     assert run.status == "failed"
     assert run.error == (
-        f"unserialisable_result: step {step!r}: not JSON: the keys 1 and '1' of one dict are "
+        f"{code}: step {step!r}: not JSON: the keys 1 and '1' of one dict are "
         "both '1' in JSON, and one of the two values would be lost"
     ), run.error
     fine = WorkflowTest(org=org)

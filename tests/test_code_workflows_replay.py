@@ -20,6 +20,7 @@ from timers.sweep import fire_due_timers
 from workflows.engine.sweep import sweep_once
 from workflows.models import Organisation, Run, Step
 from workflows.plugins.code import Context, publish_code_workflow, workflow
+from workflows.plugins.testing import WorkflowTest
 from workflows.services.runs import run_start
 
 from . import code_workflow_steps  # noqa: F401 (registers "code-values" here too)
@@ -118,6 +119,47 @@ def test_every_decide_turn_sees_the_same_recorded_values(org: Organisation) -> N
     seen = list(SEEN_IN_TURNS)
     assert len(seen) >= 3
     assert set(seen) == {(recorded["ctx.uuid"], recorded["ctx.random"])}
+
+
+SENT: list[str] = []
+SEEN_LOADED: list[str] = []
+
+
+def send(key: str) -> str:
+    SENT.append(key)
+    return f"sent {key}"
+
+
+@workflow("code-stored-forms", version=1)
+def stored_forms(ctx: Context, run_input: dict[str, Any]) -> list[str]:
+    loaded = ctx.run("load", lambda: {"bb": 1, "a": (2, 1e16, -0.0), 7: "seven"})
+    SEEN_LOADED.append(repr(loaded))
+    sent = []
+    for key in loaded:
+        sent.append(ctx.run("send", send, key))
+        ctx.sleep("nap", "1m")
+    return sent
+
+
+def test_a_result_meets_the_code_as_the_database_keeps_it_in_every_turn(
+    org: Organisation,
+) -> None:
+    """The turn right after a step, in the same settle, replays a history carried from the
+    turn before; every later one (after the nap) reads it back from the database, whose jsonb
+    orders an object's keys its own way and writes 1e16 as an integer. Handed the value as
+    made first and as stored later, the loop went over the keys in two orders: it sent "bb"
+    twice and never "a", and the run succeeded."""
+    SENT.clear()
+    SEEN_LOADED.clear()
+    t = WorkflowTest(org=org)
+    t.start("code-stored-forms", version=1, input={})
+    for _ in range(3):
+        t.run_until_waiting()
+        t.skip_time()
+    run = t.run_until_finished()
+    assert (run.status, run.output) == ("succeeded", ["sent 7", "sent a", "sent bb"]), run.error
+    assert SENT == ["7", "a", "bb"]  # each key once, in the order jsonb keeps them
+    assert set(SEEN_LOADED) == {repr({"7": "seven", "a": [2, 10**16, 0.0], "bb": 1})}
 
 
 # --- ctx.patched() ---------------------------------------------------------------------------

@@ -969,7 +969,7 @@ def _checked_anew(step_id: str, step_type: str, fields: Mapping[str, Any]) -> di
         if reserved in fields:
             raise CodeFailure("invalid_code_step", f"step {step_id!r}: {reserved!r} is not a field")
     step = {"id": step_id, "type": step_type, **fields}
-    check_json(step_id, step)
+    check_json(step_id, step, "invalid_code_step")  # what the code called it with
     within_stored_limits(step_id, step, "invalid_code_step", f"The call of step {step_id!r}")
     report = StepReport(step_id)
     step_type_obj = registry.get(step_type)
@@ -999,20 +999,22 @@ def within_stored_limits(label: str, value: Any, code: str, what: str) -> None:
         check_stored_size(label, value, code, what)
 
 
-def check_json(step_id: str, value: Any) -> None:
+def check_json(step_id: str, value: Any, code: str = "unserialisable_result") -> None:
+    """``value`` (a result, an output; with ``code`` ``invalid_code_step``, a call's fields)
+    is JSON that PostgreSQL can keep as it is: CodeFailure with ``code`` otherwise."""
     if _plain_json(value):  # (every call of a turn is checked: most are plain JSON)
         return
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:  # (RecursionError: nested too deep)
-        raise CodeFailure("unserialisable_result", f"step {step_id!r}: not JSON: {exc}") from None
+        raise CodeFailure(code, f"step {step_id!r}: not JSON: {exc}") from None
     if unstorable_path(value) is not None:
-        raise CodeFailure("unserialisable_result", f"step {step_id!r}: {UNSTORABLE_REASON}")
+        raise CodeFailure(code, f"step {step_id!r}: {UNSTORABLE_REASON}")
     collision = colliding_keys(value)
     if collision is not None:
         first, second = collision
         raise CodeFailure(
-            "unserialisable_result",
+            code,
             f"step {step_id!r}: not JSON: the keys {first!r} and {second!r} of one dict are "
             f"both {json_key(first)!r} in JSON, and one of the two values would be lost",
         )

@@ -26,6 +26,7 @@ from typing import Any
 from django.db import connection
 
 from ..definitions.registry import registry
+from ..definitions.storable import as_stored
 from ..engine.sql.rows import fetch_dicts
 from ..states import StepStatus
 from .context import Recorded
@@ -229,10 +230,12 @@ def history_after(
     # Its outcome, as the decider's output notes it (the same step: it asked for it).
     outcome = latest.get("outcome")
     outcome = outcome if type(outcome) is str else None
-    # The run's own value: the replay hands the workflow's code a copy (Context._replayed).
-    last = Recorded(
-        step_id, iteration, str(asked["type"]), StepStatus.DONE, ended["output"], outcome
-    )
+    # As the database gives it back, which every replay that reads the history meets: the
+    # step's output as its executor made it may differ (a key order, a tuple, a float
+    # 1e16), and the code must take the same path from the same record. (The replay hands
+    # the workflow's code a copy, Context._replayed.)
+    output = as_stored(ended["output"])
+    last = Recorded(step_id, iteration, str(asked["type"]), StepStatus.DONE, output, outcome)
     return [*turn.history, last]
 
 

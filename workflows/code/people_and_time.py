@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 
@@ -163,15 +163,17 @@ class PeopleAndTime:
         self,
         step_id: str,
         *,
-        at: str | None = None,
+        at: str | datetime | None = None,
         rule: Mapping[str, Any] | None = None,
         zone: str | None = None,
         spread: str | None = None,
     ) -> None:
-        """Wait until ``at`` (an ISO 8601 datetime; without an offset, a wall-clock time in
-        ``zone``) or the next time ``rule`` (``{"time": "09:00", "weekdays": [...]}``)
-        matches in ``zone``: the ``wait_until`` step of definitions, ``zone`` its
-        ``timezone``."""
+        """Wait until ``at`` (an ISO 8601 datetime, or a ``datetime`` such as ``ctx.now() +
+        timedelta(days=1)``, written so; without an offset, a wall-clock time in ``zone``)
+        or the next time ``rule`` (``{"time": "09:00", "weekdays": [...]}``) matches in
+        ``zone``: the ``wait_until`` step of definitions, ``zone`` its ``timezone``."""
+        if isinstance(at, datetime):
+            at = at.isoformat()
         fields = _given(at=at, rule=None if rule is None else dict(rule), timezone=zone,
                         spread=spread)  # fmt: skip
         self.step_result(step_id, "wait_until", **fields)

@@ -18,6 +18,7 @@ from typing import Any
 from jsonschema import Draft202012Validator, SchemaError
 from jsonschema.exceptions import ValidationError
 
+from ..definitions.storable import as_stored
 from ..errors import InputDoesNotMatchSchema
 from .context import CodeFailure, check_json, within_stored_limits
 
@@ -89,13 +90,17 @@ def check_start_input(schema: Schema | None, run_input: Any) -> None:
         raise InputDoesNotMatchSchema(reason=f"{place}: {messages[0]}{also}", errors=found)
 
 
-def check_output(schema: Schema | None, output: Any) -> None:
-    """What the function returned: JSON, within the size limit, matching the output schema."""
+def check_output(schema: Schema | None, output: Any) -> Any:
+    """What the function returned: JSON, within the size limit, matching the output schema;
+    given back as the run keeps it (storable.as_stored: a tuple is a list, a key a string),
+    which is what the schema is checked against, as a start's input is."""
     check_json("output", output)
     within_stored_limits("output", output, "output_too_large", "The workflow's output")
     if schema is None:
-        return
-    found = problems(schema, output, "output")
+        return output
+    stored = as_stored(output)
+    found = problems(schema, stored, "output")
     if found:
         detail = "; ".join(f"{place}: {', '.join(messages)}" for place, messages in found.items())
         raise CodeFailure("invalid_output", f"the output does not match its schema: {detail}")
+    return stored

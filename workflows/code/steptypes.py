@@ -126,8 +126,7 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
             replay.returned()
         finally:
             replay.end_turn()
-        check_output(found.output_schema, output)
-        return output
+        return check_output(found.output_schema, output)
 
     try:
         output = within(turn_budget_seconds(), turn)
