@@ -106,6 +106,21 @@ def test_a_rerun_from_a_step_inside_a_branch_is_refused_naming_its_parallel(
     assert "outer" in refused.json()["detail"]
 
 
+def test_a_rerun_from_a_code_parallel_s_join_names_the_parallel_and_the_step_after(
+    org: Organisation, api: APIClient
+) -> None:
+    """It said the run's history had no such step, though the join's row is there."""
+    run = finished(org, "code-nested-drawn")
+    refused = api.post(f"/api/v1/runs/{run.pk}/rerun", {"from_step": "outer.join"}, format="json")
+    assert refused.status_code == 400
+    assert refused.json()["code"] == "unknown_step"
+    assert refused.json()["detail"] == (
+        "'outer.join' is where the branches of ctx.parallel 'outer' meet, not a step the code "
+        "called: re-run from 'outer' (its branches run again) or from the step the code called "
+        "after it."
+    )
+
+
 def test_a_rerun_from_a_compensation_step_is_refused(org: Organisation, api: APIClient) -> None:
     run = finished(org, "code-undone-rerun", status="compensated")
     for dry_run in (True, False):

@@ -224,29 +224,54 @@ def dropped_v2(ctx: Context, run_input: Any) -> str:
     return str(ctx.run("c", tag, "c"))
 
 
+def napping_then(step_id: str) -> Any:
+    def branch(c: Context) -> str:
+        c.sleep("nap", "1h")
+        return str(c.run(step_id, tag, step_id))
+
+    return branch
+
+
+@workflow("code-dropped-fan", version=1)
+def dropped_fan_v1(ctx: Context, run_input: Any) -> Any:
+    return ctx.parallel("fan", napping_then("b"), lambda c: c.run("y", tag, "y"))
+
+
+@workflow("code-dropped-fan", version=2)
+def dropped_fan_v2(ctx: Context, run_input: Any) -> Any:
+    return ctx.parallel("fan", napping_then("c"), lambda c: c.run("y", tag, "y"))
+
+
+@pytest.mark.parametrize(
+    ("name", "v1_function", "output"),
+    [("code-dropped", dropped_v1, "c"), ("code-dropped-fan", dropped_fan_v1, ["c", "y"])],
+    ids=["top-level", "in-a-branch"],
+)
 def test_a_run_migrated_off_a_missing_version_is_no_longer_reported_and_goes_on(
-    org: Organisation,
+    org: Organisation, name: str, v1_function: Any, output: Any
 ) -> None:
-    v1 = publish_code_workflow(org=org, name="code-dropped", version=1).number
-    run_id = run_start(org=org, automation_slug="code-dropped", run_input={}, start_key="d").run_id
+    """In a branch, the deferred turn is the branch's decider's (``fan.0``): it was left to
+    wait out its 30 s while doctor already said every version was registered."""
+    v1 = publish_code_workflow(org=org, name=name, version=1).number
+    run_id = run_start(org=org, automation_slug=name, run_input={}, start_key="d").run_id
     drive()
-    v2 = publish_code_workflow(org=org, name="code-dropped", version=2).number
-    unregister("code-dropped", 1)  # a deploy dropped v1 under the sleeping run
+    v2 = publish_code_workflow(org=org, name=name, version=2).number
+    unregister(name, 1)  # a deploy dropped v1 under the sleeping run
     try:
         make_due(run_id=run_id)
         fire_due_timers()
         drive(fast_forward=False)  # its decide step is deferred, 30 s at a time
         assert finding(doctor()[1], "workflows.workflow_version_missing")["severity"] == "broken"
-        plan = migration_plan(org=org, automation_slug="code-dropped", from_version=v1,
+        plan = migration_plan(org=org, automation_slug=name, from_version=v1,
                               to_version=v2)  # fmt: skip
         assert migration_start(plan=plan, actor="ops").moved_now == 1
         found = finding(doctor()[1], "workflows.workflow_version_missing")
         drive(fast_forward=False)  # due at once: no deferral's 30 s passed
     finally:
-        workflow("code-dropped", version=1)(dropped_v1)
+        workflow(name, version=1)(v1_function)
     run = Run.objects.get(pk=run_id)
     assert found["severity"] == "ok", found["examples"]
-    assert (run.status, run.output) == ("succeeded", "c"), run.error
+    assert (run.status, run.output) == ("succeeded", output), run.error
 
 
 # --- callables whose body would never run ------------------------------------------------------

@@ -45,6 +45,7 @@ from ..definitions.reach import enclosing_fork, reached, successors
 from ..definitions.registry import registry
 from ..engine import sql
 from ..engine.compensation import undone_by_plans
+from ..engine.decided import join_id
 from ..engine.definition_cache import definition_for
 from ..engine.forks import branch_paths
 from ..engine.settled import SettledEffect, settled_effects
@@ -288,9 +289,19 @@ def _checked_start(
             _refuse_a_compensation(cursor, run.id, step_id, history[entries[0]][1])
     if not entries:
         which = step_id if iteration is None else f"{step_id} (iteration {iteration})"
+        detail = (f"The run's history has no step {which!r} to re-run from: a code run "
+                  "re-runs from a step it entered.")  # fmt: skip
+        parallel = step_id.removesuffix(".join")
+        if (
+            parallel != step_id
+            and join_id(parallel) == step_id
+            and any(entered == parallel for entered, _ in history)
+        ):
+            detail = (f"{step_id!r} is where the branches of ctx.parallel {parallel!r} meet, "
+                      f"not a step the code called: re-run from {parallel!r} (its branches "
+                      "run again) or from the step the code called after it.")  # fmt: skip
         raise UnknownStep(
-            detail=f"The run's history has no step {which!r} to re-run from: a code run "
-            "re-runs from a step it entered.",
+            detail=detail,
             step=step_id,
             version=AutomationVersion.objects.values_list("number", flat=True).get(
                 pk=run.version_id),

@@ -178,15 +178,16 @@ UPDATE workflows_run
 RETURNING id
 """
 
-# A decided run's decider deferred for want of its version's code (a worker without it
+# A decided run's deciders deferred for want of its version's code (a worker without it
 # defers the turn, 30 s at a time: workflows/code, workflow_version_missing): due now, so
-# the turn runs on the version the run has just moved to. Only a deferral that is the
-# step's latest event (its code, as the step type gave it: never its message's text): a
+# the turns run on the version the run has just moved to. The run's decider and its
+# branches' (a ctx.parallel's, each a step of the decider's type). Only a deferral that is
+# the step's latest event (its code, as the step type gave it: never its message's text): a
 # ctx.run's retry backoff keeps its own time.
 WAKE_DEFERRED_DECIDER = """
 UPDATE workflows_step s
    SET wake_at = now()
- WHERE s.run_id = %(run)s AND s.step_id = %(decider)s AND s.status = 'waiting'
+ WHERE s.run_id = %(run)s AND s.type = %(decider_type)s AND s.status = 'waiting'
    AND s.wait_kind = 'retry' AND s.wake_at > now()
    AND (SELECT e.kind = 'step.deferred' AND e.detail->>'code' = 'workflow_version_missing'
           FROM workflows_runevent e

@@ -175,7 +175,7 @@ def _move_locked(
     _rename_rows(cursor, renames)
     decider = deciding_step(plan.to_version.definition) if plan.decided else None
     if decider is not None:
-        cursor.execute(sql.WAKE_DEFERRED_DECIDER, {"run": run.id, "decider": decider["id"]})
+        cursor.execute(sql.WAKE_DEFERRED_DECIDER, {"run": run.id, "decider_type": decider["type"]})
     moved_away = [s for s in steps if s.how == "move_to"]
     event = _migrated_event(plan, run, steps, renames, migration_id, actor, failed_before)
     insert_events(cursor, [event])
