@@ -12,11 +12,12 @@ A compressed body is decompressed here, within the same cap, so a small gzip bom
 grow past it either (httpx would decompress a whole chunk at once).
 
 A body is JSON only if PostgreSQL can keep it as JSON (``answer_json``): Python's json reads
-``NaN`` and ``Infinity`` (no JSON has them) and ``\\u0000`` or a lone ``\\ud800`` (no jsonb
-column takes them), and a document nested a hundred thousand deep or a number of more than
-4,300 digits raises out of the parser. Stored as they are, the first failed every settle of
-their step, forever; the last put an answered call in front of a person. Such a body is kept
-as its text instead (``answer_text``), as any other body that is not JSON.
+``NaN`` and ``Infinity`` (no JSON has them), ``1e400`` as infinity, and ``\\u0000`` or a
+lone ``\\ud800`` (no jsonb column takes them), and a document nested a hundred thousand deep
+or a number of more than 4,300 digits raises out of the parser. Stored as they are, the
+first failed every settle of their step, forever; the last put an answered call in front of
+a person. Such a body is kept as its text instead (``answer_text``), as any other body that
+is not JSON.
 
 Retry-After comes in two forms (RFC 9110: ``delay-seconds`` or an HTTP date) and in many
 broken ones (``²``, ``-5``, ``1e400``, a date in the year 99999): ``retry_after_seconds``
@@ -26,6 +27,7 @@ reads the two, bounds them, and answers None for everything else, never raising.
 from __future__ import annotations
 
 import email.utils
+import math
 import re
 import time
 import zlib
@@ -58,7 +60,7 @@ def answer_json(response: httpx.Response) -> Any:
     not: not JSON (undecodable, NaN or Infinity among its numbers), nested deeper than it
     can be read, or holding a string PostgreSQL refuses (a NUL character, a lone surrogate)."""
     try:
-        body = response.json(parse_constant=_not_json)
+        body = response.json(parse_constant=_not_json, parse_float=_finite)
     except RecursionError:
         raise ValueError("the answer's JSON nests deeper than it can be read") from None
     where = unstorable_path(body)
@@ -75,6 +77,15 @@ def answer_text(response: httpx.Response, limit: int) -> str:
 
 def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not a JSON number")
+
+
+def _finite(number: str) -> float:
+    """A number Python reads as a finite float: ``1e400`` is read as infinity, which no
+    JSON a jsonb column keeps holds."""
+    value = float(number)
+    if not math.isfinite(value):
+        raise ValueError(f"{number[:40]} is past the numbers read here")
+    return value
 
 
 def read_capped(response: httpx.Response, limit: int | None = None) -> httpx.Response:

@@ -40,6 +40,8 @@ DEEP = 100_000
 ODD = {
     "nan": (b'{"id": "x", "amount": NaN}', '{"id": "x", "amount": NaN}'),
     "infinity": (b'{"id": "x", "amount": -Infinity}', '{"id": "x", "amount": -Infinity}'),
+    # A number Python reads as infinity.
+    "overflow": (b'{"id": "x", "amount": -1e400}', '{"id": "x", "amount": -1e400}'),
     "nul-escape": (b'{"id": "a\\u0000b"}', '{"id": "a\\u0000b"}'),
     "surrogate": (b'{"id": "\\ud800"}', '{"id": "\\ud800"}'),
     "deep": (b"[" * DEEP + b"]" * DEEP, "[" * 16_384),

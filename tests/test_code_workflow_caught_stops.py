@@ -187,3 +187,56 @@ def test_a_sleep_takes_a_timedelta_of_whole_seconds(org: Organisation) -> None:
     assert [s.step_id for s in run.waiting] == ["nap"]
     t.skip_time()
     assert t.run_until_finished().output == "rested"
+
+
+@workflow("caught-raises-after", version=1)
+def raises_after_the_stop(ctx: Context, run_input: dict[str, Any]) -> Any:
+    def guarded(c: Context) -> bool:
+        try:
+            waited = c.wait_signal("paid", signal="paid", correlation="after", timeout="1h")
+        finally:
+            # Reads what the call gave back, unbound while the call stops the turn: raised
+            # here, after the stop. It read as the code's own failure.
+            if not waited.timed_out:
+                raise RuntimeError("paid, not timed out")
+        return bool(waited.timed_out)
+
+    if run_input["where"] == "branch":
+        return ctx.parallel("fan", guarded, lambda c: "other")
+    try:
+        ctx.sleep("nap", "1m")
+    except BaseException as stopped:  # (the mistake this test is about)
+        raise RuntimeError("wrapped") from stopped
+    return guarded(ctx)
+
+
+@pytest.mark.parametrize("where", ["top", "branch"])
+def test_an_exception_raised_after_a_call_stopped_the_turn_does_not_fail_the_run(
+    org: Organisation, where: str
+) -> None:
+    """The turn ends with the call that stopped it, as when the code returns after it: the
+    step is entered, and the code runs on once it has ended (docs, "When a step fails")."""
+    t = WorkflowTest(org=org)
+    t.start("caught-raises-after", version=1, input={"where": where})
+    for _ in range(2 if where == "top" else 1):
+        run = t.run_until_waiting()
+        assert run.status == "running", run.error
+        t.skip_time()
+    run = t.run_until_finished()
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    assert run.output == (True if where == "top" else [True, "other"])
+
+
+@workflow("numbered-correlation", version=1)
+def numbered_correlation(ctx: Context, run_input: dict[str, Any]) -> Any:
+    return ctx.wait_signal("paid", signal="paid", correlation=run_input["order"]).payload
+
+
+@pytest.mark.parametrize("order", [0, 42])
+def test_a_correlation_that_is_a_number_is_refused_as_one(org: Organisation, order: int) -> None:
+    """0 read as no correlation at all: "correlation is required"."""
+    t = WorkflowTest(org=org)
+    t.start("numbered-correlation", version=1, input={"order": order})
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert "correlation must be a string" in run.error, run.error

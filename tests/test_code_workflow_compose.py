@@ -425,7 +425,9 @@ def test_retry_of_a_call_that_failed_for_good_in_a_nested_branch_calls_it_again_
 def charged_after_a_step(ctx: Context, run_input: dict[str, Any]) -> Any:
     ctx.step("first", "noop")
     # Keys in an order jsonb does not keep (it sorts shorter keys first).
-    body = {"charge": "x", "run": 7, "amount": {"value": 10, "currency": "EUR"}, "é": "ü"}
+    body = {"charge": "x", "run": 7, "amount": {"value": 10, "currency": "EUR"}, "é": "ü",
+            # and values jsonb gives back in another form: an integer, 0.0, a list
+            "cents": 1e16, "zero": -0.0, "pair": (1, 2)}  # fmt: skip
     return ctx.http("charge", connection="api", method="POST", url=f"{run_input['url']}/items",
                     body=body)  # fmt: skip
 
@@ -435,7 +437,8 @@ def test_every_send_of_an_effect_sends_the_same_bytes(
 ) -> None:
     """The charge's first attempt is taken straight from the settle that asked it (the call
     as the code wrote it), its retry after a 503 claimed from the database (jsonb's key
-    order): a provider that fingerprints an Idempotency-Key's request sees one body."""
+    order, its numbers as numeric writes them): a provider that fingerprints an
+    Idempotency-Key's request sees one body."""
     stub.fail_next(1, status=503, path_prefix="/items")
     run_id = start(org, "code-compose-bytes", {"url": stub.url})
     drive()
@@ -447,5 +450,6 @@ def test_every_send_of_an_effect_sends_the_same_bytes(
     assert sends[0]["raw"] == sends[1]["raw"]
     assert sends[0]["headers"]["content-type"] == "application/json"
     assert sends[0]["raw"] == (
-        '{"amount":{"currency":"EUR","value":10},"charge":"x","run":7,"é":"ü"}'
+        '{"amount":{"currency":"EUR","value":10},"cents":10000000000000000,"charge":"x",'
+        '"pair":[1,2],"run":7,"zero":0.0,"é":"ü"}'
     )

@@ -35,6 +35,7 @@ from urllib.parse import quote
 import httpx
 
 from workflows.plugins import StepFailure, render
+from workflows.plugins.definitions import as_stored
 
 from ..answers import (
     ANSWER_TOO_LARGE,
@@ -222,27 +223,22 @@ def send(conn: ConnectionInfo | None, method: str, url: str, **kwargs: Any) -> h
 
 
 def _json_as_bytes(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A ``json`` body as the bytes every send of it makes: its keys sorted, compact, UTF-8
-    (as httpx writes JSON otherwise). The same value may reach two sends of one effect in
-    two key orders: a step taken straight from its settle reads the run's values as the
-    walk holds them (a code run's call, in the order its code wrote it), a later attempt
-    as the database gives them back (jsonb's order). A provider that fingerprints a key's
-    request refuses a second send whose bytes differ. A Content-Type the step sets stays."""
+    """A ``json`` body as the bytes every send of it makes: the value as the database keeps
+    it (``as_stored``), its keys sorted, compact, UTF-8 (as httpx writes JSON otherwise).
+    The same value may reach two sends of one effect in two forms: a step taken straight
+    from its settle reads the run's values as the walk holds them (a code run's call as its
+    code wrote it: its key order, a tuple, a float 1e16), a later attempt as the database
+    gives them back (jsonb's order, a list, the integer 10000000000000000). A provider that
+    fingerprints a key's request refuses a second send whose bytes differ. A Content-Type
+    the step sets stays."""
     if "json" not in kwargs:
         return kwargs
     body = kwargs.pop("json")
     headers = httpx.Headers(kwargs.get("headers") or {})
     headers.setdefault("Content-Type", "application/json")
-    try:
-        text = _json_text(body)
-    except TypeError:  # keys of two kinds (1 and "a") cannot be sorted: as JSON writes them
-        text = _json_text(json.loads(_json_text(body, sort_keys=False)))
+    text = json.dumps(as_stored(body), ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False, sort_keys=True)  # fmt: skip
     return {**kwargs, "headers": headers, "content": text.encode("utf-8")}
-
-
-def _json_text(body: Any, *, sort_keys: bool = True) -> str:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False,
-                      sort_keys=sort_keys)  # fmt: skip
 
 
 def auth_headers(conn: ConnectionInfo | None, url: str | None = None) -> dict[str, str]:

@@ -505,7 +505,7 @@ class Context(PeopleAndTime):
         """Wait for the signal ``signal`` (with ``correlation``) without holding a worker,
         until ``timeout``."""
         fields: dict[str, Any] = {"signal": signal}
-        if correlation:
+        if correlation != "":  # (0 is a correlation the step type refuses as not a string)
             fields["correlation"] = correlation
         if timeout is not None:
             fields["timeout"] = timeout
@@ -588,6 +588,11 @@ class Context(PeopleAndTime):
             except Suspended:
                 continue  # new work, or the step it is at: it fits up to there
             except Exception as exc:
+                stop = branch._stopped[0] if branch._stopped else None
+                if isinstance(stop, Suspended):  # raised after that call (a finally's raise)
+                    continue
+                if stop is not None:
+                    raise stop from None
                 raise failure_of(exc) from None
             finally:
                 self._running_branch_of = None
@@ -628,8 +633,10 @@ class Context(PeopleAndTime):
             self.attempts_allowed = branch.attempts_allowed
             raise
         except StepFailed as failed:  # not caught by the branch: its decider fails with it
+            branch.raise_stop()  # (raised after a call stopped the turn: the stop ends it)
             raise BranchStepFailed(str(failed)) from None
         except Exception as exc:  # kept from the top level's own `except Exception`
+            branch.raise_stop()
             raise failure_of(exc) from None
         finally:
             self._running_branch_of = None

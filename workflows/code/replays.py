@@ -158,5 +158,8 @@ def _replayed(function: Callable[[Context, Any], Any], replay: Context, run_inpu
     try:
         function(replay, run_input)
         replay.returned()
+    except Exception:
+        replay.raise_stop()  # raised after a call stopped the replay: the call ends it
+        raise
     finally:
         replay.end_turn()

@@ -124,6 +124,11 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
         try:
             output = found.function(replay, plain_copy(context["input"]))
             replay.returned()
+        except Exception:
+            # Raised after a call stopped the turn (by a ``finally`` or an ``except
+            # BaseException`` around the call): the turn ends with that call all the same.
+            replay.raise_stop()
+            raise
         finally:
             replay.end_turn()
         return check_output(found.output_schema, output)
