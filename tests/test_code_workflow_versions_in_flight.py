@@ -369,3 +369,49 @@ def test_a_deferral_for_a_missing_version_is_read_by_its_code_not_its_message(
         workflow("code-dropped", version=1)(dropped_v1)
     run = Run.objects.get(pk=run_id)
     assert (run.status, run.output) == ("succeeded", "c"), run.error
+
+
+# --- a migration's check of code that raises after a call stopped it -------------------------
+
+
+def guarded_nap(ctx: Context, then: str) -> str:
+    finished = False
+    try:
+        ctx.sleep("nap", "1h")
+        finished = True
+    finally:
+        if not finished:  # a cleanup that raises while the call stops the turn
+            raise RuntimeError("cleanup before the nap ended")
+    return str(ctx.run(then, tag, then))
+
+
+@workflow("code-guarded", version=1)
+def guarded_v1(ctx: Context, run_input: Any) -> str:
+    return guarded_nap(ctx, "b")
+
+
+@workflow("code-guarded", version=2)
+def guarded_v2(ctx: Context, run_input: Any) -> str:
+    return guarded_nap(ctx, "c")
+
+
+def test_a_migration_s_check_ends_a_replay_with_the_call_that_stopped_it(
+    org: Organisation,
+) -> None:
+    """The dry replay took the raise after the stop for the code's own failure: the run was
+    refused (workflow_failed) though the new code fits its history."""
+    v1 = publish_code_workflow(org=org, name="code-guarded", version=1).number
+    run_id = run_start(org=org, automation_slug="code-guarded", run_input={}, start_key="g").run_id
+    drive()
+    assert Step.objects.get(run_id=run_id, step_id="nap").status == "waiting"
+    v2 = publish_code_workflow(org=org, name="code-guarded", version=2).number
+    plan = migration_plan(org=org, automation_slug="code-guarded", from_version=v1,
+                          to_version=v2)  # fmt: skip
+    report = dry_run(plan)
+    assert (report.would_move, dict(report.cannot)) == (1, {})
+    assert migration_start(plan=plan, actor="ops").moved_now == 1
+    make_due(run_id=run_id)
+    fire_due_timers()
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == ("succeeded", "c"), run.error
