@@ -547,7 +547,7 @@ class Context(PeopleAndTime):
                 f"but the code called it with {len(branches)}",
             )
         recorded_complete = output.get("complete", complete)
-        if recorded_complete != complete or type(recorded_complete) is not type(complete):
+        if recorded_complete != complete:  # (a bool is refused above: True is not 1 here)
             raise CodeFailure(
                 "nondeterministic_workflow",
                 f"ctx.parallel {step_id!r} waits for {_complete_words(recorded_complete)} in "
@@ -588,11 +588,10 @@ class Context(PeopleAndTime):
             except Suspended:
                 continue  # new work, or the step it is at: it fits up to there
             except Exception as exc:
-                stop = branch._stopped[0] if branch._stopped else None
-                if isinstance(stop, Suspended):  # raised after that call (a finally's raise)
-                    continue
-                if stop is not None:
-                    raise stop from None
+                try:
+                    branch.raise_stop()  # raised after a call stopped it (a finally's raise)
+                except Suspended:
+                    continue  # as above: the call it stopped at is where it fits up to
                 raise failure_of(exc) from None
             finally:
                 self._running_branch_of = None

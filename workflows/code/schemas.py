@@ -90,17 +90,15 @@ def check_start_input(schema: Schema | None, run_input: Any) -> None:
         raise InputDoesNotMatchSchema(reason=f"{place}: {messages[0]}{also}", errors=found)
 
 
-def check_output(schema: Schema | None, output: Any) -> Any:
-    """What the function returned: JSON, within the size limit, matching the output schema;
-    given back as the run keeps it (storable.as_stored: a tuple is a list, a key a string),
-    which is what the schema is checked against, as a start's input is."""
+def check_output(schema: Schema | None, output: Any) -> None:
+    """What the function returned: JSON, within the size limit, matching the output schema
+    as the run keeps it (storable.as_stored: a tuple is a list, a key a string), as a
+    start's input is checked."""
     check_json("output", output)
     within_stored_limits("output", output, "output_too_large", "The workflow's output")
     if schema is None:
-        return output
-    stored = as_stored(output)
-    found = problems(schema, stored, "output")
+        return
+    found = problems(schema, as_stored(output), "output")
     if found:
         detail = "; ".join(f"{place}: {', '.join(messages)}" for place, messages in found.items())
         raise CodeFailure("invalid_output", f"the output does not match its schema: {detail}")
-    return stored

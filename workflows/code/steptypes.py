@@ -131,7 +131,8 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
             raise
         finally:
             replay.end_turn()
-        return check_output(found.output_schema, output)
+        check_output(found.output_schema, output)
+        return output
 
     try:
         output = within(turn_budget_seconds(), turn)

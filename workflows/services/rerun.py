@@ -291,12 +291,8 @@ def _checked_start(
         which = step_id if iteration is None else f"{step_id} (iteration {iteration})"
         detail = (f"The run's history has no step {which!r} to re-run from: a code run "
                   "re-runs from a step it entered.")  # fmt: skip
-        parallel = step_id.removesuffix(".join")
-        if (
-            parallel != step_id
-            and join_id(parallel) == step_id
-            and any(entered == parallel for entered, _ in history)
-        ):
+        parallel = next((entered for entered, _ in history if join_id(entered) == step_id), None)
+        if parallel is not None:
             detail = (f"{step_id!r} is where the branches of ctx.parallel {parallel!r} meet, "
                       f"not a step the code called: re-run from {parallel!r} (its branches "
                       "run again) or from the step the code called after it.")  # fmt: skip
