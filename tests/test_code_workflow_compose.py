@@ -174,6 +174,37 @@ def fails_beside_a_nested_parallel(ctx: Context, run_input: dict[str, Any]) -> A
     return ctx.parallel("outer", nested, failing)
 
 
+HANDLED = {"fixed": False}  # whether the code after a caught failure was fixed
+BOOMS: list[str] = []  # each call of boom
+
+
+def boom(name: str) -> str:
+    BOOMS.append(name)
+    raise LookupError(f"{name} not found")
+
+
+def _caught_then_failed(ctx: Context, url: str) -> Any:
+    """Catches a refused call and a failed function; until fixed, then fails the run."""
+    try:
+        ctx.http("charge", connection="api", method="POST", url=f"{url}/nowhere")
+    except StepFailed:
+        try:
+            ctx.run("look", boom, "ada")
+        except StepFailed:
+            if not HANDLED["fixed"]:
+                ctx.fail("charge_refused")
+            return "handled"
+    return "charged"
+
+
+@workflow("code-compose-caught-then-failed", version=1)
+def caught_then_failed(ctx: Context, run_input: dict[str, Any]) -> Any:
+    if run_input.get("in_branch"):
+        return ctx.parallel("pair", lambda c: _caught_then_failed(c, run_input["url"]),
+                            lambda c: c.run("beside", str, "beside"))  # fmt: skip
+    return _caught_then_failed(ctx, run_input["url"])
+
+
 def start(org: Organisation, name: str, run_input: dict[str, Any]) -> int:
     publish_code_workflow(org=org, name=name, version=1)
     return run_start(org=org, automation_slug=name, run_input=run_input, start_key="k").run_id
@@ -274,6 +305,33 @@ def test_retry_of_a_run_its_own_code_failed_replays_the_code_deployed_since(
     with pytest.raises(NothingToRetry):  # the failed turn is behind the one that succeeded
         Run.objects.filter(pk=run_id).update(status="failed")
         run_act(org=org, run_id=run_id, action="retry", actor="ops")
+
+
+@pytest.mark.parametrize("in_branch", [False, True], ids=["top", "branch"])
+def test_retry_after_the_code_caught_a_failed_call_replays_the_code_and_calls_nothing_again(
+    org: Organisation, stub: ProviderStub, in_branch: bool
+) -> None:
+    """The code caught both failures (a refused call, a function that raised) and then
+    failed the run itself: what failed the run is the code, not the calls. Once the code is
+    fixed, a retry replays it past both, as they failed, and sends and calls nothing again
+    (as a definition's step with an on_failure path is never what a retry runs)."""
+    HANDLED["fixed"], BOOMS[:] = False, []
+    run_id = start(org, "code-compose-caught-then-failed",
+                   {"url": stub.url, "in_branch": in_branch})  # fmt: skip
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed" and "charge_refused" in run.error, run.error
+    assert (stub.count("POST", "/nowhere"), BOOMS) == (1, ["ada"])
+    HANDLED["fixed"] = True  # the fix, deployed
+    try:
+        run_act(org=org, run_id=run_id, action="retry", actor="ops")
+        drive()
+    finally:
+        HANDLED["fixed"] = False
+    run.refresh_from_db()
+    assert run.status == "succeeded", run.error
+    assert run.output == (["handled", "beside"] if in_branch else "handled")
+    assert (stub.count("POST", "/nowhere"), BOOMS) == (1, ["ada"])
 
 
 def test_retry_of_a_branch_step_that_failed_the_run_runs_it_and_its_sibling_again(

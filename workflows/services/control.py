@@ -18,7 +18,7 @@ action changes nothing and is itself recorded in the run's history, with who tri
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,24 +242,41 @@ def _code_run_failed(
     """The steps that failed a code run. A step a decider asked for last that failed for
     good, the code not catching it (its ``StepFailed`` failed the decider), is retried
     itself, as a definition's failed step is: once it succeeds, the code replays past it.
-    When there is none (the code itself raised), the deciders whose newest turn failed are,
-    and replay against the code deployed now."""
+    When there is none (the code itself raised, or failed the run after catching the
+    step's failure), the deciders whose newest turn failed are, and replay against the code
+    deployed now."""
     decider_type = steps.decider["type"]
-    asked, deciders = [], []
+    deciders: dict[str, dict[str, Any]] = {}  # by step id: its newest turn, failed
     for row in rows:
         if row["type"] == decider_type:
             cursor.execute(sql.LATEST_ROW_OF, {"run": run_id, "step_id": row["step_id"]})
             newest = fetch_dict(cursor)
             if newest is not None and newest["id"] == row["id"]:  # else a later turn went on
-                deciders.append(row)
-            continue
-        try:
-            step = steps.at(row["step_id"], Place(row["fork_join_id"], row["branch"]))
-        except KeyError:  # not the step its decider asked for last: the code went on
-            continue
-        if step.get("on_failure"):
-            asked.append(row)
-    return asked or deciders
+                deciders[row["step_id"]] = row
+    asked = [row for row in rows if row["type"] != decider_type
+             and _failed_its_decider(row, steps, deciders)]  # fmt: skip
+    return asked or list(deciders.values())
+
+
+def _failed_its_decider(
+    row: dict[str, Any], steps: DecidedSteps, deciders: Mapping[str, dict[str, Any]]
+) -> bool:
+    """Whether the failed step ``row`` is the one its decider asked for last and failed
+    with: the decider's newest turn failed with the step's own ``StepFailed``, not caught
+    (``step '<id>' failed: ...``; workflows/code). A failure the code caught, then failed the
+    run after (``ctx.fail``, or another error), is the code's: retrying the step would
+    send it again for a run whose code no longer needs it."""
+    place = Place(row["fork_join_id"], row["branch"])
+    try:
+        step = steps.at(row["step_id"], place)
+    except KeyError:  # not the step its decider asked for last: the code went on
+        return False
+    if not step.get("on_failure"):
+        return False
+    decider = deciders.get(str(steps.decider_at(place)["id"]))
+    return decider is not None and str(decider["error"]).startswith(
+        f"step {row['step_id']!r} failed:"
+    )
 
 
 def _is_failed_call(row: dict[str, Any], steps: DecidedSteps) -> bool:
