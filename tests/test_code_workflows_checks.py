@@ -189,6 +189,58 @@ def test_wait_until_takes_a_datetime_and_a_call_field_that_is_not_json_is_an_inv
                          "not JSON serializable"), run.error  # fmt: skip
 
 
+@workflow("code-generic-fields", version=1)
+def calls_with_generic_fields(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """One step called with the fields every definition's step may have, as given."""
+    return ctx.step("s", run_input["type"], **run_input["fields"])
+
+
+@pytest.mark.parametrize(
+    ("step_type", "fields", "error"),
+    [
+        ("noop", {"retry": "often"},
+         "retry must be an object such as {\"max_attempts\": 3}"),
+        ("noop", {"retry": {"max_attempts": -2}},
+         "retry.max_attempts must be a whole number from 1 to 100, not -2"),
+        ("noop", {"retry": {"max_attempts": 1000}},
+         "retry.max_attempts must be a whole number from 1 to 100, not 1000"),
+        ("noop", {"retry": {"attempts": 2}},
+         "retry.attempts is not a retry field"),
+        ("set", {"vars": {"a": 1}, "retry": {"max_attempts": 2}},
+         'retry is not allowed on a "set" step'),
+        ("noop", {"name": ""},
+         "name must be a non-empty string of at most 200 characters"),
+        ("noop", {"irreversible": "yes"},
+         "irreversible must be true or false"),
+    ],
+    ids=["retry-text", "retry-negative", "retry-past-limit", "retry-unknown", "retry-inline",
+         "name-empty", "irreversible-text"],
+)  # fmt: skip
+def test_a_step_s_generic_fields_are_checked_as_a_definition_s_are(
+    org: Organisation, step_type: str, fields: dict[str, Any], error: str
+) -> None:
+    """``retry``, ``name`` and ``irreversible`` are checked as the definition validator
+    checks them: a bad one is invalid_code_step naming the field, never an engine error or a
+    row the database refuses (it failed the run with engine_error)."""
+    t = WorkflowTest(org=org)
+    t.start("code-generic-fields", version=1, input={"type": step_type, "fields": fields})
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    assert run.error.startswith("invalid_code_step: step 's': "), run.error
+    assert error in run.error, run.error
+    assert [s.step_id for s in run.steps] == []  # nothing of it was entered
+
+
+def test_a_step_s_good_generic_fields_are_kept(org: Organisation) -> None:
+    t = WorkflowTest(org=org)
+    fields = {"name": "A pause", "irreversible": True, "retry": {"max_attempts": 4}}
+    t.start("code-generic-fields", version=1, input={"type": "noop", "fields": fields})
+    run = t.run_until_finished()
+    assert run.status == "succeeded", run.error
+    step = Step.objects.get(run_id=run.id, step_id="s")
+    assert (step.status, step.max_attempts) == ("done", 4)
+
+
 def test_a_schema_or_hint_that_cannot_be_used_is_refused_at_registration() -> None:
     with pytest.raises(CodeWorkflowError) as bad_schema:
 

@@ -35,8 +35,10 @@ from typing import Any, NamedTuple, NoReturn, Protocol
 from django.conf import settings
 
 from ..definitions.fields import is_step_id
-from ..definitions.registry import StepReport, registry
+from ..definitions.registry import StepReport, StepType, registry
 from ..definitions.rendering import plain_copy
+from ..definitions.sagas import irreversible_problem
+from ..definitions.step_checks import StepChecks
 from ..definitions.storable import (
     UNSTORABLE_REASON,
     has_unstorable,
@@ -980,6 +982,7 @@ def _checked_anew(step_id: str, step_type: str, fields: Mapping[str, Any]) -> di
     report = StepReport(step_id)
     step_type_obj = registry.get(step_type)
     assert step_type_obj is not None
+    _check_generic_fields(step, step_type_obj, report)
     step_type_obj.validate(step, report)
     if report.issues:
         problems = "; ".join(
@@ -987,6 +990,19 @@ def _checked_anew(step_id: str, step_type: str, fields: Mapping[str, Any]) -> di
         )
         raise CodeFailure("invalid_code_step", f"step {step_id!r}: {problems}")
     return step
+
+
+def _check_generic_fields(step: dict[str, Any], step_type: StepType, report: StepReport) -> None:
+    """The fields every step may have, whatever its type (``name``, ``retry``,
+    ``irreversible``), checked as the definition validator checks them: the engine reads
+    them as it reads a definition's (a retry's attempts, for one)."""
+    checks = StepChecks(registry, {}, lambda code, _sid, _index, field, message: report.issue(
+        code, field or "", message))  # fmt: skip
+    checks.check_name(0, step["id"], step)
+    checks.check_retry(0, step["id"], step, step_type)
+    wrong = irreversible_problem(step)
+    if wrong is not None:
+        report.issue("invalid_field", "irreversible", wrong)
 
 
 def within_stored_limits(label: str, value: Any, code: str, what: str) -> None:

@@ -29,7 +29,8 @@ from workflows.definitions.fields import show, type_label
 from workflows.definitions.registry import INLINE, StepType
 
 __all__ = ["SAGA_ISSUE_CODES", "SAGA_WARNING_CODES", "SagaIssue", "ambiguous_compensations",
-           "compensation_targets", "saga_issues", "saga_warnings"]  # fmt: skip
+           "compensation_targets", "irreversible_problem", "saga_issues",
+           "saga_warnings"]  # fmt: skip
 
 SAGA_ISSUE_CODES = (
     "compensation_unknown_step",
@@ -68,6 +69,14 @@ def _reached(origins: Iterable[str], successors: Mapping[str, list[str]]) -> set
     return seen
 
 
+def irreversible_problem(step: Mapping[str, Any]) -> str | None:
+    """What is wrong with the step's ``irreversible`` (a phrase after the field's name), if
+    anything: a definition's step and a code workflow's call are checked alike."""
+    if "irreversible" in step and not isinstance(step["irreversible"], bool):
+        return f"must be true or false, not {type_label(step['irreversible'])}"
+    return None
+
+
 def saga_issues(
     steps: Mapping[str, Mapping[str, Any]],
     successors: Mapping[str, list[str]],
@@ -78,10 +87,10 @@ def saga_issues(
     issues: list[SagaIssue] = []
     from_start = _reached([start], successors) if start is not None and start in steps else set()
     for sid, step in steps.items():
-        if "irreversible" in step and not isinstance(step["irreversible"], bool):
-            issues.append(SagaIssue("invalid_field", f'step "{sid}": irreversible must be true '
-                                    f"or false, not {type_label(step['irreversible'])}",
-                                    sid, "irreversible"))  # fmt: skip
+        wrong = irreversible_problem(step)
+        if wrong is not None:
+            issues.append(SagaIssue("invalid_field", f'step "{sid}": irreversible {wrong}', sid,
+                                    "irreversible"))  # fmt: skip
         if "compensate" not in step:
             continue
         target = step["compensate"]
