@@ -52,7 +52,10 @@ def invoice(ctx: Context, order: dict[str, Any]) -> dict[str, Any]:
 
 @workflow("code-zoned", version=1)
 def zoned(ctx: Context, run_input: dict[str, Any]) -> str:
-    ctx.sleep("nap", f"{run_input['days']}d", zone="Europe/Berlin")
+    days = run_input["days"]
+    # The same sleep, as a text or as a timedelta of whole days.
+    ctx.sleep("nap", timedelta(days=days) if run_input.get("delta") else f"{days}d",
+              zone="Europe/Berlin")  # fmt: skip
     ctx.wait_until("morning", rule={"time": "09:00"}, zone="Europe/Berlin")
     return "awake"
 
@@ -143,10 +146,15 @@ def days_across_one_change(start: datetime) -> int:
     raise AssertionError("Berlin changes its clocks every year")
 
 
-def test_a_zoned_sleep_across_a_dst_change_keeps_its_wall_clock_time(org: Organisation) -> None:
+@pytest.mark.parametrize("delta", [False, True], ids=["text", "timedelta"])
+def test_a_zoned_sleep_across_a_dst_change_keeps_its_wall_clock_time(
+    org: Organisation, delta: bool
+) -> None:
+    """``"5d"`` and ``timedelta(days=5)`` are the same sleep: calendar days in the zone (a
+    timedelta counted 48 elapsed hours, an hour off across the change)."""
     days = days_across_one_change(datetime.now(UTC))
     t = WorkflowTest(org=org)
-    t.start("code-zoned", version=1, input={"days": days})
+    t.start("code-zoned", version=1, input={"days": days, "delta": delta})
     run = t.run_until_waiting()
     assert [s.step_id for s in run.waiting] == ["nap"]
 

@@ -148,12 +148,10 @@ class PeopleAndTime:
         without holding a worker: the ``wait`` step of definitions, woken by the timer sweep.
         With ``zone`` (an IANA name, the step's ``timezone``), a duration in days ends at the
         same wall-clock time that many calendar days later in that zone, across a
-        daylight-saving change too."""
+        daylight-saving change too: a ``timedelta`` of whole days is such a duration (it is
+        written ``"<n>d"``), any other is elapsed time."""
         if isinstance(duration, timedelta):
-            seconds = duration.total_seconds()
-            # Whole seconds, as the definition's durations count: anything else is the
-            # validator's to refuse, with the value said as a text.
-            duration = f"{int(seconds)}s" if seconds == int(seconds) else str(duration)
+            duration = duration_text(duration)
         fields: dict[str, Any] = {"duration": duration}
         if zone is not None:
             fields["timezone"] = zone
@@ -177,6 +175,20 @@ class PeopleAndTime:
         fields = _given(at=at, rule=None if rule is None else dict(rule), timezone=zone,
                         spread=spread)  # fmt: skip
         self.step_result(step_id, "wait_until", **fields)
+
+
+def duration_text(duration: timedelta) -> str:
+    """A ``timedelta`` as a definition's duration, in its largest whole unit (``2d``, ``36h``,
+    ``90s``): whole days stay days, which a zone counts on its calendar. Not whole seconds,
+    it is said as a text, for the validator to refuse."""
+    seconds = duration.total_seconds()
+    if seconds != int(seconds):
+        return str(duration)
+    whole = int(seconds)
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if whole and whole % size == 0:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
 
 
 def _listed(value: str | Sequence[str] | None) -> list[str] | None:
