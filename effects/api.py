@@ -304,8 +304,9 @@ class ConnectionIn(ConnectionSettingsIn):
         fields = super().get_fields()
         names = provider_names()
         message = "Unknown provider {input!r}; one of: " + ", ".join(names) + "."
-        fields["provider"].choices = names  # type: ignore[attr-defined]
-        fields["provider"].error_messages["invalid_choice"] = message
+        provider = fields["provider"]
+        provider.choices = names  # type: ignore[attr-defined]
+        provider.error_messages = {**provider.error_messages, "invalid_choice": message}
         return fields
 
     def validate_name(self, value: str) -> str:

@@ -60,6 +60,7 @@ PACKAGE_DATA = [
     "approvals/templates/approvals/slack_task.json",
     "webhooks/templates/admin/webhooks/subscription/secret.html",
     "workflows/migrations/0001_initial.py",
+    *(f"{package}/py.typed" for package in PACKAGES),
 ]
 # Bounds, not budgets: pip may fetch from the package index; the run takes about 2 s.
 INSTALL_SECONDS = 900
@@ -310,3 +311,79 @@ def test_a_host_project_migrates_starts_a_run_and_its_engine_finishes_it(host: H
     header, *_, actions = pages["slack"]
     assert header["text"]["text"] == "Approval requested"
     assert [b["value"] for b in actions["elements"]] == ["yes-token", "no-token"]
+
+
+# A host's settings module beside its own, made by the tests: the host's settings with one
+# thing wrong, as a newcomer's first try has it.
+SETTINGS_VARIANT = """
+import config.settings as host
+
+globals().update({{k: v for k, v in vars(host).items() if k.isupper() and k not in {drop!r}}})
+{extra}
+"""
+
+
+def _variant(host: Host, name: str, *, drop: tuple[str, ...] = (), extra: str = "") -> str:
+    (host.project / "config" / f"{name}.py").write_text(
+        SETTINGS_VARIANT.format(drop=drop, extra=extra)
+    )
+    return f"config.{name}"
+
+
+def _failing(host: Host, *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([str(host.python), *args], cwd=host.project, env=host.env,
+                          capture_output=True, text=True, timeout=COMMAND_SECONDS)  # fmt: skip
+    assert done.returncode != 0, f"{args} passed:\n{done.stdout}"
+    return done
+
+
+def test_a_host_without_the_settings_objects_is_told_which_and_how_at_start_up(
+    host: Host,
+) -> None:
+    """Settings that lack some of Waymark's settings objects stop every command with their
+    code, naming what is missing and the import that gives it (they failed with an
+    AttributeError from an app's ready())."""
+    settings = _variant(host, "settings_without", drop=("EFFECTS", "WEBHOOKS"))
+    done = _failing(host, "manage.py", "check", "--settings", settings)
+    last = done.stderr.strip().splitlines()[-1]
+    assert "waymark_settings_missing: the settings have no EFFECTS, WEBHOOKS" in last, done.stderr
+    assert "from waymark_config.defaults import CACHES, EFFECTS" in last
+    assert "AttributeError" not in done.stderr
+
+
+def test_a_host_on_sqlite_is_refused_before_the_first_migration(host: Host) -> None:
+    """Django's SQLite default, left in a new project's settings: `check` says Waymark runs
+    on PostgreSQL only, and `migrate` stops on the same error before migrating anything
+    (it failed in the second migration, the first one kept)."""
+    database = host.project / "sqlite.db"
+    settings = _variant(host, "settings_sqlite", extra=(
+        f"DATABASES = {{'default': {{'ENGINE': 'django.db.backends.sqlite3', "
+        f"'NAME': {str(database)!r}}}}}"
+    ))  # fmt: skip
+    for command in (["check"], ["migrate", "--no-input"]):
+        done = _failing(host, "manage.py", *command, "--settings", settings)
+        assert "(waymark.E001) Waymark runs on PostgreSQL only" in done.stderr, done.stderr
+        assert "DATABASES['default'] is sqlite" in done.stderr
+    assert not database.exists() or database.stat().st_size == 0
+
+
+def test_a_host_s_mypy_reads_waymark_s_type_hints(host: Host) -> None:
+    """The wheel is typed (py.typed): the host's own workflow module passes mypy with
+    Waymark installed, and a call that does not match Context's hints is caught (without
+    the marker, mypy refused the import: 'missing library stubs or py.typed marker')."""
+    shop = host.project / "shop"
+    (shop / "typo.py").write_text(
+        "from workflows.plugins.code import Context\n\n\n"
+        "def wrong(ctx: Context) -> None:\n"
+        "    ctx.sleep(3)\n"
+    )
+    mypy = [sys.executable, "-m", "mypy", "--python-executable", str(host.python),
+            "--no-incremental", "--ignore-missing-imports",
+            "--follow-imports", "silent"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH")}
+    good = subprocess.run([*mypy, "shop/workflows.py"], cwd=host.project, env=env,
+                          capture_output=True, text=True, timeout=COMMAND_SECONDS)  # fmt: skip
+    assert good.returncode == 0, good.stdout + good.stderr
+    bad = subprocess.run([*mypy, "shop/typo.py"], cwd=host.project, env=env,
+                         capture_output=True, text=True, timeout=COMMAND_SECONDS)  # fmt: skip
+    assert bad.returncode == 1 and 'argument 1 to "sleep"' in bad.stdout.lower(), bad.stdout

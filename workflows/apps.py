@@ -10,6 +10,9 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from . import host_checks
+
+        host_checks.require_waymark_settings()  # first: every step below reads them
         from .api import schema  # noqa: F401 (registers the OpenAPI auth extension)
         from .code.health import CHECK as CODE_CHECK
         from .code.health import missing_versions

@@ -158,7 +158,7 @@ class StrictInput(serializers.Serializer):
         except serializers.ValidationError as error:
             if not isinstance(error.detail, dict):
                 raise
-            errors = {**error.detail, **errors}
+            errors = {**cast(dict[str, Any], error.detail), **errors}
         if errors:
             raise serializers.ValidationError(errors)
         return value
