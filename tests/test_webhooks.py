@@ -28,6 +28,8 @@ from webhooks.signing import signature_header, verify
 from workflows.engine.health import Limits
 from workflows.models import AuditEntry, Organisation, Run
 from workflows.plugins import Actor, Sweep
+from workflows.plugins.code import Context, workflow
+from workflows.plugins.testing import WorkflowTest
 from workflows.services.automations import automation_publish_definition
 from workflows.services.runs import run_start
 
@@ -145,6 +147,39 @@ def test_a_failed_step_and_run_are_queued_with_what_failed(org) -> None:
     (failed,) = Delivery.objects.filter(org=org)
     assert (failed.event_type, failed.run_id) == ("run.failed", run_id)
     assert "failed" in failed.payload["detail"]["error"]
+
+
+def refuse(what: str) -> str:
+    raise LookupError(f"{what} not found")
+
+
+@workflow("hooked-code-fails", version=1)
+def fails_in_code(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """Fails the run itself (ctx.fail), or by a function's failure it does not catch."""
+    if run_input["how"] == "fail":
+        ctx.fail("out_of_stock")
+    return ctx.run("look", refuse, "ada")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["fail", "uncaught"])
+def test_a_code_run_s_failure_queues_the_events_its_workflow_s_steps_make(
+    org: Organisation, how: str
+) -> None:
+    """Its turns are the engine's own steps: a turn that fails queues no step.failed (it
+    queued one for "decide", a step the workflow never called, beside run.failed). A step the
+    code called that fails is queued, as a definition's is."""
+    subscribe(org, "https://a.example/hook", "step.failed", "run.failed")
+    t = WorkflowTest(org=org)
+    t.start("hooked-code-fails", version=1, input={"how": how})
+    run = t.run_until_finished()
+    assert run.status == "failed"
+    queued = [(d.event_type, (d.payload.get("step") or {}).get("id"))
+              for d in Delivery.objects.filter(org=org).order_by("id")]  # fmt: skip
+    if how == "fail":
+        assert queued == [("run.failed", None)]
+    else:
+        assert queued == [("step.failed", "look"), ("run.failed", None)]
 
 
 def test_an_event_rolled_back_queues_nothing(org) -> None:

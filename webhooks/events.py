@@ -1,6 +1,6 @@
 """The event types an organisation can subscribe to: a stable set, each a code that never
 changes meaning (docs/how-to/receive-webhooks.md). Each comes from one kind of run event, picked up
-by the trigger that enqueues deliveries (``sql.ENQUEUE_V1``) in the event's own transaction."""
+by the trigger that enqueues deliveries (``sql.ENQUEUE_V2``) in the event's own transaction."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A subscription is an organisation's HTTPS endpoint and the event types it wants; its signing
 secret is stored encrypted, like connection secrets, and shown once. A delivery is one event
 for one subscription, written by a trigger on the run history in the transaction of the
-event itself (``sql.ENQUEUE_V1``): an event that commits has its deliveries, one that rolls
+event itself (``sql.ENQUEUE_V2``): an event that commits has its deliveries, one that rolls
 back has none. The leading sweeper sends them (``delivery.py``), at least once each, and
 retries with backoff until ``WAYMARK_WEBHOOK_MAX_ATTEMPTS``; then the delivery is failed.
 """

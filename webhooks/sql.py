@@ -1,6 +1,6 @@
 """Every SQL statement of the webhooks app, and the trigger it puts on the engine's run history.
 
-The trigger (``ENQUEUE_V1``) is here in its current text; the migration that installed it
+The trigger (``ENQUEUE_V2``) is here in its current text; the migration that installed it
 carries its own frozen copy (tests/test_schema_functions.py holds the two equal).
 """
 
@@ -13,9 +13,10 @@ from __future__ import annotations
 # subscription can name (evaluated without calling the function: every other event costs
 # nothing); for those, the organisation's active subscriptions are one probe of a partial
 # index, and the event's data (the run's automation and version, the step, the event's
-# detail) is read only when one of them wants it.
-ENQUEUE_V1 = """
-CREATE OR REPLACE FUNCTION webhooks_enqueue_v1() RETURNS trigger
+# detail) is read only when one of them wants it. A code run's turns (its ``code`` steps) are
+# the engine's own: their step.failed is not one of the workflow's steps failing.
+ENQUEUE_V2 = """
+CREATE OR REPLACE FUNCTION webhooks_enqueue_v2() RETURNS trigger
 LANGUAGE plpgsql AS $function$
 DECLARE
     v_type text := CASE
@@ -28,6 +29,14 @@ BEGIN
     PERFORM 1 FROM webhooks_subscription s
      WHERE s.org_id = NEW.org_id AND s.active AND v_type = ANY(s.event_types);
     IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.kind = 'step.failed' AND EXISTS (
+        SELECT 1 FROM workflows_step st
+         WHERE st.run_id = NEW.run_id AND st.step_id = NEW.step_id
+           AND st.iteration = NEW.iteration AND st.type = 'code') THEN
+        -- A code run's turn (workflows/code): the engine's own step, not one the workflow
+        -- called; what failed it is the run's run.failed, or the called step's step.failed.
         RETURN NULL;
     END IF;
     SELECT jsonb_build_object('id', r.id, 'automation', a.slug, 'version', v.number,
@@ -61,7 +70,7 @@ CREATE TRIGGER webhooks_enqueue
      NEW.kind IN ('run.started', 'run.succeeded', 'run.failed', 'run.cancelled',
                   'run.compensated', 'step.failed', 'effect.needs_review')
      OR (NEW.kind = 'step.waiting' AND (NEW.detail ? 'approval' OR NEW.detail ? 'task')))
- EXECUTE FUNCTION webhooks_enqueue_v1();
+ EXECUTE FUNCTION webhooks_enqueue_v2();
 """
 
 # --- sending (delivery.py) ---------------------------------------------------------------------
