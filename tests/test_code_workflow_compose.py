@@ -12,6 +12,7 @@ import pytest
 from django.db.models.functions import Now
 
 from timers.sweep import fire_due_timers
+from workflows import plugins
 from workflows.errors import NothingToRetry
 from workflows.models import Organisation, Run, Step
 from workflows.plugins.code import Context, StepFailed, publish_code_workflow, workflow
@@ -205,6 +206,60 @@ def caught_then_failed(ctx: Context, run_input: dict[str, Any]) -> Any:
     return _caught_then_failed(ctx, run_input["url"])
 
 
+LOOKS: list[str] = []  # each call of look_once
+
+
+def look_once(name: str) -> str:
+    """Fails its first call, then answers."""
+    LOOKS.append(name)
+    if len(LOOKS) == 1:
+        raise LookupError(f"{name} not found")
+    return f"{name} found"
+
+
+@workflow("code-compose-two-retries", version=1)
+def two_retries_in_a_branch(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """A branch's function fails once, then its send is refused once: two retries."""
+    url = run_input["url"]
+
+    def left(c: Context) -> Any:
+        found = c.run("look", look_once, "ada")
+        c.http("send", connection="api", method="POST", url=f"{url}/charges", body={})
+        return found
+
+    return ctx.parallel("pair", left, lambda c: c.run("beside", str, "beside"))
+
+
+GATE = {"open": False}  # whether the compose_gate step passes
+COUNTED: list[str] = []  # each call of counted
+
+
+def counted(name: str) -> str:
+    COUNTED.append(name)
+    return name
+
+
+def _gate(step: Any, context: Any, ctx: plugins.StepContext) -> plugins.StepResult:
+    """An inline step that fails for good while the gate is closed (an operator opens it)."""
+    if not GATE["open"]:
+        raise plugins.StepFailure("gate_closed: the gate is closed", retryable=False)
+    return plugins.StepResult(output="passed")
+
+
+plugins.register_step_type(plugins.StepType(
+    name="compose_gate", lane="inline", execute=_gate, validate=lambda step, report: None,
+    built=True,
+))  # fmt: skip
+
+
+@workflow("code-compose-inline-fails", version=1)
+def inline_step_fails(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """An inline step between two functions fails for good, not caught."""
+    first = ctx.run("a", counted, "a")
+    passed = ctx.step("gate", "compose_gate")
+    return [first, passed, ctx.run("b", counted, "b")]
+
+
 def start(org: Organisation, name: str, run_input: dict[str, Any]) -> int:
     publish_code_workflow(org=org, name=name, version=1)
     return run_start(org=org, automation_slug=name, run_input=run_input, start_key="k").run_id
@@ -332,6 +387,60 @@ def test_retry_after_the_code_caught_a_failed_call_replays_the_code_and_calls_no
     assert run.status == "succeeded", run.error
     assert run.output == (["handled", "beside"] if in_branch else "handled")
     assert (stub.count("POST", "/nowhere"), BOOMS) == (1, ["ada"])
+
+
+def test_a_second_retry_in_a_branch_does_not_bring_back_the_failure_the_first_set_aside(
+    org: Organisation, stub: ProviderStub
+) -> None:
+    """The first retry calls the branch's failed function again (its failed row set aside)
+    and continues the join in a new row, where the branch's rows move; the second retry
+    sends the refused call again and continues the join once more. The branch's replay still
+    reads the function's success, not its first failure (it failed the run with the old
+    error for good, every retry after the same)."""
+    LOOKS[:] = []
+    stub.fail_next(1, status=400, path_prefix="/charges")  # the send is refused once
+    run_id = start(org, "code-compose-two-retries", {"url": stub.url})
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed" and "ada not found" in run.error, run.error
+    run_act(org=org, run_id=run_id, action="retry", actor="ops")
+    drive()
+    run.refresh_from_db()
+    assert run.status == "failed" and "'send' failed" in run.error, run.error
+    run_act(org=org, run_id=run_id, action="retry", actor="ops")
+    drive()
+    run.refresh_from_db()
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    assert run.output == ["ada found", "beside"]
+    assert LOOKS == ["ada", "ada"]  # called again once, by the first retry only
+    assert stub.count("POST", "/charges") == 2  # refused, then sent again by the second
+    joins = Step.objects.filter(run_id=run_id, step_id="pair.join").order_by("id")
+    assert [j.status for j in joins] == ["cancelled", "cancelled", "done"]
+
+
+def test_retry_of_an_inline_step_that_failed_the_run_enters_it_again_and_goes_on(
+    org: Organisation,
+) -> None:
+    """A quick step has no worker attempts to begin again: the retry enters it anew, and the
+    replay reads its new row, not the failed one (it replayed the failure, and the run
+    failed again at once with the old error, its new row done)."""
+    GATE["open"], COUNTED[:] = False, []
+    run_id = start(org, "code-compose-inline-fails", {})
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed" and "gate_closed" in run.error, run.error
+    GATE["open"] = True
+    try:
+        run_act(org=org, run_id=run_id, action="retry", actor="ops")
+        drive()
+    finally:
+        GATE["open"] = False
+    run.refresh_from_db()
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    assert run.output == ["a", "passed", "b"]
+    assert COUNTED == ["a", "b"]  # the function before it was replayed, not called again
+    gates = Step.objects.filter(run_id=run_id, step_id="gate").order_by("iteration")
+    assert [(g.iteration, g.status) for g in gates] == [(1, "failed"), (2, "done")]
 
 
 def test_retry_of_a_branch_step_that_failed_the_run_runs_it_and_its_sibling_again(

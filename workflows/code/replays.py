@@ -79,6 +79,24 @@ def restart_outputs(
     return {REPLAY_CUTS: cuts, decider_id: None}
 
 
+def cuts_moved(run: RunData, moved: Mapping[int, int]) -> dict[str, Any]:
+    """The run's cuts with the places of the join rows a retry continued renamed to the
+    rows continuing them: a branch's rows move with its join (engine/forks.py), and a cut
+    at the old place would set nothing aside, so the replay read the failed call it had set
+    aside again. Nothing when no cut is in a moved place."""
+    cuts = replay_cuts(run.outputs.get(REPLAY_CUTS))
+    if not any(cut.at[0] in moved for cut in cuts):
+        return {}
+    return {REPLAY_CUTS: [_moved(cut, moved).stored() for cut in cuts]}
+
+
+def _moved(cut: Cut, moved: Mapping[int, int]) -> Cut:
+    join, branch = cut.at
+    if join is None or join not in moved:
+        return cut
+    return Cut(cut.after_row, cut.kept, (moved[join], branch))
+
+
 def _where(at: Place) -> Where:
     return (at.fork_join, at.branch) if at.fork_join is not None else TOP
 
@@ -150,7 +168,7 @@ def refuse_not_allowed(org: Organisation, definition: Mapping[str, Any]) -> Code
 
 CODE_REPLAYS = Replays(
     history=replay_history, restart=restart_outputs, misfit=replay_misfit, missing=missing_here,
-    refuse_moving_in=refuse_not_allowed,
+    refuse_moving_in=refuse_not_allowed, joins_moved=cuts_moved,
 )  # fmt: skip
 
 

@@ -216,7 +216,7 @@ class Forks:
         return tree
 
 
-def revive_forks(walk: ForkWalk, place: Place) -> Place:
+def revive_forks(walk: ForkWalk, place: Place, moved: dict[int, int] | None = None) -> Place:
     """A run that failed inside a parallel is retried at ``place`` (services/control.py):
     where the retried step is now. The failure cancelled the join its branch meets at and
     the other branches still live (the rule every run's end follows); a cancelled row stays
@@ -224,11 +224,13 @@ def revive_forks(walk: ForkWalk, place: Place) -> Place:
     move to it. Each other branch the failure cancelled is entered again at the step it was
     at, so the join can complete. Outward, joins around it the same. A branch that was at a
     parallel of its own (a nested fork) goes on there: its inner join continues the same way
-    (_revive_join), and so on inward."""
+    (_revive_join), and so on inward. ``moved``: each join row continued, by the new row
+    that continues it (the places of its branches' rows change with it)."""
     joins = set(registry.joining())
     retried = place
+    moved = {} if moved is None else moved
     while place.fork_join is not None:
-        revived = _revive_join(walk, place.fork_join, joins, retried_branch=place.branch)
+        revived = _revive_join(walk, place.fork_join, joins, moved, retried_branch=place.branch)
         if revived is None:  # not cancelled: its other branches were not ended
             break
         new, join = revived
@@ -239,8 +241,9 @@ def revive_forks(walk: ForkWalk, place: Place) -> Place:
 
 
 def _revive_join(
-    walk: ForkWalk, old: int, joins: set[str], *, retried_branch: int | None = None
-) -> tuple[int, Mapping[str, Any]] | None:
+    walk: ForkWalk, old: int, joins: set[str], moved: dict[int, int], *,
+    retried_branch: int | None = None,
+) -> tuple[int, Mapping[str, Any]] | None:  # fmt: skip
     """Continue join row ``old`` if the failure cancelled it: a new row, with the arrivals
     it had, and its branches that had not arrived entered again where they were (but
     ``retried_branch``, whose step the retry runs itself), inward the same way. The new
@@ -250,17 +253,17 @@ def _revive_join(
     join = fetch_dict(walk.cursor)
     if join is None:
         return None
-    new = _continue_join(walk, old, join)
+    new = moved[old] = _continue_join(walk, old, join)
     arrived = set(join["wait_detail"]["arrived"])
     walk.cursor.execute(sql.BRANCH_HEADS, {"run": walk.run.id, "join": new})
     heads = [row for row in fetch_dicts(walk.cursor)
              if row["branch"] not in arrived and row["branch"] != retried_branch]  # fmt: skip
-    _enter_heads(walk, new, heads, joins)
+    _enter_heads(walk, new, heads, joins, moved)
     return new, join
 
 
 def _enter_heads(walk: ForkWalk, join_id: int, heads: list[dict[str, Any]],
-                 joins: set[str]) -> None:  # fmt: skip
+                 joins: set[str], moved: dict[int, int]) -> None:  # fmt: skip
     """Enter again each branch of join row ``join_id`` the failure cancelled (``heads``: the
     newest row of each branch that had not arrived) at the step it was at; a branch that
     was at a parallel of its own goes on inside it (its inner join revived in turn)."""
@@ -275,7 +278,7 @@ def _enter_heads(walk: ForkWalk, join_id: int, heads: list[dict[str, Any]],
         joined = row["join_row"] if registry.forking(str(row["type"])) else None
         joined = json.loads(joined) if isinstance(joined, str) else joined
         if isinstance(joined, int) and not isinstance(joined, bool):
-            _revive_join(walk, joined, joins)
+            _revive_join(walk, joined, joins, moved)
 
 
 def _continue_join(walk: ForkWalk, old: int, join: Mapping[str, Any]) -> int:

@@ -28,6 +28,7 @@ from ..engine import sql
 from ..engine.compensation import compensation_state
 from ..engine.decided import DecidedSteps, steps_of
 from ..engine.definition_cache import definition_for
+from ..engine.executors import StepResult
 from ..engine.forks import revive_forks
 from ..engine.places import Entry, Place
 from ..engine.sql.rows import (
@@ -192,7 +193,7 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
     rows = fetch_dicts(cursor)
     if isinstance(steps, DecidedSteps):
         failed = _code_run_failed(cursor, run.id, steps, rows)
-        called = [row for row in failed if _is_failed_call(row, steps)]
+        called = [row for row in failed if _called_again(row, steps)]
         if called:
             return _retry_call(cursor, run, actor, definition, steps, called[0])
     else:
@@ -227,7 +228,8 @@ def _retry(cursor: Any, run: RunState, actor: str) -> Outcome:
             here = places[s["id"]]
             assert here.fork_join is not None
             if here.fork_join not in continued:
-                continued[here.fork_join] = revive_forks(walk, here).fork_join or here.fork_join
+                revived = _revive(walk, run, definition, here)
+                continued[here.fork_join] = revived.fork_join or here.fork_join
             places[s["id"]] = Place(continued[here.fork_join], here.branch)
         # A quick step has no worker to claim it: the walk enters it again, inline, in the
         # branch it failed on.
@@ -279,24 +281,28 @@ def _failed_its_decider(
     )
 
 
-def _is_failed_call(row: dict[str, Any], steps: DecidedSteps) -> bool:
-    """A ctx.run call (a code_result step) that failed for good, at the top level or in a
-    branch: its function ran in its decider's turn, so retrying it is calling it again
-    there."""
+def _called_again(row: dict[str, Any], steps: DecidedSteps) -> bool:
+    """A call a retry makes again from its decider's replay, its failed row set aside,
+    rather than giving its row a new series of attempts: a ctx.run call (a code_result
+    step) that failed for good, whose function runs in the decider's turn; or a quick step
+    (lane inline), which no worker retries: entered anew, its new row is the one the replay
+    must read. At the top level or in a branch."""
+    if row["type"] == steps.decider["type"]:
+        return False
     place = Place(row["fork_join_id"], row["branch"])
-    return row["type"] != steps.decider["type"] and (
-        steps.at(row["step_id"], place).get("failed") is not None)  # fmt: skip
+    return row["lane"] == "inline" or steps.at(row["step_id"], place).get("failed") is not None
 
 
 def _retry_call(
     cursor: Any, run: RunState, actor: str, definition: dict[str, Any], steps: DecidedSteps,
     row: dict[str, Any],
 ) -> Outcome:  # fmt: skip
-    """A ctx.run function that failed for good is called again: its decider (the run's, or
-    its branch's) replays the steps before it and meets it as new work, its failed row set
-    aside as a re-run from it sets it aside (history.py's cut; services/rerun.py). In a
-    branch, the failure ended the other branches and the join: they go on again first, at
-    a join row continuing the cancelled one, as for a step retried there (_retry)."""
+    """A call that failed for good is made again (_called_again: a ctx.run function, or a
+    quick step): its decider (the run's, or its branch's) replays the steps before it and
+    meets it as new work, its failed row set aside as a re-run from it sets it aside
+    (history.py's cut; services/rerun.py). In a branch, the failure ended the other
+    branches and the join: they go on again first, at a join row continuing the cancelled
+    one, as for a step retried there (_retry)."""
     decided = replays_of(definition)
     assert decided is not None, "a code run's definition replays"
     replays = decided[1]
@@ -307,11 +313,24 @@ def _retry_call(
     at = Place(row["fork_join_id"], row["branch"])
     decider_id = str(steps.decider_at(at)["id"])
     if at.fork_join is not None:
-        at = revive_forks(walk, at)  # the branch's rows now belong to the join row continuing
+        at = _revive(walk, run, definition, at)  # its rows now belong to the join continuing
     kept = replays.history(run, at).index((row["step_id"], row["iteration"]))
     replay_keeping(walk, cursor, run, decider_id, replays, kept, at)
     walk.flush()
     return Outcome(run.id, "retry", RunStatus.RUNNING, 1)
+
+
+def _revive(walk: Walk, run: RunState, definition: dict[str, Any], place: Place) -> Place:
+    """revive_forks: the joins the failure cancelled continue in new rows, where the retried
+    step at ``place`` now is. A code run's replay then reads each branch where its rows
+    moved (its cuts renamed with them)."""
+    moved: dict[int, int] = {}
+    revived = revive_forks(walk, place, moved)
+    decided = replays_of(definition)
+    if decided is not None and moved:
+        for key, value in decided[1].joins_moved(run, moved).items():
+            walk.record_output(key, StepResult(output=value))
+    return revived
 
 
 def _retry_compensation(

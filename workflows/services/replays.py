@@ -11,6 +11,9 @@ it without importing that app (which imports them).
   calls nothing and makes no effect), or None when it does.
 - ``missing``: the (name, version) of a version's code when this process does not have it
   (nothing here can replay it), else None.
+- ``joins_moved``: the run's outputs after a retry continued join rows in new ones (a
+  branch's rows move to the row continuing its join), so what its replay reads of a branch
+  follows them.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ class Replays:
     # is (a code workflow's organisations list): a migration's check, once per plan. What
     # it returns is not read.
     refuse_moving_in: Callable[[Organisation, Mapping[str, Any]], object] = lambda org, d: None
+    # A retry continued these join rows (the cancelled row's id -> the new row's): the run's
+    # outputs that keep its replay reading its branches where their rows now are.
+    joins_moved: Callable[[RunData, Mapping[int, int]], dict[str, Any]] = lambda run, m: {}
 
 
 REPLAYS: dict[str, Replays] = {}
