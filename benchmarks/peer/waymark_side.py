@@ -124,6 +124,9 @@ class Side:
             publish_code_workflow(org=self.org, name=name, version=1)
         connection.ensure_connection()
         self.uri = connection.connection.info.dsn
+        # A measurement killed half-way left its runs: their start keys are this one's (the
+        # tags start again at 1), so its starts would find them and wait on them for ever.
+        self.empty()
         self.engine: subprocess.Popen[bytes] | None = None
         self.tag = 0
 
