@@ -299,3 +299,60 @@ def test_a_run_waiting_for_a_version_no_longer_deployed_moves_without_its_code_b
     run = Run.objects.get(pk=run_id)
     assert run.version.number == numbers[2] and run.status == "running"
     assert Step.objects.get(run_id=run_id, step_id="nap").status == "waiting"
+
+
+# A definition an organisation publishes as a version of the code workflow's automation: a
+# wait, and one step the code workflow's versions call too.
+TENANT_DEFINITION = {
+    "start": "a",
+    "steps": [
+        {"id": "a", "type": "wait", "duration": "1h", "next": "done"},
+        {"id": "done", "type": "end"},
+    ],
+}
+
+
+def test_runs_never_move_between_a_code_version_and_a_definition_s(
+    org: Organisation, api: APIClient
+) -> None:
+    """Either way the plan is refused, as a preview and for real, and nothing moves: a
+    definition's run moved onto a code version skipped the code's checks (its organisations,
+    whether it is registered here, whether its history fits), so the host's code ran for an
+    organisation it does not name."""
+    run_id, numbers = sleeping_run(org)
+    published = api.post("/api/v1/automations/code-move/versions",
+                         {"definition": TENANT_DEFINITION}, format="json")  # fmt: skip
+    assert published.status_code == 201, published.json()
+    tenant = published.json()["number"]
+    made_live = api.post(f"/api/v1/automations/code-move/versions/{tenant}/publish")
+    assert made_live.status_code == 200, made_live.json()
+    url = "/api/v1/automations/code-move/migrations"
+    for old, new in ((numbers[1], tenant), (tenant, numbers[2])):
+        for dry in (True, False):
+            refused = api.post(url, {"from_version": old, "to_version": new, "dry_run": dry},
+                               format="json")  # fmt: skip
+            assert refused.status_code == 400, refused.json()
+            assert refused.json()["code"] == "migration_between_kinds", refused.json()
+    assert Run.objects.get(pk=run_id).version.number == numbers[1]
+
+
+def test_a_definition_may_not_hold_the_step_that_records_a_function_s_result(
+    api: APIClient,
+) -> None:
+    """A ``code_result`` step is the engine's record of what a ``ctx.run`` function returned:
+    a definition that held one was accepted, and a code run's replay could read it as the
+    host's function's own result."""
+    forged = {
+        "start": "check",
+        "steps": [
+            {"id": "check", "type": "code_result", "output": "forged", "next": "done"},
+            {"id": "done", "type": "end"},
+        ],
+    }
+    assert api.post("/api/v1/automations", {"slug": "forger"}, format="json").status_code == 201
+    refused = api.post("/api/v1/automations/forger/versions", {"definition": forged},
+                       format="json")  # fmt: skip
+    assert refused.status_code == 400, refused.json()
+    assert refused.json()["code"] == "invalid_definition", refused.json()
+    issues = [(issue["step"], issue["code"]) for issue in refused.json()["errors"]]
+    assert issues == [("check", "code_step_not_allowed")], refused.json()

@@ -300,6 +300,18 @@ class WorkflowVersionMissing(WaymarkError):
     )
 
 
+class MigrationBetweenKinds(WaymarkError):
+    """A migration between a code workflow's version and a definition's: a code run's history
+    is its code's calls, which a definition's walk does not read, and a definition's run has
+    no history a code workflow could replay; neither can go on as the other."""
+
+    code = "migration_between_kinds"
+    default_detail = (
+        "Version {from_version} is {from_kind} and version {to_version} is {to_kind}: runs "
+        "move between two definitions' versions or two code workflow versions only."
+    )
+
+
 class IncompatibleStepType(WaymarkError):
     """A mapping sends a step to one of another type: a run parked on a ``wait`` can only
     carry its timer over to a ``wait``, an approval's request to an ``approval``..."""

@@ -26,6 +26,10 @@ class StepReport:
     the message can name it.
     """
 
+    # Whether the step is a definition's (the validator's IssueReport), not a call a code
+    # workflow makes (workflows/code): a type only the engine writes is refused in the first.
+    of_definition = False
+
     def __init__(self, step_id: str) -> None:
         self.step_id = step_id
         self.issues: list[tuple[str, str, str]] = []  # (code, field, message)

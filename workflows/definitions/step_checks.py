@@ -39,6 +39,8 @@ class IssueReport(StepReport):
     definition in ``step_ids`` for fields naming other steps, and the names of the types
     that declare ``joins`` in ``joining`` (where a forking type's ``next`` may lead)."""
 
+    of_definition = True
+
     def __init__(
         self,
         step_id: str,

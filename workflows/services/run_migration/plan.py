@@ -27,6 +27,7 @@ from ...errors import (
     IncompatibleStepType,
     InvalidInput,
     MigratingFinishedRuns,
+    MigrationBetweenKinds,
     SameVersion,
     UnknownStep,
     VersionNotPublished,
@@ -109,6 +110,17 @@ class MigrationPlan:
             "unmapped": self.unmapped,
         }  # fmt: skip
 
+    def audited(self) -> dict[str, Any]:
+        """``describe()`` as the audit log keeps it: its maps by step id (``map``,
+        ``targets``, ``unmapped``) as lists of ``[step id, value]`` pairs. A step id is the
+        author's word, and the audit log refuses a key that reads as a secret's name: a step
+        ``fetch_token`` failed every migration of its automation (a 500)."""
+        return {
+            key: [[step_id, item] for step_id, item in value.items()]
+            if key in STEP_KEYED and isinstance(value, Mapping) else value
+            for key, value in self.describe().items()
+        }  # fmt: skip
+
     def sql_params(self, *, after: int = 0) -> dict[str, Any]:
         """The parameters of sql/migration.py's statements."""
         return {
@@ -119,6 +131,9 @@ class MigrationPlan:
             "join_wait": JOIN_WAIT, "sagas": self.sagas, "after": after, "sample": SAMPLE,
             "decided": self.decided,
         }  # fmt: skip
+
+
+STEP_KEYED = ("map", "targets", "unmapped")  # describe()'s maps whose keys are step ids
 
 
 def migration_plan(
@@ -195,9 +210,16 @@ def _checked(plan: MigrationPlan) -> MigrationPlan:
 def _decided(plan: MigrationPlan) -> bool:
     """Whether the plan moves code runs between two versions of their code: then the new
     version's code must be here, to check each run's history against (workflow_version_
-    missing otherwise)."""
+    missing otherwise), and the organisation allowed to run it. A plan between a code
+    version and a definition's is refused (migration_between_kinds): no check of a code
+    workflow's could be skipped by moving a definition's run onto it."""
     old = replays_of(plan.from_version.definition)
     new = replays_of(plan.to_version.definition)
+    if (old is None) != (new is None):
+        raise MigrationBetweenKinds(
+            from_version=plan.from_version.number, to_version=plan.to_version.number,
+            from_kind=_kind(old), to_kind=_kind(new),
+        )  # fmt: skip
     if old is None or new is None:
         return False
     missing = new[1].missing(plan.to_version.definition)
@@ -205,6 +227,10 @@ def _decided(plan: MigrationPlan) -> bool:
         raise WorkflowVersionMissing(name=missing[0], version=missing[1])
     new[1].refuse_moving_in(plan.org, plan.to_version.definition)
     return True
+
+
+def _kind(replays: object) -> str:
+    return "a definition" if replays is None else "a code workflow's"
 
 
 def _types(version: AutomationVersion) -> dict[str, str]:
