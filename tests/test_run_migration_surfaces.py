@@ -23,6 +23,7 @@ from workflows.models import (
     RunMigration,
 )
 from workflows.services.automations import automation_publish_definition
+from workflows.services.runs import run_start
 from workflows.services.tenancy import api_key_create
 
 from .migration_setup import SLUG, definition, migrated_events, publish, version_of
@@ -93,6 +94,29 @@ def test_the_api_moves_runs_in_calls_of_limit_and_resumes_by_id(org: Organisatio
         ("run_migration.resume", "api_key"): 1,
         ("run.migrate", "api_key"): 6,
     }
+
+
+def test_a_migration_of_steps_whose_ids_read_as_secrets_names_is_made_and_audited(
+    org: Organisation, api
+) -> None:
+    """A step id is the author's word: ``fetch_token`` in both versions, a run waiting at
+    it. The plan's maps go into the audit entry as pairs, not as keys (the audit log refuses
+    a key that reads as a secret's name, and every migration of the automation was a 500)."""
+    for hours in (1, 2):  # two versions, the same step ids
+        steps = [{"id": "fetch_token", "type": "wait", "duration": f"{hours}h", "next": "done"},
+                 {"id": "done", "type": "end"}]  # fmt: skip
+        definition = {"start": "fetch_token", "steps": steps}
+        automation_publish_definition(org=org, slug="tokens", definition=definition)
+        if hours == 1:
+            run_id = run_start(org=org, automation_slug="tokens", run_input={},
+                               start_key="t").run_id  # fmt: skip
+    path = "/api/v1/automations/tokens/migrations"
+    answer = post(api, {"from_version": 1, "to_version": 2, "dry_run": False}, path)
+    assert answer.status_code == 200, answer.json()
+    assert answer.json()["moved"] == 1
+    entry = AuditEntry.objects.get(org=org, action="run_migration.start")
+    assert entry.detail["targets"] == [["fetch_token", "fetch_token"], ["done", "done"]]
+    assert version_of(run_id) == 2
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ def migration_start(
         )  # fmt: skip
         record_audit(
             org=plan.org, actor=who, action="run_migration.start", target_type="run_migration",
-            target_id=job.pk, detail={**plan.describe(), "would_move": planned.would_move},
+            target_id=job.pk, detail={**plan.audited(), "would_move": planned.would_move},
         )  # fmt: skip
     if started is not None:
         started(job)
