@@ -272,6 +272,25 @@ def test_signal_with_start_goes_to_the_existing_run_whatever_input_came_with_it(
     assert run_of(run_id).output == "4"
 
 
+def test_signal_with_start_refuses_a_start_key_of_another_automation(org, api):
+    """As a start with that key is refused (409 start_key_conflict): the signal was delivered
+    to the other automation's run."""
+    automation_publish_definition(org=org, slug="signal", definition=waits_for(correlation=""))
+    automation_publish_definition(org=org, slug="other", definition=waits_for(correlation=""))
+    begin = {"automation": "signal", "start_key": "order-7", "input": {"order": "x"}}
+    first = api.post("/api/v1/signals", {"name": "other.thing", "id": "a", "start": begin},
+                     format="json")  # fmt: skip
+    assert first.status_code == 201, first.json()
+    elsewhere = {**begin, "automation": "other"}
+    answer = api.post("/api/v1/signals", {"name": "order.paid", "id": "b", "start": elsewhere,
+                                          "payload": {"amount": 4}}, format="json")  # fmt: skip
+    assert answer.status_code == 409, answer.json()
+    assert (answer.json()["code"], answer.json()["run_id"]) == ("start_key_conflict",
+                                                                first.json()["run"])  # fmt: skip
+    assert not Signal.objects.filter(name="order.paid").exists()  # nothing kept of it
+    assert run_of(first.json()["run"]).status == "running"
+
+
 def test_an_early_reply_meets_a_step_waiting_on_any_message_id_of_its_thread(org, api):
     thread = ["<a.b@waymark.invalid>", "<colleague@mail.example>"]
     body = {"message_id": "<reply-2@mail.example>", "in_reply_to": "<colleague@mail.example>",

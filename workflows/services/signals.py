@@ -23,7 +23,7 @@ from ..definitions.storable import UNSTORABLE_REASON, unstorable_path
 from ..engine import sql
 from ..engine.signals import Delivered, deliver
 from ..engine.sql.rows import fetch_dict
-from ..errors import InvalidInput, PendingSignalsQuota, SignalIdTaken
+from ..errors import InvalidInput, PendingSignalsQuota, SignalIdTaken, StartKeyConflict
 from ..models import Organisation, Run, Signal
 from . import quotas
 from .runs import check_json_value, run_start
@@ -90,9 +90,15 @@ def _refuse_id_of_another(org: Organisation, identity: str, name: str, correlati
 
 def _run_of_start_key(org: Organisation, start: dict[str, Any]) -> tuple[int, bool]:
     """The run of the start key: the existing one (its input stands; the signal is for it,
-    whatever input came with it, and no quota applies), or a new one started now."""
-    existing = Run.objects.filter(org=org, start_key=start["start_key"]).values("pk").first()
+    whatever input came with it, and no quota applies), or a new one started now. A key
+    that started a run of another automation is refused, as a start with it is
+    (start_key_conflict): the signal is not for that run."""
+    existing = (Run.objects.filter(org=org, start_key=start["start_key"])
+                .values("pk", "automation__slug").first())  # fmt: skip
     if existing is not None:
+        if existing["automation__slug"] != start["automation"]:
+            raise StartKeyConflict(start_key=start["start_key"], run_id=existing["pk"],
+                                   differs="of another automation")  # fmt: skip
         return existing["pk"], False
     started = run_start(org=org, automation_slug=start["automation"],
                         run_input=start.get("input", {}), start_key=start["start_key"])  # fmt: skip
