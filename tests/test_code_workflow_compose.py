@@ -13,6 +13,7 @@ from django.db.models.functions import Now
 
 from timers.sweep import fire_due_timers
 from workflows import plugins
+from workflows.definitions.registry import registry
 from workflows.errors import NothingToRetry
 from workflows.models import Organisation, Run, Step
 from workflows.plugins.code import Context, StepFailed, publish_code_workflow, workflow
@@ -246,10 +247,13 @@ def _gate(step: Any, context: Any, ctx: plugins.StepContext) -> plugins.StepResu
     return plugins.StepResult(output="passed")
 
 
-plugins.register_step_type(plugins.StepType(
-    name="compose_gate", lane="inline", execute=_gate, validate=lambda step, report: None,
+GATE_TYPE = plugins.StepType(
+    name="compose_gate",
+    lane="inline",
+    execute=_gate,
+    validate=lambda step, report: None,
     built=True,
-))  # fmt: skip
+)  # registered by its test only: the registry is the process's
 
 
 @workflow("code-compose-inline-fails", version=1)
@@ -425,16 +429,18 @@ def test_retry_of_an_inline_step_that_failed_the_run_enters_it_again_and_goes_on
     replay reads its new row, not the failed one (it replayed the failure, and the run
     failed again at once with the old error, its new row done)."""
     GATE["open"], COUNTED[:] = False, []
-    run_id = start(org, "code-compose-inline-fails", {})
-    drive()
-    run = Run.objects.get(pk=run_id)
-    assert run.status == "failed" and "gate_closed" in run.error, run.error
-    GATE["open"] = True
+    plugins.register_step_type(GATE_TYPE)
     try:
+        run_id = start(org, "code-compose-inline-fails", {})
+        drive()
+        run = Run.objects.get(pk=run_id)
+        assert run.status == "failed" and "gate_closed" in run.error, run.error
+        GATE["open"] = True
         run_act(org=org, run_id=run_id, action="retry", actor="ops")
         drive()
     finally:
         GATE["open"] = False
+        registry._types.pop(GATE_TYPE.name, None)
     run.refresh_from_db()
     assert (run.status, run.error) == ("succeeded", ""), run.error
     assert run.output == ["a", "passed", "b"]

@@ -661,3 +661,54 @@ def test_the_admin_offers_each_entry_of_the_steps_a_code_run_took(
     drive()
     assert Run.objects.get(pk=run_id).status == "succeeded"
     assert CALLS[-2:] == ["poll 1", "receipt"]  # the second poll, then what follows it
+
+
+FETCHED: list[str] = []  # each call of fetch_until_fixed
+FETCH = {"fixed": False}
+
+
+def fetch_until_fixed(name: str) -> str:
+    FETCHED.append(name)
+    if not FETCH["fixed"]:
+        raise ConnectionError(f"{name} unavailable")
+    return f"{name} fetched"
+
+
+@workflow("code-rerun-cancelled-call", version=1)
+def cancelled_in_a_call(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """A function, then one that fails and is retried after the engine's backoff."""
+    first = ctx.run("price", priced, [1, 2])
+    return [first, ctx.run("fetch", fetch_until_fixed, "order", retry={"max_attempts": 3})]
+
+
+def test_a_run_cancelled_between_a_call_s_attempts_reruns_from_that_call(
+    org: Organisation,
+) -> None:
+    """The call has no row of its own (its attempts are its turn's): the re-run from it
+    keeps every recorded step and makes the call anew, as a definition's run re-runs from a
+    step cancelled in its backoff (it was unknown_step, and a re-run from an earlier step
+    called the recorded functions again)."""
+    CALLS.clear()
+    FETCHED.clear()
+    FETCH["fixed"] = False
+    publish_code_workflow(org=org, name="code-rerun-cancelled-call", version=1)
+    run_id = run_start(org=org, automation_slug="code-rerun-cancelled-call", run_input={},
+                       start_key="c1").run_id  # fmt: skip
+    drive(fast_forward=False)  # the first attempt fails; the second waits out its backoff
+    assert FETCHED == ["order"]
+    run_act(org=org, run_id=run_id, action="cancel", actor="ops")
+    assert Run.objects.get(pk=run_id).status == "cancelled"
+    with pytest.raises(UnknownStep):  # not a call the code makes next
+        rerun(org=org, run_id=run_id, from_step="nowhere", actor="ops", dry_run=True)
+    preview = rerun(org=org, run_id=run_id, from_step="fetch", actor="ops", dry_run=True)
+    assert preview.iteration == 1
+    FETCH["fixed"] = True
+    try:
+        rerun(org=org, run_id=run_id, from_step="fetch", actor="ops", dry_run=False)
+        drive()
+    finally:
+        FETCH["fixed"] = False
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == ("succeeded", [3, "order fetched"]), run.error
+    assert CALLS == ["price"]  # the step before it was kept, not called again
+    assert FETCHED == ["order", "order"]

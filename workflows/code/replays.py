@@ -114,16 +114,8 @@ def replay_misfit(run: RunData, definition: Mapping[str, Any]) -> str | None:
     found = registered(name, version)
     if found is None:
         return f"workflow_version_missing: {name!r} version {version} is not registered here"
-    latest = run.outputs.get(str(decider["id"]))
-    history = read_history(
-        org_id=run.org_id, run_id=run.id, decider_type=CODE_TYPE, decider_id=DECIDER_ID,
-        cuts=run.outputs.get(REPLAY_CUTS), latest=latest if isinstance(latest, Mapping) else None,
-    )  # fmt: skip
-    replay = Context(run_id=run.id, history=history.of(TOP), forks=history, dry=True)
     try:
-        # The code between steps, under the turn's budget: the process checking may be a
-        # web request's (the API's or the admin's migration), which must not hang on it.
-        within(turn_budget_seconds(), lambda: _replayed(found.function, replay, run.input))
+        _dry_replay(run, decider, found)
     except Suspended:
         return None  # new work: the history fits up to it
     except TurnOverBudget as over:
@@ -135,6 +127,37 @@ def replay_misfit(run: RunData, definition: Mapping[str, Any]) -> str | None:
     except Exception as exc:  # the code raises on the run's history
         return storable_text(f"workflow_failed: {type(exc).__name__}: {message_of(exc)}")
     return None
+
+
+def next_call(run: RunData, definition: Mapping[str, Any]) -> str | None:
+    """The id of the call the run's code (``definition``'s, registered here) makes next at
+    the top level: its dry replay's first new work. None when it makes none (it returns or
+    raises on the history, or asks nothing new), or the code is not here."""
+    code = code_of(definition)
+    decider = deciding_step(definition)
+    if code is None or code[2] is None or decider is None:
+        return None
+    try:
+        _dry_replay(run, decider, code[2])
+    except Suspended as suspended:
+        return str(suspended.step.get("id"))
+    except Exception:  # whatever the code raises, it asks for no call
+        return None
+    return None
+
+
+def _dry_replay(run: RunData, decider: Mapping[str, Any], found: CodeWorkflow) -> None:
+    """The run's top level replayed dry against its history, up to the first new work
+    (Suspended): it calls no ctx.run function and enters nothing."""
+    latest = run.outputs.get(str(decider["id"]))
+    history = read_history(
+        org_id=run.org_id, run_id=run.id, decider_type=CODE_TYPE, decider_id=DECIDER_ID,
+        cuts=run.outputs.get(REPLAY_CUTS), latest=latest if isinstance(latest, Mapping) else None,
+    )  # fmt: skip
+    replay = Context(run_id=run.id, history=history.of(TOP), forks=history, dry=True)
+    # The code between steps, under the turn's budget: the process checking may be a web
+    # request's (the API's or the admin's), which must not hang on it.
+    within(turn_budget_seconds(), lambda: _replayed(found.function, replay, run.input))
 
 
 def code_of(definition: Mapping[str, Any]) -> tuple[str, int, CodeWorkflow | None] | None:
@@ -168,7 +191,7 @@ def refuse_not_allowed(org: Organisation, definition: Mapping[str, Any]) -> Code
 
 CODE_REPLAYS = Replays(
     history=replay_history, restart=restart_outputs, misfit=replay_misfit, missing=missing_here,
-    refuse_moving_in=refuse_not_allowed, joins_moved=cuts_moved,
+    refuse_moving_in=refuse_not_allowed, joins_moved=cuts_moved, next_call=next_call,
 )  # fmt: skip
 
 

@@ -11,6 +11,8 @@ it without importing that app (which imports them).
   calls nothing and makes no effect), or None when it does.
 - ``missing``: the (name, version) of a version's code when this process does not have it
   (nothing here can replay it), else None.
+- ``next_call``: the call the run's code makes next (a re-run from a call that has no row:
+  the run ended while it was being made, a ``ctx.run`` function between its attempts).
 - ``joins_moved``: the run's outputs after a retry continued join rows in new ones (a
   branch's rows move to the row continuing its join), so what its replay reads of a branch
   follows them.
@@ -64,6 +66,9 @@ class Replays:
     # A retry continued these join rows (the cancelled row's id -> the new row's): the run's
     # outputs that keep its replay reading its branches where their rows now are.
     joins_moved: Callable[[RunData, Mapping[int, int]], dict[str, Any]] = lambda run, m: {}
+    # The id of the call the run's code makes next at the top level (a dry replay's first
+    # new work), or None: a call the run was making when it ended has no row of its own.
+    next_call: Callable[[RunData, Mapping[str, Any]], str | None] = lambda run, d: None
 
 
 REPLAYS: dict[str, Replays] = {}

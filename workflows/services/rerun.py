@@ -287,6 +287,16 @@ def _checked_start(
             _refuse_a_branch_step(cursor, run.id, step_id)
         else:
             _refuse_a_compensation(cursor, run.id, step_id, history[entries[0]][1])
+    making = run.entered.get(step_id, 0) + 1  # the iteration a call with no row makes
+    if (
+        not entries
+        and iteration in (None, making)
+        and (replays.next_call(run, definition) == step_id)
+    ):
+        # The call the run was making when it ended (cancelled while a ctx.run function
+        # waited between attempts): no row of its own, so nothing to set aside; the replay
+        # keeps every step and makes the call anew.
+        return CodeCut(str(decider["id"]), replays, making, len(history), history)
     if not entries:
         which = step_id if iteration is None else f"{step_id} (iteration {iteration})"
         detail = (f"The run's history has no step {which!r} to re-run from: a code run "
@@ -433,8 +443,9 @@ def _kept_before_cut(cursor: Any, run_id: int, cut: CodeCut) -> set[tuple[str, i
     entry (a ctx.parallel's branches that met before it included), which the new walk does
     not enter again. Not the top level's rows an earlier re-run set aside: the replay no
     longer reads them, so the new walk enters their steps anew and may take their answers,
-    as a definition's re-run takes the answers of every entry of a step it reaches."""
-    chosen, iteration = cut.set_aside[0]
+    as a definition's re-run takes the answers of every entry of a step it reaches. A
+    re-run from a call with no row (the one the run was making) keeps every row."""
+    chosen, iteration = cut.set_aside[0] if cut.set_aside else ("", 0)
     cursor.execute(sql.STEPS_ENTERED_BEFORE, {"run": run_id, "step": chosen,
                                               "iteration": iteration})  # fmt: skip
     read = set(cut.history[: cut.kept])

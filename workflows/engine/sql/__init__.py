@@ -678,16 +678,17 @@ SELECT output FROM workflows_step
 """
 
 # A code run's re-run (services/rerun.py): the steps entered before the step it re-runs from
-# (its first row of that iteration), in whatever place, in the order entered, each with the
-# join row its output names (a fork's: its branches' place). The re-run keeps the effects of
-# those its replay still reads: the top level's kept steps, and the branches of the forks
-# among them.
+# (its first row of that iteration; every row when it has none: the call the run was making
+# when it ended), in whatever place, in the order entered, each with the join row its output
+# names (a fork's: its branches' place). The re-run keeps the effects of those its replay
+# still reads: the top level's kept steps, and the branches of the forks among them.
 STEPS_ENTERED_BEFORE = """
 SELECT step_id, iteration, type, fork_join_id, (output -> 'join_row')::text AS join_row
   FROM workflows_step
  WHERE run_id = %(run)s
-   AND id < (SELECT min(id) FROM workflows_step
-              WHERE run_id = %(run)s AND step_id = %(step)s AND iteration = %(iteration)s)
+   AND id < COALESCE((SELECT min(id) FROM workflows_step
+                       WHERE run_id = %(run)s AND step_id = %(step)s
+                         AND iteration = %(iteration)s), 9223372036854775807)
  ORDER BY id
 """
 
