@@ -118,6 +118,12 @@ def test_an_input_its_typeddict_refuses_is_refused_before_anything_is_written(
     missing = start(api, "code-typed", {"order": "o-1", "lines": []}, key="k2")
     assert missing.json()["errors"] == {"input": ["'channel' is a required property"]}
 
+    # A number with a fraction part is not an int, as Python reads it, 1.0 included: JSON
+    # Schema's integer took it, and the code was handed a float where its hint says int.
+    floats = {"order": "o-1", "lines": [{"sku": "a", "quantity": 2.0}], "channel": "web"}
+    refused = start(api, "code-typed", floats, key="k4")
+    assert refused.json()["errors"] == {"input.lines.0.quantity": ["2.0 is not of type 'integer'"]}
+
     good = {"order": "o-1", "lines": [{"sku": "a", "quantity": 2}], "channel": "web"}
     started = start(api, "code-typed", good, key="k3")
     assert started.status_code == 201, started.json()

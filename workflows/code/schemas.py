@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jsonschema import Draft202012Validator, SchemaError
+from jsonschema import Draft202012Validator, SchemaError, validators
 from jsonschema.exceptions import ValidationError
 
 from ..definitions.storable import as_stored
@@ -46,6 +46,19 @@ def checked_schema(schema: object, what: str) -> Schema:
     return schema
 
 
+def _is_int(checker: object, instance: object) -> bool:
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+# JSON Schema's "integer" takes 2.0 (a number whose fraction is zero); Python's json reads it
+# as a float, and a workflow whose hint says int would be handed one (range(2.0) raises). Here
+# an integer is what Python reads as an int, as the TypedDict hints that give most schemas say.
+CodeValidator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_int),
+)
+
+
 def problems(schema: Schema, value: Any, root: str) -> dict[str, list[str]]:
     """Each place of ``value`` that fails ``schema`` (``input.items.0``), with its messages."""
     found: dict[str, list[str]] = {}
@@ -60,14 +73,14 @@ def problems(schema: Schema, value: Any, root: str) -> dict[str, list[str]]:
 
 # By the schema object a registration holds (kept here too, so its id is never another's):
 # a validator is made once, not at every start and every run's end.
-_validators: dict[int, tuple[Schema, Draft202012Validator]] = {}
+_validators: dict[int, tuple[Schema, Any]] = {}
 
 
-def _validator(schema: Schema) -> Draft202012Validator:
+def _validator(schema: Schema) -> Any:
     made = _validators.get(id(schema))
     if made is not None and made[0] is schema:
         return made[1]
-    validator = Draft202012Validator(schema)
+    validator = CodeValidator(schema)
     if len(_validators) >= 1024:
         _validators.clear()
     _validators[id(schema)] = (schema, validator)
