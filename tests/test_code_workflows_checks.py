@@ -247,6 +247,54 @@ def test_a_step_s_good_generic_fields_are_kept(org: Organisation) -> None:
     assert (step.status, step.max_attempts) == ("done", 4)
 
 
+@workflow("code-budgeted", version=1, limits={"max_steps": 5, "max_age": "30d"},
+          timer_spread="10m")  # fmt: skip
+def budgeted(ctx: Context, run_input: dict[str, Any]) -> str:
+    for n in range(10):
+        ctx.step(f"s{n}", "noop")
+    return "unreachable"
+
+
+def test_a_code_workflow_s_runs_are_held_to_the_limits_it_declares(org: Organisation) -> None:
+    """``limits`` and ``timer_spread``, as a definition declares them: its versions hold
+    them, and its runs are held to them (a code workflow could not set them, and its runs
+    ran on the defaults)."""
+    version = publish_code_workflow(org=org, name="code-budgeted", version=1)
+    assert version.definition["limits"] == {"max_steps": 5, "max_age": "30d"}
+    assert version.definition["timer_spread"] == "10m"
+    t = WorkflowTest(org=org)
+    t.start("code-budgeted", version=1, input={})
+    run = t.run_until_finished()
+    assert (run.status, run.error) == ("failed",
+                                       "step_budget_exceeded: the run entered 5 steps")  # fmt: skip
+    assert Run.objects.get(pk=run.id).max_steps == 5
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"limits": {"max_steps": 0}}, "limits.max_steps must be a whole number from 1"),
+        ({"limits": {"max_age": "soon"}}, "limits.max_age must be a duration"),
+        ({"limits": {"steps": 3}}, "limits.steps is not a limit"),
+        ({"limits": "many"}, "limits must be an object"),
+        ({"timer_spread": "often"}, "timer_spread must be a duration"),
+    ],
+)
+def test_limits_a_definition_would_refuse_are_refused_at_registration(
+    given: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(CodeWorkflowError) as refused:
+
+        @workflow("code-bad-limits", version=1, **given)
+        def bad(ctx: Context, run_input: dict[str, Any]) -> None:
+            return None
+
+    assert refused.value.code == "invalid_workflow"
+    assert refused.value.detail.startswith("'code-bad-limits': "), refused.value.detail
+    assert says in refused.value.detail, refused.value.detail
+    assert registered("code-bad-limits", 1) is None
+
+
 def test_a_schema_or_hint_that_cannot_be_used_is_refused_at_registration() -> None:
     with pytest.raises(CodeWorkflowError) as bad_schema:
 

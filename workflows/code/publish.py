@@ -15,14 +15,20 @@ from .registry import CodeWorkflowError, host_publishing, registered
 
 
 def code_definition(
-    name: str, version: int, personal_data: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+    name: str, version: int, personal_data: Mapping[str, Any] | None = None,
+    limits: Mapping[str, Any] | None = None, timer_spread: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """The definition a code workflow's versions hold: its decider, and what the workflow
-    declares of its runs' personal data (erasure reads it there, as a definition's)."""
+    declares of its runs' personal data (erasure reads it there, as a definition's), their
+    budget (``limits``) and their timers' spread, read there as a definition's are."""
     decider = {"id": DECIDER_ID, "type": "code", "workflow": name, "version": version}
     definition: dict[str, Any] = {"start": DECIDER_ID, "steps": [decider]}
     if personal_data is not None:
         definition["personal_data"] = dict(personal_data)
+    if limits is not None:
+        definition["limits"] = dict(limits)
+    if timer_spread is not None:
+        definition["timer_spread"] = timer_spread
     return definition
 
 
@@ -41,10 +47,8 @@ def publish_code_workflow(
             "workflow_not_allowed",
             f"{name!r} version {version} is not registered for organisation {org.slug!r}",
         )
+    definition = code_definition(
+        name, version, found.personal_data, found.limits, found.timer_spread
+    )
     with host_publishing():
-        return automation_publish_definition(
-            org=org,
-            slug=name,
-            actor=actor,
-            definition=code_definition(name, version, found.personal_data),
-        )
+        return automation_publish_definition(org=org, slug=name, actor=actor, definition=definition)

@@ -14,6 +14,8 @@ from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
 
 from ..definitions.personal_data import declaration_problems
+from ..definitions.registry import Registry
+from ..definitions.validator import validate_definition
 from .schemas import SchemaProblem, checked_schema
 from .type_hints import hinted_schemas
 
@@ -46,6 +48,10 @@ class CodeWorkflow:
     # Which values of a run name its person and are their data (a definition's
     # ``personal_data``, docs/reference/definitions.md): its versions hold it.
     personal_data: Mapping[str, Any] | None = None
+    # A definition's run budget (``limits``: max_steps, max_age) and its timers' spread
+    # (``timer_spread``): its versions hold them, and its runs are held to them alike.
+    limits: Mapping[str, Any] | None = None
+    timer_spread: str | None = None
 
     def allows(self, org_slug: str) -> bool:
         return self.organisations is None or org_slug in self.organisations
@@ -63,6 +69,8 @@ def workflow(
     input_schema: Mapping[str, Any] | None = None,
     output_schema: Mapping[str, Any] | None = None,
     personal_data: Mapping[str, Any] | None = None,
+    limits: Mapping[str, Any] | None = None,
+    timer_spread: str | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as the code workflow ``name`` at ``version``. It is
     called as ``function(ctx, input)`` with a ``Context`` and the run's input, and returns
@@ -73,7 +81,9 @@ def workflow(
     TypedDict hint of the input or the return value gives it (schemas.py).
     ``personal_data``: which values of a run name its person and are their data, and what
     erasing the person does to a live run, as a definition declares it (docs/reference/
-    definitions.md, "Personal data"); its published versions hold it."""
+    definitions.md, "Personal data"); its published versions hold it. ``limits``
+    (``{"max_steps": N, "max_age": "30d"}``) and ``timer_spread`` (``"10m"``): a
+    definition's run budget and its timers' spread, held by its published versions too."""
     if callable(name):  # a bare @workflow: the function came as the name
         raise CodeWorkflowError(
             "invalid_workflow",
@@ -87,6 +97,7 @@ def workflow(
     _check_name(name, version)
     allowed = _organisations(name, organisations)
     _check_personal_data(name, personal_data)
+    _check_run_settings(name, limits, timer_spread)
 
     def register(function: F) -> F:
         _check_function(name, function)
@@ -103,6 +114,7 @@ def workflow(
             _workflows[(name, version)] = CodeWorkflow(
                 name, version, function, allowed, given_in, given_out,
                 None if personal_data is None else dict(personal_data),
+                None if limits is None else dict(limits), timer_spread,
             )  # fmt: skip
         return function
 
@@ -199,6 +211,23 @@ def _check_personal_data(name: str, personal_data: object) -> None:
         raise CodeWorkflowError(
             "invalid_workflow", f"{name!r}: " + "; ".join(message for _, _, message in problems)
         )
+
+
+def _check_run_settings(name: str, limits: object, timer_spread: object) -> None:
+    """``limits`` and ``timer_spread`` as the definition validator checks a definition's:
+    its own messages, raised at registration (``invalid_workflow``)."""
+    probe: dict[str, Any] = {"start": "end", "steps": [{"id": "end", "type": "end"}]}
+    if limits is not None:
+        probe["limits"] = limits
+    if timer_spread is not None:
+        probe["timer_spread"] = timer_spread
+    if len(probe) == 2:
+        return
+    # An empty registry: the probe's step is not what is checked, only the run's settings.
+    problems = [issue.message for issue in validate_definition(probe, registry=Registry())
+                if (issue.field or "").split(".")[0] in ("limits", "timer_spread")]  # fmt: skip
+    if problems:
+        raise CodeWorkflowError("invalid_workflow", f"{name!r}: " + "; ".join(problems))
 
 
 def _check_function(name: str, function: object) -> None:
