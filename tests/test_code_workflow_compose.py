@@ -264,6 +264,28 @@ def inline_step_fails(ctx: Context, run_input: dict[str, Any]) -> Any:
     return [first, passed, ctx.run("b", counted, "b")]
 
 
+FIXED_NOW: set[str] = set()  # the names fails_until_fixed answers for
+FIX_CALLS: list[str] = []
+
+
+def fails_until_fixed(name: str) -> str:
+    FIX_CALLS.append(name)
+    if name not in FIXED_NOW:
+        raise LookupError(f"{name} not found")
+    return f"{name} found"
+
+
+@workflow("code-compose-nap-then-call", version=1)
+def nap_then_call(ctx: Context, run_input: dict[str, Any]) -> Any:
+    """One branch naps, then calls a function; the other calls one that fails first."""
+
+    def left(c: Context) -> Any:
+        c.sleep("nap", "1h")
+        return c.run("look", fails_until_fixed, "look")
+
+    return ctx.parallel("pair", left, lambda c: c.run("boom", fails_until_fixed, "boom"))
+
+
 def start(org: Organisation, name: str, run_input: dict[str, Any]) -> int:
     publish_code_workflow(org=org, name=name, version=1)
     return run_start(org=org, automation_slug=name, run_input=run_input, start_key="k").run_id
@@ -447,6 +469,38 @@ def test_retry_of_an_inline_step_that_failed_the_run_enters_it_again_and_goes_on
     assert COUNTED == ["a", "b"]  # the function before it was replayed, not called again
     gates = Step.objects.filter(run_id=run_id, step_id="gate").order_by("iteration")
     assert [(g.iteration, g.status) for g in gates] == [(1, "failed"), (2, "done")]
+
+
+def test_a_retry_after_one_that_entered_a_cancelled_step_again_keeps_the_new_entry(
+    org: Organisation,
+) -> None:
+    """The first retry enters the nap the failure cancelled again (its second row), and the
+    branch's call after it fails; the second retry keeps the branch's steps before that
+    call as its replay reads them, the new nap, not the cancelled one (it kept the
+    cancelled row, and the branch failed with nondeterministic_workflow)."""
+    FIXED_NOW.clear()
+    FIX_CALLS.clear()
+    run_id = start(org, "code-compose-nap-then-call", {})
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed" and "boom not found" in run.error, run.error
+    FIXED_NOW.add("boom")
+    run_act(org=org, run_id=run_id, action="retry", actor="ops")
+    drive()
+    make_due(run_id=run_id)
+    assert fire_due_timers().fired == 1
+    drive()
+    run.refresh_from_db()
+    assert run.status == "failed" and "look not found" in run.error, run.error
+    FIXED_NOW.add("look")
+    run_act(org=org, run_id=run_id, action="retry", actor="ops")
+    drive()
+    run.refresh_from_db()
+    assert (run.status, run.error) == ("succeeded", ""), run.error
+    assert run.output == ["look found", "boom found"]
+    assert FIX_CALLS == ["boom", "boom", "look", "look"]
+    naps = Step.objects.filter(run_id=run_id, step_id="nap").order_by("iteration")
+    assert [(n.iteration, n.status) for n in naps] == [(1, "cancelled"), (2, "done")]
 
 
 def test_retry_of_a_branch_step_that_failed_the_run_runs_it_and_its_sibling_again(

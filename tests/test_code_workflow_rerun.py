@@ -712,3 +712,34 @@ def test_a_run_cancelled_between_a_call_s_attempts_reruns_from_that_call(
     assert (run.status, run.output) == ("succeeded", [3, "order fetched"]), run.error
     assert CALLS == ["price"]  # the step before it was kept, not called again
     assert FETCHED == ["order", "order"]
+
+
+@workflow("code-rerun-cancelled-nap", version=1)
+def cancelled_in_a_nap(ctx: Context, run_input: dict[str, Any]) -> Any:
+    first = ctx.run("price", priced, [1])
+    ctx.sleep("nap", "1h")
+    return [first, ctx.run("poll", polled, 2)]
+
+
+def test_a_step_the_run_was_at_is_not_a_call_it_was_making(org: Organisation) -> None:
+    """Cancelled in its sleep, the run was at the nap's row, not about to make a new one: a
+    re-run from the nap's next iteration is unknown_step (the preview accepted it, and the
+    re-run failed with nondeterministic_workflow); from its first, it is a re-run as any."""
+    CALLS.clear()
+    publish_code_workflow(org=org, name="code-rerun-cancelled-nap", version=1)
+    run_id = run_start(org=org, automation_slug="code-rerun-cancelled-nap", run_input={},
+                       start_key="n1").run_id  # fmt: skip
+    drive()
+    run_act(org=org, run_id=run_id, action="cancel", actor="ops")
+    for step_id, iteration in (("nap", 2), ("poll", None), ("ctx.now", None)):
+        with pytest.raises(UnknownStep):
+            rerun(org=org, run_id=run_id, from_step=step_id, iteration=iteration, actor="ops",
+                  dry_run=True)  # fmt: skip
+    rerun(org=org, run_id=run_id, from_step="nap", actor="ops", dry_run=False)
+    drive()
+    make_due(run_id=run_id)
+    assert fire_due_timers().fired == 1
+    drive()
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.output) == ("succeeded", [1, 2]), run.error
+    assert CALLS == ["price", "poll 2"]

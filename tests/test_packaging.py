@@ -365,6 +365,12 @@ def test_a_host_on_sqlite_is_refused_before_the_first_migration(host: Host) -> N
         assert "(waymark.E001) Waymark runs on PostgreSQL only" in done.stderr, done.stderr
         assert "DATABASES['default'] is sqlite" in done.stderr
     assert not database.exists() or database.stat().st_size == 0
+    # A host's other database is its own: only the default one, Waymark's, is checked.
+    beside = _variant(host, "settings_beside", extra=(
+        f"DATABASES = {{**DATABASES, 'legacy': {{'ENGINE': 'django.db.backends.sqlite3', "
+        f"'NAME': {str(database)!r}}}}}"
+    ))  # fmt: skip
+    assert "no issues" in host.run("manage.py", "check", "--settings", beside)
 
 
 def test_a_host_s_mypy_reads_waymark_s_type_hints(host: Host) -> None:

@@ -6,8 +6,9 @@ as an AttributeError deep in an app's ``ready()`` or a half-migrated database
   ``waymark_config.defaults``. Checked first thing in ``WorkflowsConfig.ready()``: every
   process reads them while its apps load, before any system check could run.
 - ``waymark.E001`` (a system check, so ``check`` and ``migrate`` stop before the first
-  migration): every database is PostgreSQL (its functions, locks and ``jsonb`` are the
-  engine's); Django's SQLite default fails half-way through the migrations otherwise.
+  migration): the default database, Waymark's, is PostgreSQL (its functions, locks and
+  ``jsonb`` are the engine's); Django's SQLite default fails half-way through the
+  migrations otherwise. A host's other databases are its own.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections
 
 # The settings objects waymark_config.defaults holds (and reads from WAYMARK_* variables).
 DEFAULTS_IMPORT = (
@@ -39,16 +40,17 @@ def require_waymark_settings() -> None:
 
 @checks.register()
 def postgresql_only(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Every configured database is PostgreSQL (no connection is opened: the backend's
-    vendor is read from its class)."""
+    """The default database, Waymark's, is PostgreSQL (no connection is opened: the
+    backend's vendor is read from its class). A host's other databases are its own."""
+    if DEFAULT_DB_ALIAS not in connections or connections[DEFAULT_DB_ALIAS].vendor == "postgresql":
+        return []
+    engine = connections[DEFAULT_DB_ALIAS].settings_dict["ENGINE"]
     return [
         checks.Error(
-            f"Waymark runs on PostgreSQL only: DATABASES[{alias!r}] is "
-            f"{connections[alias].vendor} ({connections[alias].settings_dict['ENGINE']})",
+            f"Waymark runs on PostgreSQL only: DATABASES['default'] is "
+            f"{connections[DEFAULT_DB_ALIAS].vendor} ({engine})",
             hint="Set its ENGINE to django.db.backends.postgresql (PostgreSQL 14 or later), or "
             "waymark_config.embedded_db for a local one (docs/how-to/embed-in-django.md).",
             id="waymark.E001",
         )
-        for alias in connections
-        if connections[alias].vendor != "postgresql"
     ]

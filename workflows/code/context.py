@@ -141,11 +141,14 @@ _TURN = threading.local()
 
 
 class Suspended(Stop):
-    """The function called a step with no recorded result: ``step`` is to be entered."""
+    """The function called a step with no recorded result: ``step`` is to be entered. In a
+    dry replay, also a call whose recorded step has not ended (``recorded``: the run is at
+    it, it is not new work)."""
 
-    def __init__(self, step: dict[str, Any]) -> None:
+    def __init__(self, step: dict[str, Any], *, recorded: bool = False) -> None:
         super().__init__(step["id"])
         self.step = step
+        self.recorded = recorded
 
 
 class BranchReturned(Stop):
@@ -684,7 +687,7 @@ class Context(PeopleAndTime):
             raise StepFailed(recorded.step_id, recorded.iteration, recorded.error)
         if recorded.status != StepStatus.DONE:
             if self._dry:  # the step the run is at, not ended yet: the history fits up to it
-                raise Suspended({"id": step_id, "type": step_type})
+                raise Suspended({"id": step_id, "type": step_type}, recorded=True)
             raise CodeFailure(
                 "nondeterministic_workflow",
                 f"step {step_id!r} is {recorded.status} in the history, and the code went on",

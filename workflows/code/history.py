@@ -162,7 +162,12 @@ class Cut:
     at: Where = TOP
 
     def apply(self, places: dict[Where, list[Recorded]]) -> None:
-        del places.setdefault(self.at, [])[self.kept :]
+        place = places.setdefault(self.at, [])
+        if self.at != TOP:
+            # A branch's steps counted as its replay reads them (read_history): ``kept`` was
+            # counted so, less the steps cancelled and entered again (_without_reentered).
+            place[:] = _without_reentered(place)
+        del place[self.kept :]
 
     def stored(self) -> dict[str, Any]:
         """As the run's outputs keep it (``REPLAY_CUTS``)."""

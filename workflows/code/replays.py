@@ -132,7 +132,8 @@ def replay_misfit(run: RunData, definition: Mapping[str, Any]) -> str | None:
 def next_call(run: RunData, definition: Mapping[str, Any]) -> str | None:
     """The id of the call the run's code (``definition``'s, registered here) makes next at
     the top level: its dry replay's first new work. None when it makes none (it returns or
-    raises on the history, or asks nothing new), or the code is not here."""
+    raises on the history, stops at a recorded step that has not ended, or its next call is
+    one of the engine's own records, ``ctx.now`` and the like), or the code is not here."""
     code = code_of(definition)
     decider = deciding_step(definition)
     if code is None or code[2] is None or decider is None:
@@ -140,7 +141,8 @@ def next_call(run: RunData, definition: Mapping[str, Any]) -> str | None:
     try:
         _dry_replay(run, decider, code[2])
     except Suspended as suspended:
-        return str(suspended.step.get("id"))
+        called = str(suspended.step.get("id"))
+        return None if suspended.recorded or called.startswith("ctx.") else called
     except Exception:  # whatever the code raises, it asks for no call
         return None
     return None
