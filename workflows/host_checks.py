@@ -25,7 +25,7 @@ DEFAULTS_IMPORT = (
     "from waymark_config.defaults import CACHES, EFFECTS, REST_FRAMEWORK, "
     "SPECTACULAR_SETTINGS, WAYMARK, WAYMARK_WEB, WEBHOOKS"
 )
-READ_AT_START = ("WAYMARK", "EFFECTS", "WEBHOOKS", "WAYMARK_WEB")
+READ_AT_START = ("WAYMARK", "EFFECTS", "WEBHOOKS")  # (WAYMARK_WEB: by runengine's web only)
 
 
 def require_waymark_settings() -> None:

@@ -242,13 +242,14 @@ def allowed_to_start(org: Organisation, definition: Mapping[str, Any], run_input
 
 
 def validate_code_result(step: Mapping[str, Any], report: StepReport) -> None:
-    """Never in a definition (an organisation's, or any published): the engine writes a
-    ``code_result`` step for what a ``ctx.run`` function returned, and one a definition held
-    would be read by a code run's replay (a run migrated onto the code, then re-run) as the
-    host's function's own result. A workflow's code may call one (a value it records, a
-    compensation that only notes itself): its record is its own."""
+    """Not in an organisation's definition (the API's, the admin's), as a ``code`` step is
+    not: the engine writes a ``code_result`` step for what a ``ctx.run`` function returned,
+    and one a tenant's definition held would be read by a code run's replay (a run migrated
+    onto the code, then re-run) as the host's function's own result. The host may publish
+    one (publish_code_workflow's context), and a workflow's code may call one (a value it
+    records, a compensation that only notes itself): its record is its own."""
     check_fields(step, report, ("output", "failed"))
-    if report.of_definition:
+    if report.of_definition and not publishing_as_host():
         report.issue("code_step_not_allowed", "type",
                      "a code_result step records what a code workflow's ctx.run function "
                      "returned: only the engine writes one")  # fmt: skip
