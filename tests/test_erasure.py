@@ -467,3 +467,60 @@ def test_the_validator_checks_the_personal_data_declaration() -> None:
         ("unknown_field", "personal_data.keep"),
     }
     assert validate_definition({**NUDGE, "personal_data": []})[0].field == "personal_data"
+
+
+# --- what a found identifier leads to, and what it never rewrites ----------------------------
+
+WAITS_A_DAY = [{"id": "nap", "type": "wait", "duration": "1d", "next": "done"},
+               {"id": "done", "type": "end"}]  # fmt: skip
+
+
+def test_an_identifier_two_people_share_leads_to_neither_one_s_other_runs(
+    org: Organisation, eraser: APIClient
+) -> None:
+    """Ann's run names a joint account she shares with Bob: his joint run is found by it, but
+    what his run names (his own email) leads nowhere: his run of another automation, which
+    holds nothing of Ann's, is untouched (it was cancelled and scrubbed as hers)."""
+    joint = {"personal_data": {"identifiers": ["input.account", "input.email"],
+                               "fields": ["input.name"]},
+             "start": "nap", "steps": WAITS_A_DAY}  # fmt: skip
+    solo = {"personal_data": {"identifiers": ["input.email"], "fields": ["input.name"]},
+            "start": "nap", "steps": WAITS_A_DAY}  # fmt: skip
+    automation_publish_definition(org=org, slug="joint", definition=joint)
+    automation_publish_definition(org=org, slug="solo", definition=solo)
+    account = {"account": "acct-joint-77"}
+    ann_joint = run_start(org=org, automation_slug="joint", start_key="j-ann",
+                          run_input={**ANN, **account}).run_id  # fmt: skip
+    bob_joint = run_start(org=org, automation_slug="joint", start_key="j-bob",
+                          run_input={**BOB, **account}).run_id  # fmt: skip
+    bob_solo = run_start(org=org, automation_slug="solo", start_key="s-bob",
+                         run_input=BOB).run_id  # fmt: skip
+    before = rows_of([bob_solo])
+    answer = erase(eraser, email=ANN["email"])
+    assert answer.status_code == 201, answer.json()
+    assert {ann_joint, bob_joint} <= set(answer.json()["runs_cancelled"])
+    assert bob_solo not in answer.json()["runs_cancelled"] + answer.json()["runs_scrubbed"]
+    assert rows_of([bob_solo]) == before
+    assert Run.objects.get(pk=bob_solo).status == "running"
+
+
+def test_a_numeric_identifier_never_rewrites_the_engine_s_own_numbers(
+    org: Organisation, eraser: APIClient
+) -> None:
+    """A customer id that happens to equal a row id the run's outputs keep for the engine
+    (a re-run's cut, under "~replay"): the person's values go, the cut stays (it was
+    rewritten as text, and the run's next turn failed on it, the run running for ever)."""
+    definition = {"personal_data": {"identifiers": ["input.customer_id"],
+                                    "fields": ["input.name"], "on_erasure": "finish"},
+                  "start": "nap", "steps": WAITS_A_DAY}  # fmt: skip
+    automation_publish_definition(org=org, slug="numbered", definition=definition)
+    run_id = run_start(org=org, automation_slug="numbered", start_key="n-ann",
+                       run_input={"customer_id": "48203", "name": ANN["name"]}).run_id  # fmt: skip
+    cuts = [{"after_row": 48203, "kept": 1}]
+    Run.objects.filter(pk=run_id).update(outputs={"~replay": cuts, "note": {"id": 48203}})
+    answer = erase(eraser, identifier="48203")
+    assert answer.status_code == 201, answer.json()
+    run = Run.objects.get(pk=run_id)
+    assert run.outputs["~replay"] == cuts  # the engine's: kept as it was
+    assert run.outputs["note"] == {"id": MARKER}  # a step's output: the person's value goes
+    assert ANN["name"] not in str(run.input)

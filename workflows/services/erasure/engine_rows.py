@@ -25,7 +25,9 @@ RUN_COLUMNS: list[Column | str] = [
     _unique("start_key"),
     "input",
     "vars",
-    "outputs",
+    # Keyed by step id; "~..." keys (no step takes one) are the engine's: a re-run's and a
+    # retry's cuts (row ids and counts), which a numeric identifier must never rewrite.
+    Column("outputs", engine_key=lambda key: key.startswith("~")),
     "output",
     "error",
 ]

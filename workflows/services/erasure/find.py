@@ -8,8 +8,10 @@ A run is the person's (*owned*) when:
 - it declares none, and a value anywhere in its input is their email address or phone
   number (compared the same way: exactly, never as a part of a longer value; an identifier
   is one only where a definition declares it).
-An identifier value found in an owned run is the person's too: runs that carry it are looked
-for in turn (a request by email finds the runs keyed by the customer id its runs declare).
+An identifier value found in a run owned by the value asked for is the person's too: runs
+that carry it are looked for in turn (a request by email finds the runs keyed by the
+customer id its runs declare). A run owned only through such a found value (an account id
+two people share) gives none of its own: its other identifiers may be someone else's.
 
 A run that is not the person's but holds one of their identifying values *mentions* them: it
 keeps running, and only those values are removed from it. It is found through any of its
@@ -65,7 +67,8 @@ def find_person(cursor: Any, org_id: int, subject: Subject) -> Found:
         cursor.execute(sql.ORG_DECLARES_IDENTIFIERS, {"org": org_id})
         if not cursor.fetchone()[0]:
             raise IdentifierNotDeclared()
-    found = Found(identifying={Value(subject.kind, subject.value)})
+    given = {Value(subject.kind, subject.value)}
+    found = Found(identifying=set(given))
     searched: set[Value] = set()
     for _ in range(MAX_ROUNDS):
         fresh = found.identifying - searched
@@ -79,7 +82,11 @@ def find_person(cursor: Any, org_id: int, subject: Subject) -> Found:
             if _owned(row, declaration, found.identifying):
                 found.mentioning.pop(row["id"], None)
                 found.owned[row["id"]] = row
-                _collect(found, row, declaration)
+                # Only a run that is theirs by the value asked for names more of their
+                # identifiers: one that is theirs by a value found (an account two people
+                # share) may name someone else's, whose other runs are not theirs.
+                _collect(found, row, declaration,
+                         identifiers=_owned(row, declaration, given))  # fmt: skip
             else:
                 found.mentioning[row["id"]] = row
     # A run found as mentioning the first values may hold none of them, whole, once all are
@@ -159,13 +166,15 @@ def _same(item: Any, value: Value) -> bool:
     return text == value.text
 
 
-def _collect(found: Found, row: Mapping[str, Any], declaration: Declaration | None) -> None:
-    """The values an owned run's declaration names: identifiers (searched for in turn) and
-    fields (removed from its rows)."""
+def _collect(
+    found: Found, row: Mapping[str, Any], declaration: Declaration | None, *, identifiers: bool
+) -> None:
+    """The values an owned run's declaration names: identifiers (searched for in turn, when
+    ``identifiers``) and fields (removed from its rows)."""
     if declaration is None:
         return
     data = {"input": row["input"], "vars": row["vars"], "outputs": row["outputs"]}
-    for path in declaration.identifiers:
+    for path in declaration.identifiers if identifiers else ():
         for item in _scalars(value_at(data, path)):
             value = _as_value(item, "identifier")
             if value.kind == "identifier" and len(value.text) < MIN_IDENTIFIER_CHARS:

@@ -133,6 +133,9 @@ class Column:
 
     name: str
     replace: Callable[[Mapping[str, Any]], str] | None = field(default=None, compare=False)
+    # A JSON object column's top-level keys that are the engine's own bookkeeping, never a
+    # person's data: left as they are (a number in them is a row id, not an identifier).
+    engine_key: Callable[[str], bool] | None = field(default=None, compare=False)
 
 
 BATCH_ROWS = 500  # candidate rows read (and locked) at a time
@@ -258,7 +261,13 @@ def _scrubbed(row: Mapping[str, Any], col: Column, kind: str, matcher: Matcher) 
         return _SAME
     if kind in JSON_TYPES:
         document = json.loads(value)
-        new = scrub_json(document, matcher)
+        if col.engine_key is not None and isinstance(document, dict):
+            own = {key: item for key, item in document.items() if col.engine_key(key)}
+            rest = {key: item for key, item in document.items() if key not in own}
+            scrubbed = scrub_json(rest, matcher)
+            new = document if scrubbed is rest else {**scrubbed, **own}
+        else:
+            new = scrub_json(document, matcher)
         return _SAME if new is document else json.dumps(new, ensure_ascii=False)
     if kind == ARRAY_TYPE:
         items = [scrub_text(item, matcher) if isinstance(item, str) else item for item in value]
