@@ -47,7 +47,7 @@ from ..definitions.storable import (
 )
 from ..engine.decided import COMPENSATION_RECORD, branch_decider_id
 from ..engine.executors import message_of
-from ..engine.walk import ERROR_KEPT
+from ..engine.walk import ERROR_KEPT, step_failed_error
 from ..errors import InvalidInput, PayloadTooLarge
 from ..services.runs import MAX_INPUT_DEPTH, check_json_value
 from ..states import StepStatus
@@ -200,7 +200,7 @@ class StepFailed(Exception):
     ``step '<id>' failed: <error>`` (after compensating, docs/reference/code-workflows.md)."""
 
     def __init__(self, step_id: str, iteration: int, error: str) -> None:
-        super().__init__(f"step {step_id!r} failed: {error}")
+        super().__init__(step_failed_error(step_id, error))
         self.step_id = step_id
         self.iteration = iteration
         self.error = error

@@ -115,7 +115,7 @@ def replay_misfit(run: RunData, definition: Mapping[str, Any]) -> str | None:
     if found is None:
         return f"workflow_version_missing: {name!r} version {version} is not registered here"
     try:
-        _dry_replay(run, decider, found)
+        _dry_replay(run, found)
     except Suspended:
         return None  # new work: the history fits up to it
     except TurnOverBudget as over:
@@ -135,11 +135,10 @@ def next_call(run: RunData, definition: Mapping[str, Any]) -> str | None:
     raises on the history, stops at a recorded step that has not ended, or its next call is
     one of the engine's own records, ``ctx.now`` and the like), or the code is not here."""
     code = code_of(definition)
-    decider = deciding_step(definition)
-    if code is None or code[2] is None or decider is None:
+    if code is None or code[2] is None:
         return None
     try:
-        _dry_replay(run, decider, code[2])
+        _dry_replay(run, code[2])
     except Suspended as suspended:
         called = str(suspended.step.get("id"))
         return None if suspended.recorded or called.startswith("ctx.") else called
@@ -148,10 +147,10 @@ def next_call(run: RunData, definition: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _dry_replay(run: RunData, decider: Mapping[str, Any], found: CodeWorkflow) -> None:
+def _dry_replay(run: RunData, found: CodeWorkflow) -> None:
     """The run's top level replayed dry against its history, up to the first new work
     (Suspended): it calls no ctx.run function and enters nothing."""
-    latest = run.outputs.get(str(decider["id"]))
+    latest = run.outputs.get(DECIDER_ID)
     history = read_history(
         org_id=run.org_id, run_id=run.id, decider_type=CODE_TYPE, decider_id=DECIDER_ID,
         cuts=run.outputs.get(REPLAY_CUTS), latest=latest if isinstance(latest, Mapping) else None,

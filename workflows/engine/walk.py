@@ -177,6 +177,13 @@ FAILED_OUTCOME = "failed"  # an outcome a mapped `next` may follow when the step
 ERROR_KEPT = 2000
 
 
+def step_failed_error(step_id: str, error: str) -> str:
+    """A run's error when its step ``step_id`` failed for good with ``error``, and the error a
+    code run's turn fails with when a step it called did and the code did not catch it
+    (workflows/code, StepFailed): run control reads which step failed a code run by it."""
+    return f"step {step_id!r} failed: {error}"
+
+
 def next_step_ids(step: Mapping[str, Any], outcome: str | None) -> list[str]:
     target = step.get("next")
     if target is None:
@@ -442,7 +449,7 @@ class Walk:
         elif isinstance(self.steps, DecidedSteps) and step_id == self.steps.decider["id"]:
             self.fail_run(step_id, error)  # the function's failure says which step, if any
         else:
-            self.fail_run(step_id, f"step {step_id!r} failed: {error}")
+            self.fail_run(step_id, step_failed_error(step_id, error))
 
     # --- sagas (docs/reference/sagas.md, "Sagas and compensation") --------------------------------
 

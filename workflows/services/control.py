@@ -39,7 +39,7 @@ from ..engine.sql.rows import (
     insert_events,
     insert_wakes,
 )
-from ..engine.walk import RunState, Walk, lock_run
+from ..engine.walk import RunState, Walk, lock_run, step_failed_error
 from ..errors import NothingToRetry, RunStateConflict, UnknownAutomation, UnknownRun
 from ..models import Automation, Organisation, Run
 from ..states import RunStatus, run_sources
@@ -277,7 +277,7 @@ def _failed_its_decider(
         return False
     decider = deciders.get(str(steps.decider_at(place)["id"]))
     return decider is not None and str(decider["error"]).startswith(
-        f"step {row['step_id']!r} failed:"
+        step_failed_error(row["step_id"], "")
     )
 
 
