@@ -207,7 +207,7 @@ def validate_task(step: Mapping[str, Any], report: StepReport) -> None:
 # --- running ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class KeyedContext(StepContext):
     """A StepContext whose effect key names one of several effects of the step execution
     (``<run>/<step>/<iteration>/<suffix>``): an escalation's message is a second effect."""

@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connection
 
@@ -201,10 +201,9 @@ def newest_row(cursor: Any, *, org_id: int, run_id: int) -> int:
     return int(row[0] or 0)
 
 
-@dataclass(frozen=True)
-class Turn:
+class Turn(NamedTuple):
     """What a turn knew when it asked for its step (StepResult.carried): the history it
-    replayed, and the step it asked for."""
+    replayed, and the step it asked for. (A named tuple: one is made at every turn.)"""
 
     history: tuple[Recorded, ...]
     asked: Mapping[str, Any]
@@ -220,16 +219,17 @@ def history_after(
     replayed and the step it asked for, ended with the output the run now holds for it.
     None when ``turn`` is not the run's previous turn (``latest``, the decider's output among
     the run's outputs, asks for another step) or its step has no output yet."""
-    if not isinstance(turn, Turn) or latest is None:
+    if type(turn) is not Turn or latest is None:
         return None
     call, asked = latest.get("call"), turn.asked
-    if not isinstance(call, Mapping) or (call.get("id"), call.get("type")) != (
-        asked.get("id"), asked.get("type")):  # fmt: skip
-        return None
-    ended = outputs.get(str(asked["id"]))
-    if not isinstance(ended, Mapping) or "output" not in ended:
+    # (Inline, the very step the turn asked: the walk keeps the decider's output it made.)
+    if call is not asked and (not isinstance(call, Mapping) or (
+            call.get("id"), call.get("type")) != (asked.get("id"), asked.get("type"))):  # fmt: skip
         return None
     step_id = str(asked["id"])
+    ended = outputs.get(step_id)
+    if (type(ended) is not dict and not isinstance(ended, Mapping)) or "output" not in ended:
+        return None
     # One live step at a time: the asked step's iteration follows its earlier ones.
     iteration = 1 + list(map(_STEP_ID, turn.history)).count(step_id)
     # Its outcome, as the decider's output notes it (the same step: it asked for it).

@@ -112,8 +112,9 @@ def decide(step: Mapping[str, Any], context: Mapping[str, Any], ctx: StepContext
     branch_path = step.get("within")
     deciding = tuple((str(p), int(b)) for p, b in branch_path) or None if branch_path else None
     # A turn's attempts are the decider's, under its type's policy (enough for the largest
-    # ctx.run retry); a turn whose call is no such retry gets the lane's usual number.
-    usual = lane_policy(CODE.lane).max_attempts
+    # ctx.run retry); a turn whose call is no such retry gets the lane's usual number. A
+    # turn inline has the one: what would need another goes to a worker (NotInline).
+    usual = 1 if inline else lane_policy(CODE.lane).max_attempts
     replay = Context(run_id=ctx.run_id, history=history.of(TOP), forks=history, deciding=deciding,
                      attempts_used=ctx.attempts_used, lost_claims_allowed=usual,
                      calls_functions=not inline)  # fmt: skip
@@ -221,11 +222,14 @@ def _entered_nothing_else(entered: Mapping[str, int] | None, decider_id: str) ->
     return all(step_id == decider_id or step_id.startswith("~") for step_id in entered)
 
 
+_TOP_ONLY = frozenset([TOP])
+
+
 def _carried(step: Mapping[str, Any], history: History, asked: Mapping[str, Any]) -> Turn | None:
     """What the next turn may replay without a query: the top level's history and the step
     asked, when the run has no ctx.parallel (its forks' rows and joins are read, not
     carried) and the step asked is not one either."""
-    plain = "within" not in step and not history.joins and all(at == TOP for at in history.places)
+    plain = "within" not in step and not history.joins and history.places.keys() <= _TOP_ONLY
     if not plain or asked.get("type") == "parallel":
         return None
     return Turn(tuple(history.of(TOP)), asked)

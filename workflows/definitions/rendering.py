@@ -537,10 +537,17 @@ def plain_copy(value: Any) -> Any:
     kind = type(value)
     if kind in _SCALARS:
         return value
-    if kind is dict and all(type(key) is str for key in value):
-        return {key: plain_copy(item) for key, item in value.items()}
+    if kind is dict:
+        # (A scalar item is copied here, without a call: most are; a code run's every turn
+        # copies its input.)
+        copied = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                return _plain(value)
+            copied[key] = item if type(item) in _SCALARS else plain_copy(item)
+        return copied
     if kind is list:
-        return [plain_copy(item) for item in value]
+        return [item if type(item) in _SCALARS else plain_copy(item) for item in value]
     if kind is datetime or kind is date:  # (a run's start time, in every step's context)
         return value.isoformat()  # what the round trip gives back (_json_default)
     return _plain(value)

@@ -236,7 +236,10 @@ class Compensation:
     def holds(self, step_id: str) -> bool:
         """While the run compensates, nothing of its forward path goes on: a sibling branch's
         next step (or a join it completes) is not entered. Only the plan's steps are."""
-        return step_id not in self.compensators and self.active()
+        compensators = self.compensators
+        if not compensators:  # (active() without reading them again: entered at every step)
+            return self.plan is not None
+        return step_id not in compensators and self.active()
 
     def exempt(self, step_id: str) -> bool:
         """Whether entering ``step_id`` is outside the run's budgets (see the module)."""

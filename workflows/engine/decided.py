@@ -181,17 +181,46 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         """The step ``step_id`` entered at ``place``."""
         if place.fork_join is None:
             # The top level's steps, as the run decider's output (replaced, never changed
-            # in place, by the walk) last made them: a settle looks each up several times.
+            # in place, by the walk) last made them: a settle looks up the step that ended,
+            # the decider, then (its turn's new output) the decider and the step it asks.
             output = self.outputs.get(self.decider["id"])
             if output is not self._top_output:
-                self._top_output, self._top_steps = output, {}
+                self._top_steps = self._top_level(output)
+                self._top_output = output
             found = self._top_steps.get(step_id)
             if found is None:
-                found = self._top_steps[step_id] = self._at(step_id, place)
+                raise KeyError(step_id)
             return found
         if self.speculative:
             raise NeedsTransaction("a branch of a decided run's parallel")
         return self._at(step_id, place)
+
+    def _top_level(self, output: Any) -> dict[str, Mapping[str, Any]]:
+        """The top level's live steps by id, as the run decider's ``output`` makes them:
+        the decider, and the step it asks for (with a parallel's join)."""
+        decider = self.decider
+        decider_id = decider["id"]
+        asked = asked_step(output)
+        if asked is None:
+            return {decider_id: decider}
+        asked_id = asked["id"]
+        forks = _forks(asked)
+        compensating = bool(output.get(COMPENSATING))
+        if self.speculative and (forks or compensating):
+            raise NeedsTransaction("a decided run's parallel or compensation")
+        steps: dict[str, Mapping[str, Any]] = {}
+        if forks:
+            join = join_id(asked_id)
+            steps[join] = {"id": join, "type": JOIN_TYPE, "complete": asked.get("complete", "all"),
+                           "next": decider_id}  # fmt: skip
+            steps[asked_id] = {**asked, "next": join}
+        elif compensating:
+            steps[asked_id] = asked  # the plan goes on from it (compensation.py), not the decider
+        else:
+            # Failing for good, it goes back to the decider too: the function is told.
+            steps[asked_id] = {**asked, "next": decider_id, "on_failure": decider_id}
+        steps[decider_id] = {**decider, "next": asked_id}
+        return steps
 
     def _at(self, step_id: str, place: Place) -> Mapping[str, Any]:
         decider = self.decider_at(place)
@@ -285,7 +314,7 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         none to note."""
         if outcome is None:
             return None
-        decider_id = self.decider_at(place)["id"]
+        decider_id = self.decider["id"] if place.fork_join is None else self.decider_at(place)["id"]
         decider_output = self.outputs.get(decider_id)
         asked = asked_step(decider_output)
         if asked is None or asked["id"] != step_id:
@@ -305,7 +334,8 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
     def decides(self, step_id: str, place: Place) -> bool:
         """Whether ``step_id`` at ``place`` is a decider (the run's, or a branch's): the only
         steps of a deciding type a decided run has (code cannot call one)."""
-        return bool(step_id == self.decider_at(place)["id"])
+        decider = self.decider if place.fork_join is None else self.decider_at(place)
+        return bool(step_id == decider["id"])
 
     def __iter__(self) -> Iterator[str]:
         asked = asked_step(self.outputs.get(self.decider["id"]))

@@ -375,6 +375,13 @@ class Walk:
         self.run.vars.update(result.vars)
         self.changed_vars.update(result.vars)
 
+    def note_output(self, step_id: str, output: Any) -> None:
+        """``record_output`` of an output the engine notes itself (a decider's, once the
+        step it asked for ended or forked): no step result, no variables."""
+        self.dirty = True
+        self.run.outputs[step_id] = output
+        self.changed_outputs[step_id] = output
+
     def join_opened(self, place: Place, join_row: int) -> None:
         """A fork at ``place`` opened its join row (or a retry continues it in a new one): a
         code run notes it in the output of the decider that asked the parallel, where its
@@ -382,7 +389,7 @@ class Walk:
         if isinstance(self.steps, DecidedSteps):
             noted = self.steps.join_noted(place, join_row)
             if noted is not None:
-                self.record_output(noted[0], StepResult(output=noted[1]))
+                self.note_output(*noted)
 
     def worker_step_succeeded(
         self, step_id: str, iteration: int, attempt: int, result: StepResult, place: Place
@@ -406,7 +413,7 @@ class Walk:
         if isinstance(self.steps, DecidedSteps):
             noted = self.steps.outcome_noted(step_id, result.outcome, place)
             if noted is not None:  # for the deciding turn to read and record
-                self.record_output(noted[0], StepResult(output=noted[1]))
+                self.note_output(*noted)
         if result.finish is not None:
             if result.finish == "failed":
                 error = f"ended by step {step_id!r} with status failed"

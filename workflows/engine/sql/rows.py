@@ -100,7 +100,10 @@ def _cell(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-_CELLS = json.JSONEncoder(default=_cell)  # json.dumps's defaults otherwise
+# json.dumps's defaults otherwise, without the check for a value that contains itself (a
+# set of the ids of every container written, kept for each document: about a sixth of the
+# encoding of a hop's document). One that does still fails: RecursionError, not ValueError.
+_CELLS = json.JSONEncoder(default=_cell, check_circular=False)
 
 
 def dumps_cells(document: Any) -> str:
