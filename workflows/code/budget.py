@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from django.conf import settings
+from ..engine.lanes import engine_setting
 
 T = TypeVar("T")
 
@@ -49,7 +49,7 @@ class TurnOverBudget(Exception):
 
 
 def turn_budget_seconds() -> float:
-    return float(settings.WAYMARK["CODE_TURN_MS"]) / 1000
+    return float(engine_setting("CODE_TURN_MS")) / 1000
 
 
 _current = threading.local()  # this thread's guard (_Guard), made at its first turn

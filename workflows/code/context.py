@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, NoReturn, Protocol
 
-from django.conf import settings
-
 from ..definitions.fields import is_step_id
 from ..definitions.registry import StepReport, StepType, registry
 from ..definitions.rendering import plain_copy
@@ -47,6 +45,7 @@ from ..definitions.storable import (
 )
 from ..engine.decided import COMPENSATION_RECORD, branch_decider_id
 from ..engine.executors import message_of
+from ..engine.lanes import engine_setting
 from ..engine.walk import ERROR_KEPT, step_failed_error
 from ..errors import InvalidInput, PayloadTooLarge
 from ..services.runs import MAX_INPUT_DEPTH, check_json_value
@@ -1028,7 +1027,7 @@ def within_stored_limits(label: str, value: Any, code: str, what: str) -> None:
     except RecursionError:  # nested deeper than json.dumps goes: the exact check says how
         check_stored_size(label, value, code, what)
         raise
-    too_long = len(written) > int(settings.WAYMARK["MAX_INPUT_BYTES"])
+    too_long = len(written) > int(engine_setting("MAX_INPUT_BYTES"))
     if too_long or written.count("{") + written.count("[") > MAX_INPUT_DEPTH:
         check_stored_size(label, value, code, what)
 

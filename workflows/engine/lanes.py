@@ -10,11 +10,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from ..definitions.registry import INLINE, WORKER_LANES, RetryPolicy
 
 __all__ = [
     "INLINE", "WORKER_LANES", "FairShare", "LanePolicy", "engine_setting", "lane_policy",
+    "waymark_settings",
 ]  # fmt: skip
 
 
@@ -108,7 +111,7 @@ _policies: dict[str, tuple[Any, LanePolicy]] = {}
 
 
 def lane_policy(lane: str) -> LanePolicy:
-    config = settings.WAYMARK["LANES"].get(lane)
+    config = waymark_settings()["LANES"].get(lane)
     if config is None:
         raise ValueError(f"lane {lane!r} has no workers; configured lanes: {WORKER_LANES}")
     made = _policies.get(lane)
@@ -120,4 +123,25 @@ def lane_policy(lane: str) -> LanePolicy:
 
 
 def engine_setting(name: str) -> Any:
-    return settings.WAYMARK[name]
+    return waymark_settings()[name]
+
+
+# settings.WAYMARK, read once: Django's settings object answers every attribute through
+# Python code of its own (LazyObject), and a settle of a code run asks a setting about ten
+# times. A test's override (override_settings, pytest-django's ``settings``) replaces the
+# dict and says so (setting_changed); a change to the dict in place is read as it is.
+_waymark: dict[str, Any] | None = None
+
+
+def waymark_settings() -> dict[str, Any]:
+    global _waymark
+    if _waymark is None:
+        _waymark = settings.WAYMARK
+    return _waymark
+
+
+@receiver(setting_changed)
+def _forget_waymark_settings(*, setting: str, **kwargs: Any) -> None:
+    global _waymark
+    if setting == "WAYMARK":
+        _waymark = None

@@ -171,6 +171,11 @@ def decider_context(run_input: Any, outputs: Mapping[str, Any]) -> dict[str, Any
     }
 
 
+# (Sets made once: a tuple of the enums' members is made again, member by member, at every
+# step the walk enters or adds.)
+_LIVE = frozenset([StepStatus.READY, StepStatus.RUNNING, StepStatus.WAITING])
+_GOING_ON = frozenset([RunStatus.RUNNING, RunStatus.PAUSED])  # a walk goes on in a run so
+
 FAILED_OUTCOME = "failed"  # an outcome a mapped `next` may follow when the step fails for good
 # A step's error is kept to this many characters, wherever it fails: in a worker's settle
 # (steps.settle_failure), inline in a walk, or woken to fail (waits.fail_waiting_step).
@@ -312,7 +317,7 @@ class Walk:
         owner: str | None = None,
         lease_seconds: float | None = None,
     ) -> None:
-        live = status in (StepStatus.READY, StepStatus.RUNNING, StepStatus.WAITING)
+        live = status in _LIVE
         lease = NowPlus(lease_seconds) if lease_seconds is not None else None
         self.new_steps.append(
             NewStep.__new__(  # by name, as cheaply as that goes (see rows.NewStep)
@@ -353,10 +358,7 @@ class Walk:
 
     @property
     def finished(self) -> bool:
-        return self.finish is not None or self.run.status not in (
-            RunStatus.RUNNING,
-            RunStatus.PAUSED,
-        )
+        return self.finish is not None or self.run.status not in _GOING_ON
 
     @property
     def paused(self) -> bool:
