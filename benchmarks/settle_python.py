@@ -14,12 +14,25 @@ walk runs ahead of its transaction, on the run as the worker saw it. A code-3 ru
 three times as a three-io run does (its first step runs with its first turn), so the two
 figures compare per io step too. Uses the database waymark_bench; exits non-zero when a run
 did not succeed.
+
+    .venv/bin/python benchmarks/settle_python.py --instructions [--runs 100] [--repeats 3]
+
+counts instead the instructions one settle takes, planned and encoded (callgrind, in a
+process of its own per shape, counting only while the kept settles are replayed): a figure
+the machine's speed and load do not move, for comparing two versions of the code. Needs
+valgrind (``apt-get install valgrind``); takes about half a minute a shape.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from typing import Any
 
@@ -68,11 +81,53 @@ def planned_and_encoded(settles: list[Settle]) -> tuple[float, float]:
     return (time.perf_counter() - began) / len(settles) * 1e6, size / len(settles)
 
 
+def counted_settles(shape: str, runs: int, repeats: int) -> None:
+    """In a process under callgrind (``--count``): keep the settles of ``runs`` runs, replay
+    them twice uncounted, then ``repeats`` times counted (callgrind_control turns counting
+    on and off in this process); print how many settles were counted."""
+    kept = kept_settles(shapes_organisation("settle-python"), SHAPES[shape], runs)
+    planned_and_encoded(kept)
+    planned_and_encoded(kept)
+    counting = [shutil.which("callgrind_control") or "callgrind_control", str(os.getpid())]
+    subprocess.run([*counting, "--instr=on"], check=True, capture_output=True)  # noqa: S603
+    for _ in range(repeats):
+        planned_and_encoded(kept)
+    subprocess.run([*counting, "--instr=off"], check=True, capture_output=True)  # noqa: S603
+    print(f"settles {len(kept) * repeats}")
+
+
+def instructions_per_settle(shape: str, runs: int, repeats: int) -> float:
+    valgrind = shutil.which("valgrind") or "valgrind"
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run(  # noqa: S603
+            [valgrind, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}/cg",
+             sys.executable, __file__, "--count", shape, "--runs", str(runs),
+             "--repeats", str(repeats)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        counted = re.search(r"Collected : (\d+)", done.stderr)
+        settles = re.search(r"settles (\d+)", done.stdout)
+        if done.returncode != 0 or counted is None or settles is None:
+            raise SystemExit(f"{shape} failed under callgrind:\n{done.stderr[-2000:]}")
+    return int(counted.group(1)) / int(settles.group(1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--instructions", action="store_true")
+    parser.add_argument("--count", choices=SHAPES, help=argparse.SUPPRESS)  # the counted child
     args = parser.parse_args()
+    if args.count:
+        counted_settles(args.count, args.runs, args.repeats)
+        return
+    if args.instructions:
+        for shape in SHAPES:
+            each = instructions_per_settle(shape, args.runs or 100, args.repeats or 3)
+            print(f"{shape}: {each / 1000:,.0f}k instructions a settle planned and encoded")
+        return
+    args.runs, args.repeats = args.runs or 300, args.repeats or 15
     org = shapes_organisation("settle-python")
     settles = {shape: kept_settles(org, slug, args.runs) for shape, slug in SHAPES.items()}
     timings: dict[str, list[float]] = {shape: [] for shape in SHAPES}
