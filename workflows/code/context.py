@@ -280,9 +280,7 @@ class Context(PeopleAndTime):
         # Each step id's type (step_type_conflict): as the history holds it in every place
         # (a branch's new call meets a sibling branch's steps, which this turn never
         # replays), then as this replay calls it.
-        self._types: dict[str, str] = (
-            {} if forks is None or forks.places.keys() <= _TOP_ONLY else _types_recorded(forks)
-        )
+        self._types: dict[str, str] = {} if forks is None else _types_recorded(forks)
         # The turn's stop, once a call raised one, and the ctx.run function running now, if
         # one is (no step is called from inside it): a branch's are its replay's (``within``).
         if within is None:
@@ -368,12 +366,8 @@ class Context(PeopleAndTime):
     def step(self, step_id: str, step_type: str, **fields: Any) -> Any:
         """Enter a step of any registered type, with the fields a definition's step of that
         type has (docs/reference/definitions.md); its recorded output once it has one."""
-        # Without making the outcome's object (the call workflows make most), and without
-        # _entered's call: every turn replays every call before its own.
-        recorded = self._replayed(step_id, step_type)
-        if recorded is None:
-            raise Suspended(_checked_step(step_id, step_type, fields))
-        return recorded.output
+        # Without making the outcome's object (the call workflows make most).
+        return self._entered(step_id, step_type, fields).output
 
     def step_result(self, step_id: str, step_type: str, **fields: Any) -> StepOutcome:
         """``step``, giving back the step's outcome with its output."""
@@ -830,9 +824,6 @@ def _max_attempts(step_id: str, retry: Mapping[str, Any] | None) -> int:
             f"{MOST_ATTEMPTS}",
         )
     return most
-
-
-_TOP_ONLY = frozenset([(None, None)])  # a history without ctx.parallel: no types ahead to read
 
 
 def _types_recorded(forks: Forks) -> dict[str, str]:

@@ -185,20 +185,25 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
             # the decider, then (its turn's new output) the decider and the step it asks.
             output = self.outputs.get(self.decider["id"])
             if output is not self._top_output:
-                self._top_steps = self._top_level(output)
+                self._top_steps = self._live_steps(self.decider, output)
                 self._top_output = output
-            found = self._top_steps.get(step_id)
-            if found is None:
-                raise KeyError(step_id)
-            return found
-        if self.speculative:
-            raise NeedsTransaction("a branch of a decided run's parallel")
-        return self._at(step_id, place)
+            steps = self._top_steps
+        else:
+            if self.speculative:
+                raise NeedsTransaction("a branch of a decided run's parallel")
+            decider = self.decider_at(place)
+            steps = self._live_steps(decider, self.outputs.get(decider["id"]))
+        found = steps.get(step_id)
+        if found is None:
+            # Not the step this place's decider last asked for: one step per decider is
+            # live, so this is a bug, and going back to the decider would decide twice (and
+            # enter its step twice). The walk fails loudly instead.
+            raise KeyError(step_id)
+        return found
 
-    def _top_level(self, output: Any) -> dict[str, Mapping[str, Any]]:
-        """The top level's live steps by id, as the run decider's ``output`` makes them:
-        the decider, and the step it asks for (with a parallel's join)."""
-        decider = self.decider
+    def _live_steps(self, decider: Mapping[str, Any], output: Any) -> dict[str, Mapping[str, Any]]:
+        """The live steps of ``decider``'s place by id, as its ``output`` makes them: the
+        decider, and the step it asks for (with a parallel's join)."""
         decider_id = decider["id"]
         asked = asked_step(output)
         if asked is None:
@@ -219,39 +224,8 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         else:
             # Failing for good, it goes back to the decider too: the function is told.
             steps[asked_id] = {**asked, "next": decider_id, "on_failure": decider_id}
-        steps[decider_id] = {**decider, "next": asked_id}
+        steps[decider_id] = {**decider, "next": asked_id}  # (written last: the decider wins)
         return steps
-
-    def _at(self, step_id: str, place: Place) -> Mapping[str, Any]:
-        decider = self.decider_at(place)
-        decider_id = decider["id"]
-        output = self.outputs.get(decider_id)
-        asked = asked_step(output)
-        if asked is None:
-            if step_id == decider_id:
-                return decider
-            raise KeyError(step_id)
-        # (Asked once per lookup: the walk looks steps up several times per transition.)
-        forks = _forks(asked)
-        compensating = bool(output.get(COMPENSATING))  # type: ignore[union-attr]
-        if self.speculative and (forks or compensating):
-            raise NeedsTransaction("a decided run's parallel or compensation")
-        if step_id == decider_id:
-            return {**decider, "next": asked["id"]}
-        if asked["id"] == step_id:
-            if forks:
-                return {**asked, "next": join_id(step_id)}
-            if compensating:
-                return asked  # the plan goes on from it (compensation.py), not the decider
-            # Failing for good, it goes back to the decider too: the function is told.
-            return {**asked, "next": decider_id, "on_failure": decider_id}
-        if forks and step_id == join_id(asked["id"]):
-            return {"id": step_id, "type": JOIN_TYPE, "complete": asked.get("complete", "all"),
-                    "next": decider_id}  # fmt: skip
-        # Not the step this place's decider last asked for: one step per decider is live,
-        # so this is a bug, and going back to the decider would decide twice (and enter its
-        # step twice). The walk fails loudly instead.
-        raise KeyError(step_id)
 
     def decider_at(self, place: Place) -> Mapping[str, Any]:
         """The decider of ``place``: the run's at the top level; on branch ``n`` of a
@@ -314,7 +288,7 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
         none to note."""
         if outcome is None:
             return None
-        decider_id = self.decider["id"] if place.fork_join is None else self.decider_at(place)["id"]
+        decider_id = self.decider_at(place)["id"]
         decider_output = self.outputs.get(decider_id)
         asked = asked_step(decider_output)
         if asked is None or asked["id"] != step_id:
@@ -334,8 +308,7 @@ class DecidedSteps(Mapping[str, Mapping[str, Any]]):
     def decides(self, step_id: str, place: Place) -> bool:
         """Whether ``step_id`` at ``place`` is a decider (the run's, or a branch's): the only
         steps of a deciding type a decided run has (code cannot call one)."""
-        decider = self.decider if place.fork_join is None else self.decider_at(place)
-        return bool(step_id == decider["id"])
+        return bool(step_id == self.decider_at(place)["id"])
 
     def __iter__(self) -> Iterator[str]:
         asked = asked_step(self.outputs.get(self.decider["id"]))

@@ -371,9 +371,7 @@ class Walk:
     def record_output(self, step_id: str, result: StepResult) -> None:
         """The run's data changes per step: only what changed is written (``_update_run``),
         so branches settling one after the other never rewrite each other's values."""
-        self.dirty = True
-        self.run.outputs[step_id] = result.output
-        self.changed_outputs[step_id] = result.output
+        self.note_output(step_id, result.output)
         self.run.vars.update(result.vars)
         self.changed_vars.update(result.vars)
 
