@@ -13,8 +13,10 @@ and measures:
   (peer_code.py): three `ctx.step(id, "noop")` calls (the same noop io steps), or three
   `ctx.run` calls of a no-op function; code-10 is chain-10's work; steps/s counts the
   run's steps, as the chain's.
-- serial: one 3-step run at a time, started, then awaited (client clock, polled every 2 ms),
-  after 20 untimed ones; ``serial code-3``: the same with the code workflow code-3.
+- serial: one 3-step run at a time, started, then awaited as a caller awaits one
+  (``run_wait``: back when the transaction that ends the run commits; client clock), after 20
+  untimed ones; ``serial code-3``: the same with the code workflow code-3.
+  ``PEER_SERIAL_POLL=1`` awaits by polling the run every 2 ms instead, as it did before.
 - sleep: runs of one durable `wait` of 2 s, all started together; lateness = the run's
   finish minus the timer's due time (database clock).
 - starts: starts through the service with 10 % duplicate start keys; starts/s, and that the
@@ -200,6 +202,17 @@ class Side:
         ):
             time.sleep(poll)
 
+    def awaited(self, run_id: int) -> None:
+        """Back once the run has ended, as a caller waits for one (run_wait: told by the
+        transaction that ends it, no polling)."""
+        from workflows.services.run_waits import run_wait
+
+        if os.environ.get("PEER_SERIAL_POLL"):  # the way this work was awaited before run_wait
+            self.await_finished([run_id], poll=0.002)
+            return
+        if not run_wait(org=self.org, run_id=run_id, timeout=60).ended:
+            raise SystemExit(f"run {run_id} did not end within 60 s")
+
     def not_succeeded(self) -> int:
         return int(self.q("SELECT count(*) FROM workflows_run WHERE status <> 'succeeded'")[0][0])
 
@@ -264,12 +277,11 @@ class Side:
         self.start_engine()
         self.wait_engine_ready()
         for _ in range(WARM_UP):  # untimed, as the peer's side
-            self.await_finished(self.start(slug, 1), poll=0.002)
+            self.awaited(self.start(slug, 1)[0])
         took = []
         for _ in range(n):
             began = time.monotonic()
-            run_id = self.start(slug, 1)[0]
-            self.await_finished([run_id], poll=0.002)
+            self.awaited(self.start(slug, 1)[0])
             took.append((time.monotonic() - began) * 1000)
         self.stop_engine()
         row = {

@@ -2,7 +2,7 @@ from .audit import ActorKind, AuditEntry
 from .automations import Automation, AutomationVersion
 from .erasure import Erasure
 from .run_migrations import MigrationStatus, RunMigration
-from .runs import IdleWorker, Outbox, Run, RunEvent, Step, SweepLease
+from .runs import IdleWorker, Outbox, Run, RunEvent, RunWaiter, Step, SweepLease
 from .signals import Signal
 from .tenancy import ApiKey, Membership, Organisation, QuotaUsage
 
@@ -22,6 +22,7 @@ __all__ = [
     "Run",
     "RunEvent",
     "RunMigration",
+    "RunWaiter",
     "Signal",
     "Step",
     "SweepLease",

@@ -285,6 +285,26 @@ class IdleWorker(models.Model):
         return f"{self.worker} idle on {self.lane}"
 
 
+class RunWaiter(models.Model):
+    """A caller waiting for a run to end (services/run_waits.py, ``run_wait``): the
+    transaction that ends the run notifies it (trigger ``run_ended_notify``, migration 0033)
+    only while such a row names the run, so runs nobody waits for take no notification lock
+    at commit (see IdleWorker). UNLOGGED, as IdleWorker: a hint lost in a database crash
+    costs a waiter one look at the run later. ``listener`` is the waiting connection's
+    server process, so several callers may wait on one run and each takes away its own row.
+    """
+
+    run_id = models.BigIntegerField()
+    listener = models.IntegerField()
+    since = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["run_id"], name="run_waiter_run")]
+
+    def __str__(self) -> str:
+        return f"connection {self.listener} waits for run {self.run_id}"
+
+
 class SweepLease(models.Model):
     """Who leads the sweep (workflows.engine.sweeper): whoever holds this row's lease, renewed
     every third of a tick. A dead holder's lease lapses and another sweeper takes it."""

@@ -314,6 +314,32 @@ ON CONFLICT (worker) DO UPDATE SET lane = EXCLUDED.lane, idle_until = EXCLUDED.i
 
 MARK_BUSY = "DELETE FROM workflows_idleworker WHERE worker = %(worker)s"
 
+# A caller waiting for a run to end (services/run_waits.py): the organisation's run as it
+# is, and the caller listed as its waiter while it has not ended (``waiter``: the row's id,
+# which the notification carries). No row: no run of the organisation's. The trigger
+# run_ended_notify notifies the run's channel once it ends, and takes its waiters' rows away.
+WAIT_FOR_RUN = """
+WITH run AS (
+    SELECT id, status, output, error, finished_at FROM workflows_run
+     WHERE id = %(run)s AND org_id = %(org)s
+), listed AS (
+    INSERT INTO workflows_runwaiter (run_id, listener, since)
+    SELECT id, pg_backend_pid(), now() FROM run WHERE finished_at IS NULL
+    RETURNING id
+)
+SELECT id, status, output::text AS output, error, finished_at,
+       (SELECT id FROM listed) AS waiter
+  FROM run
+"""
+
+# The run as run_wait answers it (output as text, decoded by the caller).
+RUN_OUTCOME = """
+SELECT id, status, output::text AS output, error, finished_at FROM workflows_run
+ WHERE id = %(run)s AND org_id = %(org)s
+"""
+
+STOP_WAITING = "DELETE FROM workflows_runwaiter WHERE id = %(waiter)s"
+
 # Settle: only the newest attempt may write. No row: this attempt was fenced out.
 SETTLE_DONE = """
 UPDATE workflows_step
