@@ -182,7 +182,7 @@ def test_only_a_run_someone_waits_for_notifies_and_its_waiters_rows_go(
     listening.execute(f"LISTEN {run_waits.channel_of(watched)}")
     run_act(org=org, run_id=unwatched, action="cancel", actor="test")
     assert list(listening.notifies(timeout=0.5)) == []
-    left = RunWaiter.objects.create(run_id=watched, listener=0, since="2026-01-01T00:00:00Z")
+    left = RunWaiter.objects.create(run_id=watched, since="2026-01-01T00:00:00Z")
     run_act(org=org, run_id=watched, action="cancel", actor="test")
     heard = list(listening.notifies(timeout=SOON, stop_after=1))
     assert [(n.channel, n.payload) for n in heard] == [

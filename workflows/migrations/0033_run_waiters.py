@@ -39,7 +39,6 @@ class Migration(migrations.Migration):
                 ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False,
                                            verbose_name="ID")),  # fmt: skip
                 ("run_id", models.BigIntegerField()),
-                ("listener", models.IntegerField()),
                 ("since", models.DateTimeField()),
             ],
             options={

@@ -290,19 +290,18 @@ class RunWaiter(models.Model):
     transaction that ends the run notifies it (trigger ``run_ended_notify``, migration 0033)
     only while such a row names the run, so runs nobody waits for take no notification lock
     at commit (see IdleWorker). UNLOGGED, as IdleWorker: a hint lost in a database crash
-    costs a waiter one look at the run later. ``listener`` is the waiting connection's
-    server process, so several callers may wait on one run and each takes away its own row.
+    costs a waiter one look at the run later. Several callers may wait on one run: each is
+    told by its own row's id, and takes its row away by it when its wait times out.
     """
 
     run_id = models.BigIntegerField()
-    listener = models.IntegerField()
     since = models.DateTimeField()
 
     class Meta:
         indexes = [models.Index(fields=["run_id"], name="run_waiter_run")]
 
     def __str__(self) -> str:
-        return f"connection {self.listener} waits for run {self.run_id}"
+        return f"a caller waits for run {self.run_id} since {self.since}"
 
 
 class SweepLease(models.Model):

@@ -21,12 +21,12 @@ from typing import Any
 from django.db import connection
 
 from ..engine import sql
+from ..engine.sql.functions import RUN_ENDED_CHANNEL_PREFIX
 from ..engine.sql.rows import fetch_dict
 from ..errors import UnknownRun
 from ..models import Organisation
 
 RECHECK_SECONDS = 0.25
-CHANNEL_PREFIX = "waymark_run_ended_"  # the trigger's: RUN_ENDED_NOTIFY in engine/sql/functions.py
 
 
 class WaitInTransaction(RuntimeError):
@@ -52,7 +52,7 @@ class RunOutcome:
 
 
 def channel_of(run_id: int) -> str:
-    return f"{CHANNEL_PREFIX}{int(run_id)}"
+    return f"{RUN_ENDED_CHANNEL_PREFIX}{int(run_id)}"
 
 
 def run_wait(*, org: Organisation, run_id: int, timeout: float) -> RunOutcome:

@@ -323,8 +323,8 @@ WITH run AS (
     SELECT id, status, output, error, finished_at FROM workflows_run
      WHERE id = %(run)s AND org_id = %(org)s
 ), listed AS (
-    INSERT INTO workflows_runwaiter (run_id, listener, since)
-    SELECT id, pg_backend_pid(), now() FROM run WHERE finished_at IS NULL
+    INSERT INTO workflows_runwaiter (run_id, since)
+    SELECT id, now() FROM run WHERE finished_at IS NULL
     RETURNING id
 )
 SELECT id, status, output::text AS output, error, finished_at,

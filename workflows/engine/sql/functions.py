@@ -399,16 +399,18 @@ FOR EACH ROW EXECUTE FUNCTION waymark_audit_append_only_v3();
 # A run ending (its finished_at set: succeeded, failed, cancelled, compensated), whatever
 # ended it (a hop, a group settle, the walk, a batch of timers, run control): a caller
 # waiting for it (services/run_waits.py, a RunWaiter row naming the run) is notified on the
-# run's own channel (run_waits.channel_of), with its row's id (a notification of an earlier
-# ending of the run, before a re-run, is told apart), and the rows go (a waiter killed
-# meanwhile leaves none behind). The trigger's WHEN is
-# evaluated without calling the function, so only an ending runs it; without a waiter it
-# notifies nobody, so the engine's ending transactions take no notification lock at commit.
-RUN_ENDED_NOTIFY = """
+# run's own channel (RUN_ENDED_CHANNEL_PREFIX and the run's id) with its row's id (a
+# notification of an earlier ending of the run, before a re-run, is told apart), and the
+# rows go (a waiter killed meanwhile leaves none behind). The trigger's WHEN is evaluated
+# without calling the function, so only an ending runs it; without a waiter it notifies
+# nobody, so the engine's ending transactions take no notification lock at commit.
+RUN_ENDED_CHANNEL_PREFIX = "waymark_run_ended_"  # services/run_waits.py listens there
+
+RUN_ENDED_NOTIFY = f"""
 CREATE OR REPLACE FUNCTION waymark_run_ended_notify_v1() RETURNS trigger
 LANGUAGE plpgsql AS $function$
 BEGIN
-    PERFORM pg_notify('waymark_run_ended_' || NEW.id, w.id::text)
+    PERFORM pg_notify('{RUN_ENDED_CHANNEL_PREFIX}' || NEW.id, w.id::text)
        FROM workflows_runwaiter w WHERE w.run_id = NEW.id;
     IF FOUND THEN
         DELETE FROM workflows_runwaiter WHERE run_id = NEW.id;
@@ -421,4 +423,4 @@ CREATE TRIGGER run_ended_notify
 AFTER UPDATE OF finished_at ON workflows_run
 FOR EACH ROW WHEN (OLD.finished_at IS NULL AND NEW.finished_at IS NOT NULL)
 EXECUTE FUNCTION waymark_run_ended_notify_v1();
-"""
+"""  # noqa: S608 (a constant channel prefix)
